@@ -1,0 +1,21 @@
+"""The ``cluster-node`` command line.
+
+Every subcommand is real; subcommands are added as the parts behind them land. Operator mistakes
+(bad paths, bad config) end with a one-line error and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cluster_node import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cluster-node")
+def main() -> None:
+    """Run and operate a fault-tolerant replicated state machine cluster."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,32 @@
+# Sourced by scripts/run and scripts/test: make sure .venv exists and holds the
+# project installed (editable) with the extras named in $1 (comma separated).
+# Re-installs only when pyproject.toml or the extras changed, so a second run is fast.
+set -euo pipefail
+
+ensure_venv() {
+    local extras="$1"
+    local root
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    local py="${PYTHON:-python3}"
+    if ! command -v "$py" >/dev/null 2>&1; then
+        echo "error: $py not found; install Python 3.11 or newer" >&2
+        exit 1
+    fi
+    if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+        echo "error: Python 3.11 or newer is needed ($("$py" --version 2>&1) found)" >&2
+        exit 1
+    fi
+    if [ ! -x "$root/.venv/bin/python" ]; then
+        echo "creating virtualenv in .venv" >&2
+        "$py" -m venv "$root/.venv"
+        "$root/.venv/bin/python" -m pip install -q --upgrade pip >&2
+    fi
+    local stamp="$root/.venv/.installed-$(echo "$extras" | tr ',' '-')"
+    local want
+    want="$(sha1sum "$root/pyproject.toml" | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        echo "installing the project with extras [$extras]" >&2
+        "$root/.venv/bin/python" -m pip install -q -e "$root[$extras]" >&2
+        echo "$want" > "$stamp"
+    fi
+}
