@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from cluster_node import __version__
+from cluster_node.stat_cmd import stat
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,6 +17,8 @@ from cluster_node import __version__
 def main() -> None:
     """Run and operate a fault-tolerant replicated state machine cluster."""
 
+
+main.add_command(stat)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
