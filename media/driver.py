@@ -1,0 +1,905 @@
+"""The media driver: the trio shell that owns sockets, log buffers and counters.
+
+One driver per process (per node). It runs inside the caller's trio loop as a few tasks:
+
+* **sender**: for every UDP publication, asks its :class:`~media.sender.SenderCore` what to send
+  and writes it to the socket for each destination. Offers wake it; when nothing is left it parks
+  until the next core deadline (heartbeat, setup, retransmit) or the next offer.
+* **one reader per socket**: a publication's socket receives status messages and NAKs; a
+  receive endpoint's socket receives SETUP, DATA and heartbeats for every image behind it.
+  Datagrams are read in batches without blocking, checked (``media.frames``), and anything bad is
+  counted as an invalid packet and dropped.
+* **conductor**: status messages and NAKs that are due, image liveness and end of stream, IPC
+  heartbeats and discovery, counters, delayed datagrams of the loss injector. It sleeps until
+  the earliest deadline, so an idle driver costs a handful of wake-ups a second.
+
+Everything here is single-threaded: publications and subscriptions of UDP channels are used from
+the driver's trio thread. IPC publications and subscriptions can be used from any thread or
+process that maps the same driver directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import os
+import random
+import socket
+import struct
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import structlog
+import trio
+
+from media import frames
+from media.channel import (
+    DEFAULT_MTU,
+    DEFAULT_NETWORK_TERM_LENGTH,
+    DEFAULT_IPC_TERM_LENGTH,
+    ChannelError,
+    ChannelUri,
+    parse,
+)
+from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path
+from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
+from media.ipc import IpcTransport, pid_alive
+from media.logbuffer import LogBuffer
+from media.loss import LossConfig, LossGenerator
+from media.publication import ExclusivePublication, OfferResult, Publication
+from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
+from media.sender import SenderConfig, SenderCore
+from media.subscription import Image, Subscription
+
+__all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
+
+log = structlog.get_logger("media.driver")
+_PREFIX = struct.Struct("<iBBH").unpack_from
+_SESSION_STREAM = struct.Struct("<ii").unpack_from
+_RECV_BATCH = 64
+_MAX_DATAGRAM = 65536
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """Driver settings; durations in nanoseconds, defaults from the reference driver."""
+
+    dir: Path = Path("/dev/shm/pycluster-driver")
+    mtu: int = DEFAULT_MTU
+    network_term_length: int = DEFAULT_NETWORK_TERM_LENGTH
+    ipc_term_length: int = DEFAULT_IPC_TERM_LENGTH
+    initial_window: int = 128 * 1024
+    image_liveness_timeout_ns: int = 10_000_000_000
+    publication_connection_timeout_ns: int = 5_000_000_000
+    status_message_timeout_ns: int = 200_000_000
+    heartbeat_interval_ns: int = 100_000_000
+    setup_interval_ns: int = 100_000_000
+    nak_delay_ns: int = 100_000
+    nak_retry_ns: int = 10_000_000
+    retransmit_linger_ns: int = 10_000_000
+    publication_linger_ns: int = 1_000_000_000
+    socket_buffer_bytes: int = 2 * 1024 * 1024
+    max_counters: int = 1024
+    loss: LossConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir))
+        if self.mtu % 32 or not 64 <= self.mtu <= 65504:
+            raise ValueError(f"mtu must be a multiple of 32 from 64 to 65504, not {self.mtu}")
+        for name in ("network_term_length", "ipc_term_length"):
+            v = getattr(self, name)
+            if v < 64 * 1024 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two of at least 64k, not {v}")
+
+
+def _resolve(endpoint: tuple[str, int]) -> tuple:
+    host, port = endpoint
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise ChannelError(f"cannot resolve {host}:{port}: {e.strerror}") from None
+    for family, _t, _p, _c, addr in infos:
+        if family == socket.AF_INET:
+            return addr
+    return infos[0][4]
+
+
+def _udp_socket(bind_addr: tuple, buffer_bytes: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind_addr[0] else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+        s.bind(bind_addr)
+    except OSError as e:
+        s.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ChannelError(f"address {bind_addr[0]}:{bind_addr[1]} is already in use") from None
+        raise ChannelError(f"cannot bind {bind_addr[0]}:{bind_addr[1]}: {e.strerror}") from None
+    s.setblocking(False)
+    return s
+
+
+class _NetPublication:
+    """A UDP publication's shell state: its socket, destinations and sender core."""
+
+    def __init__(self, pub: ExclusivePublication, core: SenderCore, sock: socket.socket, dests: list) -> None:
+        self.pub = pub
+        self.core = core
+        self.sock = sock
+        self.dests = dests
+        self.view = memoryview(pub.log.buffer)
+        self.closed_at_ns = 0
+        self.counters: list = []
+
+
+class _NetImage:
+    """One session's image behind a receive group: the shared log buffer and receiver core."""
+
+    def __init__(self, core: ImageReceiverCore, lb: LogBuffer, group: "_Group") -> None:
+        self.core = core
+        self.log = lb
+        self.group = group
+        self.images: list[Image] = []
+        self.sources: dict = {}  # address -> receive endpoint (where to send SM/NAK from)
+        self.counters: list = []
+
+
+class _Group:
+    """Subscriptions that share images: the plain subscriptions of one endpoint and stream, or one
+    multi-destination subscription across its endpoints."""
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self.subscriptions: list[Subscription] = []
+        self.images: dict[int, _NetImage] = {}
+        self.endpoints: list["_ReceiveEndpoint"] = []
+
+
+class _ReceiveEndpoint:
+    def __init__(self, addr: tuple, sock: socket.socket, receiver_id: int) -> None:
+        self.addr = addr
+        self.sock = sock
+        self.receiver_id = receiver_id
+        self.groups: dict[int, list[_Group]] = {}
+        self.setup_asked: dict = {}  # (addr, session) -> last ask ns
+
+
+class MediaDriver:
+    """The media driver of one process. Create with :func:`open_media_driver`."""
+
+    def __init__(self, config: DriverConfig) -> None:
+        self.config = config
+        self.dir = config.dir
+        self._nursery: trio.Nursery | None = None
+        self._rng = random.Random()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.counters = CountersManager.create(counters_path(self.dir), config.max_counters)
+        except CountersError:
+            # Another live process owns this directory's counters: we are a client of its IPC.
+            self.counters = CountersManager.create(self.dir / f"counters-{os.getpid()}.dat", config.max_counters)
+        self.system = SystemCounters(self.counters)
+        self.ipc = IpcTransport(
+            self.dir,
+            image_liveness_timeout_ns=config.image_liveness_timeout_ns,
+            heartbeat_interval_ns=min(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
+            default_term_length=config.ipc_term_length,
+        )
+        self._sender_cfg = SenderConfig(
+            setup_interval_ns=config.setup_interval_ns,
+            heartbeat_interval_ns=config.heartbeat_interval_ns,
+            connection_timeout_ns=config.publication_connection_timeout_ns,
+            receiver_timeout_ns=config.publication_connection_timeout_ns,
+            retransmit_linger_ns=config.retransmit_linger_ns,
+        )
+        self._receiver_cfg = ReceiverConfig(
+            initial_window=config.initial_window,
+            status_interval_ns=config.status_message_timeout_ns,
+            nak_delay_ns=config.nak_delay_ns,
+            nak_retry_ns=config.nak_retry_ns,
+            image_liveness_timeout_ns=config.image_liveness_timeout_ns,
+        )
+        self._net_pubs: list[_NetPublication] = []
+        self._endpoints: dict[tuple, _ReceiveEndpoint] = {}
+        self._plain_groups: dict[tuple, _Group] = {}
+        self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
+        self._sender_event = trio.Event()
+        self._sender_parked = False
+        self._conductor_event = trio.Event()
+        self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
+        self._seq = itertools.count()
+        loss = config.loss
+        self._loss_send = LossGenerator(loss, random.Random(loss.seed)) if loss and loss.active and loss.on_send else None
+        self._loss_recv = (
+            LossGenerator(loss, random.Random(loss.seed + 1)) if loss and loss.active and loss.on_receive else None
+        )
+        self._recv_buf = bytearray(_MAX_DATAGRAM)
+        self._recv_view = memoryview(self._recv_buf)
+        self._ctrl_out: list = []
+
+    # ------------------------------------------------------------------ public API
+
+    def add_publication(self, channel: str | ChannelUri, stream_id: int, exclusive: bool = True) -> ExclusivePublication:
+        """A publication on ``channel``/``stream_id``; UDP or IPC by the channel's media."""
+        self._check_open()
+        uri = parse(channel) if isinstance(channel, str) else channel
+        if uri.is_ipc:
+            pub = self.ipc.add_publication(uri, stream_id, exclusive)
+        else:
+            pub = self._add_network_publication(uri, stream_id, exclusive)
+        self.system.publications_active.add(1)
+        return pub
+
+    def add_exclusive_publication(self, channel: str | ChannelUri, stream_id: int) -> ExclusivePublication:
+        return self.add_publication(channel, stream_id, exclusive=True)
+
+    def add_subscription(
+        self,
+        channel: str | ChannelUri,
+        stream_id: int,
+        on_available: Callable[[Image], None] | None = None,
+        on_unavailable: Callable[[Image], None] | None = None,
+    ) -> Subscription:
+        """A subscription; images appear as publishers connect (see the callbacks)."""
+        self._check_open()
+        uri = parse(channel) if isinstance(channel, str) else channel
+        if uri.is_ipc:
+            sub = self.ipc.add_subscription(uri, stream_id, on_available=on_available, on_unavailable=on_unavailable)
+        else:
+            sub = self._add_network_subscription(uri, stream_id, on_available, on_unavailable)
+        self.system.subscriptions_active.add(1)
+        self._poke_conductor()
+        return sub
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the media driver is closed")
+        if self._nursery is None:
+            raise RuntimeError("the media driver is not running: use open_media_driver()")
+
+    # ------------------------------------------------------------------ UDP publications
+
+    def _add_network_publication(self, uri: ChannelUri, stream_id: int, exclusive: bool) -> ExclusivePublication:
+        cfg = self.config
+        term_length = uri.term_length or cfg.network_term_length
+        mtu = uri.mtu or cfg.mtu
+        mdc = uri.control is not None or uri.is_manual
+        if mdc:
+            if uri.control is None:
+                raise ChannelError(f"channel {uri}: a multi-destination publication needs control=host:port")
+            bind = _resolve(uri.control)
+            dests = []
+        else:
+            if uri.endpoint is None:
+                raise ChannelError(f"channel {uri}: a publication needs endpoint=host:port")
+            target = _resolve(uri.endpoint)
+            bind = ("::", 0) if ":" in target[0] else ("0.0.0.0", 0)
+            if target[0].startswith("127."):
+                bind = ("127.0.0.1", 0)
+            dests = [target]
+        session_id = uri.session_id if uri.session_id is not None else self._rng.randrange(-(2**31), 2**31)
+        if uri.has_initial_position:
+            initial_term_id = uri.initial_term_id
+            start = uri.initial_position(term_length)
+        else:
+            initial_term_id = self._rng.randrange(-(2**31), 2**31)
+            start = 0
+        sock = _udp_socket(bind, cfg.socket_buffer_bytes)
+        lb = LogBuffer.create(None, term_length, mtu, initial_term_id, session_id, stream_id, start)
+        now = time.monotonic_ns()
+        core = SenderCore(
+            session_id=session_id, stream_id=stream_id, initial_term_id=initial_term_id, term_length=term_length,
+            mtu=mtu, start_position=start, now_ns=now, multi_destination=mdc, config=self._sender_cfg,
+        )
+        window = term_length // 2
+
+        def limit_fn(pub: ExclusivePublication) -> int:
+            if not core.connected:
+                return OfferResult.NOT_CONNECTED
+            return core.sender_position + window
+
+        cls = ExclusivePublication if exclusive else Publication
+        pub = cls(
+            log=lb, channel=uri, stream_id=stream_id, session_id=session_id, start_position=start,
+            limit_fn=limit_fn, after_append=self._wake_sender, on_close=self._close_network_publication,
+            registration_id=next(self._ids),
+        )
+        np = _NetPublication(pub, core, sock, dests)
+        label = f"session={session_id} stream={stream_id} {uri}"
+        np.counters = [
+            (self.counters.allocate(f"pub-pos: {label}", CounterType.PUBLISHER_POS, pub.registration_id), lambda: pub.position),
+            (self.counters.allocate(f"snd-pos: {label}", CounterType.SENDER_POSITION, pub.registration_id), lambda: core.sender_position),
+            (self.counters.allocate(f"snd-lmt: {label}", CounterType.SENDER_LIMIT, pub.registration_id), lambda: core.flow_limit),
+        ]
+        pub.add_destination = lambda dest, np=np: self._add_destination(np, dest)  # type: ignore[attr-defined]
+        pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
+        self._net_pubs.append(np)
+        self._nursery.start_soon(self._publication_reader, np)
+        self._wake_sender()
+        log.debug("udp publication added", stream_id=stream_id, session_id=session_id, channel=str(uri))
+        return pub
+
+    def _add_destination(self, np: _NetPublication, destination: str) -> None:
+        if not np.core.multi_destination:
+            raise ChannelError("add_destination needs a multi-destination publication (control=...|control-mode=manual)")
+        uri = parse(destination)
+        if uri.endpoint is None:
+            raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
+        addr = _resolve(uri.endpoint)
+        if addr not in np.dests:
+            np.dests.append(addr)
+        np.core.setup_wanted = True
+        np.core.last_setup_ns = 0
+        self._wake_sender()
+
+    def _remove_destination(self, np: _NetPublication, destination: str) -> None:
+        uri = parse(destination)
+        if uri.endpoint is None:
+            raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
+        addr = _resolve(uri.endpoint)
+        if addr in np.dests:
+            np.dests.remove(addr)
+        for rid, rcv in list(np.core.receivers.items()):
+            if rcv.address == addr:
+                del np.core.receivers[rid]
+        np.core._recompute_limit()
+
+    def _close_network_publication(self, pub: ExclusivePublication) -> None:
+        for np in self._net_pubs:
+            if np.pub is pub:
+                np.core.close(pub.position)
+                np.closed_at_ns = time.monotonic_ns()
+                self._wake_sender()
+                self._poke_conductor()
+                return
+
+    def _release_network_publication(self, np: _NetPublication) -> None:
+        self._net_pubs.remove(np)
+        np.sock.close()
+        for counter, _fn in np.counters:
+            counter.close()
+        np.view.release()
+        np.pub.log.close()
+        self.system.publications_active.add(-1)
+
+    def _wake_sender(self) -> None:
+        if self._sender_parked:
+            self._sender_parked = False
+            self._sender_event.set()
+
+    def _send(self, sock: socket.socket, data, addr) -> None:
+        if self._loss_send is not None:
+            for due, d in self._loss_send.on_datagram(time.monotonic_ns(), bytes(data)):
+                if due <= time.monotonic_ns():
+                    self._raw_send(sock, d, addr)
+                else:
+                    heapq.heappush(self._delayed, (due, next(self._seq), "send", d, (sock, addr)))
+                    self._poke_conductor()
+            return
+        self._raw_send(sock, data, addr)
+
+    def _raw_send(self, sock: socket.socket, data, addr) -> None:
+        try:
+            sock.sendto(data, addr)
+        except BlockingIOError:
+            self.system.short_sends.add(1)
+        except OSError as e:
+            if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                self.system.errors.add(1)
+                log.warning("send failed", error=str(e), address=str(addr))
+
+    async def _sender_loop(self) -> None:
+        sends: list = []
+        sc = self.system
+        while True:
+            now = time.monotonic_ns()
+            pending = False
+            for np in list(self._net_pubs):
+                core = np.core
+                sends.clear()
+                before_retransmits = core.stats.retransmits
+                before_hb = core.stats.heartbeats
+                core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+                view = np.view
+                sent_bytes = 0
+                for item, n in sends:
+                    data = view[item : item + n] if n else item
+                    sent_bytes += len(data)
+                    for dest in np.dests:
+                        self._send(np.sock, data, dest)
+                if sends:
+                    sc.datagrams_sent.add(len(sends) * max(1, len(np.dests)))
+                    sc.bytes_sent.add(sent_bytes * max(1, len(np.dests)))
+                    if core.stats.retransmits != before_retransmits:
+                        sc.retransmits_sent.add(core.stats.retransmits - before_retransmits)
+                    if core.stats.heartbeats != before_hb:
+                        sc.heartbeats_sent.add(core.stats.heartbeats - before_hb)
+                if core.connected and core.sender_position < min(np.pub.position, core.flow_limit):
+                    pending = True
+                if np.closed_at_ns and core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
+                    self._release_network_publication(np)
+            if pending:
+                await trio.lowlevel.checkpoint()
+                continue
+            deadline = min((np.core.next_deadline_ns() for np in self._net_pubs), default=now + 1_000_000_000)
+            for np in self._net_pubs:
+                if np.closed_at_ns:
+                    deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
+            self._sender_event = trio.Event()
+            self._sender_parked = True
+            with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
+                await self._sender_event.wait()
+            self._sender_parked = False
+
+    async def _publication_reader(self, np: _NetPublication) -> None:
+        sock = np.sock
+        buf = self._recv_buf
+        sc = self.system
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                for _ in range(_RECV_BATCH):
+                    try:
+                        n, addr = sock.recvfrom_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        break
+                    sc.bytes_received.add(n)
+                    try:
+                        frame = frames.decode_untrusted(self._recv_view[:n])
+                    except FrameError as e:
+                        self._invalid(e, addr)
+                        continue
+                    now = time.monotonic_ns()
+                    if isinstance(frame, frames.StatusMessage):
+                        if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                            continue
+                        sc.status_messages_received.add(1)
+                        np.core.on_status(frame, addr, now)
+                    elif isinstance(frame, frames.Nak):
+                        if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                            continue
+                        sc.nak_messages_received.add(1)
+                        np.core.on_nak(frame, now, np.pub.position)
+                    elif isinstance(frame, frames.Rttm):
+                        continue
+                    else:
+                        self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
+                self._wake_sender()
+        except (trio.ClosedResourceError, OSError):
+            return
+
+    def _invalid(self, error: Exception, addr) -> None:
+        self.system.invalid_packets.add(1)
+        log.debug("invalid datagram dropped", error=str(error), source=str(addr))
+
+    # ------------------------------------------------------------------ UDP subscriptions
+
+    def _endpoint(self, endpoint: tuple[str, int]) -> _ReceiveEndpoint:
+        addr = _resolve(endpoint)
+        ep = self._endpoints.get(addr)
+        if ep is None:
+            sock = _udp_socket(addr, self.config.socket_buffer_bytes)
+            ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63))
+            self._endpoints[addr] = ep
+            self._nursery.start_soon(self._endpoint_reader, ep)
+        return ep
+
+    def _add_network_subscription(self, uri, stream_id, on_available, on_unavailable) -> Subscription:
+        sub = Subscription(
+            channel=uri, stream_id=stream_id, on_available=on_available, on_unavailable=on_unavailable,
+            registration_id=next(self._ids),
+        )
+        if uri.is_manual and uri.endpoint is None:
+            group = _Group(stream_id)
+            group.subscriptions.append(sub)
+            self._mds_groups[id(sub)] = group
+            sub.add_destination = lambda dest, g=group: self._sub_add_destination(g, dest)  # type: ignore[attr-defined]
+            sub.remove_destination = lambda dest, g=group: self._sub_remove_destination(g, dest)  # type: ignore[attr-defined]
+        else:
+            if uri.endpoint is None:
+                raise ChannelError(f"channel {uri}: a subscription needs endpoint=host:port (or control-mode=manual)")
+            ep = self._endpoint(uri.endpoint)
+            key = (ep.addr, stream_id)
+            group = self._plain_groups.get(key)
+            if group is None:
+                group = self._plain_groups[key] = _Group(stream_id)
+                group.endpoints.append(ep)
+                ep.groups.setdefault(stream_id, []).append(group)
+            group.subscriptions.append(sub)
+            # Late joiners see the images that already exist.
+            for ni in group.images.values():
+                self._attach_image(ni, sub)
+        sub._close_impl = lambda s, g=group: self._close_network_subscription(g, s)
+        return sub
+
+    def _sub_add_destination(self, group: _Group, destination: str) -> None:
+        uri = parse(destination)
+        if uri.endpoint is None:
+            raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
+        ep = self._endpoint(uri.endpoint)
+        if ep not in group.endpoints:
+            group.endpoints.append(ep)
+            ep.groups.setdefault(group.stream_id, []).append(group)
+
+    def _sub_remove_destination(self, group: _Group, destination: str) -> None:
+        uri = parse(destination)
+        if uri.endpoint is None:
+            raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
+        addr = _resolve(uri.endpoint)
+        ep = self._endpoints.get(addr)
+        if ep is None or ep not in group.endpoints:
+            return
+        group.endpoints.remove(ep)
+        ep.groups.get(group.stream_id, []).remove(group)
+        for ni in group.images.values():
+            for src, src_ep in list(ni.sources.items()):
+                if src_ep is ep:
+                    del ni.sources[src]
+        self._maybe_close_endpoint(ep)
+
+    def _maybe_close_endpoint(self, ep: _ReceiveEndpoint) -> None:
+        if not any(ep.groups.values()):
+            self._endpoints.pop(ep.addr, None)
+            for k, v in list(self._endpoints.items()):
+                if v is ep:
+                    del self._endpoints[k]
+            ep.sock.close()
+
+    def _close_network_subscription(self, group: _Group, sub: Subscription) -> None:
+        if sub in group.subscriptions:
+            group.subscriptions.remove(sub)
+        for ni in group.images.values():
+            ni.images = [img for img in ni.images if img.subscription is not sub]
+        self.system.subscriptions_active.add(-1)
+        if group.subscriptions:
+            return
+        for ni in list(group.images.values()):
+            self._drop_image(ni, notify=False)
+        for ep in group.endpoints:
+            lst = ep.groups.get(group.stream_id, [])
+            if group in lst:
+                lst.remove(group)
+            self._maybe_close_endpoint(ep)
+        self._mds_groups.pop(id(sub), None)
+        for k, g in list(self._plain_groups.items()):
+            if g is group:
+                del self._plain_groups[k]
+
+    def _attach_image(self, ni: _NetImage, sub: Subscription) -> None:
+        window = ni.core.window
+        image = Image(
+            log=ni.log, subscription=sub, join_position=ni.core.rebuild_position,
+            source_identity=",".join(f"{a[0]}:{a[1]}" for a in ni.sources) or "udp",
+            eos_fn=lambda c=ni.core: c.eos_position,
+            progress_fn=self._on_image_progress, progress_threshold=max(32, window // 4),
+        )
+        image._position = ni.core.consumption_position if not ni.images else min(i.position for i in ni.images)
+        ni.images.append(image)
+        sub._add_image(image)
+
+    def _on_image_progress(self, image: Image) -> None:
+        self._poke_conductor()
+
+    async def _endpoint_reader(self, ep: _ReceiveEndpoint) -> None:
+        sock = ep.sock
+        buf = self._recv_buf
+        view = self._recv_view
+        sc = self.system
+        touched: set = set()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                now = time.monotonic_ns()
+                count = 0
+                for _ in range(_RECV_BATCH):
+                    try:
+                        n, addr = sock.recvfrom_into(buf)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        break
+                    count += 1
+                    sc.bytes_received.add(n)
+                    if self._loss_recv is not None:
+                        for due, d in self._loss_recv.on_datagram(now, bytes(view[:n])):
+                            if due <= now:
+                                self._on_datagram(ep, memoryview(d), len(d), addr, now, touched)
+                            else:
+                                heapq.heappush(self._delayed, (due, next(self._seq), "recv", d, (ep, addr)))
+                                self._poke_conductor()
+                    else:
+                        self._on_datagram(ep, view, n, addr, now, touched)
+                sc.datagrams_received.add(count)
+                self._after_receive(touched, now)
+        except (trio.ClosedResourceError, OSError):
+            return
+
+    def _after_receive(self, touched: set, now: int) -> None:
+        if not touched:
+            return
+        out = self._ctrl_out
+        for ni in touched:
+            self._image_control(ni, now, out)
+            for image in ni.images:
+                image.subscription._wake()
+        touched.clear()
+
+    def _image_control(self, ni: _NetImage, now: int, out: list, send_setup: bool = False) -> None:
+        core = ni.core
+        if ni.images:
+            core.on_consumed(min(image.position for image in ni.images))
+        out.clear()
+        before_naks = core.stats.naks
+        core.do_work(now, out, send_setup)
+        if out:
+            for data in out:
+                for src, src_ep in ni.sources.items():
+                    self._send(src_ep.sock, data, src)
+            naks = core.stats.naks - before_naks
+            if naks:
+                self.system.nak_messages_sent.add(naks)
+            if len(out) > naks:
+                self.system.status_messages_sent.add(len(out) - naks)
+
+    def _on_datagram(self, ep: _ReceiveEndpoint, view, n: int, addr, now: int, touched: set) -> None:
+        if n < 8:
+            self._invalid(FrameError(f"datagram of {n} bytes"), addr)
+            return
+        flen, version, flags, ftype = _PREFIX(view, 0)
+        if version != frames.VERSION:
+            self._invalid(FrameError(f"version {version}"), addr)
+            return
+        if ftype == TYPE_DATA or ftype == TYPE_PAD:
+            if n < HEADER_LENGTH:
+                self._invalid(FrameError("truncated data header"), addr)
+                return
+            session_id, stream_id = _SESSION_STREAM(view, 12)
+            groups = ep.groups.get(stream_id)
+            if not groups:
+                return  # nobody here subscribes to that stream
+            if flen == 0 and ftype == TYPE_DATA:
+                try:
+                    hb = frames.decode_untrusted(view[:n])
+                except FrameError as e:
+                    self._invalid(e, addr)
+                    return
+                self.system.heartbeats_received.add(1)
+                for group in groups:
+                    ni = group.images.get(session_id)
+                    if ni is not None:
+                        ni.sources.setdefault(addr, ep)
+                        ni.core.on_heartbeat(hb, now)
+                        touched.add(ni)
+                    else:
+                        self._ask_setup(ep, addr, session_id, stream_id, now)
+                return
+            checked = None
+            for group in groups:
+                ni = group.images.get(session_id)
+                if ni is None:
+                    self._ask_setup(ep, addr, session_id, stream_id, now)
+                    continue
+                if checked is None:
+                    try:
+                        checked = frames.check_data_run(view, n, ni.core.term_length)
+                    except FrameError as e:
+                        self._invalid(e, addr)
+                        return
+                ni.sources.setdefault(addr, ep)
+                action, position = ni.core.on_data(checked, now)
+                if action == Accept.INSERT:
+                    ni.log.insert(position, view, n)
+                    clean = ni.core.needs_clean()
+                    if clean is not None:
+                        ni.log.clean_term_after(clean)
+                elif action == Accept.DUPLICATE:
+                    self.system.duplicate_frames.add(1)
+                else:
+                    self.system.flow_control_over_runs.add(1)
+                touched.add(ni)
+            return
+        try:
+            frame = frames.decode_untrusted(view[:n])
+        except FrameError as e:
+            self._invalid(e, addr)
+            return
+        if ftype == TYPE_SETUP:
+            groups = ep.groups.get(frame.stream_id)
+            if not groups:
+                return
+            for group in groups:
+                ni = group.images.get(frame.session_id)
+                if ni is None:
+                    ni = self._create_image(group, frame, ep, addr, now)
+                else:
+                    ni.core.on_setup_again(now)
+                ni.sources.setdefault(addr, ep)
+                touched.add(ni)
+        elif ftype == TYPE_RTTM:
+            if not frame.is_reply:
+                reply = frames.encode_rttm(frame.session_id, frame.stream_id, frame.echo_timestamp_ns, 0, ep.receiver_id, True)
+                self._send(ep.sock, reply, addr)
+        elif ftype in (TYPE_SM, TYPE_NAK):
+            self._invalid(FrameError("status/NAK frame on a receive endpoint"), addr)
+        else:  # pragma: no cover - decode_untrusted rejects the rest
+            self._invalid(FrameError(f"type {ftype}"), addr)
+
+    def _ask_setup(self, ep: _ReceiveEndpoint, addr, session_id: int, stream_id: int, now: int) -> None:
+        key = (addr, session_id, stream_id)
+        last = ep.setup_asked.get(key, 0)
+        if now - last < self.config.setup_interval_ns:
+            return
+        if len(ep.setup_asked) > 4096:
+            ep.setup_asked.clear()  # bounded: a flood of forged sessions cannot grow it
+        ep.setup_asked[key] = now
+        self._send(ep.sock, frames.encode_status(session_id, stream_id, 0, 0, 0, ep.receiver_id, send_setup=True), addr)
+
+    def _create_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> _NetImage:
+        core = ImageReceiverCore(
+            session_id=setup.session_id, stream_id=setup.stream_id, initial_term_id=setup.initial_term_id,
+            active_term_id=setup.active_term_id, term_offset=setup.term_offset, term_length=setup.term_length,
+            mtu=setup.mtu, receiver_id=ep.receiver_id, now_ns=now, config=self._receiver_cfg,
+        )
+        lb = LogBuffer.create(
+            None, setup.term_length, setup.mtu, setup.initial_term_id, setup.session_id, setup.stream_id,
+            core.join_position,
+        )
+        ni = _NetImage(core, lb, group)
+        ni.sources[addr] = ep
+        group.images[setup.session_id] = ni
+        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]}"
+        ni.counters = [
+            (self.counters.allocate(f"rcv-hwm: {label}", CounterType.RECEIVER_HWM), lambda c=core: c.hwm_position),
+            (self.counters.allocate(f"rcv-pos: {label}", CounterType.RECEIVER_POS), lambda c=core: c.rebuild_position),
+            (self.counters.allocate(f"sub-pos: {label}", CounterType.SUBSCRIBER_POSITION), lambda c=core: c.consumption_position),
+        ]
+        for sub in group.subscriptions:
+            self._attach_image(ni, sub)
+        self.system.images_available.add(1)
+        log.debug("image available", session_id=setup.session_id, stream_id=setup.stream_id, source=str(addr))
+        return ni
+
+    def _drop_image(self, ni: _NetImage, notify: bool = True) -> None:
+        group = ni.group
+        if group.images.get(ni.core.session_id) is ni:
+            del group.images[ni.core.session_id]
+        for image in ni.images:
+            if notify:
+                image.subscription._remove_image(image)
+            else:
+                image.close()
+        ni.images = []
+        for counter, _fn in ni.counters:
+            counter.close()
+        ni.counters = []
+        self.system.images_unavailable.add(1)
+        log.debug("image unavailable", session_id=ni.core.session_id, stream_id=ni.core.stream_id)
+
+    # ------------------------------------------------------------------ conductor
+
+    def _poke_conductor(self) -> None:
+        self._conductor_event.set()
+
+    def _all_groups(self):
+        seen = set()
+        for group in list(self._plain_groups.values()) + list(self._mds_groups.values()):
+            if id(group) not in seen:
+                seen.add(id(group))
+                yield group
+
+    async def _conductor_loop(self) -> None:
+        out: list = []
+        while True:
+            now = time.monotonic_ns()
+            deadline = now + 1_000_000_000
+            # Delayed datagrams of the loss injector.
+            while self._delayed and self._delayed[0][0] <= now:
+                _due, _seq, kind, data, target = heapq.heappop(self._delayed)
+                if kind == "send":
+                    sock, addr = target
+                    if sock.fileno() >= 0:
+                        self._raw_send(sock, data, addr)
+                else:
+                    ep, addr = target
+                    touched: set = set()
+                    self._on_datagram(ep, memoryview(data), len(data), addr, now, touched)
+                    self._after_receive(touched, now)
+            if self._delayed:
+                deadline = min(deadline, self._delayed[0][0])
+            # Receivers: status messages, NAKs, liveness, end of stream.
+            for group in list(self._all_groups()):
+                for ni in list(group.images.values()):
+                    core = ni.core
+                    if not core.is_alive(now):
+                        self._drop_image(ni)
+                        continue
+                    self._image_control(ni, now, out)
+                    if core.is_end_of_stream():
+                        self._drop_image(ni)
+                        continue
+                    deadline = min(deadline, core.next_deadline_ns())
+            # IPC heartbeats and discovery.
+            self.ipc.do_work(now)
+            deadline = min(deadline, self.ipc.next_deadline_ns())
+            # Counters: sampled positions.
+            for np in self._net_pubs:
+                for counter, fn in np.counters:
+                    counter.set(fn())
+            for group in self._all_groups():
+                for ni in group.images.values():
+                    for counter, fn in ni.counters:
+                        counter.set(fn())
+            self._conductor_event = trio.Event()
+            wait_s = max(0, deadline - time.monotonic_ns()) / 1e9
+            with trio.move_on_after(wait_s):
+                await self._conductor_event.wait()
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._sender_loop)
+            nursery.start_soon(self._conductor_loop)
+            task_status.started()
+
+    def close(self) -> None:
+        """Close every publication (EOS to receivers), subscription, socket and file."""
+        if self._closed:
+            return
+        now = time.monotonic_ns()
+        for np in list(self._net_pubs):
+            if not np.pub.closed:
+                np.pub.closed = True
+                np.core.close(np.pub.position)
+            sends: list = []
+            np.core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+            for item, n in sends:
+                data = np.view[item : item + n] if n else item
+                for dest in np.dests:
+                    self._raw_send(np.sock, data, dest)
+            self._release_network_publication(np)
+        for group in list(self._all_groups()):
+            for sub in list(group.subscriptions):
+                sub.close()
+        for ep in list(self._endpoints.values()):
+            ep.sock.close()
+        self._endpoints.clear()
+        self.ipc.close()
+        self._closed = True
+        self.system.close()
+        self.counters.close()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def open_media_driver(config: DriverConfig | None = None, **overrides) -> AsyncIterator[MediaDriver]:
+    """Run a media driver for the duration of the ``async with`` block."""
+    if config is None:
+        config = DriverConfig(**overrides)
+    elif overrides:
+        from dataclasses import replace
+
+        config = replace(config, **overrides)
+    driver = MediaDriver(config)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(driver._run)
+            try:
+                yield driver
+            finally:
+                driver.close()
+                nursery.cancel_scope.cancel()
+    finally:
+        if not driver._closed:
+            driver.close()

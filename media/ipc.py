@@ -1,0 +1,319 @@
+"""Shared-memory IPC between threads and processes that point at the same driver directory.
+
+Files, under ``<driver dir>/ipc/stream-<stream id>/``:
+
+* ``<session id>.logbuffer``: one per publication (``media.logbuffer``), created by the publisher,
+  mapped by every subscriber, removed by the publisher when it closes (readers keep their map).
+* ``subscribers/<doorbell>``: an empty file per subscription, so that a new publication can ring
+  the doorbells of the subscriptions already waiting for it instead of being found by a poll.
+
+A subscription joins a publication at its current end (messages offered before it joined are
+not delivered, as in the reference system): it takes a subscriber slot in the file and from then
+on the publisher cannot run more than a term window ahead of it. Liveness works both ways:
+the publisher writes a heartbeat into the file, each subscriber into its slot; a publisher whose
+process is gone, or whose heartbeat is older than the image liveness timeout, makes the image
+unavailable once what it wrote has been read; a dead subscriber's slot is freed so it no longer
+holds the publisher back.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+from pathlib import Path
+from typing import Callable
+
+import structlog
+
+from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
+from media.doorbell import NEW_PUBLICATION, Doorbell, ring
+from media.frames import TYPE_PAD
+from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
+from media.publication import ExclusivePublication, OfferResult, Publication
+from media.subscription import Image, Subscription
+
+__all__ = ["IpcTransport", "pid_alive"]
+
+log = structlog.get_logger("media.ipc")
+_PREFIX = struct.Struct("<iBBH").unpack_from
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _scan_to_tail(lb: LogBuffer, position: int) -> int:
+    """Walk frames from ``position`` to the first unwritten one: the publication's end."""
+    buf = lb.buffer
+    cap = lb.capacity
+    for _ in range(1 << 22):
+        flen, _v, _f, ftype = _PREFIX(buf, META_LENGTH + position % cap)
+        if flen <= 0:
+            return position
+        position += flen if ftype == TYPE_PAD else (flen + 31) & ~31
+    return position
+
+
+class _IpcImageState:
+    __slots__ = ("image", "slot", "gone_since_ns")
+
+    def __init__(self, image: Image, slot: int) -> None:
+        self.image = image
+        self.slot = slot
+        self.gone_since_ns = 0
+
+
+class _IpcSub:
+    __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan")
+
+    def __init__(self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path) -> None:
+        self.sub = sub
+        self.doorbell = doorbell
+        self.marker = marker
+        self.dir = directory
+        self.images: dict[str, _IpcImageState] = {}
+        self.rescan = True
+
+
+class IpcTransport:
+    """The IPC part of a media driver; its duty cycle runs in the driver's conductor."""
+
+    def __init__(
+        self,
+        driver_dir: Path,
+        *,
+        image_liveness_timeout_ns: int = 10_000_000_000,
+        heartbeat_interval_ns: int = 100_000_000,
+        rescan_interval_ns: int = 1_000_000_000,
+        default_term_length: int = DEFAULT_IPC_TERM_LENGTH,
+        on_image_count: Callable[[int], None] | None = None,
+    ) -> None:
+        self.dir = Path(driver_dir) / "ipc"
+        self.liveness_ns = image_liveness_timeout_ns
+        self.heartbeat_interval_ns = heartbeat_interval_ns
+        self.rescan_interval_ns = rescan_interval_ns
+        self.default_term_length = default_term_length
+        self._pubs: list[ExclusivePublication] = []
+        self._subs: list[_IpcSub] = []
+        self._last_heartbeat_ns = 0
+        self._last_rescan_ns = 0
+        self._pid = os.getpid()
+        self._rng = random.Random()
+        self.images_available = 0
+        self.images_unavailable = 0
+
+    def _stream_dir(self, stream_id: int) -> Path:
+        return self.dir / f"stream-{stream_id}"
+
+    # ------------------------------------------------------------------ publications
+
+    def add_publication(self, channel: ChannelUri, stream_id: int, exclusive: bool = True) -> ExclusivePublication:
+        term_length = channel.term_length or self.default_term_length
+        session_id = channel.session_id if channel.session_id is not None else self._rng.randrange(-(2**31), 2**31)
+        if channel.has_initial_position:
+            initial_term_id = channel.initial_term_id
+            start = channel.initial_position(term_length)
+        else:
+            initial_term_id = self._rng.randrange(-(2**31), 2**31)
+            start = 0
+        path = self._stream_dir(stream_id) / f"{session_id}.logbuffer"
+        if path.exists():
+            try:
+                other = LogBuffer.open(path)
+                owner = other.publisher_pid
+                other.close()
+            except LogBufferError:
+                owner = 0
+            if pid_alive(owner):
+                raise ValueError(f"IPC session {session_id} on stream {stream_id} is already published by pid {owner}")
+        lb = LogBuffer.create(path, term_length, channel.mtu or DEFAULT_MTU, initial_term_id, session_id, stream_id, start)
+        lb.publisher_heartbeat_ns = time.monotonic_ns()
+        window = term_length // 2
+        liveness = self.liveness_ns
+        mypid = self._pid
+
+        def limit_fn(pub: ExclusivePublication) -> int:
+            now = time.monotonic_ns()
+            lowest = None
+            for slot, pid, pos, hb, _parked, _bell in lb.active_slots():
+                if now - hb > liveness or (pid != mypid and not pid_alive(pid)):
+                    lb.release_slot(slot)
+                    continue
+                if lowest is None or pos < lowest:
+                    lowest = pos
+            if lowest is None:
+                return OfferResult.NOT_CONNECTED
+            return lowest + window
+
+        def ring_fn() -> None:
+            for bell in lb.take_parked():
+                ring(bell)
+
+        cls = ExclusivePublication if exclusive else Publication
+        pub = cls(
+            log=lb, channel=channel, stream_id=stream_id, session_id=session_id, start_position=start,
+            limit_fn=limit_fn, ring_fn=ring_fn, on_close=self._close_publication,
+        )
+        self._pubs.append(pub)
+        # Tell the subscriptions already waiting for this stream.
+        subs_dir = self._stream_dir(stream_id) / "subscribers"
+        if subs_dir.is_dir():
+            for marker in subs_dir.iterdir():
+                if not ring(marker.name.encode(), NEW_PUBLICATION):
+                    try:
+                        marker.unlink()  # its process is gone
+                    except OSError:
+                        pass
+        log.debug("ipc publication added", stream_id=stream_id, session_id=session_id, path=str(path))
+        return pub
+
+    def _close_publication(self, pub: ExclusivePublication) -> None:
+        lb = pub.log
+        lb.publisher_position = pub.position
+        lb.end_of_stream_position = pub.position
+        for bell in lb.take_parked():
+            ring(bell)
+        for _slot, _pid, _pos, _hb, _parked, bell in lb.active_slots():
+            ring(bell)
+        lb.unlink()
+        if pub in self._pubs:
+            self._pubs.remove(pub)
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def add_subscription(self, channel: ChannelUri, stream_id: int, **callbacks) -> Subscription:
+        sub = Subscription(channel=channel, stream_id=stream_id, **callbacks)
+        doorbell = Doorbell()
+        directory = self._stream_dir(stream_id)
+        marker = directory / "subscribers" / doorbell.name.decode()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        state = _IpcSub(sub, doorbell, marker, directory)
+        self._subs.append(state)
+
+        async def wait_impl(timeout: float) -> None:
+            images = list(state.images.values())
+            for st in images:
+                st.image.log.set_slot_parked(st.slot, True)
+            try:
+                if not sub.has_data():
+                    await doorbell.wait(min(timeout, 0.1))
+            finally:
+                for st in images:
+                    if not st.image.closed:
+                        st.image.log.set_slot_parked(st.slot, False)
+            if NEW_PUBLICATION in doorbell.drain():
+                state.rescan = True
+                self._scan(state, time.monotonic_ns())
+
+        def close_impl(_sub: Subscription) -> None:
+            self._close_subscription(state)
+
+        sub._wait_impl = wait_impl
+        sub._close_impl = close_impl
+        self._scan(state, time.monotonic_ns())
+        return sub
+
+    def _scan(self, state: _IpcSub, now_ns: int) -> None:
+        state.rescan = False
+        if not state.dir.is_dir():
+            return
+        for path in state.dir.glob("*.logbuffer"):
+            key = path.name
+            if key in state.images:
+                continue
+            try:
+                lb = LogBuffer.open(path)
+            except (LogBufferError, ValueError, OSError):
+                continue
+            if lb.end_of_stream_position != MAX_POSITION or not pid_alive(lb.publisher_pid):
+                lb.close()
+                continue
+            join = _scan_to_tail(lb, lb.publisher_position)
+            slot = lb.claim_slot(join, now_ns, state.doorbell.name)
+            if slot == NO_SLOT:
+                log.warning("ipc publication has no free subscriber slot", path=str(path))
+                lb.close()
+                continue
+            # The publisher may have appended between the scan and the claim: catch up to the end
+            # again so we start exactly where our slot holds it.
+            image = Image(
+                log=lb, subscription=state.sub, join_position=join, source_identity=f"ipc:pid={lb.publisher_pid}",
+                position_offset=lb.slot_position_offset(slot),
+                eos_fn=lambda lb=lb: (None if (e := lb.end_of_stream_position) == MAX_POSITION else e),
+            )
+            state.images[key] = _IpcImageState(image, slot)
+            self.images_available += 1
+            state.sub._add_image(image)
+
+    def _close_subscription(self, state: _IpcSub) -> None:
+        for st in state.images.values():
+            st.image.log.release_slot(st.slot)
+        state.images.clear()
+        state.doorbell.close()
+        try:
+            state.marker.unlink()
+        except OSError:
+            pass
+        if state in self._subs:
+            self._subs.remove(state)
+
+    # ------------------------------------------------------------------ duty cycle
+
+    def next_deadline_ns(self) -> int:
+        return self._last_heartbeat_ns + self.heartbeat_interval_ns
+
+    def do_work(self, now_ns: int) -> int:
+        """Heartbeats, liveness and discovery; cheap enough to run every heartbeat interval."""
+        if now_ns - self._last_heartbeat_ns < self.heartbeat_interval_ns:
+            return 0
+        self._last_heartbeat_ns = now_ns
+        work = 0
+        for pub in self._pubs:
+            pub.log.publisher_heartbeat_ns = now_ns
+            pub.log.publisher_position = pub.position
+        rescan_all = now_ns - self._last_rescan_ns >= self.rescan_interval_ns
+        if rescan_all:
+            self._last_rescan_ns = now_ns
+        for state in list(self._subs):
+            for key, st in list(state.images.items()):
+                image = st.image
+                lb = image.log
+                lb.set_slot_heartbeat(st.slot, now_ns)
+                if image.is_end_of_stream:
+                    self._drop_image(state, key, st, unlink=False)
+                    work += 1
+                    continue
+                pid = lb.publisher_pid
+                stale = now_ns - lb.publisher_heartbeat_ns > self.liveness_ns
+                if stale or not pid_alive(pid):
+                    if not image.has_data():
+                        self._drop_image(state, key, st, unlink=True)
+                        work += 1
+            if state.rescan or rescan_all:
+                self._scan(state, now_ns)
+        return work
+
+    def _drop_image(self, state: _IpcSub, key: str, st: _IpcImageState, unlink: bool) -> None:
+        del state.images[key]
+        st.image.log.release_slot(st.slot)
+        if unlink and not pid_alive(st.image.log.publisher_pid):
+            st.image.log.unlink()
+        self.images_unavailable += 1
+        state.sub._remove_image(st.image)
+
+    def close(self) -> None:
+        for pub in list(self._pubs):
+            pub.close()
+        for state in list(self._subs):
+            state.sub.close()

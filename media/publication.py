@@ -1,0 +1,255 @@
+"""Publications: ``offer(bytes)`` appends a message to a stream and returns the new position.
+
+A publication writes frames into its log buffer (``media.logbuffer``). How far it may write is its
+*limit*, refreshed only when an offer would pass it:
+
+* IPC: the slowest live subscriber's position (from the subscriber slots of the shared file)
+  plus the term window (half a term). No subscriber: ``NOT_CONNECTED``.
+* UDP: the sender position plus the term window, once a receiver has answered the SETUP.
+  The sender itself is held back by the receivers' flow control, so back-pressure reaches the
+  publisher instead of memory growing.
+
+When it cannot append, ``offer`` returns a negative :class:`OfferResult`. Messages longer than
+``mtu - 32`` are split into fragments (flags B, none, E) that the subscriber reassembles; messages
+longer than the maximum message length (``min(term length / 8, 16 MiB)``) are refused with
+:class:`MessageTooLongError`. :class:`ExclusivePublication` is for one thread and is the fast path;
+:class:`Publication` adds a lock so threads of one process can share it.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from enum import IntEnum
+from typing import Callable
+
+from media.channel import ChannelUri
+from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length
+from media.logbuffer import META_LENGTH, LogBuffer
+
+__all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Publication"]
+
+_PACK_HEADER = DATA_HEADER.pack_into
+_I32_PACK = struct.Struct("<i").pack_into
+_MAX_POSITION_TERMS = 2**31
+
+
+class OfferResult(IntEnum):
+    """Why an offer did not append (all negative, as in the reference client)."""
+
+    NOT_CONNECTED = -1
+    BACK_PRESSURED = -2
+    ADMIN_ACTION = -3
+    CLOSED = -4
+    MAX_POSITION_EXCEEDED = -5
+
+
+class MessageTooLongError(ValueError):
+    """A message longer than the publication's maximum message length."""
+
+
+def _wrap_i32(value: int) -> int:
+    return (value + 2**31) % 2**32 - 2**31
+
+
+class ExclusivePublication:
+    """A publication used from one thread. Transport specifics come in as two callables:
+
+    ``limit_fn(pub) -> int``: the new limit, or a negative OfferResult;
+    ``after_append``: called after each append (wakes a UDP sender), or None;
+    ``ring_fn``: wakes parked readers when the log buffer's wake flag is set (IPC), or None.
+    """
+
+    def __init__(
+        self,
+        *,
+        log: LogBuffer,
+        channel: ChannelUri,
+        stream_id: int,
+        session_id: int,
+        start_position: int,
+        limit_fn: Callable[["ExclusivePublication"], int],
+        after_append: Callable[[], None] | None = None,
+        ring_fn: Callable[[], None] | None = None,
+        on_close: Callable[["ExclusivePublication"], None] | None = None,
+        registration_id: int = 0,
+    ) -> None:
+        self.log = log
+        self.channel = channel
+        self.stream_id = stream_id
+        self.session_id = session_id
+        self.registration_id = registration_id
+        self.term_length = log.term_length
+        self.mtu = log.mtu
+        self.initial_term_id = log.initial_term_id
+        self.max_payload_length = log.mtu - HEADER_LENGTH
+        self.max_message_length = max_message_length(log.term_length)
+        self.start_position = start_position
+        self.max_position = _MAX_POSITION_TERMS * log.term_length - 1
+        self._buffer = log.buffer
+        self._capacity = log.capacity
+        self._term_mask = log.term_length - 1
+        self._bits = log.position_bits
+        self._position = start_position
+        self._limit = start_position  # the first offer refreshes it
+        self._term_base = (start_position >> self._bits) << self._bits
+        self._term_id = _wrap_i32(self.initial_term_id + (start_position >> self._bits))
+        self._limit_fn = limit_fn
+        self._after_append = after_append
+        self._ring_fn = ring_fn
+        self._on_close = on_close
+        self._wake_offset = LogBuffer.WAKE_OFFSET
+        self.closed = False
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def position(self) -> int:
+        """The position after the last appended message."""
+        return self._position
+
+    @property
+    def position_limit(self) -> int:
+        return self._limit
+
+    @property
+    def term_id(self) -> int:
+        return self._term_id
+
+    @property
+    def is_connected(self) -> bool:
+        if self.closed:
+            return False
+        return self._limit_fn(self) >= 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} {self.channel} stream={self.stream_id} session={self.session_id}"
+            f" position={self._position}>"
+        )
+
+    # ------------------------------------------------------------------ offer
+
+    def offer(self, payload, reserved_value: int = 0) -> int:
+        """Append ``payload`` (any bytes-like object); the new stream position, or OfferResult < 0."""
+        n = len(payload)
+        if n > self.max_payload_length:
+            return self._offer_fragmented(payload, reserved_value)
+        aligned = (n + 63) & ~31
+        pos = self._position
+        if pos + aligned > self._limit:
+            code = self._refresh(pos + aligned)
+            if code:
+                return code
+        term_offset = pos - self._term_base
+        if term_offset + aligned > self.term_length:
+            pos = self._rotate(pos, aligned)
+            if pos < 0:
+                return pos
+            term_offset = 0
+        buf = self._buffer
+        off = META_LENGTH + pos % self._capacity
+        _PACK_HEADER(buf, off, 0, 0, 0xC0, 1, term_offset, self.session_id, self.stream_id, self._term_id, reserved_value)
+        buf[off + 32 : off + 32 + n] = payload
+        _I32_PACK(buf, off, n + 32)
+        pos += aligned
+        self._position = pos
+        if buf[self._wake_offset]:
+            self._ring_fn()
+        if self._after_append is not None:
+            self._after_append()
+        return pos
+
+    def _refresh(self, needed: int) -> int:
+        if self.closed:
+            return OfferResult.CLOSED
+        if needed > self.max_position:
+            return OfferResult.MAX_POSITION_EXCEEDED
+        limit = self._limit_fn(self)
+        if limit < 0:
+            return limit
+        self._limit = limit
+        if needed > limit:
+            return OfferResult.BACK_PRESSURED
+        return 0
+
+    def _rotate(self, pos: int, needed: int) -> int:
+        """Pad the rest of the term, move to the next one and zero the partition after it."""
+        next_term = self._term_base + self.term_length
+        if next_term + needed > self._limit:
+            code = self._refresh(next_term + needed)
+            if code:
+                return code
+        if pos < next_term:
+            self.log.write_padding(pos, self.session_id, self.stream_id)
+        self._term_base = next_term
+        self._term_id = _wrap_i32(self._term_id + 1)
+        self.log.clean_term_after(next_term)
+        self._position = next_term
+        return next_term
+
+    def _offer_fragmented(self, payload, reserved_value: int) -> int:
+        n = len(payload)
+        if n > self.max_message_length:
+            raise MessageTooLongError(
+                f"message of {n} bytes is longer than the maximum message length {self.max_message_length}"
+                f" of this publication (term length {self.term_length})"
+            )
+        mp = self.max_payload_length
+        full, rest = divmod(n, mp)
+        total = full * ((mp + 63) & ~31) + (((rest + 63) & ~31) if rest else 0)
+        pos = self._position
+        if pos + total > self._limit:
+            code = self._refresh(pos + total)
+            if code:
+                return code
+        if pos - self._term_base + total > self.term_length:
+            pos = self._rotate(pos, total)
+            if pos < 0:
+                return pos
+        buf = self._buffer
+        view = memoryview(payload).cast("B") if not isinstance(payload, (bytes, bytearray)) else payload
+        sent = 0
+        flags = FLAG_BEGIN
+        while sent < n:
+            chunk = min(mp, n - sent)
+            if sent + chunk == n:
+                flags |= FLAG_END
+            off = META_LENGTH + pos % self._capacity
+            _PACK_HEADER(
+                buf, off, 0, 0, flags, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
+                reserved_value,
+            )
+            buf[off + 32 : off + 32 + chunk] = view[sent : sent + chunk]
+            _I32_PACK(buf, off, chunk + 32)
+            pos += (chunk + 63) & ~31
+            sent += chunk
+            flags = 0
+        self._position = pos
+        if buf[self._wake_offset]:
+            self._ring_fn()
+        if self._after_append is not None:
+            self._after_append()
+        return pos
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """End the stream: subscribers see end-of-stream after the last message."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._on_close is not None:
+            self._on_close(self)
+
+
+class Publication(ExclusivePublication):
+    """A publication that threads of one process may share: offers are serialised by a lock."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._lock = threading.Lock()
+
+    def offer(self, payload, reserved_value: int = 0) -> int:
+        with self._lock:
+            return ExclusivePublication.offer(self, payload, reserved_value)

@@ -1,0 +1,318 @@
+"""What a network publication sends, and when (core).
+
+One :class:`SenderCore` per UDP publication decides, from the publication's log buffer, the status
+messages and NAKs it has received and the time ``now_ns``:
+
+* **setup**: until a receiver answers with a status message, a SETUP frame goes out every
+  ``setup_interval_ns``; a receiver that sees data for a session it has no image for asks for one
+  (status message with the send-setup flag).
+* **data**: frames from the sender position up to ``min(publication position, flow-control limit)``,
+  packed into datagrams of at most one MTU, never splitting a frame, never crossing a term end.
+* **flow control**: each receiver's status message says where it has consumed to and how much it
+  can take (its window). Unicast takes the receiver's limit; multi-destination-cast takes the
+  minimum over the receivers heard from within ``receiver_timeout_ns``, so one slow receiver
+  holds the publication back (back-pressure) instead of memory growing.
+* **retransmit**: a NAK for data still in the buffer is answered after ``retransmit_delay_ns``;
+  further NAKs for the same range are ignored for ``retransmit_linger_ns`` (the reference's
+  RetransmitHandler).
+* **heartbeat**: when nothing was sent for ``heartbeat_interval_ns``, a header-only DATA frame with
+  the sender position, so receivers see tail loss and know the publication is alive; with the EOS
+  flag once the publication has closed and everything was sent.
+
+The core returns *sends*: ``(kind, offset, length)`` slices of the log buffer or ready bytes, and
+the shell writes them to the socket for every destination.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from media.frames import (
+    HEADER_LENGTH,
+    Nak,
+    Setup,
+    StatusMessage,
+    TYPE_PAD,
+    encode_heartbeat,
+    encode_setup,
+)
+
+__all__ = ["SenderConfig", "SenderCore", "SenderStats"]
+
+_PREFIX = struct.Struct("<iBBH").unpack_from
+_META = 4096  # media.logbuffer.META_LENGTH; the core does not import the mmap module
+
+
+@dataclass(frozen=True, slots=True)
+class SenderConfig:
+    setup_interval_ns: int = 100_000_000
+    heartbeat_interval_ns: int = 100_000_000
+    connection_timeout_ns: int = 5_000_000_000
+    receiver_timeout_ns: int = 5_000_000_000
+    retransmit_delay_ns: int = 0
+    retransmit_linger_ns: int = 10_000_000
+    max_batch_bytes: int = 256 * 1024
+
+
+@dataclass(slots=True)
+class SenderStats:
+    datagrams: int = 0
+    bytes: int = 0
+    retransmits: int = 0
+    heartbeats: int = 0
+    setups: int = 0
+    status_received: int = 0
+    naks_received: int = 0
+    naks_ignored: int = 0
+
+
+class _Receiver:
+    __slots__ = ("limit", "last_seen_ns", "address")
+
+    def __init__(self, limit: int, now_ns: int, address) -> None:
+        self.limit = limit
+        self.last_seen_ns = now_ns
+        self.address = address
+
+
+class SenderCore:
+    """Sending state of one network publication."""
+
+    def __init__(
+        self,
+        *,
+        session_id: int,
+        stream_id: int,
+        initial_term_id: int,
+        term_length: int,
+        mtu: int,
+        start_position: int,
+        now_ns: int,
+        multi_destination: bool,
+        config: SenderConfig = SenderConfig(),
+    ) -> None:
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.initial_term_id = initial_term_id
+        self.term_length = term_length
+        self.position_bits = term_length.bit_length() - 1
+        self.capacity = 3 * term_length
+        self.mtu = mtu
+        self.multi_destination = multi_destination
+        self.config = config
+        self.sender_position = start_position
+        self.flow_limit = start_position  # nothing may be sent until a receiver says so
+        self.receivers: dict[int, _Receiver] = {}
+        self.connected = False
+        self.setup_wanted = True
+        self.last_setup_ns = now_ns - config.setup_interval_ns
+        self.last_send_ns = now_ns
+        self.last_status_ns = now_ns
+        self.end_position: int | None = None  # set when the publication closes
+        self.eos_sent = False
+        # Retransmits: position -> (length, due_ns or None once sent, linger_until_ns)
+        self._retransmits: dict[int, list[int]] = {}
+        self.stats = SenderStats()
+
+    # ------------------------------------------------------------------ inputs
+
+    def term_id_of(self, position: int) -> int:
+        return (self.initial_term_id + (position >> self.position_bits) + 2**31) % 2**32 - 2**31
+
+    def position_of(self, term_id: int, term_offset: int) -> int:
+        delta = (term_id - self.initial_term_id + 2**31) % 2**32 - 2**31
+        return (delta << self.position_bits) + term_offset
+
+    def on_status(self, sm: StatusMessage, address, now_ns: int) -> None:
+        """A receiver's status message: flow control, connection and setup requests."""
+        self.stats.status_received += 1
+        self.last_status_ns = now_ns
+        if sm.wants_setup:
+            self.setup_wanted = True
+            self.last_setup_ns = now_ns - self.config.setup_interval_ns  # send one at once
+        consumed = self.position_of(sm.consumption_term_id, sm.consumption_term_offset)
+        limit = consumed + min(sm.receiver_window, self.term_length // 2)
+        rcv = self.receivers.get(sm.receiver_id)
+        if rcv is None:
+            self.receivers[sm.receiver_id] = _Receiver(limit, now_ns, address)
+        else:
+            if limit > rcv.limit:
+                rcv.limit = limit
+            rcv.last_seen_ns = now_ns
+            rcv.address = address
+        if not sm.wants_setup:
+            self.setup_wanted = False
+        self.connected = True
+        self._recompute_limit()
+
+    def _recompute_limit(self) -> None:
+        if not self.receivers:
+            return
+        if self.multi_destination:
+            self.flow_limit = min(r.limit for r in self.receivers.values())
+        else:
+            self.flow_limit = max(self.flow_limit, max(r.limit for r in self.receivers.values()))
+
+    def on_nak(self, nak: Nak, now_ns: int, publisher_position: int) -> None:
+        """Schedule a retransmit of data still held, unless that range was just resent."""
+        self.stats.naks_received += 1
+        position = self.position_of(nak.term_id, nak.term_offset)
+        writer_term_start = (publisher_position >> self.position_bits) << self.position_bits
+        oldest_held = writer_term_start - self.term_length
+        term_end = ((position >> self.position_bits) + 1) << self.position_bits
+        length = min(nak.length, term_end - position, self.sender_position - position)
+        if position < oldest_held or length <= 0 or position % 32:
+            self.stats.naks_ignored += 1
+            return
+        action = self._retransmits.get(position)
+        if action is not None:
+            self.stats.naks_ignored += 1
+            return
+        self._retransmits[position] = [length, now_ns + self.config.retransmit_delay_ns, 0]
+
+    def close(self, end_position: int) -> None:
+        """The publication closed at ``end_position``: send what is left, then EOS."""
+        self.end_position = end_position
+
+    # ------------------------------------------------------------------ work
+
+    def next_deadline_ns(self) -> int:
+        cfg = self.config
+        deadline = self.last_send_ns + cfg.heartbeat_interval_ns
+        if not self.connected or self.setup_wanted:
+            deadline = min(deadline, self.last_setup_ns + cfg.setup_interval_ns)
+        for _length, due, linger in self._retransmits.values():
+            deadline = min(deadline, due if due else linger)
+        if self.connected:
+            deadline = min(deadline, self.last_status_ns + cfg.connection_timeout_ns)
+        return deadline
+
+    def do_work(self, now_ns: int, buffer, publisher_position: int, sends: list) -> int:
+        """Append what to send now to ``sends`` and return how many entries were added.
+
+        Entries are ``(offset, length)`` into ``buffer`` or ``(bytes, 0)`` for control frames.
+        """
+        cfg = self.config
+        added = 0
+        self._expire(now_ns)
+        if (not self.connected or self.setup_wanted) and now_ns - self.last_setup_ns >= cfg.setup_interval_ns:
+            term_offset = self.sender_position & (self.term_length - 1)
+            sends.append((encode_setup(Setup(
+                term_offset, self.session_id, self.stream_id, self.initial_term_id,
+                self.term_id_of(self.sender_position), self.term_length, self.mtu, 0,
+            )), 0))
+            self.last_setup_ns = now_ns
+            self.stats.setups += 1
+            added += 1
+        if self.connected:
+            added += self._send_data(buffer, publisher_position, sends, now_ns)
+            if self._retransmits:
+                added += self._send_retransmits(now_ns, buffer, sends)
+        if (
+            self.end_position is not None
+            and not self.eos_sent
+            and self.sender_position >= self.end_position
+        ):
+            sends.append((self._heartbeat(eos=True), 0))
+            self.eos_sent = True
+            self.last_send_ns = now_ns
+            added += 1
+        elif now_ns - self.last_send_ns >= cfg.heartbeat_interval_ns:
+            sends.append((self._heartbeat(eos=self.eos_sent), 0))
+            self.stats.heartbeats += 1
+            self.last_send_ns = now_ns
+            added += 1
+        return added
+
+    def _heartbeat(self, eos: bool) -> bytes:
+        p = self.sender_position
+        return encode_heartbeat(p & (self.term_length - 1), self.session_id, self.stream_id, self.term_id_of(p), eos)
+
+    def _expire(self, now_ns: int) -> None:
+        if not self.connected:
+            return
+        cfg = self.config
+        if self.multi_destination:
+            gone = [rid for rid, r in self.receivers.items() if now_ns - r.last_seen_ns > cfg.receiver_timeout_ns]
+            for rid in gone:
+                del self.receivers[rid]
+            if gone:
+                self._recompute_limit()
+        if now_ns - self.last_status_ns > cfg.connection_timeout_ns:
+            self.connected = False
+            self.setup_wanted = True
+            self.receivers.clear()
+
+    def _chunk(self, buffer, position: int, limit: int) -> tuple[int, int, int]:
+        """Frames from ``position`` that fit one datagram: (buffer offset, bytes, term bytes covered)."""
+        tl = self.term_length
+        term_end = ((position >> self.position_bits) + 1) << self.position_bits
+        avail = min(limit, term_end) - position
+        off = _META + position % self.capacity
+        mtu = self.mtu
+        length = 0
+        while length < avail:
+            flen, _v, _f, ftype = _PREFIX(buffer, off + length)
+            if flen <= 0:
+                break
+            if ftype == TYPE_PAD:
+                if length == 0:
+                    return off, HEADER_LENGTH, flen  # padding travels header-only
+                break
+            aligned = (flen + 31) & ~31
+            if length + aligned > mtu:
+                break
+            length += aligned
+        del tl
+        return off, length, length
+
+    def _send_data(self, buffer, publisher_position: int, sends: list, now_ns: int) -> int:
+        limit = min(publisher_position, self.flow_limit)
+        if self.end_position is not None:
+            limit = min(limit, self.end_position)
+        position = self.sender_position
+        budget = self.config.max_batch_bytes
+        added = 0
+        while position < limit and budget > 0:
+            off, length, covered = self._chunk(buffer, position, limit)
+            if covered == 0:
+                break
+            sends.append((off, length))
+            position += covered
+            budget -= length
+            added += 1
+            self.stats.datagrams += 1
+            self.stats.bytes += length
+        if added:
+            self.sender_position = position
+            self.last_send_ns = now_ns
+        return added
+
+    def _send_retransmits(self, now_ns: int, buffer, sends: list) -> int:
+        added = 0
+        done = []
+        for position, action in self._retransmits.items():
+            length, due, linger = action
+            if due:
+                if now_ns < due:
+                    continue
+                end = position + length
+                p = position
+                while p < end:
+                    off, n, covered = self._chunk(buffer, p, end if end > p else p)
+                    if covered == 0:
+                        break
+                    sends.append((off, n))
+                    p += covered
+                    added += 1
+                    self.stats.retransmits += 1
+                action[1] = 0
+                action[2] = now_ns + self.config.retransmit_linger_ns
+            elif now_ns >= linger:
+                done.append(position)
+        for position in done:
+            del self._retransmits[position]
+        if added:
+            self.last_send_ns = now_ns
+        return added

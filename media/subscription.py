@@ -1,0 +1,307 @@
+"""Subscriptions and images: reading a stream, one image per publisher session.
+
+``Subscription.poll(handler, fragment_limit)`` hands whole messages to
+``handler(buffer, offset, length, header)``: the payload is ``buffer[offset:offset + length]``
+(a memoryview into shared memory: copy what you keep), ``header.position`` is the stream position
+after the message, and the other header fields (session id, term id, reserved value, ...) are
+read on demand. Fragmented messages are reassembled before the handler sees them. Padding frames
+are skipped.
+
+An image reads its log buffer from its position, frame by frame, and stops at the first frame
+whose length is still zero: that is the writer's edge (IPC) or a gap in what the receiver has
+rebuilt (UDP). It never reads past a zero length, so it never sees half a message.
+
+Waiting without spinning: ``await subscription.wait(timeout)`` returns when data may be there,
+when images came or went, or at the timeout. Transport specifics (slots and doorbells for IPC, a
+trio parking lot woken by the receiver for UDP) sit behind three hooks set by the driver.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import trio
+
+from media.channel import ChannelUri
+from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD
+from media.logbuffer import META_LENGTH, LogBuffer
+
+__all__ = ["Header", "Image", "Subscription", "FragmentHandler"]
+
+_PREFIX = struct.Struct("<iBBH").unpack_from
+_I32 = struct.Struct("<i").unpack_from
+_I64_PACK = struct.Struct("<q").pack_into
+
+FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
+
+
+class Header:
+    """The header of the message being handled. Valid only during the handler call."""
+
+    __slots__ = ("buffer", "offset", "position", "initial_term_id", "term_length")
+
+    def __init__(self, buffer, initial_term_id: int, term_length: int) -> None:
+        self.buffer = buffer
+        self.offset = 0
+        self.position = 0
+        self.initial_term_id = initial_term_id
+        self.term_length = term_length
+
+    def _fields(self):
+        return DATA_HEADER.unpack_from(self.buffer, self.offset)
+
+    @property
+    def frame_length(self) -> int:
+        return self._fields()[0]
+
+    @property
+    def flags(self) -> int:
+        return self._fields()[2]
+
+    @property
+    def term_offset(self) -> int:
+        return self._fields()[4]
+
+    @property
+    def session_id(self) -> int:
+        return self._fields()[5]
+
+    @property
+    def stream_id(self) -> int:
+        return self._fields()[6]
+
+    @property
+    def term_id(self) -> int:
+        return self._fields()[7]
+
+    @property
+    def reserved_value(self) -> int:
+        return self._fields()[8]
+
+
+class Image:
+    """One publisher session as seen by one subscription."""
+
+    def __init__(
+        self,
+        *,
+        log: LogBuffer,
+        subscription: "Subscription",
+        join_position: int,
+        source_identity: str,
+        position_offset: int | None = None,
+        eos_fn: Callable[[], int | None] | None = None,
+        progress_fn: Callable[["Image"], None] | None = None,
+        progress_threshold: int = 0,
+    ) -> None:
+        self.log = log
+        self.subscription = subscription
+        self.session_id = log.session_id
+        self.stream_id = log.stream_id
+        self.initial_term_id = log.initial_term_id
+        self.term_length = log.term_length
+        self.join_position = join_position
+        self.source_identity = source_identity
+        self._position = join_position
+        self._buffer = log.buffer
+        self._view = memoryview(log.buffer)
+        self._capacity = log.capacity
+        self._header = Header(self._view, log.initial_term_id, log.term_length)
+        self._position_offset = position_offset  # where to publish our position (IPC slot)
+        self._eos_fn = eos_fn
+        self._progress_fn = progress_fn
+        self._progress_threshold = progress_threshold
+        self._reported = join_position
+        self._assembly: bytearray | None = None
+        self.closed = False
+
+    @property
+    def position(self) -> int:
+        return self._position
+
+    def __repr__(self) -> str:
+        return f"<Image session={self.session_id} stream={self.stream_id} position={self._position} from={self.source_identity}>"
+
+    @property
+    def end_of_stream_position(self) -> int | None:
+        return self._eos_fn() if self._eos_fn is not None else None
+
+    @property
+    def is_end_of_stream(self) -> bool:
+        eos = self.end_of_stream_position
+        return eos is not None and self._position >= eos
+
+    def has_data(self) -> bool:
+        if self.closed:
+            return False
+        return _I32(self._buffer, META_LENGTH + self._position % self._capacity)[0] != 0
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Deliver up to ``fragment_limit`` messages; return how many were delivered."""
+        if self.closed:
+            return 0
+        buf = self._buffer
+        view = self._view
+        cap = self._capacity
+        header = self._header
+        pos = self._position
+        start = pos
+        count = 0
+        try:
+            while count < fragment_limit:
+                off = META_LENGTH + pos % cap
+                flen, _v, flags, ftype = _PREFIX(buf, off)
+                if flen <= 0:
+                    break
+                if ftype == TYPE_PAD:
+                    pos += flen
+                    continue
+                pos += (flen + 31) & ~31
+                if flags & 0xC0 == 0xC0:
+                    header.offset = off
+                    header.position = pos
+                    handler(view, off + 32, flen - 32, header)
+                    count += 1
+                elif flags & FLAG_BEGIN:
+                    self._assembly = bytearray(view[off + 32 : off + flen])
+                elif self._assembly is not None:
+                    self._assembly += view[off + 32 : off + flen]
+                    if flags & FLAG_END:
+                        whole = self._assembly
+                        self._assembly = None
+                        header.offset = off
+                        header.position = pos
+                        handler(memoryview(whole), 0, len(whole), header)
+                        count += 1
+                # else: a middle fragment whose beginning we joined after; skip it.
+        finally:
+            if pos != start:
+                self._position = pos
+                if self._position_offset is not None:
+                    _I64_PACK(buf, self._position_offset, pos)
+                if self._progress_fn is not None and pos - self._reported >= self._progress_threshold:
+                    self._reported = pos
+                    self._progress_fn(self)
+        return count
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Subscription:
+    """Messages of one stream on one channel, from every publisher session (one image each)."""
+
+    def __init__(
+        self,
+        *,
+        channel: ChannelUri,
+        stream_id: int,
+        on_available: Callable[[Image], None] | None = None,
+        on_unavailable: Callable[[Image], None] | None = None,
+        registration_id: int = 0,
+    ) -> None:
+        self.channel = channel
+        self.stream_id = stream_id
+        self.registration_id = registration_id
+        self.on_available = on_available
+        self.on_unavailable = on_unavailable
+        self._images: tuple[Image, ...] = ()
+        self._round_robin = 0
+        self.closed = False
+        # Set by the driver: park/unpark for this transport, and what to do on close.
+        self._park: Callable[[float], "trio.lowlevel.Abort | None"] | None = None
+        self._wait_impl: Callable[[float], object] | None = None
+        self._close_impl: Callable[["Subscription"], None] | None = None
+        self._lot = trio.lowlevel.ParkingLot()
+        self._changed = False
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return self._images
+
+    @property
+    def image_count(self) -> int:
+        return len(self._images)
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self._images)
+
+    def image_by_session_id(self, session_id: int) -> Image | None:
+        for image in self._images:
+            if image.session_id == session_id:
+                return image
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.channel} stream={self.stream_id} images={len(self._images)}>"
+
+    # ------------------------------------------------------------------ reading
+
+    def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
+        """Poll the images in turn, starting with a different one each call (fairness)."""
+        images = self._images
+        n = len(images)
+        if n == 1:
+            return images[0].poll(handler, fragment_limit)
+        if n == 0:
+            return 0
+        start = self._round_robin = (self._round_robin + 1) % n
+        count = 0
+        for i in range(n):
+            count += images[(start + i) % n].poll(handler, fragment_limit - count)
+            if count >= fragment_limit:
+                break
+        return count
+
+    def has_data(self) -> bool:
+        return any(image.has_data() for image in self._images)
+
+    async def wait(self, timeout: float | None = None) -> None:
+        """Wait until data may be available, images changed, or ``timeout`` seconds passed."""
+        if self._changed or self.has_data():
+            self._changed = False
+            await trio.lowlevel.checkpoint()
+            return
+        if self._wait_impl is not None:
+            await self._wait_impl(timeout if timeout is not None else 1.0)
+        else:
+            with trio.move_on_after(timeout if timeout is not None else float("inf")):
+                await self._lot.park()
+        self._changed = False
+
+    def _wake(self) -> None:
+        """Called by the driver in this thread when data arrived or images changed."""
+        if self._lot:
+            self._lot.unpark_all()
+
+    # ------------------------------------------------------------------ images (driver side)
+
+    def _add_image(self, image: Image) -> None:
+        self._images = self._images + (image,)
+        self._changed = True
+        self._wake()
+        if self.on_available is not None:
+            self.on_available(image)
+
+    def _remove_image(self, image: Image) -> None:
+        if image not in self._images:
+            return
+        self._images = tuple(i for i in self._images if i is not image)
+        image.close()
+        self._changed = True
+        self._wake()
+        if self.on_unavailable is not None:
+            self.on_unavailable(image)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._close_impl is not None:
+            self._close_impl(self)
+        for image in self._images:
+            image.close()
+        self._images = ()
+        self._wake()
