@@ -189,7 +189,7 @@ class MediaDriver:
         self.ipc = IpcTransport(
             self.dir,
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
-            heartbeat_interval_ns=min(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
+            heartbeat_interval_ns=max(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
             default_term_length=config.ipc_term_length,
         )
         self._sender_cfg = SenderConfig(

@@ -207,7 +207,7 @@ class IpcTransport:
                 st.image.log.set_slot_parked(st.slot, True)
             try:
                 if not sub.has_data():
-                    await doorbell.wait(min(timeout, 0.1))
+                    await doorbell.wait(min(timeout, 0.5))
             finally:
                 for st in images:
                     if not st.image.closed:

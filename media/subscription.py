@@ -208,9 +208,9 @@ class Subscription:
         self.on_unavailable = on_unavailable
         self._images: tuple[Image, ...] = ()
         self._round_robin = 0
+        self.spin_before_park = 50
         self.closed = False
-        # Set by the driver: park/unpark for this transport, and what to do on close.
-        self._park: Callable[[float], "trio.lowlevel.Abort | None"] | None = None
+        # Set by the driver: how to park for this transport, and what to do on close.
         self._wait_impl: Callable[[float], object] | None = None
         self._close_impl: Callable[["Subscription"], None] | None = None
         self._lot = trio.lowlevel.ParkingLot()
@@ -264,6 +264,13 @@ class Subscription:
             self._changed = False
             await trio.lowlevel.checkpoint()
             return
+        # Back off before parking, as the reference's BackoffIdleStrategy does: a busy stream
+        # then costs a few scheduler passes, not a wake-up (syscalls on both sides) per message.
+        for _ in range(self.spin_before_park):
+            await trio.lowlevel.checkpoint()
+            if self._changed or self.has_data():
+                self._changed = False
+                return
         if self._wait_impl is not None:
             await self._wait_impl(timeout if timeout is not None else 1.0)
         else:
