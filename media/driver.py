@@ -108,6 +108,13 @@ def _resolve(endpoint: tuple[str, int]) -> tuple:
     return infos[0][4]
 
 
+def _close_socket(sock: socket.socket) -> None:
+    """Close a socket a reader task may be waiting on: trio must hear of it first."""
+    if sock.fileno() >= 0:
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+
+
 def _udp_socket(bind_addr: tuple, buffer_bytes: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in bind_addr[0] else socket.AF_INET
     s = socket.socket(family, socket.SOCK_DGRAM)
@@ -362,7 +369,7 @@ class MediaDriver:
 
     def _release_network_publication(self, np: _NetPublication) -> None:
         self._net_pubs.remove(np)
-        np.sock.close()
+        _close_socket(np.sock)
         for counter, _fn in np.counters:
             counter.close()
         np.view.release()
@@ -443,7 +450,7 @@ class MediaDriver:
         buf = self._recv_buf
         sc = self.system
         try:
-            while True:
+            while sock.fileno() >= 0:
                 await trio.lowlevel.wait_readable(sock)
                 for _ in range(_RECV_BATCH):
                     try:
@@ -474,8 +481,8 @@ class MediaDriver:
                     else:
                         self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
                 self._wake_sender()
-        except (trio.ClosedResourceError, OSError):
-            return
+        except (trio.ClosedResourceError, OSError, ValueError):
+            return  # the socket was closed under us: the publication or endpoint is gone
 
     def _invalid(self, error: Exception, addr) -> None:
         self.system.invalid_packets.add(1)
@@ -552,7 +559,7 @@ class MediaDriver:
             for k, v in list(self._endpoints.items()):
                 if v is ep:
                     del self._endpoints[k]
-            ep.sock.close()
+            _close_socket(ep.sock)
 
     def _close_network_subscription(self, group: _Group, sub: Subscription) -> None:
         if sub in group.subscriptions:
@@ -596,7 +603,7 @@ class MediaDriver:
         sc = self.system
         touched: set = set()
         try:
-            while True:
+            while sock.fileno() >= 0:
                 await trio.lowlevel.wait_readable(sock)
                 now = time.monotonic_ns()
                 count = 0
@@ -620,8 +627,8 @@ class MediaDriver:
                         self._on_datagram(ep, view, n, addr, now, touched)
                 sc.datagrams_received.add(count)
                 self._after_receive(touched, now)
-        except (trio.ClosedResourceError, OSError):
-            return
+        except (trio.ClosedResourceError, OSError, ValueError):
+            return  # the socket was closed under us: the publication or endpoint is gone
 
     def _after_receive(self, touched: set, now: int) -> None:
         if not touched:
@@ -872,7 +879,7 @@ class MediaDriver:
             for sub in list(group.subscriptions):
                 sub.close()
         for ep in list(self._endpoints.values()):
-            ep.sock.close()
+            _close_socket(ep.sock)
         self._endpoints.clear()
         self.ipc.close()
         self._closed = True

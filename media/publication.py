@@ -239,6 +239,7 @@ class ExclusivePublication:
         if self.closed:
             return
         self.closed = True
+        self._limit = -1  # the next offer takes the slow path and sees CLOSED
         if self._on_close is not None:
             self._on_close(self)
 

@@ -1,0 +1,168 @@
+"""The media driver in one trio loop, over real UDP sockets on 127.0.0.1.
+
+Bad datagrams, multi-destination subscriptions, callbacks and operator errors.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from media.channel import ChannelError
+from media.driver import open_media_driver
+from media.frames import encode_data_header, encode_setup, Setup, TYPE_DATA
+from tests.support.procs import free_udp_port
+
+FAST = dict(
+    network_term_length=64 * 1024,
+    status_message_timeout_ns=20_000_000,
+    heartbeat_interval_ns=20_000_000,
+    setup_interval_ns=20_000_000,
+    image_liveness_timeout_ns=1_000_000_000,
+    publication_connection_timeout_ns=1_000_000_000,
+)
+
+
+async def _until(cond, timeout=10.0):
+    with trio.fail_after(timeout):
+        while not cond():
+            await trio.sleep(0.005)
+
+
+async def _receive(sub, count, out, timeout=10.0):
+    def handler(buf, offset, length, header):
+        out.append(bytes(buf[offset : offset + length]))
+
+    with trio.fail_after(timeout):
+        while len(out) < count:
+            if sub.poll(handler, 100) == 0:
+                await sub.wait(0.05)
+
+
+async def _offer_all(pub, messages, timeout=10.0):
+    with trio.fail_after(timeout):
+        for m in messages:
+            while pub.offer(m) < 0:
+                await trio.sleep(0.001)
+
+
+async def test_bad_datagrams_are_counted_and_dropped_and_the_stream_goes_on(tmp_path):
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        await _until(lambda: pub.is_connected)
+        got: list[bytes] = []
+        await _offer_all(pub, [b"before"])
+        await _receive(sub, 1, got)
+
+        bad = [
+            b"",  # empty
+            b"\x01\x02\x03",  # shorter than a prefix
+            b"\x20\x00\x00\x00\x07\xc0\x01\x00" + bytes(24),  # wrong version
+            b"\x20\x00\x00\x00\x00\xc0\x63\x00" + bytes(24),  # unknown type
+            # A data frame for our session whose length lies (claims 4 KiB in a 64-byte datagram).
+            encode_data_header(4096, 0xC0, 0, pub.session_id, 9, pub.term_id) + bytes(32),
+            # A frame whose length is shorter than a header.
+            encode_data_header(8, 0xC0, 0, pub.session_id, 9, pub.term_id),
+            # SETUP with an impossible term length.
+            encode_setup(Setup(0, 1234, 9, 0, 0, 1000, 1408, 0)),
+            bytes(range(256)) * 4,
+        ]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for datagram in bad:
+                s.sendto(datagram, ("127.0.0.1", port))
+        invalid = driver.system.invalid_packets
+        await _until(lambda: invalid.get() >= 6)
+        await _offer_all(pub, [b"after"])
+        await _receive(sub, 2, got)
+        assert got == [b"before", b"after"]
+
+
+async def test_multi_destination_subscription_adds_and_removes_destinations(tmp_path):
+    p1, p2 = free_udp_port(), free_udp_port()
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription("aeron:udp?control-mode=manual", 3)
+        sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{p1}")
+        sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{p2}")
+        pub1 = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{p1}", 3)
+        pub2 = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{p2}", 3)
+        await _until(lambda: pub1.is_connected and pub2.is_connected and sub.image_count == 2)
+        got: list[bytes] = []
+        await _offer_all(pub1, [b"one"])
+        await _offer_all(pub2, [b"two"])
+        await _receive(sub, 2, got)
+        assert sorted(got) == [b"one", b"two"]
+        sub.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{p2}")
+        # Data to the removed endpoint no longer arrives; the other still does.
+        await _offer_all(pub2, [b"lost"])
+        await _offer_all(pub1, [b"three"])
+        await _receive(sub, 3, got)
+        assert got[2] == b"three"
+        with trio.move_on_after(0.3):
+            await _receive(sub, 4, got)
+        assert b"lost" not in got
+
+
+async def test_mdc_publication_adds_a_destination_at_run_time(tmp_path):
+    control, a, b = free_udp_port(), free_udp_port(), free_udp_port()
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub_a = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{a}", 4)
+        sub_b = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{b}", 4)
+        pub = driver.add_publication(f"aeron:udp?control=127.0.0.1:{control}|control-mode=manual", 4)
+        pub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{a}")
+        await _until(lambda: pub.is_connected)
+        got_a: list[bytes] = []
+        got_b: list[bytes] = []
+        await _offer_all(pub, [b"m0"])
+        await _receive(sub_a, 1, got_a)
+        pub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{b}")
+        await _until(lambda: sub_b.image_count == 1)
+        await _offer_all(pub, [b"m1"])
+        await _receive(sub_a, 2, got_a)
+        await _receive(sub_b, 1, got_b)
+        assert got_a == [b"m0", b"m1"]
+        assert got_b == [b"m1"]  # joined at the live position
+
+
+async def test_image_callbacks_and_end_of_stream(tmp_path):
+    port = free_udp_port()
+    events = []
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription(
+            f"aeron:udp?endpoint=127.0.0.1:{port}", 5,
+            on_available=lambda img: events.append(("up", img.session_id)),
+            on_unavailable=lambda img: events.append(("down", img.session_id)),
+        )
+        pub = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|session-id=77", 5)
+        await _until(lambda: events == [("up", 77)])
+        await _offer_all(pub, [b"last words"])
+        got: list[bytes] = []
+        await _receive(sub, 1, got)
+        pub.close()
+        assert pub.offer(b"x") < 0
+        await _until(lambda: ("down", 77) in events, timeout=5)
+
+
+async def test_operator_errors_are_clear(tmp_path):
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        with pytest.raises(ChannelError, match="must start with 'aeron:'"):
+            driver.add_publication("udp://127.0.0.1:1", 1)
+        with pytest.raises(ChannelError, match="needs endpoint"):
+            driver.add_subscription("aeron:udp?alias=x", 1)
+        port = free_udp_port()
+        driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            taken = s.getsockname()[1]
+            with pytest.raises(ChannelError, match="already in use"):
+                driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{taken}", 1)
+        pub = driver.add_publication("aeron:ipc?term-length=64k", 2)
+        from media.publication import MessageTooLongError
+
+        with pytest.raises(MessageTooLongError, match="maximum message length 8192"):
+            pub.offer(bytes(8193))
+        assert TYPE_DATA == 1
