@@ -261,8 +261,8 @@ class SenderCore:
                     return off, HEADER_LENGTH, flen  # padding travels header-only
                 break
             aligned = (flen + 31) & ~31
-            if length + aligned > mtu:
-                break
+            if length + aligned > mtu or length + aligned > avail:
+                break  # never split a frame, never pass the flow-control limit
             length += aligned
         del tl
         return off, length, length

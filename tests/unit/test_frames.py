@@ -103,7 +103,7 @@ def test_data_header_byte_layout():
     assert struct.unpack_from("<iiiiq", raw, 8) == (4096, -7, 10, 123456, 0x1122334455667788)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     length=st.integers(32, 2**31 - 1),
     flags=st.integers(0, 255),
@@ -132,7 +132,7 @@ def test_heartbeat_round_trip(term_offset, session, stream, term_id, eos):
     assert hb.flags & FLAG_UNFRAGMENTED == FLAG_UNFRAGMENTED
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     tl_shift=st.integers(0, 14),
     offset_units=st.integers(0, 2**25 - 1),
@@ -151,7 +151,7 @@ def test_setup_round_trip(tl_shift, offset_units, session, stream, init, active,
     assert decode_untrusted(raw) == s
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     session=I32,
     stream=I32,
@@ -170,7 +170,7 @@ def test_status_round_trip(session, stream, term_id, term_offset, window, rid, s
     assert sm.wants_setup is send_setup
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(session=I32, stream=I32, term_id=I32, term_offset=st.integers(0, 2**31 - 1), length=st.integers(1, 2**31 - 1))
 def test_nak_round_trip(session, stream, term_id, term_offset, length):
     raw = F.encode_nak(session, stream, term_id, term_offset, length)
@@ -178,7 +178,7 @@ def test_nak_round_trip(session, stream, term_id, term_offset, length):
     assert decode_untrusted(raw) == Nak(session, stream, term_id, term_offset, length)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(session=I32, stream=I32, echo=I64, delta=I64, rid=I64, reply=st.booleans())
 def test_rttm_round_trip(session, stream, echo, delta, rid, reply):
     raw = F.encode_rttm(session, stream, echo, delta, rid, reply)

@@ -282,7 +282,7 @@ def test_fragment_boundaries(n, frames):
 def test_padding_at_term_end():
     h = Harness(itid=9)
     pub = h.pub
-    n = 1000  # 1056 bytes per frame: 62 fit in a term, leaving 64 - ... bytes
+    n = 1000  # 1056 bytes per frame: 62 fit in a term, leaving 64 bytes for a padding frame
     pos = 0
     while True:
         before = pub.position
@@ -436,6 +436,15 @@ def test_closed_when_limit_must_be_refreshed():
     h.pub.close()
     state["limit"] = 1 << 20
     assert h.pub.offer(b"y") == OfferResult.CLOSED
+
+
+def test_closed_while_the_cached_limit_still_has_room():
+    h = Harness(limit_fn=lambda p: 1 << 30)
+    assert h.pub.offer(b"x") == 64
+    h.pub.close()
+    assert h.pub.offer(b"y") == OfferResult.CLOSED
+    assert h.pub.offer(payload(3000)) == OfferResult.CLOSED
+    assert h.pub.position == 64 and h.frame_at(64)[0] == 0
 
 
 def test_max_position_exceeded():
