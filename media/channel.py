@@ -139,7 +139,8 @@ class ChannelUri:
         """The stream position the three ``init-term-id/term-id/term-offset`` values name."""
         if self.initial_term_id is None or self.term_id is None or self.term_offset is None:
             return 0
-        return (self.term_id - self.initial_term_id) * term_length + self.term_offset
+        terms = (self.term_id - self.initial_term_id + 2**31) % 2**32 - 2**31  # term ids wrap
+        return terms * term_length + self.term_offset
 
     def with_params(self, **changes: object) -> "ChannelUri":
         """A copy with some fields changed, validated again (e.g. ``session_id=...``)."""
@@ -229,11 +230,14 @@ def parse(uri: str) -> ChannelUri:
             raise err("term-offset must be a non-negative multiple of 32")
         if term_length is not None and ints["term-offset"] >= term_length:
             raise err("term-offset must be less than term-length")
-        if ints["term-id"] - ints["init-term-id"] < 0:
+        if (ints["term-id"] - ints["init-term-id"] + 2**31) % 2**32 - 2**31 < 0:  # term ids wrap
             raise err("term-id must not be before init-term-id")
 
-    endpoint = parse_endpoint(raw["endpoint"]) if "endpoint" in raw else None
-    control = parse_endpoint(raw["control"]) if "control" in raw else None
+    try:
+        endpoint = parse_endpoint(raw["endpoint"]) if "endpoint" in raw else None
+        control = parse_endpoint(raw["control"]) if "control" in raw else None
+    except ChannelError as e:
+        raise err(str(e)) from None
     control_mode = raw.get("control-mode")
     if control_mode is not None and control_mode not in ("manual", "dynamic"):
         raise err(f"control-mode must be 'manual' or 'dynamic', not {control_mode!r}")

@@ -75,6 +75,8 @@ __all__ = [
     "decode_untrusted",
     "check_data_run",
     "compute_position",
+    "term_id_at",
+    "wrap_i32",
     "max_message_length",
 ]
 
@@ -126,9 +128,24 @@ def align(length: int) -> int:
     return (length + (FRAME_ALIGNMENT - 1)) & ~(FRAME_ALIGNMENT - 1)
 
 
+def wrap_i32(value: int) -> int:
+    """``value`` as the int32 it becomes on the wire (term ids wrap from 2**31 - 1 to -2**31)."""
+    return (value + 2**31) % 2**32 - 2**31
+
+
 def compute_position(term_id: int, term_offset: int, initial_term_id: int, position_bits: int) -> int:
-    """Stream position of (term id, term offset): ((term id - initial term id) << bits) + offset."""
-    return ((term_id - initial_term_id) << position_bits) + term_offset
+    """Stream position of (term id, term offset).
+
+    ``((term id - initial term id) << bits) + offset``, where the term count is the int32
+    difference: term ids wrap, so a stream that started at term id 2**31 - 2 is at term count 3
+    when its term id reads -2**31 + 1.
+    """
+    return (wrap_i32(term_id - initial_term_id) << position_bits) + term_offset
+
+
+def term_id_at(position: int, initial_term_id: int, position_bits: int) -> int:
+    """The (wrapped, int32) term id of the term holding ``position``."""
+    return wrap_i32(initial_term_id + (position >> position_bits))
 
 
 def max_message_length(term_length: int) -> int:

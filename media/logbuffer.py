@@ -44,7 +44,15 @@ import os
 import struct
 from pathlib import Path
 
-from media.frames import DATA_HEADER, FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_PAD, VERSION
+from media.frames import (
+    DATA_HEADER,
+    FLAG_UNFRAGMENTED,
+    HEADER_LENGTH,
+    TYPE_PAD,
+    VERSION,
+    compute_position,
+    term_id_at,
+)
 
 __all__ = [
     "LogBuffer",
@@ -191,10 +199,10 @@ class LogBuffer:
         return META_LENGTH + position % self.capacity
 
     def term_id_of(self, position: int) -> int:
-        return self.initial_term_id + (position >> self.position_bits)
+        return term_id_at(position, self.initial_term_id, self.position_bits)
 
     def position_of(self, term_id: int, term_offset: int) -> int:
-        return ((term_id - self.initial_term_id) << self.position_bits) + term_offset
+        return compute_position(term_id, term_offset, self.initial_term_id, self.position_bits)
 
     def clean_term_after(self, position: int) -> None:
         """Zero the partition of the term after the one ``position`` lies in."""

@@ -168,7 +168,9 @@ class ExclusivePublication:
         limit = self._limit_fn(self)
         if limit < 0:
             return limit
-        self._limit = limit
+        # The cached limit never passes the maximum position, so the fast path in offer()
+        # cannot append beyond it without coming here and getting MAX_POSITION_EXCEEDED.
+        self._limit = min(limit, self.max_position)
         if needed > limit:
             return OfferResult.BACK_PRESSURED
         return 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedDict
 
-from media.frames import DataRun, Heartbeat, encode_nak, encode_status
+from media.frames import DataRun, Heartbeat, compute_position, encode_nak, encode_status, term_id_at
 
 __all__ = ["ReceiverConfig", "ImageReceiverCore", "Accept", "ReceiverStats"]
 
@@ -103,11 +103,10 @@ class ImageReceiverCore:
     # ------------------------------------------------------------------ positions
 
     def position_of(self, term_id: int, term_offset: int) -> int:
-        delta = (term_id - self.initial_term_id + 2**31) % 2**32 - 2**31
-        return (delta << self.position_bits) + term_offset
+        return compute_position(term_id, term_offset, self.initial_term_id, self.position_bits)
 
     def term_id_of(self, position: int) -> int:
-        return (self.initial_term_id + (position >> self.position_bits) + 2**31) % 2**32 - 2**31
+        return term_id_at(position, self.initial_term_id, self.position_bits)
 
     # ------------------------------------------------------------------ inputs
 
@@ -123,7 +122,9 @@ class ImageReceiverCore:
         if end <= self.rebuild_position:
             self.stats.duplicates += 1
             return Accept.DUPLICATE, position
-        if end > self.consumption_position + self.window:
+        if position + run.length > self.consumption_position + self.window:
+            # (``run.length``, not ``covered``: a padding frame travels header-only, so only its
+            # header lands in the buffer, however far its padding reaches.)
             # Beyond what flow control let the sender send: a bogus run, or one from before a
             # restart of the sender; writing it could overwrite what a subscriber still reads.
             self.stats.overruns += 1

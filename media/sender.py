@@ -34,8 +34,10 @@ from media.frames import (
     Setup,
     StatusMessage,
     TYPE_PAD,
+    compute_position,
     encode_heartbeat,
     encode_setup,
+    term_id_at,
 )
 
 __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
@@ -65,6 +67,7 @@ class SenderStats:
     status_received: int = 0
     naks_received: int = 0
     naks_ignored: int = 0
+    status_ignored: int = 0
 
 
 class _Receiver:
@@ -111,27 +114,35 @@ class SenderCore:
         self.last_status_ns = now_ns
         self.end_position: int | None = None  # set when the publication closes
         self.eos_sent = False
-        # Retransmits: position -> (length, due_ns or None once sent, linger_until_ns)
+        # Retransmits: position -> [length, due_ns or None once sent, linger_until_ns]
         self._retransmits: dict[int, list[int]] = {}
         self.stats = SenderStats()
 
     # ------------------------------------------------------------------ inputs
 
     def term_id_of(self, position: int) -> int:
-        return (self.initial_term_id + (position >> self.position_bits) + 2**31) % 2**32 - 2**31
+        return term_id_at(position, self.initial_term_id, self.position_bits)
 
     def position_of(self, term_id: int, term_offset: int) -> int:
-        delta = (term_id - self.initial_term_id + 2**31) % 2**32 - 2**31
-        return (delta << self.position_bits) + term_offset
+        return compute_position(term_id, term_offset, self.initial_term_id, self.position_bits)
 
     def on_status(self, sm: StatusMessage, address, now_ns: int) -> None:
         """A receiver's status message: flow control, connection and setup requests."""
         self.stats.status_received += 1
-        self.last_status_ns = now_ns
         if sm.wants_setup:
+            # A receiver that saw data of a session it has no image for asks for a SETUP. Its
+            # consumption fields mean nothing (it has no image), so flow control ignores them.
             self.setup_wanted = True
             self.last_setup_ns = now_ns - self.config.setup_interval_ns  # send one at once
+            return
         consumed = self.position_of(sm.consumption_term_id, sm.consumption_term_offset)
+        if consumed > self.sender_position:
+            # Nobody can have consumed what was never sent: a stale, forged or misrouted status
+            # message. Letting it raise the limit would run the sender past the receiver's window
+            # and out of the retransmit buffer, a stall that no NAK can repair.
+            self.stats.status_ignored += 1
+            return
+        self.last_status_ns = now_ns
         limit = consumed + min(sm.receiver_window, self.term_length // 2)
         rcv = self.receivers.get(sm.receiver_id)
         if rcv is None:
@@ -141,8 +152,7 @@ class SenderCore:
                 rcv.limit = limit
             rcv.last_seen_ns = now_ns
             rcv.address = address
-        if not sm.wants_setup:
-            self.setup_wanted = False
+        self.setup_wanted = False
         self.connected = True
         self._recompute_limit()
 
@@ -183,7 +193,7 @@ class SenderCore:
         if not self.connected or self.setup_wanted:
             deadline = min(deadline, self.last_setup_ns + cfg.setup_interval_ns)
         for _length, due, linger in self._retransmits.values():
-            deadline = min(deadline, due if due else linger)
+            deadline = min(deadline, linger if due is None else due)
         if self.connected:
             deadline = min(deadline, self.last_status_ns + cfg.connection_timeout_ns)
         return deadline
@@ -294,7 +304,7 @@ class SenderCore:
         done = []
         for position, action in self._retransmits.items():
             length, due, linger = action
-            if due:
+            if due is not None:
                 if now_ns < due:
                     continue
                 end = position + length
@@ -307,7 +317,7 @@ class SenderCore:
                     p += covered
                     added += 1
                     self.stats.retransmits += 1
-                action[1] = 0
+                action[1] = None
                 action[2] = now_ns + self.config.retransmit_linger_ns
             elif now_ns >= linger:
                 done.append(position)

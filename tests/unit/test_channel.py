@@ -121,6 +121,7 @@ ROUND_TRIP = [
     "aeron:udp?control-mode=manual|alias=",
     "aeron:udp?endpoint=h:1|init-term-id=-2147483648|term-id=-2147483648|term-offset=0",
     "aeron:udp?endpoint=h:1|init-term-id=0|term-id=2147483647|term-offset=65504|term-length=64k",
+    "aeron:udp?endpoint=h:1|init-term-id=2147483647|term-id=-2147483648|term-offset=0",
     "aeron:udp?endpoint=h:1|linger=0|ssc=true|fc=min|gtag=7",
 ]
 
@@ -167,7 +168,8 @@ def _uris(draw):
     if draw(st.booleans()):
         init = draw(_i32)
         kw["initial_term_id"] = init
-        kw["term_id"] = draw(st.integers(init, 2**31 - 1))
+        # term ids wrap: the term count (term id - init term id, as int32) is 0 .. 2**31 - 1
+        kw["term_id"] = (init + draw(st.integers(0, 2**31 - 1)) + 2**31) % 2**32 - 2**31
         kw["term_offset"] = 32 * draw(st.integers(0, ((tl or MIN_TERM_LENGTH) // 32) - 1))
     kw["alias"] = draw(st.none() | st.text(st.characters(codec="ascii", exclude_characters="|\r\n\t\x0b\x0c\x1c\x1d\x1e\x1f "), max_size=8))
     return ChannelUri(**kw)
@@ -217,6 +219,8 @@ def test_round_trip_property(uri):
         ("aeron:ipc?init-term-id=0|term-id=0|term-offset=-32", "term-offset must be a non-negative multiple of 32"),
         ("aeron:ipc?init-term-id=0|term-id=0|term-offset=65536|term-length=64k", "term-offset must be less than term-length"),
         ("aeron:ipc?init-term-id=0|term-id=-1|term-offset=0", "term-id must not be before init-term-id"),
+        ("aeron:ipc?init-term-id=-1|term-id=2147483647|term-offset=0", "term-id must not be before init-term-id"),
+        ("aeron:udp?endpoint=localhost", "channel 'aeron:udp?endpoint=localhost': endpoint 'localhost' must look like host:port"),
         ("aeron:ipc?init-term-id=2147483648|term-id=0|term-offset=0", "init-term-id must fit in 32 bits"),
         ("aeron:ipc?init-term-id=0|term-id=2147483648|term-offset=0", "term-id must fit in 32 bits"),
         ("aeron:udp?endpoint=h:1|control-mode=auto", "control-mode must be 'manual' or 'dynamic', not 'auto'"),

@@ -447,6 +447,19 @@ def test_closed_while_the_cached_limit_still_has_room():
     assert h.pub.position == 64 and h.frame_at(64)[0] == 0
 
 
+def test_max_position_exceeded_with_a_generous_cached_limit():
+    # The flow-control limit is far beyond the end of the stream: the fast path must still stop
+    # at the maximum position.
+    max_position = (2**31) * TL - 1
+    start = max_position + 1 - 96
+    h = Harness(start=start, itid=0, limit_fn=lambda p: p.position + 4 * TL)
+    assert h.pub.offer(b"") == start + 32
+    assert h.pub.offer(b"") == start + 64
+    assert h.pub.offer(b"") == OfferResult.MAX_POSITION_EXCEEDED
+    assert h.pub.offer(payload(5000)) == OfferResult.MAX_POSITION_EXCEEDED
+    assert h.pub.position == start + 64
+
+
 def test_max_position_exceeded():
     max_position = (2**31) * TL - 1
     start = max_position + 1 - 96
@@ -530,7 +543,6 @@ def test_publication_starting_at_a_position_from_the_channel():
 
 def test_rotation_across_the_term_id_wrap_without_padding():
     # Exactly filled terms: no padding frame is needed, so term ids go from int32 max to min.
-    # (Padding across the wrap is left out: see the report, LogBuffer.term_id_of does not wrap.)
     h = Harness(itid=2**31 - 1)
     while h.pub.position < TL + 64:
         h.pub.offer(payload(32))
@@ -538,6 +550,24 @@ def test_rotation_across_the_term_id_wrap_without_padding():
     assert h.pub.term_id == -(2**31)
     assert h.frame_at(TL - 64)[7] == 2**31 - 1 and h.frame_at(TL)[7] == -(2**31) and h.frame_at(TL)[4] == 0
     assert [r[3] for r in h.received[-2:]] == [2**31 - 1, -(2**31)]
+
+
+def test_padding_after_the_term_id_wrap():
+    # The stream starts in the last term before the wrap; the term after it (id int32 min) is
+    # closed with padding, whose term id must be written wrapped.
+    h = Harness(itid=2**31 - 1, start=TL)
+    assert h.pub.term_id == -(2**31)
+    while h.pub.position + 2 * 1056 <= 2 * TL:
+        assert h.pub.offer(payload(1000)) > 0
+        h.drain()
+    pad_at = h.pub.position
+    assert h.pub.offer(payload(1500)) > 0
+    pad = h.frame_at(pad_at)
+    assert pad[3] == TYPE_PAD and pad[7] == -(2**31) and pad[0] == 2 * TL - pad_at
+    assert h.frame_at(2 * TL)[7] == -(2**31) + 1 and h.frame_at(2 * TL)[4] == 0
+    h.drain()
+    assert h.received[-1][3] == -(2**31) + 1 and h.image.position == h.pub.position
+    assert h.log.term_id_of(2 * TL) == -(2**31) + 1 and h.log.position_of(-(2**31), 64) == TL + 64
 
 
 def test_start_position_with_term_id_wrap():

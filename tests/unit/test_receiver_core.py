@@ -371,3 +371,14 @@ def test_needs_clean_once_per_new_term():
     core.on_consumed(2 * TL)
     assert core.on_data(run(core, 2 * TL, F), T0)[0] == Accept.INSERT
     assert core.needs_clean() == 2 * TL
+
+
+def test_padding_wider_than_the_window_is_accepted():
+    # A padding frame travels header-only: only its 32 bytes count against the window, however
+    # much of the term it covers.
+    core = make()
+    pad_at = WINDOW - F  # the last frame slot inside the window
+    assert core.on_data(run(core, 0, pad_at), T0)[0] == Accept.INSERT
+    action, position = core.on_data(run(core, pad_at, 32, covered=TL - pad_at), T0)
+    assert (action, position) == (Accept.INSERT, pad_at)
+    assert core.rebuild_position == TL and core.stats.overruns == 0

@@ -68,6 +68,14 @@ class Rig:
         sm = StatusMessage(FLAG_SEND_SETUP if setup else 0, SID, STREAM, core.term_id_of(consumed), consumed & (TL - 1), window, rid)
         core.on_status(sm, address, now)
 
+    def drain(self, now: int, window: int = TL // 2) -> None:
+        """Acknowledge as a receiver would (consumed = what was sent) until everything is sent."""
+        while self.core.sender_position < self.pub.position:
+            before = self.core.sender_position
+            self.status(before, window, now)
+            self.work(now)
+            assert self.core.sender_position > before
+
     def nak(self, position: int, length: int, now: int) -> None:
         core = self.core
         self.core.on_nak(Nak(SID, STREAM, core.term_id_of(position), position & (TL - 1), length), now, self.pub.position)
@@ -216,9 +224,11 @@ def test_padding_travels_header_only():
     while rig.pub.position + 1056 <= TL:
         rig.publish(1, 1000)
     pad_at = rig.pub.position
-    rig.status(pad_at, TL // 2, T0)
-    rig.work(T0 + MS)
+    while rig.core.sender_position < pad_at:  # consume as it is sent, as a receiver would
+        rig.status(rig.core.sender_position, TL // 2, T0)
+        rig.work(T0 + MS)
     assert rig.core.sender_position == pad_at
+    rig.status(pad_at, TL // 2, T0)
     rig.publish(1, 1000)  # goes to the next term
     out = rig.work(T0 + 2 * MS)
     assert kinds(out) == ["pad", "data"]
@@ -310,6 +320,10 @@ def test_multi_destination_takes_the_minimum_and_drops_a_silent_receiver():
 def test_multi_destination_receiver_limit_only_moves_forward():
     rig = Rig(mdc=True)
     rig.work(T0)
+    rig.status(0, 3200, T0, rid=1)
+    rig.publish(20)  # 160-byte frames
+    rig.work(T0)
+    assert rig.core.sender_position == 3200
     rig.status(3200, 1600, T0, rid=1)
     rig.status(0, 1600, T0 + 1, rid=1)  # reordered, older status message
     assert rig.core.receivers[1].limit == 4800 and rig.core.flow_limit == 4800
@@ -428,8 +442,7 @@ def test_retransmit_does_not_cross_the_term_end_and_resends_padding():
     while rig.pub.position < TL + 1056:
         rig.publish(1, 1000)
     now = T0 + MS
-    rig.status(TL - 4096, TL // 2, now)
-    rig.work(now)
+    rig.drain(now)
     pad_at = (TL // 1056) * 1056
     rig.nak(pad_at - 1056, 10_000, now)
     out = rig.work(now)
@@ -509,3 +522,39 @@ def test_status_message_across_term_id_wrap():
     assert rig.core.flow_limit == TL - 1600 + TL // 2
     rig.work(T0 + MS)
     assert rig.core.sender_position == rig.pub.position > TL
+
+
+def test_setup_request_status_message_does_not_move_the_flow_limit():
+    # A receiver that has no image asks for SETUP with consumption (0, 0) and window 0: those
+    # fields mean nothing, and read as a position they can be anywhere in the 2**31 terms.
+    for itid in (0, -(2**31) + 5, 2**31 - 7):
+        rig = Rig(itid=itid)
+        rig.work(T0)
+        rig.status(0, TL // 2, T0)
+        limit = rig.core.flow_limit
+        sm = StatusMessage(FLAG_SEND_SETUP, SID, STREAM, 0, 0, 0, 7)
+        rig.core.on_status(sm, "r2", T0 + 1)
+        assert rig.core.flow_limit == limit and 7 not in rig.core.receivers
+        assert rig.core.setup_wanted
+
+
+def test_status_message_beyond_the_sender_position_is_ignored():
+    rig = Rig()
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(4)
+    rig.work(T0 + MS)
+    sent = rig.core.sender_position
+    rig.status(sent + 10 * TL, TL // 2, T0 + 2 * MS)  # nobody consumed what was never sent
+    assert rig.core.flow_limit == TL // 2 and rig.core.stats.status_ignored == 1
+
+
+def test_nak_at_time_zero_is_answered():
+    rig = Rig()
+    rig.work(0)
+    rig.status(0, TL // 2, 0)
+    rig.publish(3)
+    rig.work(0)
+    rig.nak(0, 3 * 160, 0)
+    out = rig.work(0)
+    assert [data_span(rig.core, d) for d in out] == [(0, 3 * 160)]
