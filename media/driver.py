@@ -13,9 +13,11 @@ One driver per process (per node). It runs inside the caller's trio loop as a fe
   heartbeats and discovery, counters, delayed datagrams of the loss injector. It sleeps until
   the earliest deadline, so an idle driver costs a handful of wake-ups a second.
 
-Everything here is single-threaded: publications and subscriptions of UDP channels are used from
-the driver's trio thread. IPC publications and subscriptions can be used from any thread or
-process that maps the same driver directory.
+The driver's state is touched from its trio thread only. UDP subscriptions are polled from that
+thread; a UDP publication may be *offered* from any thread of the process (the offer writes the
+log buffer and posts one wake-up into the trio loop, see ``_after_append``); an exclusive one from
+one thread at a time. IPC publications and subscriptions can be used from any thread or process
+that maps the same driver directory.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -219,6 +222,9 @@ class MediaDriver:
         self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
         self._sender_event = trio.Event()
         self._sender_parked = False
+        self._thread_id: int | None = None  # the driver's trio thread, set when it runs
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._foreign_wake_pending = False
         self._conductor_event = trio.Event()
         self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
         self._seq = itertools.count()
@@ -315,7 +321,7 @@ class MediaDriver:
         cls = ExclusivePublication if exclusive else Publication
         pub = cls(
             log=lb, channel=uri, stream_id=stream_id, session_id=session_id, start_position=start,
-            limit_fn=limit_fn, after_append=self._wake_sender, on_close=self._close_network_publication,
+            limit_fn=limit_fn, after_append=self._after_append, on_close=self._close_network_publication,
             registration_id=next(self._ids),
         )
         np = _NetPublication(pub, core, sock, dests)
@@ -375,6 +381,28 @@ class MediaDriver:
         np.view.release()
         np.pub.log.close()
         self.system.publications_active.add(-1)
+
+    def _after_append(self) -> None:
+        """Wake the sender after an offer, from whichever thread offered.
+
+        A UDP publication may be offered from another thread of the process (the clustered
+        service thread sends egress this way): the log buffer write is the same, only the wake-up
+        has to cross into the driver's trio loop. One cross-thread wake-up is in flight at a time;
+        offers made while it is pending are covered by it, because the sender reads the
+        publication position when it runs, after they happened.
+        """
+        if threading.get_ident() == self._thread_id:
+            self._wake_sender()
+        elif not self._foreign_wake_pending and self._token is not None:
+            self._foreign_wake_pending = True
+            try:
+                self._token.run_sync_soon(self._foreign_wake)
+            except trio.RunFinishedError:
+                self._foreign_wake_pending = False
+
+    def _foreign_wake(self) -> None:
+        self._foreign_wake_pending = False
+        self._wake_sender()
 
     def _wake_sender(self) -> None:
         if self._sender_parked:
@@ -853,6 +881,8 @@ class MediaDriver:
     # ------------------------------------------------------------------ life cycle
 
     async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._thread_id = threading.get_ident()
+        self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._sender_loop)

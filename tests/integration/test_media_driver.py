@@ -6,6 +6,7 @@ Bad datagrams, multi-destination subscriptions, callbacks and operator errors.
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import trio
@@ -166,3 +167,37 @@ async def test_operator_errors_are_clear(tmp_path):
         with pytest.raises(MessageTooLongError, match="maximum message length 8192"):
             pub.offer(bytes(8193))
         assert TYPE_DATA == 1
+
+
+async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_path):
+    # Heartbeats and status messages every minute: if an offer from the other thread failed to wake the sender, the
+    # data would sit in the buffer until the next heartbeat, far past the deadline below.
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    minute = 60_000_000_000
+    slow = dict(
+        FAST, heartbeat_interval_ns=minute, status_message_timeout_ns=minute,
+        publication_connection_timeout_ns=minute, image_liveness_timeout_ns=minute,
+    )
+    async with open_media_driver(dir=tmp_path, **slow) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9, exclusive=False)
+        await _until(lambda: pub.is_connected)
+        messages = [i.to_bytes(4, "little") * 8 for i in range(2000)]
+        got: list[bytes] = []
+
+        def offer_from_worker() -> None:
+            give_up = time.monotonic() + 20
+            for m in messages:
+                while pub.offer(m) < 0:  # back-pressured: the driver thread is draining it
+                    if time.monotonic() > give_up:
+                        return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, offer_from_worker)
+            await _receive(sub, len(messages), got, timeout=20.0)
+        assert got == messages
+        # One message alone, after the burst: only the cross-thread wake-up can send it.
+        await trio.to_thread.run_sync(lambda: pub.offer(b"last"))
+        await _receive(sub, len(messages) + 1, got, timeout=5.0)
+        assert got[-1] == b"last"
