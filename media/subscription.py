@@ -27,13 +27,16 @@ from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD
 from media.logbuffer import META_LENGTH, LogBuffer
 
-__all__ = ["Header", "Image", "Subscription", "FragmentHandler"]
+__all__ = ["BlockHandler", "Header", "Image", "Subscription", "FragmentHandler"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _I64_PACK = struct.Struct("<q").pack_into
+_NO_LIMIT = 2**63 - 1
 
 FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
+BlockHandler = Callable[[memoryview, int, int, int], None]
+"""``handler(buffer, offset, length, position)`` of :meth:`Image.block_poll`."""
 
 
 class Header:
@@ -114,6 +117,7 @@ class Image:
         self._progress_threshold = progress_threshold
         self._reported = join_position
         self._assembly: bytearray | None = None
+        self._ints: memoryview | None = None
         self.closed = False
 
     @property
@@ -139,6 +143,14 @@ class Image:
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
         """Deliver up to ``fragment_limit`` messages; return how many were delivered."""
+        return self.bounded_poll(handler, _NO_LIMIT, fragment_limit)
+
+    def bounded_poll(self, handler: FragmentHandler, limit_position: int, fragment_limit: int) -> int:
+        """Like :meth:`poll`, but never consume a frame that ends after ``limit_position``.
+
+        The clustered service reads the log this way, bounded by the commit position: a message
+        is delivered only once every fragment of it is at or below the limit.
+        """
         if self.closed:
             return 0
         buf = self._buffer
@@ -155,9 +167,14 @@ class Image:
                 if flen <= 0:
                     break
                 if ftype == TYPE_PAD:
+                    if pos + flen > limit_position:
+                        break
                     pos += flen
                     continue
-                pos += (flen + 31) & ~31
+                end = pos + ((flen + 31) & ~31)
+                if end > limit_position:
+                    break
+                pos = end
                 if flags & 0xC0 == 0xC0:
                     header.offset = off
                     header.position = pos
@@ -184,6 +201,56 @@ class Image:
                     self._reported = pos
                     self._progress_fn(self)
         return count
+
+    def block_poll(self, handler: "BlockHandler", block_length_limit: int) -> int:
+        """Hand raw frames, headers included, to ``handler(buffer, offset, length, position)`` as
+        one contiguous block; return the bytes consumed (0: nothing new).
+
+        For the archive's recorder, which writes what it receives as is: a block starts at the
+        image's position, holds whole frames only, stays inside one term and is at most
+        ``block_length_limit`` bytes (at least one frame). A padding frame is a block of its own
+        (its full length, though only its header carries data), so the caller can write it
+        header-only. Fragment reassembly is bypassed: do not mix with :meth:`poll`.
+        """
+        if self.closed:
+            return 0
+        buf = self._buffer
+        cap = self._capacity
+        pos = self._position
+        base = META_LENGTH + pos % cap
+        term_left = self.term_length - (pos & (self.term_length - 1))
+        limit = min(block_length_limit, term_left)
+        flen, _v, _f, ftype = _PREFIX(buf, base)
+        if flen <= 0:
+            return 0
+        if ftype == TYPE_PAD:
+            length = flen
+        else:
+            ints = self._ints
+            if ints is None:
+                ints = self._ints = self._view.cast("B").cast("i")
+            length = (flen + 31) & ~31
+            if length > limit:
+                limit = length  # one frame always goes, whatever the limit
+            i = (base + length) >> 2
+            while length < limit:
+                flen = ints[i]
+                if flen <= 0 or ints[i + 1] >> 16 == TYPE_PAD:
+                    break
+                aligned = (flen + 31) & ~31
+                if length + aligned > limit:
+                    break
+                length += aligned
+                i += aligned >> 2
+        handler(self._view, base, length, pos)
+        pos += length
+        self._position = pos
+        if self._position_offset is not None:
+            _I64_PACK(buf, self._position_offset, pos)
+        if self._progress_fn is not None and pos - self._reported >= self._progress_threshold:
+            self._reported = pos
+            self._progress_fn(self)
+        return length
 
     def close(self) -> None:
         self.closed = True

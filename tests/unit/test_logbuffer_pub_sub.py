@@ -683,3 +683,32 @@ def test_subscription_polls_images_in_turn():
     assert subs_seen[-1] == ("gone", 1) and images[0].closed and sub.image_count == 1
     sub.close()
     assert sub.closed and sub.image_count == 0 and images[1].closed
+
+
+def test_bounded_poll_delivers_only_messages_that_end_at_or_below_the_limit():
+    # Small, fragmented and term-crossing messages; every limit from 0 to the end in 32-byte
+    # steps: what is delivered is exactly the messages whose end position is <= the limit.
+    sizes = [10, 3000, 5, 1400, 7000, 64, 2000] * 4  # about 1.2 terms
+    h = Harness(limit_fn=lambda p: 2 * TL)
+    ends = []
+    for i, n in enumerate(sizes):
+        ends.append(h.pub.offer(payload(n, i)))
+        assert ends[-1] > 0
+    for limit in range(0, ends[-1] + 64, 64):
+        h2 = Harness(limit_fn=lambda p: 2 * TL)
+        for i, n in enumerate(sizes):
+            h2.pub.offer(payload(n, i))
+        while h2.image.bounded_poll(h2.handler, limit, 3):
+            pass
+        expected = [e for e in ends if e <= limit]
+        assert [r[1] for r in h2.received] == expected
+        assert h2.image.position <= limit
+    # The same image polled on with a rising limit resumes inside a fragmented message.
+    h3 = Harness(limit_fn=lambda p: 2 * TL)
+    for i, n in enumerate(sizes):
+        h3.pub.offer(payload(n, i))
+    for limit in range(0, ends[-1] + 32, 96):
+        h3.image.bounded_poll(h3.handler, limit, 100)
+    h3.image.bounded_poll(h3.handler, ends[-1], 100)
+    assert [r[1] for r in h3.received] == ends
+    assert [r[0] for r in h3.received] == [payload(n, i) for i, n in enumerate(sizes)]
