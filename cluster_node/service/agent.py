@@ -1,0 +1,287 @@
+"""The clustered service agent: applies the committed log to the user's service (core)
+
+One :class:`ServiceAgent` per service thread. The container (``container.py``, the trio shell)
+polls the log image bounded by the commit position and hands every fragment to
+:meth:`ServiceAgent.on_log_fragment`; it polls the consensus module's messages (IPC stream 104)
+and hands them to :meth:`ServiceAgent.on_consensus_message`. The agent decides what the service
+sees and what goes back to the consensus module, and performs no I/O of its own: messages for the
+consensus module leave through the ``send_to_consensus(bytes) -> int`` callable (an IPC
+publication on stream 105 in the node), replies to clients through ``egress_offer``.
+
+What a log entry does, in log order (the same on every member, so every service reaches the
+same state):
+
+==========================  ===========================================================
+log entry                   effect
+==========================  ===========================================================
+session message (tid 1)     ``on_session_message(session or None, timestamp, payload)``;
+                            a negative/unknown cluster session id is a service message
+SessionOpenEvent            a :class:`ClientSession` is added; ``on_session_open``
+SessionCloseEvent           ``on_session_close``; the session is removed
+TimerEvent                  ``on_timer_event(correlation_id, timestamp)``
+NewLeadershipTermEvent      the term and time unit change; ``on_new_leadership_term_event``
+ClusterActionRequest        recorded (snapshots are taken by the container's snapshot hook)
+==========================  ===========================================================
+
+Every entry also moves :attr:`log_position` (the position *after* the entry) and cluster time
+(the entry's timestamp: the leader's clock as written into the log, never the local clock).
+
+Talking back (``Cluster`` handle, implemented here):
+
+* ``offer(payload)``: a session message with ``cluster_session_id = service_id`` to the consensus
+  module, which appends it to the log as a service message (exactly once, see the consensus
+  module's pending-message tracker); it comes back to every service with ``session=None``.
+* ``schedule_timer`` / ``cancel_timer`` / ``close_client_session``: ScheduleTimer, CancelTimer,
+  CloseSession messages to the consensus module.
+* ``ClientSession.offer``: on the leader, the container's egress publication to that client; on a
+  follower :data:`MOCKED_OFFER` and nothing is sent (the reference does the same).
+
+Acks: the consensus module waits for a ServiceAck after the service has started (and loaded its
+snapshot), after a RequestServiceAck position is reached, and at termination.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from cluster_node.codecs import (
+    CONSENSUS_TO_SERVICE_CODEC,
+    LOG_CODEC,
+    NULL_VALUE,
+    SERVICE_TO_CONSENSUS_CODEC,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    CancelTimer,
+    CloseReason,
+    CloseSession,
+    ClusterActionRequest,
+    ClusterTimeUnit,
+    CodecError,
+    JoinLog,
+    NewLeadershipTermEvent,
+    RequestServiceAck,
+    ScheduleTimer,
+    ServiceAck,
+    ServiceTerminationPosition,
+    SessionCloseEvent,
+    SessionOpenEvent,
+    TimerEvent,
+    decode_session_message,
+    encode_session_message,
+)
+from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
+
+__all__ = ["ServiceAgent", "ServiceAgentError"]
+
+EgressOffer = Callable[[ClientSession, bytes | bytearray | memoryview], int]
+
+
+class ServiceAgentError(RuntimeError):
+    """The log or the consensus module broke the agent's expectations (a bug, not bad input)."""
+
+
+class ServiceAgent:
+    """Applies log entries to a :class:`ClusteredService` and is its ``Cluster`` handle."""
+
+    def __init__(
+        self,
+        service: ClusteredService,
+        *,
+        member_id: int,
+        service_id: int = 0,
+        send_to_consensus: Callable[[bytes], int],
+        egress_offer: EgressOffer | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.service = service
+        self._member_id = member_id
+        self.service_id = service_id
+        self._send = send_to_consensus
+        self._egress_offer = egress_offer
+        self._on_error = on_error or (lambda _msg: None)
+        self._role = Role.FOLLOWER
+        self._log_position = 0
+        self._leadership_term_id = NULL_VALUE
+        self._time = 0
+        self._time_unit = ClusterTimeUnit.MILLIS
+        self._sessions: dict[int, ClientSession] = {}
+        self.ack_id = 0
+        self.started = False
+        self.join_log: JoinLog | None = None
+        self.termination_position: int | None = None
+        self.terminated = False
+        self.pending_ack_position: int | None = None
+        self.malformed_entries = 0
+        self.entries_applied = 0
+        self.outbox_failures = 0
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self, snapshot=None, log_position: int = 0) -> None:
+        """Start the service (with its snapshot records, if any); the ack to the consensus
+        module goes out with the next :meth:`check_positions` that finds it reachable."""
+        self._log_position = log_position
+        self.service.on_start(self, snapshot)
+        self.started = True
+        self.pending_ack_position = log_position
+
+    def _ack(self, log_position: int, relevant_id: int = NULL_VALUE) -> bool:
+        msg = ServiceAck(log_position, self._time, self.ack_id, relevant_id, self.service_id)
+        if self._send(SERVICE_TO_CONSENSUS_CODEC.encode(msg)) > 0:
+            self.ack_id += 1
+            return True
+        self.outbox_failures += 1
+        return False
+
+    def set_role(self, role: Role) -> None:
+        """The node's role changed (the container reads it from the role counter)."""
+        role = Role(role)
+        if role != self._role:
+            self._role = role
+            self.service.on_role_change(role)
+
+    # ------------------------------------------------------------------ consensus module -> service
+
+    def on_consensus_message(self, buf) -> None:
+        """A message on stream 104. Unknown or malformed ones are counted and dropped."""
+        try:
+            msg = CONSENSUS_TO_SERVICE_CODEC.decode(buf)
+        except CodecError as e:
+            self.malformed_entries += 1
+            self._on_error(f"malformed consensus module message: {e}")
+            return
+        if isinstance(msg, JoinLog):
+            self.join_log = msg
+            self.set_role(Role(msg.role) if msg.role in (0, 1, 2) else Role.FOLLOWER)
+        elif isinstance(msg, RequestServiceAck):
+            self.pending_ack_position = msg.log_position
+        elif isinstance(msg, ServiceTerminationPosition):
+            self.termination_position = msg.log_position
+        # ClusterMembersResponse etc.: not used by the agent.
+
+    def check_positions(self) -> None:
+        """Send the acks that are due now that the log has reached a position."""
+        if self.pending_ack_position is not None and self._log_position >= self.pending_ack_position:
+            if self._ack(self._log_position):
+                self.pending_ack_position = None
+        if (
+            self.termination_position is not None
+            and not self.terminated
+            and self._log_position >= self.termination_position
+        ):
+            self.service.on_terminate(self)
+            if self._ack(self._log_position):
+                self.terminated = True
+
+    # ------------------------------------------------------------------ the log
+
+    def on_log_fragment(self, buf, offset: int, length: int, header: Any) -> None:
+        """One committed log message (a FragmentHandler for ``Image.bounded_poll``)."""
+        view = buf[offset : offset + length]
+        position = header.position
+        try:
+            if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
+                hdr, payload = decode_session_message(view)
+                self._log_position = position
+                self._time = hdr.timestamp
+                session = self._sessions.get(hdr.cluster_session_id)
+                self.entries_applied += 1
+                self.service.on_session_message(session, hdr.timestamp, payload)
+                return
+            msg = LOG_CODEC.decode(view)
+        except CodecError as e:
+            self._log_position = position
+            self.malformed_entries += 1
+            self._on_error(f"malformed log entry at {position}: {e}")
+            return
+        self._log_position = position
+        self.entries_applied += 1
+        self._apply(msg)
+
+    def _apply(self, msg) -> None:
+        service = self.service
+        if isinstance(msg, SessionOpenEvent):
+            self._time = msg.timestamp
+            session = ClientSession(
+                msg.cluster_session_id, msg.response_stream_id, msg.response_channel,
+                msg.encoded_principal, self._offer_to_client,
+            )
+            self._sessions[session.id] = session
+            service.on_session_open(session, msg.timestamp)
+        elif isinstance(msg, SessionCloseEvent):
+            self._time = msg.timestamp
+            session = self._sessions.pop(msg.cluster_session_id, None)
+            if session is not None:
+                service.on_session_close(session, msg.timestamp, CloseReason(msg.close_reason))
+        elif isinstance(msg, TimerEvent):
+            self._time = msg.timestamp
+            service.on_timer_event(msg.correlation_id, msg.timestamp)
+        elif isinstance(msg, NewLeadershipTermEvent):
+            self._time = msg.timestamp
+            self._leadership_term_id = msg.leadership_term_id
+            self._time_unit = ClusterTimeUnit(msg.time_unit)
+            service.on_new_leadership_term_event(
+                msg.leadership_term_id, msg.log_position, msg.timestamp, msg.term_base_log_position,
+                msg.leader_member_id, msg.log_session_id, ClusterTimeUnit(msg.time_unit), msg.app_version,
+            )
+        elif isinstance(msg, ClusterActionRequest):
+            self._time = msg.timestamp
+
+    def _offer_to_client(self, session: ClientSession, payload) -> int:
+        if self._role != Role.LEADER or self._egress_offer is None:
+            return MOCKED_OFFER
+        return self._egress_offer(session, payload)
+
+    # ------------------------------------------------------------------ Cluster handle
+
+    @property
+    def member_id(self) -> int:
+        return self._member_id
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def log_position(self) -> int:
+        return self._log_position
+
+    @property
+    def leadership_term_id(self) -> int:
+        return self._leadership_term_id
+
+    @property
+    def time(self) -> int:
+        return self._time
+
+    @property
+    def time_unit(self) -> ClusterTimeUnit:
+        return self._time_unit
+
+    @property
+    def client_sessions(self) -> Collection[ClientSession]:
+        return self._sessions.values()
+
+    def get_client_session(self, cluster_session_id: int) -> ClientSession | None:
+        return self._sessions.get(cluster_session_id)
+
+    def close_client_session(self, cluster_session_id: int) -> bool:
+        session = self._sessions.get(cluster_session_id)
+        if session is None:
+            raise KeyError(f"unknown client session {cluster_session_id}")
+        if session.is_closing:
+            return True
+        if self._send(SERVICE_TO_CONSENSUS_CODEC.encode(CloseSession(cluster_session_id))) > 0:
+            session.is_closing = True
+            return True
+        return False
+
+    def offer(self, payload) -> int:
+        data = encode_session_message(self._leadership_term_id, self.service_id, 0, payload)
+        return self._send(data)
+
+    def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
+        return self._send(SERVICE_TO_CONSENSUS_CODEC.encode(ScheduleTimer(correlation_id, deadline))) > 0
+
+    def cancel_timer(self, correlation_id: int) -> bool:
+        return self._send(SERVICE_TO_CONSENSUS_CODEC.encode(CancelTimer(correlation_id))) > 0

@@ -1,0 +1,216 @@
+"""The service container: the "service" thread of a node, hosting one ServiceAgent.
+
+The thread runs its own trio loop and talks to the rest of the node only through the media
+layer, as a separate process would:
+
+* its own IPC transport on the node's driver directory (``media.ipc.IpcTransport``);
+* consensus module -> service on IPC stream 104 (JoinLog, RequestServiceAck,
+  ServiceTerminationPosition), service -> consensus module on IPC stream 105 (ServiceAck, service
+  messages, timers, CloseSession);
+* the log: the IPC channel and session named by the latest JoinLog, read with
+  ``Image.bounded_poll`` up to the commit position (``commit_position()``, the node's
+  commit-position counter) and never past JoinLog's ``max_log_position``;
+* wake-ups: the IPC doorbells of both subscriptions, plus :attr:`commit_doorbell`, which the
+  consensus module rings when the commit position advances (the log data is usually there
+  before it is committed, so the log's own doorbell has already been spent).
+
+Egress replies (leader only) go out on UDP publications that the node's driver creates on this
+thread's behalf (``open_egress(channel, stream_id)``); offering to them from this thread is
+supported by the driver.
+
+The duty cycle never spins: when a pass does no work it parks until a doorbell rings or
+``idle_timeout_s`` passes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from cluster_node.codecs import NULL_POSITION, encode_session_message
+from cluster_node.service.agent import ServiceAgent
+from cluster_node.service.api import ClientSession, ClusteredService, Role
+from media.channel import parse
+from media.doorbell import Doorbell
+from media.ipc import IpcTransport
+
+__all__ = ["ServiceContainer", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID"]
+
+log = structlog.get_logger("service")
+
+CONSENSUS_TO_SERVICE_STREAM_ID = 104
+SERVICE_TO_CONSENSUS_STREAM_ID = 105
+CONTROL_CHANNEL = "aeron:ipc?term-length=128k"
+_FRAGMENT_LIMIT = 256
+
+
+class ServiceContainer:
+    """Owns the service thread. ``start()`` launches it; ``join()`` waits for its end."""
+
+    def __init__(
+        self,
+        service: ClusteredService,
+        *,
+        member_id: int,
+        driver_dir: Path,
+        commit_position: Callable[[], int],
+        role: Callable[[], int] | None = None,
+        open_egress: Callable[[str, int], object] | None = None,
+        service_id: int = 0,
+        idle_timeout_s: float = 0.5,
+        liveness_timeout_ns: int = 10_000_000_000,
+    ) -> None:
+        self.service = service
+        self.member_id = member_id
+        self.driver_dir = Path(driver_dir)
+        self._commit_position = commit_position
+        self._role = role
+        self._open_egress = open_egress
+        self.service_id = service_id
+        self.idle_timeout_s = idle_timeout_s
+        self.liveness_timeout_ns = liveness_timeout_ns
+        self.commit_doorbell = Doorbell()
+        self.agent: ServiceAgent | None = None
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._egress: dict[int, object] = {}
+        self.started = threading.Event()
+
+    # ------------------------------------------------------------------ thread control
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._thread_main, name="service", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end (it wakes within ``idle_timeout_s``)."""
+        self._stop.set()
+        from media.doorbell import ring
+
+        ring(self.commit_doorbell.name)
+
+    def join(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self._run)
+        except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
+            self.error = e
+            log.error("service thread failed", error=repr(e))
+        finally:
+            self.commit_doorbell.close()
+
+    # ------------------------------------------------------------------ egress
+
+    def _egress_offer(self, session: ClientSession, payload) -> int:
+        pub = self._egress.get(session.id)
+        if pub is None:
+            if self._open_egress is None:
+                return -1
+            pub = self._open_egress(session.response_channel, session.response_stream_id)
+            self._egress[session.id] = pub
+        agent = self.agent
+        data = encode_session_message(agent.leadership_term_id, session.id, agent.time, payload)
+        return pub.offer(data)
+
+    # ------------------------------------------------------------------ duty cycle
+
+    async def _run(self) -> None:
+        ipc = IpcTransport(self.driver_dir, image_liveness_timeout_ns=self.liveness_timeout_ns)
+        to_cm = ipc.add_publication(parse(CONTROL_CHANNEL), SERVICE_TO_CONSENSUS_STREAM_ID)
+        from_cm = ipc.add_subscription(parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID)
+
+        def send(data: bytes) -> int:
+            return to_cm.offer(data)
+
+        agent = self.agent = ServiceAgent(
+            self.service, member_id=self.member_id, service_id=self.service_id,
+            send_to_consensus=send, egress_offer=self._egress_offer,
+            on_error=lambda msg: log.warning("service input dropped", reason=msg),
+        )
+        agent.start(None, 0)
+        self.started.set()
+
+        def on_cm(buf, offset, length, header) -> None:
+            agent.on_consensus_message(bytes(buf[offset : offset + length]))
+
+        log_sub = None
+        log_key: tuple | None = None
+        image = None
+        try:
+            while not self._stop.is_set() and not agent.terminated:
+                now = time.monotonic_ns()
+                work = from_cm.poll(on_cm, 16)
+                join = agent.join_log
+                if join is not None and (join.log_channel, join.log_stream_id, join.log_session_id) != log_key:
+                    # A new log (a new leadership term): finish the old image up to where the
+                    # new one starts, then switch.
+                    if image is None or agent.log_position >= join.log_position or image.closed:
+                        if log_sub is not None and (join.log_channel, join.log_stream_id) != log_key[:2]:
+                            log_sub.close()
+                            log_sub = None
+                        if log_sub is None:
+                            log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id)
+                        log_key = (join.log_channel, join.log_stream_id, join.log_session_id)
+                        image = None
+                if log_sub is not None and image is None:
+                    image = log_sub.image_by_session_id(join.log_session_id)
+                if image is not None:
+                    limit = self._commit_position()
+                    if join is not None and log_key[2] != join.log_session_id:
+                        limit = min(limit, join.log_position)  # old image: up to the new log's start
+                    elif join is not None and join.max_log_position != NULL_POSITION:
+                        limit = min(limit, join.max_log_position)
+                    work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
+                agent.check_positions()
+                if self._role is not None:
+                    role = self._role()
+                    if role in (0, 1, 2) and role != agent.role:
+                        agent.set_role(Role(role))
+                ipc.do_work(now)
+                work += self.service.do_background_work(now) or 0
+                if work:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                await self._park(from_cm, log_sub, image)
+        finally:
+            for pub in self._egress.values():
+                try:
+                    pub.close()
+                except Exception:  # noqa: BLE001 - closing on the way out
+                    pass
+            ipc.close()
+
+    async def _park(self, from_cm, log_sub, image) -> None:
+        """Wait for any doorbell: consensus module messages, log data, commit advance."""
+        self.commit_doorbell.drain()
+        # Re-check after draining: a ring that came between the last poll and the drain is gone,
+        # but its cause is visible.
+        if from_cm.has_data():
+            return
+        if image is not None and image.has_data() and image.position < self._commit_position():
+            return
+        timeout = self.idle_timeout_s
+        async with trio.open_nursery() as nursery:
+            async def waiter(fn) -> None:
+                await fn
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(waiter, from_cm.wait(timeout))
+            nursery.start_soon(waiter, self.commit_doorbell.wait(timeout))
+            if log_sub is not None and image is not None and image.position < self._commit_position():
+                nursery.start_soon(waiter, log_sub.wait(timeout))
