@@ -1,0 +1,307 @@
+"""Client sessions as the consensus module keeps them (core)
+
+The leader decides who may connect, puts each session's life into the log (SessionOpenEvent,
+SessionCloseEvent) and tells the client on its egress (SessionEvent, NewLeaderEvent). Followers
+learn the same sessions from the committed log, so that whichever member leads next knows them.
+Nothing here does I/O: every decision is an effect in :attr:`ClusterSessions.effects`, which the
+consensus agent executes in order:
+
+* :class:`AppendSessionEvent`: append a SessionOpenEvent/SessionCloseEvent to the log (leader);
+* :class:`SendEgress`: send a SessionEvent/NewLeaderEvent to a client's egress channel;
+* :class:`CloseEgress`: the session is gone, release its egress publication.
+
+Session states (reference ``ClusterSession.State`` names and order)::
+
+    INIT CONNECTING CONNECTED CHALLENGED AUTHENTICATED REJECTED OPEN CLOSING INVALID CLOSED
+
+Only a few are used here: a connect request that passes the checks is AUTHENTICATED (there is no
+authenticator beyond the protocol version), becomes OPEN when its SessionOpenEvent is appended,
+CLOSING when a close is decided, and is forgotten once its SessionCloseEvent is appended. A
+rejected request never becomes a session: it gets SessionEvent ERROR and nothing is logged.
+
+Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; aeron-facts 1.6):
+
+* a connect request to a follower or a candidate is answered REDIRECT, detail = every member's
+  ingress endpoint (``"0=h:p,1=h:p,..."``), with the leader's id (-1 while there is none);
+* a client whose protocol major version differs gets ERROR "invalid client version";
+* ``open + pending >= max_sessions`` gets ERROR "concurrent session limit";
+* a session with no ingress message or keep-alive for ``session_timeout_ns`` is closed with
+  reason TIMEOUT and told CLOSED; activity is reset for every session after an election;
+* ingress and keep-alives carrying a leadership term other than the current one are dropped
+  (the client has not seen the NewLeaderEvent yet);
+* after an election the new leader sends every open session a NewLeaderEvent; after a full
+  cluster restart (a startup election) sessions from before are closed (TIMEOUT) instead, since
+  their clients' egress is long gone;
+* rollback: a session whose open event is after the commit position when a new leadership is
+  prepared never happened (it is dropped; the client times out or reconnects), and one whose
+  close event is after the commit position is open again.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster_node.codecs import (
+    CLIENT_PROTOCOL_MAJOR_VERSION,
+    CLIENT_PROTOCOL_VERSION,
+    NULL_POSITION,
+    NULL_VALUE,
+    CloseReason,
+    EventCode,
+    NewLeaderEvent,
+    SessionCloseEvent,
+    SessionConnectRequest,
+    SessionEvent,
+    SessionOpenEvent,
+    semantic_version_major,
+)
+
+__all__ = [
+    "SessionState",
+    "ClusterSession",
+    "ClusterSessions",
+    "AppendSessionEvent",
+    "SendEgress",
+    "CloseEgress",
+    "SessionSettings",
+]
+
+
+class SessionState(enum.IntEnum):
+    INIT = 0
+    CONNECTING = 1
+    CONNECTED = 2
+    CHALLENGED = 3
+    AUTHENTICATED = 4
+    REJECTED = 5
+    OPEN = 6
+    CLOSING = 7
+    INVALID = 8
+    CLOSED = 9
+
+
+@dataclass(frozen=True, slots=True)
+class AppendSessionEvent:
+    """Leader: append ``message`` (SessionOpenEvent or SessionCloseEvent) to the log."""
+
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class SendEgress:
+    """Send ``message`` to the client's egress (``response_channel``/``response_stream_id``).
+
+    ``cluster_session_id`` names the egress publication to use (NULL_VALUE for a rejected
+    request, which has no session: the executor uses a short-lived publication)."""
+
+    cluster_session_id: int
+    response_channel: str
+    response_stream_id: int
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CloseEgress:
+    cluster_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    session_timeout_ns: int = 10_000_000_000
+    max_sessions: int = 10
+
+
+@dataclass(slots=True)
+class ClusterSession:
+    id: int
+    correlation_id: int
+    response_stream_id: int
+    response_channel: str
+    state: SessionState
+    time_of_last_activity_ns: int
+    opened_log_position: int = NULL_POSITION
+    closed_log_position: int = NULL_POSITION
+    close_reason: CloseReason = CloseReason.CLIENT_ACTION
+    encoded_principal: bytes = b""
+
+
+@dataclass(slots=True)
+class ClusterSessions:
+    """The sessions of one member, and the leader's decisions about them."""
+
+    member_id: int
+    ingress_endpoints: str
+    """``"0=h:p,1=h:p,..."``: the REDIRECT detail and NewLeaderEvent endpoints."""
+    settings: SessionSettings = field(default_factory=SessionSettings)
+    next_session_id: int = 1
+    sessions: dict[int, ClusterSession] = field(default_factory=dict)
+    closed_uncommitted: dict[int, ClusterSession] = field(default_factory=dict)
+    effects: list = field(default_factory=list)
+    rejected: int = 0
+    timed_out: int = 0
+    stale_term_dropped: int = 0
+
+    # ------------------------------------------------------------------ connects (any role)
+
+    def on_connect_request(
+        self,
+        req: SessionConnectRequest,
+        *,
+        is_leader: bool,
+        leader_member_id: int,
+        leadership_term_id: int,
+        append_position: int,
+        now_ns: int,
+    ) -> ClusterSession | None:
+        """A client asks to connect. Returns the new session when it was opened (leader)."""
+
+        def answer(code: EventCode, detail: str, session_id: int = NULL_VALUE) -> None:
+            self.effects.append(SendEgress(
+                session_id, req.response_channel, req.response_stream_id,
+                SessionEvent(session_id, req.correlation_id, leadership_term_id, leader_member_id,
+                             code, CLIENT_PROTOCOL_VERSION, detail),
+            ))
+
+        if not is_leader:
+            answer(EventCode.REDIRECT, self.ingress_endpoints)
+            return None
+        if semantic_version_major(req.version) != CLIENT_PROTOCOL_MAJOR_VERSION:
+            self.rejected += 1
+            answer(EventCode.ERROR, f"invalid client version {req.version}")
+            return None
+        if len(self.sessions) >= self.settings.max_sessions:
+            self.rejected += 1
+            answer(EventCode.ERROR, "concurrent session limit")
+            return None
+        session = ClusterSession(
+            self.next_session_id, req.correlation_id, req.response_stream_id, req.response_channel,
+            SessionState.OPEN, now_ns, opened_log_position=append_position,
+        )
+        self.next_session_id += 1
+        self.sessions[session.id] = session
+        self.effects.append(AppendSessionEvent(SessionOpenEvent(
+            leadership_term_id, req.correlation_id, session.id, now_ns,
+            req.response_stream_id, req.response_channel,
+        )))
+        answer(EventCode.OK, "", session.id)
+        return session
+
+    # ------------------------------------------------------------------ activity (leader)
+
+    def on_ingress(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int) -> bool:
+        """A session message arrived: True when it may be appended (open session, current term)."""
+        session = self.sessions.get(cluster_session_id)
+        if session is None or session.state != SessionState.OPEN:
+            return False
+        if leadership_term_id != current_term_id:
+            self.stale_term_dropped += 1
+            return False
+        session.time_of_last_activity_ns = now_ns
+        return True
+
+    def on_keep_alive(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int) -> bool:
+        return self.on_ingress(leadership_term_id, cluster_session_id, current_term_id, now_ns)
+
+    def on_close_request(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int,
+                         append_position: int, now_ns: int) -> bool:
+        session = self.sessions.get(cluster_session_id)
+        if session is None or session.state != SessionState.OPEN or leadership_term_id != current_term_id:
+            return False
+        self._close(session, CloseReason.CLIENT_ACTION, current_term_id, append_position, now_ns, tell_client=False)
+        return True
+
+    def on_service_close(self, cluster_session_id: int, current_term_id: int, append_position: int, now_ns: int) -> bool:
+        """The service asked to close a session (CloseSession on stream 105)."""
+        session = self.sessions.get(cluster_session_id)
+        if session is None or session.state != SessionState.OPEN:
+            return False
+        self._close(session, CloseReason.SERVICE_ACTION, current_term_id, append_position, now_ns, tell_client=True)
+        return True
+
+    def check_timeouts(self, current_term_id: int, append_position: int, now_ns: int) -> int:
+        """Leader: close sessions silent for longer than the session timeout."""
+        timeout = self.settings.session_timeout_ns
+        expired = [s for s in self.sessions.values()
+                   if s.state == SessionState.OPEN and now_ns - s.time_of_last_activity_ns > timeout]
+        for session in expired:
+            self.timed_out += 1
+            self._close(session, CloseReason.TIMEOUT, current_term_id, append_position, now_ns, tell_client=True)
+        return len(expired)
+
+    def _close(self, session: ClusterSession, reason: CloseReason, term_id: int, append_position: int,
+               now_ns: int, *, tell_client: bool) -> None:
+        session.state = SessionState.CLOSING
+        session.close_reason = reason
+        session.closed_log_position = append_position
+        self.effects.append(AppendSessionEvent(SessionCloseEvent(term_id, session.id, now_ns, reason)))
+        if tell_client:
+            self.effects.append(SendEgress(
+                session.id, session.response_channel, session.response_stream_id,
+                SessionEvent(session.id, session.correlation_id, term_id, self.member_id, EventCode.CLOSED,
+                             CLIENT_PROTOCOL_VERSION, reason.name),
+            ))
+        self.effects.append(CloseEgress(session.id))
+        del self.sessions[session.id]
+        self.closed_uncommitted[session.id] = session
+
+    # ------------------------------------------------------------------ the committed log (followers)
+
+    def on_log_session_open(self, event: SessionOpenEvent, log_position: int) -> None:
+        """A SessionOpenEvent applied from the log (follower, or leader replay)."""
+        if event.cluster_session_id not in self.sessions:
+            self.sessions[event.cluster_session_id] = ClusterSession(
+                event.cluster_session_id, event.correlation_id, event.response_stream_id,
+                event.response_channel, SessionState.OPEN, 0, opened_log_position=log_position,
+                encoded_principal=event.encoded_principal,
+            )
+        if event.cluster_session_id >= self.next_session_id:
+            self.next_session_id = event.cluster_session_id + 1
+
+    def on_log_session_close(self, event: SessionCloseEvent) -> None:
+        self.sessions.pop(event.cluster_session_id, None)
+        self.closed_uncommitted.pop(event.cluster_session_id, None)
+
+    def on_commit(self, commit_position: int) -> None:
+        """Closes at or below the commit position are final."""
+        if self.closed_uncommitted:
+            for sid in [sid for sid, s in self.closed_uncommitted.items() if s.closed_log_position < commit_position]:
+                del self.closed_uncommitted[sid]
+
+    # ------------------------------------------------------------------ leadership changes
+
+    def rollback(self, commit_position: int) -> None:
+        """A new leadership is prepared: undo session changes the log will not keep."""
+        for sid in [sid for sid, s in self.sessions.items() if s.opened_log_position >= commit_position]:
+            del self.sessions[sid]
+        for sid, s in list(self.closed_uncommitted.items()):
+            if s.closed_log_position >= commit_position and s.opened_log_position < commit_position:
+                s.state = SessionState.OPEN
+                s.closed_log_position = NULL_POSITION
+                self.sessions[sid] = s
+        self.closed_uncommitted.clear()
+
+    def on_new_leadership(self, *, is_leader: bool, is_startup: bool, leadership_term_id: int,
+                          leader_member_id: int, append_position: int, now_ns: int) -> None:
+        """The election closed. The leader greets the sessions it inherited (or closes them after
+        a full restart); every member restarts session timeouts."""
+        for session in self.sessions.values():
+            session.time_of_last_activity_ns = now_ns
+        if not is_leader:
+            return
+        if is_startup:
+            for session in list(self.sessions.values()):
+                self._close(session, CloseReason.TIMEOUT, leadership_term_id, append_position, now_ns,
+                            tell_client=False)
+            return
+        for session in self.sessions.values():
+            self.effects.append(SendEgress(
+                session.id, session.response_channel, session.response_stream_id,
+                NewLeaderEvent(leadership_term_id, session.id, leader_member_id, self.ingress_endpoints),
+            ))
+
+    def drain_effects(self) -> list:
+        effects = self.effects
+        self.effects = []
+        return effects

@@ -1,0 +1,136 @@
+"""ClusterSessions (cluster_node.consensus.sessions): who may connect, what goes into the log
+and what each client is told."""
+
+from __future__ import annotations
+
+from cluster_node.codecs import (
+    CLIENT_PROTOCOL_VERSION,
+    CloseReason,
+    EventCode,
+    NewLeaderEvent,
+    SessionCloseEvent,
+    SessionConnectRequest,
+    SessionEvent,
+    SessionOpenEvent,
+    compose_semantic_version,
+)
+from cluster_node.consensus.sessions import (
+    AppendSessionEvent,
+    CloseEgress,
+    ClusterSessions,
+    SendEgress,
+    SessionSettings,
+)
+
+S = 1_000_000_000
+ENDPOINTS = "0=127.0.0.1:9010,1=127.0.0.1:9011,2=127.0.0.1:9012"
+
+
+def make(**kw) -> ClusterSessions:
+    return ClusterSessions(member_id=1, ingress_endpoints=ENDPOINTS, settings=SessionSettings(**kw))
+
+
+def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0, pos=0):
+    req = SessionConnectRequest(corr, 102, version, "aeron:udp?endpoint=127.0.0.1:9999")
+    return s.on_connect_request(req, is_leader=leader, leader_member_id=1 if leader else 0,
+                                leadership_term_id=3, append_position=pos, now_ns=now)
+
+
+def events(effects):
+    return [e.message for e in effects if isinstance(e, SendEgress)]
+
+
+def appended(effects):
+    return [e.message for e in effects if isinstance(e, AppendSessionEvent)]
+
+
+def test_follower_redirects_to_the_leader_with_every_ingress_endpoint():
+    s = make()
+    assert connect(s, leader=False) is None
+    (ev,) = events(s.drain_effects())
+    assert ev.code == EventCode.REDIRECT and ev.detail == ENDPOINTS and ev.leader_member_id == 0
+    assert ev.correlation_id == 7 and not s.sessions
+
+
+def test_leader_opens_a_session_logs_it_then_answers_ok():
+    s = make()
+    session = connect(s, now=5, pos=640)
+    effects = s.drain_effects()
+    assert [type(e) for e in effects] == [AppendSessionEvent, SendEgress]
+    (opened,) = appended(effects)
+    assert opened == SessionOpenEvent(3, 7, session.id, 5, 102, "aeron:udp?endpoint=127.0.0.1:9999")
+    (ok,) = events(effects)
+    assert ok.code == EventCode.OK and ok.cluster_session_id == session.id and ok.leadership_term_id == 3
+    assert connect(s, corr=8).id == session.id + 1
+
+
+def test_wrong_major_version_and_session_limit_are_refused_without_logging():
+    s = make(max_sessions=2)
+    assert connect(s, version=compose_semantic_version(1, 0, 0)) is None
+    (ev,) = events(s.drain_effects())
+    assert ev.code == EventCode.ERROR and "invalid client version" in ev.detail
+    connect(s), connect(s)
+    s.drain_effects()
+    assert connect(s) is None
+    effects = s.drain_effects()
+    assert appended(effects) == [] and events(effects)[0].detail == "concurrent session limit"
+    assert s.rejected == 2
+
+
+def test_ingress_refreshes_activity_and_a_silent_session_times_out():
+    s = make(session_timeout_ns=10 * S)
+    a = connect(s, now=0)
+    b = connect(s, corr=8, now=0)
+    s.drain_effects()
+    assert s.on_ingress(3, a.id, 3, 9 * S)
+    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped
+    assert s.stale_term_dropped == 1
+    assert s.check_timeouts(3, 4096, 11 * S) == 1  # b only
+    effects = s.drain_effects()
+    assert appended(effects) == [SessionCloseEvent(3, b.id, 11 * S, CloseReason.TIMEOUT)]
+    assert events(effects)[0].code == EventCode.CLOSED and CloseEgress(b.id) in effects
+    assert list(s.sessions) == [a.id]
+    assert not s.on_ingress(3, b.id, 3, 12 * S)
+
+
+def test_client_close_is_logged_without_a_closed_event():
+    s = make()
+    a = connect(s)
+    s.drain_effects()
+    assert s.on_close_request(3, a.id, 3, 512, 1)
+    effects = s.drain_effects()
+    assert appended(effects) == [SessionCloseEvent(3, a.id, 1, CloseReason.CLIENT_ACTION)]
+    assert events(effects) == []
+
+
+def test_followers_learn_sessions_from_the_log_and_the_next_leader_greets_them():
+    s = make()
+    s.on_log_session_open(SessionOpenEvent(2, 7, 41, 0, 102, "aeron:udp?endpoint=127.0.0.1:9999"), 128)
+    s.on_log_session_open(SessionOpenEvent(2, 8, 42, 0, 102, "aeron:udp?endpoint=127.0.0.1:9998"), 256)
+    s.on_log_session_close(SessionCloseEvent(2, 41, 0, CloseReason.CLIENT_ACTION))
+    assert list(s.sessions) == [42] and s.next_session_id == 43
+    s.on_new_leadership(is_leader=True, is_startup=False, leadership_term_id=3, leader_member_id=1,
+                        append_position=1024, now_ns=5)
+    (ev,) = events(s.drain_effects())
+    assert ev == NewLeaderEvent(3, 42, 1, ENDPOINTS)
+
+
+def test_after_a_full_restart_the_leader_closes_old_sessions():
+    s = make()
+    s.on_log_session_open(SessionOpenEvent(2, 7, 41, 0, 102, "aeron:udp?endpoint=127.0.0.1:9999"), 128)
+    s.on_new_leadership(is_leader=True, is_startup=True, leadership_term_id=3, leader_member_id=1,
+                        append_position=1024, now_ns=5)
+    effects = s.drain_effects()
+    assert appended(effects) == [SessionCloseEvent(3, 41, 5, CloseReason.TIMEOUT)] and not s.sessions
+
+
+def test_rollback_forgets_uncommitted_opens_and_reopens_uncommitted_closes():
+    s = make()
+    old = connect(s, pos=100)
+    s.on_commit(200)
+    s.on_close_request(3, old.id, 3, 300, 1)
+    young = connect(s, corr=9, pos=400)
+    s.drain_effects()
+    s.rollback(commit_position=250)
+    assert list(s.sessions) == [old.id] and s.sessions[old.id].state.name == "OPEN"
+    assert young.id not in s.sessions
