@@ -1,0 +1,682 @@
+"""ClusterClient: a client session with the cluster, over its own media driver (trio).
+
+Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.codecs``)
+=====================================================================================
+::
+
+    client                                            cluster member (ingress 101 / egress 102)
+      |-- SessionConnectRequest(correlation_id, egress stream, version, egress channel) -->|
+      |<-------------- SessionEvent(correlation_id, code, session id, term, leader) --------|
+      |      OK                      connected: cluster_session_id, leadership_term_id, leader
+      |      REDIRECT                the member is a follower; detail = "0=h:p,1=h:p,...",
+      |                              leader_member_id names the leader (-1: none yet, retry)
+      |      ERROR / AUTHENTICATION_REJECTED   raised to the caller (e.g. "invalid client version")
+      |-- session message [32-byte header: term, session id, timestamp -1][payload] ------->|
+      |<----------------- session message [header][reply payload] (from the leader's service)|
+      |-- SessionKeepAlive(term, session id)  every keep_alive_interval when otherwise idle ->|
+      |<------- NewLeaderEvent(term, session id, leader, ingress endpoints) (after elections)|
+      |<------- SessionEvent CLOSED (session timed out or closed by the service)            |
+      |-- SessionCloseRequest(term, session id)  on close --------------------------------->|
+
+Connecting (``_connect``, the states of the reference's ``AsyncConnect``): one ingress
+publication per candidate member; the connect request goes to the first that connects (the known
+leader first); the reply is awaited on the egress subscription. A REDIRECT repeats this against
+the leader it names. The whole attempt has ``message_timeout`` to finish.
+
+After connecting, a background task (the client's duty cycle) polls egress, hands session
+messages to the handler, sends keep-alives and watches the leader:
+
+* **NewLeaderEvent** for this session: the term and leader are updated and the ingress
+  publication moves to the new leader's endpoint. The session continues; messages offered while
+  the new publication connects are refused with NOT_CONNECTED (the caller retries).
+* **Leader silence**: the ingress publication is not connected, or the egress stream from the
+  leader is gone, for ``leader_silence_timeout`` with no NewLeaderEvent. The leader is taken to
+  be gone for good (the cluster restarted, or the event was lost): the client connects anew to
+  whichever member leads now, and gets a new session (``on_reconnect`` tells the application).
+  It keeps trying for ``reconnect_timeout``, then closes with ``error`` set.
+* **SessionEvent CLOSED**: the cluster closed the session; the client closes (as the reference).
+
+``offer`` never waits: it returns the new ingress position (> 0) or a negative
+``media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
+BACK_PRESSURED when the window is full, CLOSED after close). ``offer_wait`` retries until
+accepted or a deadline.
+
+Bad egress input (undecodable messages, messages for other sessions) is counted in
+``egress_errors`` / ``foreign_messages`` and dropped, never raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import random
+import shutil
+import socket
+import struct
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+import structlog
+import trio
+
+from cluster_node.codecs import (
+    CLIENT_PROTOCOL_VERSION,
+    NULL_VALUE,
+    SCHEMA_ID,
+    SESSION_HEADER_LENGTH,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    Challenge,
+    CodecError,
+    EventCode,
+    NewLeaderEvent,
+    SessionCloseRequest,
+    SessionConnectRequest,
+    SessionEvent,
+    SessionKeepAlive,
+    SessionMessageHeader,
+    decode_egress,
+    encode_ingress,
+)
+from cluster_node.config import ClientConfig, ClientSection, ConfigError, parse_ingress_endpoints
+from media.channel import parse_endpoint
+from media.driver import MediaDriver, open_media_driver
+from media.publication import ExclusivePublication, OfferResult
+
+__all__ = [
+    "ClusterClient",
+    "ClusterClientError",
+    "ConnectTimeoutError",
+    "ClusterRejectedError",
+    "AuthenticationError",
+    "ClientClosedError",
+    "open_cluster_client",
+    "MessageHandler",
+]
+
+log = structlog.get_logger("cluster_node.client")
+
+MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
+"""``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""
+
+_HEADER = struct.Struct("<HHIqqq")
+_UNPACK_HEADER = struct.Struct("<Qqqq").unpack_from
+_SESSION_PREFIX = SESSION_MESSAGE_TEMPLATE_ID | (SCHEMA_ID << 16)
+_EGRESS_FRAGMENT_LIMIT = 256
+_REDIRECT_RETRY_S = 0.05
+_REDIRECT_RETRY_MAX_S = 0.5
+_LIVENESS_CHECK_S = 0.1
+
+
+class ClusterClientError(Exception):
+    """Base of the client's errors. Messages are one line."""
+
+
+class ConnectTimeoutError(ClusterClientError):
+    """No member answered (or none led) within the message timeout."""
+
+
+class ClusterRejectedError(ClusterClientError):
+    """The cluster answered a connect with SessionEvent ERROR (detail in the message)."""
+
+
+class AuthenticationError(ClusterClientError):
+    """The cluster answered AUTHENTICATION_REJECTED, or asked for a challenge we cannot answer."""
+
+
+class ClientClosedError(ClusterClientError):
+    """The client is closed (by the application, by the cluster, or after failing to reconnect)."""
+
+
+def _free_udp_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _udp_channel(endpoint: str) -> str:
+    return f"aeron:udp?endpoint={endpoint}"
+
+
+class ClusterClient:
+    """One client session. Create with :func:`open_cluster_client`.
+
+    Attributes a caller may read: ``cluster_session_id``, ``leadership_term_id``,
+    ``leader_member_id``, ``ingress_endpoints``, ``is_connected``, ``is_closed``, ``error``,
+    and the counters ``messages_received``, ``egress_errors``, ``foreign_messages``,
+    ``keep_alives_sent``, ``reconnects``, ``new_leader_events``.
+    """
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        driver: MediaDriver,
+        *,
+        on_message: MessageHandler | None = None,
+        on_new_leader: Callable[[int, int], None] | None = None,
+        on_reconnect: Callable[[int], None] | None = None,
+        protocol_version: int = CLIENT_PROTOCOL_VERSION,
+        encoded_credentials: bytes = b"",
+    ) -> None:
+        c: ClientSection = config.client
+        self.config = config
+        self.driver = driver
+        self._on_message = on_message
+        self.on_new_leader = on_new_leader
+        """``on_new_leader(leadership_term_id, leader_member_id)`` after a NewLeaderEvent."""
+        self.on_reconnect = on_reconnect
+        """``on_reconnect(cluster_session_id)`` after a new session replaced a silent one."""
+        self._protocol_version = protocol_version
+        self._credentials = encoded_credentials
+        self.ingress_endpoints: dict[int, str] = parse_ingress_endpoints(c.ingress_endpoints, "client.ingress_endpoints")
+        self._ingress_stream_id = c.ingress_stream_id
+        self._egress_stream_id = c.egress_stream_id
+        host, port = parse_endpoint(c.egress_endpoint)
+        if port == 0:
+            port = _free_udp_port(host)
+        self.egress_channel = _udp_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        self._message_timeout_ns = c.message_timeout_ns
+        self._keep_alive_interval_ns = c.keep_alive_interval_ns
+        self._silence_timeout_ns = c.leader_silence_timeout_ns
+        self._reconnect_timeout_ns = c.reconnect_timeout_ns
+
+        self.cluster_session_id = NULL_VALUE
+        self.leadership_term_id = NULL_VALUE
+        self.leader_member_id = NULL_VALUE
+        self._ingress: ExclusivePublication | None = None
+        self._header = b""
+        self._correlation_ids = itertools.count(random.getrandbits(62) + 1)
+        self._awaiting_correlation_id: int | None = None
+        self._connect_reply: SessionEvent | Challenge | None = None
+        self._connecting = False
+        self._closed = False
+        self.error: str | None = None
+        """Why the client closed, when it was not the application's choice."""
+
+        self._egress = driver.add_subscription(self.egress_channel, self._egress_stream_id)
+        self._inbox: collections.deque[tuple[bytes, SessionMessageHeader]] = collections.deque(
+            maxlen=c.egress_buffer_messages
+        )
+        self._inbox_lot = trio.lowlevel.ParkingLot()
+        self._offers_since_keep_alive = 0
+        self._next_keep_alive_ns = 0
+        self._last_leader_sign_ns = time.monotonic_ns()
+
+        self.messages_received = 0
+        self.egress_errors = 0
+        self.foreign_messages = 0
+        self.inbox_dropped = 0
+        self.keep_alives_sent = 0
+        self.reconnects = 0
+        self.new_leader_events = 0
+
+    # ---------------------------------------------------------------- state
+
+    @property
+    def is_connected(self) -> bool:
+        """Connected to a leader with an open session (its ingress may still be connecting)."""
+        return not self._closed and not self._connecting and self.cluster_session_id != NULL_VALUE
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ingress_position(self) -> int:
+        return self._ingress.position if self._ingress is not None else NULL_VALUE
+
+    def __repr__(self) -> str:
+        return (
+            f"<ClusterClient session={self.cluster_session_id} term={self.leadership_term_id}"
+            f" leader={self.leader_member_id} {'closed' if self._closed else 'open'}>"
+        )
+
+    # ---------------------------------------------------------------- sending
+
+    def offer(self, payload: bytes | bytearray | memoryview) -> int:
+        """Send ``payload`` to the cluster; the new position (> 0) or a negative OfferResult."""
+        pub = self._ingress
+        if pub is None or self._connecting:
+            return OfferResult.CLOSED if self._closed else OfferResult.NOT_CONNECTED
+        result = pub.offer(self._header + payload)
+        if result > 0:
+            self._offers_since_keep_alive += 1
+        return result
+
+    async def offer_wait(self, payload: bytes | bytearray | memoryview, timeout: float = 5.0) -> int:
+        """Offer until accepted (waiting out back-pressure, a connect or a leader change); the
+        position. Raises ClientClosedError, or trio.TooSlowError after ``timeout`` seconds."""
+        with trio.fail_after(timeout):
+            delay = 0.0005
+            while True:
+                result = self.offer(payload)
+                if result > 0:
+                    return result
+                if result == OfferResult.CLOSED or self._closed:
+                    raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
+                if result == OfferResult.MAX_POSITION_EXCEEDED:
+                    raise ClusterClientError("ingress publication reached its maximum position")
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+
+    def send_keep_alive(self) -> bool:
+        """One SessionKeepAlive (3 attempts, as the reference); True when sent."""
+        pub = self._ingress
+        if pub is None or self._connecting or self.cluster_session_id == NULL_VALUE:
+            return False
+        msg = encode_ingress(SessionKeepAlive(self.leadership_term_id, self.cluster_session_id))
+        for _ in range(3):
+            if pub.offer(msg) > 0:
+                self.keep_alives_sent += 1
+                return True
+        return False
+
+    def _set_session(self, session_id: int, term_id: int, leader_id: int) -> None:
+        self.cluster_session_id = session_id
+        self.leadership_term_id = term_id
+        self.leader_member_id = leader_id
+        # The timestamp is the leader's to set when it appends the message to the log.
+        self._header = _HEADER.pack(SESSION_MESSAGE_TEMPLATE_ID, SCHEMA_ID, 0, term_id, session_id, NULL_VALUE)
+
+    # ---------------------------------------------------------------- receiving
+
+    def poll_egress(self, fragment_limit: int = _EGRESS_FRAGMENT_LIMIT) -> int:
+        """Handle up to ``fragment_limit`` egress messages; how many were handled. The client's
+        background task calls this; an application need not."""
+        return self._egress.poll(self._on_fragment, fragment_limit)
+
+    def _on_fragment(self, buf: memoryview, offset: int, length: int, header) -> None:
+        if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
+            try:
+                prefix, term_id, session_id, timestamp = _UNPACK_HEADER(buf, offset)
+            except struct.error:
+                self.egress_errors += 1
+                return
+            if prefix != _SESSION_PREFIX:
+                self.egress_errors += 1
+                return
+            if session_id != self.cluster_session_id:
+                self.foreign_messages += 1
+                return
+            self.messages_received += 1
+            msg_header = SessionMessageHeader(term_id, session_id, timestamp)
+            payload = buf[offset + SESSION_HEADER_LENGTH : offset + length]
+            handler = self._on_message
+            if handler is not None:
+                handler(payload, msg_header)
+            else:
+                if len(self._inbox) == self._inbox.maxlen:
+                    self.inbox_dropped += 1
+                self._inbox.append((bytes(payload), msg_header))
+                self._inbox_lot.unpark_all()
+            return
+        try:
+            msg = decode_egress(buf[offset : offset + length])
+        except CodecError as ex:
+            self.egress_errors += 1
+            log.debug("bad egress message dropped", error=str(ex))
+            return
+        t = type(msg)
+        if t is SessionEvent:
+            self._on_session_event(msg, header.session_id)
+        elif t is NewLeaderEvent:
+            self._on_new_leader_event(msg, header.session_id)
+        elif t is Challenge:
+            if msg.correlation_id == self._awaiting_correlation_id:
+                self._connect_reply = msg
+        else:
+            self.foreign_messages += 1
+
+    def _on_session_event(self, event: SessionEvent, image_session_id: int) -> None:
+        if self._awaiting_correlation_id is not None and event.correlation_id == self._awaiting_correlation_id:
+            self._connect_reply = event
+            return
+        if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
+            self.foreign_messages += 1
+            return
+        if event.code == EventCode.CLOSED:
+            self._close_locally(f"the cluster closed the session: {event.detail or 'no reason given'}")
+        elif event.code == EventCode.ERROR:
+            # e.g. a message with a stale term; the session goes on.
+            self.egress_errors += 1
+            log.warning("cluster reported an error", detail=event.detail, session=self.cluster_session_id)
+
+    def _on_new_leader_event(self, event: NewLeaderEvent, image_session_id: int) -> None:
+        if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
+            self.foreign_messages += 1
+            return
+        if event.leadership_term_id < self.leadership_term_id:
+            return  # a stale event from an earlier election
+        try:
+            endpoints = parse_ingress_endpoints(event.ingress_endpoints, "NewLeaderEvent.ingress_endpoints")
+        except ConfigError:
+            endpoints = self.ingress_endpoints
+            self.egress_errors += 1
+        if event.leader_member_id not in endpoints:
+            self.egress_errors += 1
+            log.warning("new leader without an ingress endpoint", leader=event.leader_member_id)
+            return
+        self.new_leader_events += 1
+        self.ingress_endpoints = endpoints
+        old_leader = self.leader_member_id
+        self._set_session(self.cluster_session_id, event.leadership_term_id, event.leader_member_id)
+        self._last_leader_sign_ns = time.monotonic_ns()
+        if old_leader != event.leader_member_id or self._ingress is None:
+            self._replace_ingress(self._add_ingress(endpoints[event.leader_member_id]))
+        log.info("new leader", leader=event.leader_member_id, term=event.leadership_term_id,
+                 session=self.cluster_session_id)
+        if self.on_new_leader is not None:
+            self.on_new_leader(event.leadership_term_id, event.leader_member_id)
+
+    async def receive(self, timeout: float | None = None) -> tuple[bytes, SessionMessageHeader] | None:
+        """The next session message kept for the application (when no ``on_message`` handler
+        was given): ``(payload, header)``, or None at the timeout. Raises ClientClosedError when
+        the client is closed and nothing is left."""
+        with trio.move_on_after(timeout if timeout is not None else float("inf")):
+            while not self._inbox:
+                if self._closed:
+                    raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
+                await self._inbox_lot.park()
+            return self._inbox.popleft()
+        return None
+
+    # ---------------------------------------------------------------- connecting
+
+    def _add_ingress(self, endpoint: str) -> ExclusivePublication:
+        return self.driver.add_publication(_udp_channel(endpoint), self._ingress_stream_id)
+
+    def _replace_ingress(self, pub: ExclusivePublication | None) -> None:
+        old, self._ingress = self._ingress, pub
+        if old is not None and old is not pub:
+            old.close()
+
+    async def _connect(self, deadline_ns: int) -> None:
+        """Open a session with the leader, following redirects, before ``deadline_ns``."""
+        self._connecting = True
+        # The last known leader first: the first publication to connect gets the request.
+        targets = dict(sorted(self.ingress_endpoints.items(), key=lambda kv: kv[0] != self.leader_member_id))
+        tried: list[str] = []
+        retry_s = _REDIRECT_RETRY_S
+        try:
+            while True:
+                pubs = {mid: self._add_ingress(ep) for mid, ep in targets.items()}
+                try:
+                    chosen = await self._await_any_connected(pubs, deadline_ns)
+                    if chosen is None:
+                        raise ConnectTimeoutError(
+                            f"no cluster member reachable within {self._message_timeout_ns / 1e9:g}s"
+                            f" at {', '.join(f'{k}={v}' for k, v in sorted(targets.items()))}"
+                        )
+                    member_id, pub = chosen
+                    tried.append(f"{member_id}={targets[member_id]}")
+                    reply = await self._request_session(pub, deadline_ns)
+                    if reply is None:
+                        raise ConnectTimeoutError(
+                            f"no answer to the connect request within {self._message_timeout_ns / 1e9:g}s"
+                            f" (asked {', '.join(tried)})"
+                        )
+                    if isinstance(reply, Challenge):
+                        raise AuthenticationError("the cluster asked for an authentication challenge, which this client does not answer")
+                    code = reply.code
+                    if code == EventCode.OK:
+                        self._set_session(reply.cluster_session_id, reply.leadership_term_id,
+                                          reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id)
+                        for mid, p in pubs.items():
+                            if p is not pub:
+                                p.close()
+                        self._replace_ingress(pub)
+                        pubs = {}
+                        self._last_leader_sign_ns = time.monotonic_ns()
+                        self._next_keep_alive_ns = time.monotonic_ns() + self._keep_alive_interval_ns
+                        log.info("connected", session=self.cluster_session_id, term=self.leadership_term_id,
+                                 leader=self.leader_member_id)
+                        return
+                    if code == EventCode.REDIRECT:
+                        targets = self._redirect_targets(reply, member_id)
+                        if reply.leader_member_id == NULL_VALUE:
+                            # An election is on: ask again, less often the longer it takes.
+                            await trio.sleep(min(retry_s, max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)))
+                            retry_s = min(retry_s * 2, _REDIRECT_RETRY_MAX_S)
+                        continue
+                    if code == EventCode.AUTHENTICATION_REJECTED:
+                        raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}")
+                    raise ClusterRejectedError(
+                        f"the cluster refused the connection ({EventCode(code).name}): {reply.detail or 'no detail'}"
+                    )
+                finally:
+                    for p in pubs.values():
+                        if p is not self._ingress:
+                            p.close()
+        finally:
+            self._connecting = False
+            self._awaiting_correlation_id = None
+            self._connect_reply = None
+
+    def _redirect_targets(self, reply: SessionEvent, asked_member_id: int) -> dict[int, str]:
+        detail = reply.detail.strip()
+        endpoints: dict[int, str] | None = None
+        if "=" in detail:
+            try:
+                endpoints = parse_ingress_endpoints(detail, "REDIRECT detail")
+            except ConfigError:
+                endpoints = None
+        elif detail:
+            try:
+                parse_endpoint(detail)
+                if reply.leader_member_id != NULL_VALUE:
+                    endpoints = {**self.ingress_endpoints, reply.leader_member_id: detail}
+            except ValueError:
+                endpoints = None
+        if endpoints is None:
+            self.egress_errors += 1
+            endpoints = self.ingress_endpoints
+        self.ingress_endpoints = endpoints
+        leader = reply.leader_member_id
+        if leader != NULL_VALUE and leader in endpoints and leader != asked_member_id:
+            return {leader: endpoints[leader]}
+        return dict(endpoints)
+
+    async def _await_any_connected(
+        self, pubs: dict[int, ExclusivePublication], deadline_ns: int
+    ) -> tuple[int, ExclusivePublication] | None:
+        delay = 0.0005
+        while True:
+            for mid, pub in pubs.items():
+                if pub.is_connected:
+                    return mid, pub
+            now = time.monotonic_ns()
+            if now >= deadline_ns:
+                return None
+            self.poll_egress()
+            await trio.sleep(min(delay, (deadline_ns - now) / 1e9))
+            delay = min(delay * 2, 0.01)
+
+    async def _request_session(self, pub: ExclusivePublication, deadline_ns: int) -> SessionEvent | Challenge | None:
+        correlation_id = next(self._correlation_ids)
+        request = encode_ingress(
+            SessionConnectRequest(
+                correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel, self._credentials
+            )
+        )
+        self._awaiting_correlation_id = correlation_id
+        self._connect_reply = None
+        delay = 0.0005
+        while pub.offer(request) < 0:
+            now = time.monotonic_ns()
+            if now >= deadline_ns:
+                return None
+            await trio.sleep(min(delay, (deadline_ns - now) / 1e9))
+            delay = min(delay * 2, 0.01)
+        while self._connect_reply is None:
+            if self.poll_egress():
+                continue
+            now = time.monotonic_ns()
+            if now >= deadline_ns:
+                return None
+            with trio.move_on_after((deadline_ns - now) / 1e9):
+                await self._egress.wait((deadline_ns - now) / 1e9)
+        return self._connect_reply
+
+    async def _reconnect(self) -> None:
+        """A new session after the leader went silent; closes the client if it cannot."""
+        old = self.cluster_session_id
+        log.warning("leader silent, reconnecting", session=old, leader=self.leader_member_id,
+                    silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000)
+        self._replace_ingress(None)
+        self.cluster_session_id = NULL_VALUE
+        self.reconnects += 1
+        give_up_ns = time.monotonic_ns() + self._reconnect_timeout_ns
+        last_error = "no attempt made"
+        while not self._closed:
+            now = time.monotonic_ns()
+            if now >= give_up_ns:
+                self._close_locally(f"could not reconnect within {self._reconnect_timeout_ns / 1e9:g}s: {last_error}")
+                return
+            try:
+                await self._connect(min(give_up_ns, now + self._message_timeout_ns))
+            except ConnectTimeoutError as ex:
+                last_error = str(ex)
+                continue
+            except ClusterClientError as ex:
+                self._close_locally(str(ex))
+                return
+            log.info("reconnected", old_session=old, session=self.cluster_session_id, leader=self.leader_member_id)
+            if self.on_reconnect is not None:
+                self.on_reconnect(self.cluster_session_id)
+            return
+
+    # ---------------------------------------------------------------- duty cycle
+
+    def _leader_alive(self) -> bool:
+        # The leader's ingress subscription answers our publication's setup and status
+        # exchange; when the leader process is gone the publication stops being connected
+        # after the driver's publication_connection_timeout. (Egress images are no sign: the
+        # leader may send replies and session events from different publications.)
+        pub = self._ingress
+        return pub is not None and pub.is_connected
+
+    def do_work(self, now_ns: int) -> int:
+        """One duty cycle: egress, keep-alive, leader liveness. The work count (0 = idle)."""
+        work = self.poll_egress()
+        if self._closed or self._connecting or self.cluster_session_id == NULL_VALUE:
+            return work
+        if work or self._leader_alive():
+            self._last_leader_sign_ns = now_ns
+        if now_ns >= self._next_keep_alive_ns:
+            if self._offers_since_keep_alive == 0 and self.send_keep_alive():
+                work += 1
+            self._offers_since_keep_alive = 0
+            self._next_keep_alive_ns = now_ns + self._keep_alive_interval_ns
+        return work
+
+    def _leader_silent(self, now_ns: int) -> bool:
+        return (
+            not self._closed
+            and not self._connecting
+            and self.cluster_session_id != NULL_VALUE
+            and now_ns - self._last_leader_sign_ns >= self._silence_timeout_ns
+        )
+
+    async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        keep_alive_s = self._keep_alive_interval_ns / 1e9
+        while not self._closed:
+            now = time.monotonic_ns()
+            if self.do_work(now):
+                await trio.lowlevel.checkpoint()
+                continue
+            if self._leader_silent(now):
+                await self._reconnect()
+                continue
+            await self._egress.wait(min(_LIVENESS_CHECK_S, keep_alive_s))
+
+    # ---------------------------------------------------------------- closing
+
+    def _close_locally(self, reason: str | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if reason:
+            self.error = reason
+            log.warning("client closed", reason=reason, session=self.cluster_session_id)
+        self._replace_ingress(None)
+        self._egress.close()
+        self._inbox_lot.unpark_all()
+
+    def close(self) -> None:
+        """Close the session (SessionCloseRequest, best effort) and the client's streams."""
+        if self._closed:
+            return
+        pub = self._ingress
+        if pub is not None and not self._connecting and self.cluster_session_id != NULL_VALUE:
+            msg = encode_ingress(SessionCloseRequest(self.leadership_term_id, self.cluster_session_id))
+            for _ in range(3):
+                if pub.offer(msg) > 0:
+                    break
+        self._close_locally(None)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The single exception inside (nested) one-member exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def open_cluster_client(
+    config: ClientConfig,
+    *,
+    driver: MediaDriver | None = None,
+    on_message: MessageHandler | None = None,
+    on_new_leader: Callable[[int, int], None] | None = None,
+    on_reconnect: Callable[[int], None] | None = None,
+    protocol_version: int = CLIENT_PROTOCOL_VERSION,
+    encoded_credentials: bytes = b"",
+) -> AsyncIterator[ClusterClient]:
+    """Connect to the cluster and keep the session alive for the ``async with`` block.
+
+    Without ``driver`` the client runs its own media driver in a private temporary directory
+    (removed at the end). Raises ConnectTimeoutError, ClusterRejectedError or
+    AuthenticationError when the session cannot be opened. With ``on_message`` every session
+    message goes to that handler (called in this trio thread); without it, use ``receive()``.
+    An exception from the block comes out as itself, not wrapped in an exception group.
+    """
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            if driver is None:
+                base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+                own_dir = Path(tempfile.mkdtemp(prefix="pycluster-client-", dir=base))
+                stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
+                driver = await stack.enter_async_context(open_media_driver(**config.driver.driver_kwargs(own_dir)))
+            client = ClusterClient(
+                config,
+                driver,
+                on_message=on_message,
+                on_new_leader=on_new_leader,
+                on_reconnect=on_reconnect,
+                protocol_version=protocol_version,
+                encoded_credentials=encoded_credentials,
+            )
+            stack.callback(client.close)
+            await client._connect(time.monotonic_ns() + client._message_timeout_ns)
+            nursery = await stack.enter_async_context(trio.open_nursery())
+            await nursery.start(client._run)
+            try:
+                yield client
+            finally:
+                client.close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        inner = _unwrap(group)
+        if inner is group:
+            raise
+        context, suppress = inner.__context__, inner.__suppress_context__
+        try:
+            raise inner
+        finally:
+            inner.__context__, inner.__suppress_context__ = context, suppress

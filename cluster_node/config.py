@@ -1,0 +1,1108 @@
+"""Node and client configuration: TOML files -> validated, frozen config structs.
+
+A node reads one TOML file (``configs/node0.toml``); a client reads ``configs/client.toml``. Every
+value has the reference system's default (DESIGN.md section 5, aeron-facts 1.15), so a file needs
+only what differs. Loading is strict because a typo in a timeout is a silent outage later:
+
+* an unknown key is an error naming the key (with the closest known key as a hint);
+* endpoints must be ``host:port``; two endpoints of the cluster (or of the client) on the same
+  port of the same host are a clash;
+* timeouts that contradict each other are errors (a heartbeat interval that is not shorter than
+  the heartbeat timeout would make every follower start elections);
+* every error is one line, ``<file>: <key>: <what is wrong>``, raised as :class:`ConfigError`, so
+  the CLI can print it and exit non-zero.
+
+Units
+=====
+Durations live in the structs as integer nanoseconds, fields ending in ``_ns``. In TOML either
+form is accepted for such a field (not both)::
+
+    election_timeout = "1s"                 # a string with a unit: ns, us, ms, s, min, h
+    election_timeout_ns = 1_000_000_000     # an integer of nanoseconds
+
+Sizes (term lengths, segment length, MTU, socket buffers) are integers of bytes or strings with a
+binary suffix: ``"64k"``, ``"16m"``, ``"1g"`` (also ``"64KiB"``, ``"16MB"``: always powers of 1024).
+
+Node file
+=========
+::
+
+    [node]
+    member_id = 0
+    dir = "var/cluster/node0"        # relative paths are relative to the working directory
+    service = "kv"                   # "echo", "kv", or "package.module:ClassName"
+
+    [cluster]
+    # The reference's member format (ClusterMember.parse), members separated by "|":
+    #   id,ingress,consensus,log,catchup,archive
+    members = "0,127.0.0.1:20110,127.0.0.1:20220,127.0.0.1:20330,127.0.0.1:0,127.0.0.1:8010|1,..."
+    # ... or one table per member:
+    # [[cluster.members]]
+    # id = 0
+    # ingress = "127.0.0.1:20110"  (and consensus, log, catchup, archive)
+    appointed_leader_id = -1
+
+    [timeouts]      election_timeout, leader_heartbeat_timeout, session_timeout, ...
+    [driver]        dir, mtu, term_length, ipc_term_length, liveness and status timeouts
+    [archive]       dir, segment_length, file_sync_level, control stream ids
+    [logging]       level, mode, file
+
+The catchup endpoint may use port 0 (an ephemeral port, as in the reference's examples); every
+other endpoint needs a fixed port.
+
+Client file
+===========
+::
+
+    [client]
+    ingress_endpoints = "0=127.0.0.1:20110,1=127.0.0.1:20111,2=127.0.0.1:20112"
+    egress_endpoint = "127.0.0.1:0"     # port 0: pick a free port at connect time
+    message_timeout = "5s"
+    keep_alive_interval = "1s"
+    leader_silence_timeout = "10s"
+
+    [driver]        as for a node; dir empty = a private temporary directory
+
+:func:`generate_loopback_cluster` builds the configs of an N-node cluster on 127.0.0.1 with free
+ports (for ``cluster-node up`` and tests); :func:`node_config_to_toml` and
+:func:`client_config_to_toml` write them back as TOML that loads to equal structs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import socket
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from media.channel import ChannelError, parse_endpoint
+
+__all__ = [
+    "ConfigError",
+    "ClusterMember",
+    "NodeSection",
+    "ClusterSection",
+    "TimeoutsSection",
+    "DriverSection",
+    "ArchiveSection",
+    "LoggingSection",
+    "NodeConfig",
+    "ClientSection",
+    "ClientConfig",
+    "parse_duration_ns",
+    "parse_size",
+    "format_duration",
+    "format_size",
+    "parse_cluster_members",
+    "format_cluster_members",
+    "parse_ingress_endpoints",
+    "format_ingress_endpoints",
+    "load_node_config",
+    "load_client_config",
+    "parse_node_config",
+    "parse_client_config",
+    "node_config_to_toml",
+    "client_config_to_toml",
+    "generate_loopback_cluster",
+    "write_loopback_cluster",
+    "DEMO_TIMEOUTS",
+    "DEMO_DRIVER",
+    "CLIENT_DRIVER_DEFAULTS",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used. The message is one line naming the file and the key."""
+
+
+# --------------------------------------------------------------------------------------------
+# Units
+# --------------------------------------------------------------------------------------------
+
+_S = 1_000_000_000
+_MS = 1_000_000
+_US = 1_000
+_DURATION_UNITS = {
+    "ns": 1,
+    "us": _US,
+    "µs": _US,
+    "ms": _MS,
+    "s": _S,
+    "min": 60 * _S,
+    "h": 3600 * _S,
+}
+_DURATION_RE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9_]+)?)\s*([a-zµ]+)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9][0-9_]*)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_MULT = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_duration_ns(value: object, key: str = "duration") -> int:
+    """``"200ms"`` -> 200_000_000. Integers are refused here: a bare number has no unit."""
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"{key}: expected a duration with a unit such as \"200ms\" or \"1s\", got {value!r}"
+            f" (or give nanoseconds as {key}_ns)"
+        )
+    m = _DURATION_RE.match(value)
+    if not m or m.group(2) not in _DURATION_UNITS:
+        raise ConfigError(
+            f"{key}: {value!r} is not a duration (use a number and one of "
+            f"{', '.join(u for u in _DURATION_UNITS if u != 'µs')}, e.g. \"200ms\")"
+        )
+    number = m.group(1).replace("_", "")
+    unit = _DURATION_UNITS[m.group(2)]
+    if "." in number:
+        whole, frac = number.split(".")
+        ns = int(whole) * unit + int(frac.ljust(18, "0")[:18]) * unit // 10**18
+    else:
+        ns = int(number) * unit
+    return ns
+
+
+def format_duration(ns: int) -> str:
+    """The shortest exact human form of a duration: 1_000_000_000 -> ``"1s"``, 1_500_000 -> ``"1500us"``."""
+    for unit, mult in (("h", 3600 * _S), ("min", 60 * _S), ("s", _S), ("ms", _MS), ("us", _US)):
+        if ns and ns % mult == 0:
+            return f"{ns // mult}{unit}"
+    return f"{ns}ns"
+
+
+def parse_size(value: object, key: str = "size") -> int:
+    """``"64k"`` -> 65536; integers pass through."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(m.group(1).replace("_", "")) * _SIZE_MULT[m.group(2).lower()]
+    raise ConfigError(f"{key}: {value!r} is not a size (bytes, or a number with k, m or g, e.g. \"64m\")")
+
+
+def format_size(n: int) -> str | int:
+    for suffix, mult in (("g", 1024**3), ("m", 1024**2), ("k", 1024)):
+        if n and n % mult == 0:
+            return f"{n // mult}{suffix}"
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# Structs
+# --------------------------------------------------------------------------------------------
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config table."""
+
+
+# Fields that are sizes (accept "64m"); every field ending in _ns is a duration.
+_SIZE_FIELDS = frozenset(
+    {
+        "mtu",
+        "term_length",
+        "ipc_term_length",
+        "log_term_length",
+        "consensus_term_length",
+        "segment_length",
+        "socket_buffer_bytes",
+        "initial_window",
+    }
+)
+
+
+class ClusterMember(_Section):
+    """One member's endpoints, ``host:port`` each (reference ``ClusterMember``)."""
+
+    id: int
+    ingress: str
+    consensus: str
+    log: str
+    catchup: str
+    archive: str
+
+    ENDPOINT_NAMES: typing.ClassVar[tuple[str, ...]] = ("ingress", "consensus", "log", "catchup", "archive")
+
+    def to_text(self) -> str:
+        """``id,ingress,consensus,log,catchup,archive`` (the reference's format)."""
+        return ",".join([str(self.id), self.ingress, self.consensus, self.log, self.catchup, self.archive])
+
+
+class NodeSection(_Section):
+    member_id: int
+    dir: str
+    service: str = "echo"
+    """``echo``, ``kv`` or ``package.module:ClassName`` of a ClusteredService."""
+    cluster_id: int = 0
+
+
+class ClusterSection(_Section):
+    members: tuple[ClusterMember, ...]
+    appointed_leader_id: int = -1
+    max_sessions: int = 10
+    file_sync_level: int = 0
+    """0: no explicit sync; 1: sync data (recording.log, node-state); 2: data and metadata."""
+    log_stream_id: int = 100
+    ingress_stream_id: int = 101
+    egress_stream_id: int = 102
+    replay_stream_id: int = 103
+    service_stream_id: int = 104
+    """consensus module -> service (IPC)."""
+    consensus_module_stream_id: int = 105
+    """service -> consensus module (IPC)."""
+    service_snapshot_stream_id: int = 106
+    consensus_module_snapshot_stream_id: int = 107
+    consensus_stream_id: int = 108
+    log_term_length: int = 64 * 1024 * 1024
+    """Term length of the replicated log's publication (reference ``aeron:udp?term-length=64m``)."""
+    consensus_term_length: int = 64 * 1024
+    ipc_control_term_length: int = 128 * 1024
+    """Term length of the consensus module <-> service IPC streams."""
+    wheel_tick_resolution_ns: int = 8 * _MS
+    ticks_per_wheel: int = 128
+
+
+class TimeoutsSection(_Section):
+    """Consensus timing, reference defaults (``ConsensusModule.Configuration``)."""
+
+    election_timeout_ns: int = 1 * _S
+    election_status_interval_ns: int = 100 * _MS
+    leader_heartbeat_interval_ns: int = 200 * _MS
+    leader_heartbeat_timeout_ns: int = 10 * _S
+    startup_canvass_timeout_ns: int = 60 * _S
+    session_timeout_ns: int = 10 * _S
+    termination_timeout_ns: int = 10 * _S
+    replication_progress_timeout_ns: int = 10 * _S
+    cycle_threshold_ns: int = 1 * _S
+    """A duty cycle slower than this is counted as a stall."""
+    mark_file_update_interval_ns: int = 1 * _S
+    """How often the liveness timestamp of cluster-mark.dat is refreshed."""
+
+
+class DriverSection(_Section):
+    """Media driver settings (``media.driver.DriverConfig``); defaults from the reference driver."""
+
+    dir: str = ""
+    """Empty: ``<node dir>/driver`` for a node, a private temporary directory for a client."""
+    mtu: int = 1408
+    term_length: int = 16 * 1024 * 1024
+    """Default term length of UDP publications that do not set their own."""
+    ipc_term_length: int = 64 * 1024 * 1024
+    initial_window: int = 128 * 1024
+    image_liveness_timeout_ns: int = 10 * _S
+    publication_connection_timeout_ns: int = 5 * _S
+    status_message_timeout_ns: int = 200 * _MS
+    heartbeat_interval_ns: int = 100 * _MS
+    socket_buffer_bytes: int = 2 * 1024 * 1024
+
+    def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
+        """Keyword arguments for ``media.driver.open_media_driver`` / ``DriverConfig``."""
+        return dict(
+            dir=Path(self.dir) if self.dir else default_dir,
+            mtu=self.mtu,
+            network_term_length=self.term_length,
+            ipc_term_length=self.ipc_term_length,
+            initial_window=self.initial_window,
+            image_liveness_timeout_ns=self.image_liveness_timeout_ns,
+            publication_connection_timeout_ns=self.publication_connection_timeout_ns,
+            status_message_timeout_ns=self.status_message_timeout_ns,
+            heartbeat_interval_ns=self.heartbeat_interval_ns,
+            socket_buffer_bytes=self.socket_buffer_bytes,
+        )
+
+
+class ArchiveSection(_Section):
+    dir: str = ""
+    """Empty: ``<node dir>/archive``."""
+    segment_length: int = 128 * 1024 * 1024
+    file_sync_level: int = 0
+    catalog_file_sync_level: int = 0
+    control_request_stream_id: int = 10
+    control_response_stream_id: int = 20
+    max_concurrent_recordings: int = 20
+    max_concurrent_replays: int = 20
+    connect_timeout_ns: int = 5 * _S
+
+
+class LoggingSection(_Section):
+    level: str = "info"
+    mode: str = "json"
+    file: str = ""
+    """Empty: ``<node dir>/logs/node.log`` (json mode); ignored in console mode."""
+
+
+class NodeConfig(_Section):
+    """Everything one node process needs. Build with :func:`load_node_config`."""
+
+    node: NodeSection
+    cluster: ClusterSection
+    timeouts: TimeoutsSection = TimeoutsSection()
+    driver: DriverSection = DriverSection()
+    archive: ArchiveSection = ArchiveSection()
+    logging: LoggingSection = LoggingSection()
+    source: str = "<config>"
+    """Where the config came from, for error messages (not a TOML key)."""
+
+    # ---------------------------------------------------------------- derived values
+
+    @property
+    def member_id(self) -> int:
+        return self.node.member_id
+
+    @property
+    def node_dir(self) -> Path:
+        return Path(self.node.dir)
+
+    @property
+    def driver_dir(self) -> Path:
+        return Path(self.driver.dir) if self.driver.dir else self.node_dir / "driver"
+
+    @property
+    def archive_dir(self) -> Path:
+        return Path(self.archive.dir) if self.archive.dir else self.node_dir / "archive"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.logging.file) if self.logging.file else self.node_dir / "logs" / "node.log"
+
+    @property
+    def this_member(self) -> ClusterMember:
+        for m in self.cluster.members:
+            if m.id == self.node.member_id:
+                return m
+        raise ConfigError(f"{self.source}: node.member_id: {self.node.member_id} is not in cluster.members")
+
+    @property
+    def members_text(self) -> str:
+        """The member list in the reference's format, as carried in messages and tools."""
+        return format_cluster_members(self.cluster.members)
+
+    @property
+    def ingress_endpoints_text(self) -> str:
+        """``0=h:p,1=h:p,...``: the detail of a REDIRECT and the endpoints of a NewLeaderEvent."""
+        return format_ingress_endpoints({m.id: m.ingress for m in self.cluster.members})
+
+    def driver_kwargs(self) -> dict[str, Any]:
+        return self.driver.driver_kwargs(self.driver_dir)
+
+    def validate(self) -> "NodeConfig":
+        """Raise ConfigError (one line) on the first problem; return self when the config is usable."""
+        try:
+            _validate_node(self)
+        except ConfigError as ex:
+            raise _prefixed(self.source, ex) from None
+        return self
+
+
+class ClientSection(_Section):
+    ingress_endpoints: str
+    """``"0=host:port,1=host:port,..."`` (reference ``AeronCluster.Context.ingressEndpoints``)."""
+    egress_endpoint: str = "127.0.0.1:0"
+    """Where this client receives egress; port 0 picks a free port at connect time."""
+    ingress_stream_id: int = 101
+    egress_stream_id: int = 102
+    message_timeout_ns: int = 5 * _S
+    """Deadline of a connect attempt (reference ``AeronCluster`` message timeout)."""
+    keep_alive_interval_ns: int = 1 * _S
+    leader_silence_timeout_ns: int = 10 * _S
+    """With no sign of the leader (ingress not connected, egress image gone, no NewLeaderEvent)
+    for this long, the client opens a new session on whichever member now leads."""
+    reconnect_timeout_ns: int = 60 * _S
+    """How long an automatic reconnect keeps trying before the client gives up and closes."""
+    egress_buffer_messages: int = 4096
+    """Messages kept for ``receive()`` when no handler is given; older ones are dropped."""
+
+
+CLIENT_DRIVER_DEFAULTS = DriverSection(term_length=1024 * 1024, ipc_term_length=1024 * 1024)
+"""A client is one small process: its driver gets small buffers by default."""
+
+
+class ClientConfig(_Section):
+    client: ClientSection
+    driver: DriverSection = CLIENT_DRIVER_DEFAULTS
+    source: str = "<config>"
+
+    @property
+    def ingress_endpoints(self) -> dict[int, str]:
+        return parse_ingress_endpoints(self.client.ingress_endpoints)
+
+    def validate(self) -> "ClientConfig":
+        try:
+            _validate_client(self)
+        except ConfigError as ex:
+            raise _prefixed(self.source, ex) from None
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Member and endpoint text
+# --------------------------------------------------------------------------------------------
+
+
+def parse_cluster_members(text: str, key: str = "cluster.members") -> tuple[ClusterMember, ...]:
+    """``id,ingress,consensus,log,catchup,archive|...`` -> members (reference ``ClusterMember.parse``).
+
+    Extra trailing fields of the reference (archive response, egress response endpoints) are not
+    used by this project and are refused, so that a copied config does not silently lose them.
+    """
+    members = []
+    for i, part in enumerate(p for p in text.split("|") if p.strip()):
+        fields = [f.strip() for f in part.split(",")]
+        if len(fields) != 6:
+            raise ConfigError(
+                f"{key}: member {i} {part.strip()!r} has {len(fields)} fields, expected 6: "
+                "id,ingress,consensus,log,catchup,archive"
+            )
+        try:
+            member_id = int(fields[0])
+        except ValueError:
+            raise ConfigError(f"{key}: member {i} has id {fields[0]!r}, not an integer") from None
+        members.append(
+            ClusterMember(
+                id=member_id,
+                ingress=fields[1],
+                consensus=fields[2],
+                log=fields[3],
+                catchup=fields[4],
+                archive=fields[5],
+            )
+        )
+    if not members:
+        raise ConfigError(f"{key}: no members")
+    return tuple(members)
+
+
+def format_cluster_members(members: typing.Iterable[ClusterMember]) -> str:
+    return "|".join(m.to_text() for m in members)
+
+
+def parse_ingress_endpoints(text: str, key: str = "ingress_endpoints") -> dict[int, str]:
+    """``"0=h:p,1=h:p"`` -> ``{0: "h:p", 1: "h:p"}``; raises ConfigError naming ``key``."""
+    out: dict[int, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        ident, sep, endpoint = part.partition("=")
+        if not sep:
+            raise ConfigError(f"{key}: {part!r} must look like id=host:port")
+        try:
+            member_id = int(ident)
+        except ValueError:
+            raise ConfigError(f"{key}: {part!r} has a member id that is not an integer") from None
+        if member_id in out:
+            raise ConfigError(f"{key}: member id {member_id} appears twice")
+        _check_endpoint(endpoint.strip(), f"{key}[{member_id}]")
+        out[member_id] = endpoint.strip()
+    if not out:
+        raise ConfigError(f"{key}: no endpoints")
+    return out
+
+
+def format_ingress_endpoints(endpoints: dict[int, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(endpoints.items()))
+
+
+def _check_endpoint(text: str, key: str, allow_port_zero: bool = False) -> tuple[str, int]:
+    if not isinstance(text, str):
+        raise ConfigError(f"{key}: expected \"host:port\", got {text!r}")
+    try:
+        host, port = parse_endpoint(text)
+    except ChannelError as ex:
+        raise ConfigError(f"{key}: {ex}") from None
+    if port == 0 and not allow_port_zero:
+        raise ConfigError(f"{key}: endpoint {text!r} needs a fixed port, not 0")
+    return host, port
+
+
+# --------------------------------------------------------------------------------------------
+# TOML -> structs
+# --------------------------------------------------------------------------------------------
+
+
+def _struct_type(tp: Any) -> type | None:
+    """The Struct class in a field type (``X`` or ``X | None``), else None."""
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return tp
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        for arg in typing.get_args(tp):
+            if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+                return arg
+    return None
+
+
+def _hint(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _normalise(cls: type, table: object, path: str) -> dict[str, Any]:
+    """Check keys of ``table`` against ``cls``'s fields, convert units, recurse into sub-tables."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path or 'config'}: expected a table, got {type(table).__name__}")
+    fields = {f.name: f for f in msgspec.structs.fields(cls) if f.name != "source"}
+    accepted = set(fields) | {n[:-3] for n in fields if n.endswith("_ns")}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        full = _join(path, key)
+        if key in fields:
+            name = key
+            if name.endswith("_ns"):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(
+                        f"{full}: expected an integer of nanoseconds, got {value!r}"
+                        f" (or write {key[:-3]} = \"1s\")"
+                    )
+            elif name in _SIZE_FIELDS:
+                value = parse_size(value, full)
+            elif name == "members" and cls is ClusterSection:
+                value = _members_value(value, full)
+            else:
+                sub = _struct_type(fields[name].type)
+                if sub is not None:
+                    value = _normalise(sub, value, full)
+        elif key + "_ns" in fields:
+            name = key + "_ns"
+            value = parse_duration_ns(value, full)
+        else:
+            raise ConfigError(f"{full}: unknown key{_hint(key, accepted)}")
+        if name in out:
+            raise ConfigError(f"{full}: given twice (as {key[:-3] if key.endswith('_ns') else key} and {name})")
+        out[name] = value
+    return out
+
+
+def _members_value(value: object, key: str) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [msgspec.structs.asdict(m) for m in parse_cluster_members(value, key)]
+    if isinstance(value, list):
+        return [_normalise(ClusterMember, item, f"{key}[{i}]") for i, item in enumerate(value)]
+    raise ConfigError(f"{key}: expected a member string \"id,ingress,consensus,log,catchup,archive|...\" or an array of tables")
+
+
+_MSGSPEC_ERR = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$")
+
+
+def _convert(cls: type, data: dict[str, Any], source: str) -> Any:
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as ex:
+        m = _MSGSPEC_ERR.match(str(ex))
+        what, where = (m.group(1), m.group(2)) if m else (str(ex), "")
+        where = (where or "").lstrip(".")
+        where = re.sub(r"\.members\[(\d+)\]", r".members[\1]", where)
+        what = what.replace("`", "")
+        what = what[0].lower() + what[1:] if what else what
+        missing = re.match(r"object missing required field (\w+)", what)
+        if missing:
+            where = _join(where, missing.group(1))
+            what = "missing required key"
+        raise ConfigError(f"{source}: {where or 'config'}: {what}") from None
+
+
+def _load_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as ex:
+        raise ConfigError(f"not valid TOML: {ex}") from None
+
+
+def _prefixed(source: str, ex: ConfigError) -> ConfigError:
+    """The error with ``<source>: `` in front, once."""
+    msg = str(ex)
+    return ex if msg.startswith(f"{source}: ") else ConfigError(f"{source}: {msg}")
+
+
+def parse_node_config(text: str, source: str = "<config>") -> NodeConfig:
+    """A validated NodeConfig from TOML text; raises ConfigError."""
+    try:
+        data = _normalise(NodeConfig, _load_toml(text, source), "")
+    except ConfigError as ex:
+        raise _prefixed(source, ex) from None
+    for required in ("node", "cluster"):
+        if required not in data:
+            raise ConfigError(f"{source}: [{required}]: missing table")
+    cfg = _convert(NodeConfig, data, source)
+    cfg = msgspec.structs.replace(cfg, source=source)
+    return cfg.validate()
+
+
+def parse_client_config(text: str, source: str = "<config>") -> ClientConfig:
+    try:
+        data = _normalise(ClientConfig, _load_toml(text, source), "")
+    except ConfigError as ex:
+        raise _prefixed(source, ex) from None
+    if "client" not in data:
+        raise ConfigError(f"{source}: [client]: missing table")
+    if "driver" in data:
+        # Keys not given keep the client's defaults, not the node's.
+        base = msgspec.structs.asdict(CLIENT_DRIVER_DEFAULTS)
+        base.update(data["driver"])
+        data["driver"] = base
+    cfg = _convert(ClientConfig, data, source)
+    cfg = msgspec.structs.replace(cfg, source=source)
+    return cfg.validate()
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as ex:
+        raise ConfigError(f"{path}: cannot read: {ex}") from None
+
+
+def load_node_config(path: str | Path) -> NodeConfig:
+    """Read and validate a node's TOML file; raises ConfigError with a one-line message."""
+    return parse_node_config(_read(path), str(path))
+
+
+def load_client_config(path: str | Path) -> ClientConfig:
+    return parse_client_config(_read(path), str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _host_key(host: str) -> str:
+    """Hosts that name the same interface compare equal (localhost is 127.0.0.1)."""
+    h = host.strip().lower()
+    if h in ("localhost", "ip6-localhost"):
+        return "127.0.0.1" if h == "localhost" else "::1"
+    try:
+        return str(ipaddress.ip_address(h))
+    except ValueError:
+        return h
+
+
+_WILDCARDS = {"0.0.0.0", "::"}
+
+
+class _PortMap:
+    """Detects two endpoints that would bind the same port on the same host."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.seen: dict[tuple[str, int], str] = {}
+
+    def add(self, host: str, port: int, key: str) -> None:
+        if port == 0:
+            return
+        h = _host_key(host)
+        for (other_host, other_port), other_key in self.seen.items():
+            if other_port == port and (other_host == h or h in _WILDCARDS or other_host in _WILDCARDS):
+                raise ConfigError(
+                    f"{self.source}: {key}: port clash with {other_key} ({host}:{port})"
+                )
+        self.seen[(h, port)] = key
+
+
+def _fail(cfg: Any, key: str, what: str) -> typing.NoReturn:
+    raise ConfigError(f"{cfg.source}: {key}: {what}")
+
+
+def _check_positive(cfg: Any, section: str, obj: msgspec.Struct, names: typing.Iterable[str]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value <= 0:
+            _fail(cfg, f"{section}.{name}", f"must be positive, got {value}")
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _check_term_length(cfg: Any, key: str, n: int) -> None:
+    if not _is_pow2(n) or not 64 * 1024 <= n <= 1024**3:
+        _fail(cfg, key, f"must be a power of two from 64k to 1g, got {n}")
+
+
+def _check_stream_ids(cfg: Any, section: str, obj: msgspec.Struct, names: typing.Iterable[str]) -> None:
+    seen: dict[int, str] = {}
+    for name in names:
+        value = getattr(obj, name)
+        if not -(2**31) <= value < 2**31:
+            _fail(cfg, f"{section}.{name}", f"{value} does not fit a 32-bit stream id")
+        if value in seen:
+            _fail(cfg, f"{section}.{name}", f"stream id {value} is also {section}.{seen[value]}")
+        seen[value] = name
+
+
+def _check_driver(cfg: Any, d: DriverSection) -> None:
+    if d.mtu % 32 or not 64 <= d.mtu <= 65504:
+        _fail(cfg, "driver.mtu", f"must be a multiple of 32 from 64 to 65504, got {d.mtu}")
+    _check_term_length(cfg, "driver.term_length", d.term_length)
+    _check_term_length(cfg, "driver.ipc_term_length", d.ipc_term_length)
+    _check_positive(
+        cfg,
+        "driver",
+        d,
+        (
+            "initial_window",
+            "image_liveness_timeout_ns",
+            "publication_connection_timeout_ns",
+            "status_message_timeout_ns",
+            "heartbeat_interval_ns",
+            "socket_buffer_bytes",
+        ),
+    )
+    if d.status_message_timeout_ns >= d.image_liveness_timeout_ns:
+        _fail(
+            cfg,
+            "driver.status_message_timeout",
+            f"{format_duration(d.status_message_timeout_ns)} must be shorter than driver.image_liveness_timeout"
+            f" ({format_duration(d.image_liveness_timeout_ns)})",
+        )
+    if d.heartbeat_interval_ns >= d.image_liveness_timeout_ns:
+        _fail(
+            cfg,
+            "driver.heartbeat_interval",
+            f"{format_duration(d.heartbeat_interval_ns)} must be shorter than driver.image_liveness_timeout"
+            f" ({format_duration(d.image_liveness_timeout_ns)})",
+        )
+    if d.heartbeat_interval_ns >= d.publication_connection_timeout_ns:
+        _fail(
+            cfg,
+            "driver.heartbeat_interval",
+            f"{format_duration(d.heartbeat_interval_ns)} must be shorter than driver.publication_connection_timeout"
+            f" ({format_duration(d.publication_connection_timeout_ns)})",
+        )
+
+
+def _shorter(cfg: Any, a_key: str, a: int, b_key: str, b: int) -> None:
+    """a < b, or an error naming both keys."""
+    if a >= b:
+        _fail(cfg, a_key, f"{format_duration(a)} must be shorter than {b_key} ({format_duration(b)})")
+
+
+def _validate_node(cfg: NodeConfig) -> None:
+    src = cfg.source
+    n = cfg.node
+    if not n.dir.strip():
+        _fail(cfg, "node.dir", "must not be empty")
+    if not n.service.strip():
+        _fail(cfg, "node.service", "must not be empty")
+    if not 0 <= n.cluster_id < 2**31:
+        _fail(cfg, "node.cluster_id", f"must be from 0 to 2^31-1, got {n.cluster_id}")
+
+    c = cfg.cluster
+    if not c.members:
+        _fail(cfg, "cluster.members", "no members")
+    ids: set[int] = set()
+    ports = _PortMap(src)
+    for i, m in enumerate(c.members):
+        key = f"cluster.members[{i}]"
+        if not 0 <= m.id < 2**31:
+            _fail(cfg, f"{key}.id", f"must be from 0 to 2^31-1, got {m.id}")
+        if m.id in ids:
+            _fail(cfg, f"{key}.id", f"member id {m.id} appears twice")
+        ids.add(m.id)
+        for name in ClusterMember.ENDPOINT_NAMES:
+            host, port = _check_endpoint(getattr(m, name), f"{key}.{name}", allow_port_zero=(name == "catchup"))
+            ports.add(host, port, f"{key}.{name}")
+    if n.member_id not in ids:
+        _fail(cfg, "node.member_id", f"{n.member_id} is not one of the cluster.members ids {sorted(ids)}")
+    if c.appointed_leader_id != -1 and c.appointed_leader_id not in ids:
+        _fail(cfg, "cluster.appointed_leader_id", f"{c.appointed_leader_id} is not -1 nor a member id {sorted(ids)}")
+    if c.max_sessions < 1:
+        _fail(cfg, "cluster.max_sessions", f"must be at least 1, got {c.max_sessions}")
+    if c.file_sync_level not in (0, 1, 2):
+        _fail(cfg, "cluster.file_sync_level", f"must be 0, 1 or 2, got {c.file_sync_level}")
+    _check_stream_ids(
+        cfg,
+        "cluster",
+        c,
+        (
+            "log_stream_id",
+            "ingress_stream_id",
+            "egress_stream_id",
+            "replay_stream_id",
+            "service_stream_id",
+            "consensus_module_stream_id",
+            "service_snapshot_stream_id",
+            "consensus_module_snapshot_stream_id",
+            "consensus_stream_id",
+        ),
+    )
+    _check_term_length(cfg, "cluster.log_term_length", c.log_term_length)
+    _check_term_length(cfg, "cluster.consensus_term_length", c.consensus_term_length)
+    _check_term_length(cfg, "cluster.ipc_control_term_length", c.ipc_control_term_length)
+    _check_positive(cfg, "cluster", c, ("wheel_tick_resolution_ns", "ticks_per_wheel"))
+    if not _is_pow2(c.ticks_per_wheel):
+        _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
+
+    t = cfg.timeouts
+    _check_positive(cfg, "timeouts", t, [f.name for f in msgspec.structs.fields(t)])
+    _shorter(cfg, "timeouts.leader_heartbeat_interval", t.leader_heartbeat_interval_ns,
+             "timeouts.leader_heartbeat_timeout", t.leader_heartbeat_timeout_ns)
+    _shorter(cfg, "timeouts.election_status_interval", t.election_status_interval_ns,
+             "timeouts.election_timeout", t.election_timeout_ns)
+    _shorter(cfg, "timeouts.leader_heartbeat_interval", t.leader_heartbeat_interval_ns,
+             "timeouts.session_timeout", t.session_timeout_ns)
+    if t.startup_canvass_timeout_ns < 2 * t.leader_heartbeat_timeout_ns:
+        # The reference checks this in ConsensusModule.Context.conclude: a node starting alone
+        # must wait long enough that a running leader's followers would have noticed it gone.
+        _fail(cfg, "timeouts.startup_canvass_timeout",
+              f"{format_duration(t.startup_canvass_timeout_ns)} must be at least twice "
+              f"timeouts.leader_heartbeat_timeout ({format_duration(t.leader_heartbeat_timeout_ns)})")
+    _shorter(cfg, "timeouts.mark_file_update_interval", t.mark_file_update_interval_ns,
+             "the mark file liveness timeout", 10 * _S)
+
+    _check_driver(cfg, cfg.driver)
+    if cfg.driver.mtu > c.log_term_length // 8:
+        _fail(cfg, "driver.mtu", f"{cfg.driver.mtu} is larger than an eighth of cluster.log_term_length")
+    # The log is replicated over UDP: a follower whose driver declares the leader's image dead
+    # before the leader's heartbeat timeout would leave the log early.
+    if cfg.driver.image_liveness_timeout_ns < t.leader_heartbeat_interval_ns * 2:
+        _fail(cfg, "driver.image_liveness_timeout",
+              f"{format_duration(cfg.driver.image_liveness_timeout_ns)} must be at least twice "
+              f"timeouts.leader_heartbeat_interval ({format_duration(t.leader_heartbeat_interval_ns)})")
+
+    a = cfg.archive
+    if not _is_pow2(a.segment_length) or not 64 * 1024 <= a.segment_length <= 1024**3:
+        _fail(cfg, "archive.segment_length", f"must be a power of two from 64k to 1g, got {a.segment_length}")
+    if a.segment_length < c.log_term_length:
+        _fail(cfg, "archive.segment_length",
+              f"{format_size(a.segment_length)} must be at least cluster.log_term_length ({format_size(c.log_term_length)})")
+    for name in ("file_sync_level", "catalog_file_sync_level"):
+        if getattr(a, name) not in (0, 1, 2):
+            _fail(cfg, f"archive.{name}", f"must be 0, 1 or 2, got {getattr(a, name)}")
+    _check_stream_ids(cfg, "archive", a, ("control_request_stream_id", "control_response_stream_id"))
+    _check_positive(cfg, "archive", a, ("max_concurrent_recordings", "max_concurrent_replays", "connect_timeout_ns"))
+
+    lg = cfg.logging
+    if lg.level not in ("debug", "info", "warning", "error"):
+        _fail(cfg, "logging.level", f"must be debug, info, warning or error, got {lg.level!r}")
+    if lg.mode not in ("json", "console"):
+        _fail(cfg, "logging.mode", f"must be json or console, got {lg.mode!r}")
+
+
+def _validate_client(cfg: ClientConfig) -> None:
+    c = cfg.client
+    endpoints = parse_ingress_endpoints(c.ingress_endpoints, "client.ingress_endpoints")
+    ports = _PortMap(cfg.source)
+    for member_id, ep in endpoints.items():
+        host, port = _check_endpoint(ep, f"client.ingress_endpoints[{member_id}]")
+        ports.add(host, port, f"client.ingress_endpoints[{member_id}]")
+    host, port = _check_endpoint(c.egress_endpoint, "client.egress_endpoint", allow_port_zero=True)
+    ports.add(host, port, "client.egress_endpoint")
+    _check_stream_ids(cfg, "client", c, ("ingress_stream_id", "egress_stream_id"))
+    _check_positive(cfg, "client", c, ("message_timeout_ns", "keep_alive_interval_ns",
+                                       "leader_silence_timeout_ns", "reconnect_timeout_ns",
+                                       "egress_buffer_messages"))
+    _check_driver(cfg, cfg.driver)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing TOML back
+# --------------------------------------------------------------------------------------------
+
+
+def _toml_value(name: str, value: Any) -> tuple[str, str]:
+    if isinstance(value, bool):
+        return name, "true" if value else "false"
+    if name.endswith("_ns") and isinstance(value, int):
+        return name[:-3], f'"{format_duration(value)}"'
+    if name in _SIZE_FIELDS and isinstance(value, int):
+        v = format_size(value)
+        return name, f'"{v}"' if isinstance(v, str) else str(v)
+    if isinstance(value, int):
+        return name, str(value)
+    if isinstance(value, str):
+        return name, '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {name}={value!r} as TOML")
+
+
+def _toml_table(title: str, obj: msgspec.Struct, only_changed: bool) -> list[str]:
+    default = type(obj)() if only_changed else None
+    lines = [f"[{title}]"]
+    for f in msgspec.structs.fields(obj):
+        value = getattr(obj, f.name)
+        if default is not None and getattr(default, f.name) == value:
+            continue
+        k, v = _toml_value(f.name, value)
+        lines.append(f"{k} = {v}")
+    return lines
+
+
+def node_config_to_toml(cfg: NodeConfig, header: str = "") -> str:
+    """TOML text that :func:`parse_node_config` reads back to an equal config (sections with only
+    default values are left out; members use the reference's one-line format per member)."""
+    out: list[str] = [f"# {line}" for line in header.splitlines()]
+    out += _toml_table("node", cfg.node, only_changed=False)
+    out.append("")
+    out.append("[cluster]")
+    out.append("members = [")
+    for m in cfg.cluster.members:
+        out.append(
+            f'  {{ id = {m.id}, ingress = "{m.ingress}", consensus = "{m.consensus}", '
+            f'log = "{m.log}", catchup = "{m.catchup}", archive = "{m.archive}" }},'
+        )
+    out.append("]")
+    default_cluster = ClusterSection(members=())
+    for f in msgspec.structs.fields(cfg.cluster):
+        value = getattr(cfg.cluster, f.name)
+        if f.name != "members" and value != getattr(default_cluster, f.name):
+            k, v = _toml_value(f.name, value)
+            out.append(f"{k} = {v}")
+    for title in ("timeouts", "driver", "archive", "logging"):
+        section = getattr(cfg, title)
+        lines = _toml_table(title, section, only_changed=True)
+        if len(lines) > 1:
+            out.append("")
+            out += lines
+    return "\n".join(out) + "\n"
+
+
+def client_config_to_toml(cfg: ClientConfig, header: str = "") -> str:
+    out: list[str] = [f"# {line}" for line in header.splitlines()]
+    out += _toml_table("client", cfg.client, only_changed=False)
+    base = CLIENT_DRIVER_DEFAULTS
+    lines = ["[driver]"]
+    for f in msgspec.structs.fields(cfg.driver):
+        value = getattr(cfg.driver, f.name)
+        if getattr(base, f.name) != value:
+            k, v = _toml_value(f.name, value)
+            lines.append(f"{k} = {v}")
+    if len(lines) > 1:
+        out.append("")
+        out += lines
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Generated loopback clusters
+# --------------------------------------------------------------------------------------------
+
+DEMO_TIMEOUTS = TimeoutsSection(
+    election_timeout_ns=1 * _S,
+    election_status_interval_ns=100 * _MS,
+    leader_heartbeat_interval_ns=100 * _MS,
+    leader_heartbeat_timeout_ns=2 * _S,
+    startup_canvass_timeout_ns=4 * _S,
+    session_timeout_ns=10 * _S,
+    termination_timeout_ns=5 * _S,
+    replication_progress_timeout_ns=5 * _S,
+)
+"""Shortened timeouts for local demos and tests: a dead leader is noticed after 2 s."""
+
+DEMO_DRIVER = DriverSection(
+    term_length=4 * 1024 * 1024,
+    ipc_term_length=4 * 1024 * 1024,
+    image_liveness_timeout_ns=2 * _S,
+    publication_connection_timeout_ns=2 * _S,
+    status_message_timeout_ns=50 * _MS,
+    heartbeat_interval_ns=50 * _MS,
+)
+"""Driver settings matching DEMO_TIMEOUTS: small buffers, liveness within the heartbeat timeout."""
+
+
+def _free_udp_ports(count: int, host: str) -> list[int]:
+    """``count`` distinct free UDP ports; the sockets stay bound until all are chosen."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def generate_loopback_cluster(
+    nodes: int,
+    base_dir: str | Path,
+    *,
+    service: str = "kv",
+    host: str = "127.0.0.1",
+    base_port: int | None = None,
+    timeouts: TimeoutsSection = DEMO_TIMEOUTS,
+    driver: DriverSection = DEMO_DRIVER,
+    log_term_length: int = 4 * 1024 * 1024,
+    segment_length: int = 16 * 1024 * 1024,
+    appointed_leader_id: int = -1,
+    cluster_id: int = 0,
+) -> tuple[list[NodeConfig], ClientConfig]:
+    """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
+
+    With ``base_port`` the ports are fixed and readable (ingress base+i, consensus base+100+i,
+    log base+200+i, archive base+300+i, client egress base+400); without it every port is a
+    currently free UDP port. Catchup endpoints use port 0 (ephemeral), as in the reference.
+    """
+    if not 1 <= nodes <= 64:
+        raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
+    base = Path(base_dir)
+    if base_port is None:
+        ports = _free_udp_ports(4 * nodes + 1, host)
+    else:
+        ports = [base_port + 100 * k + i for k in range(4) for i in range(nodes)] + [base_port + 400]
+    members = tuple(
+        ClusterMember(
+            id=i,
+            ingress=f"{host}:{ports[i]}",
+            consensus=f"{host}:{ports[nodes + i]}",
+            log=f"{host}:{ports[2 * nodes + i]}",
+            catchup=f"{host}:0",
+            archive=f"{host}:{ports[3 * nodes + i]}",
+        )
+        for i in range(nodes)
+    )
+    cluster = ClusterSection(
+        members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length
+    )
+    configs = []
+    for i in range(nodes):
+        node_dir = base / f"node{i}"
+        cfg = NodeConfig(
+            node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id),
+            cluster=cluster,
+            timeouts=timeouts,
+            driver=driver,
+            archive=ArchiveSection(segment_length=segment_length),
+            source=f"generated node{i}",
+        )
+        configs.append(cfg.validate())
+    client = ClientConfig(
+        client=ClientSection(
+            ingress_endpoints=format_ingress_endpoints({m.id: m.ingress for m in members}),
+            egress_endpoint=f"{host}:{ports[-1] if base_port is not None else 0}",
+            leader_silence_timeout_ns=timeouts.leader_heartbeat_timeout_ns + 2 * timeouts.election_timeout_ns,
+            message_timeout_ns=5 * _S,
+        ),
+        driver=msgspec.structs.replace(DEMO_DRIVER, term_length=1024 * 1024, ipc_term_length=1024 * 1024),
+        source="generated client",
+    )
+    return configs, client.validate()
+
+
+def write_loopback_cluster(
+    config_dir: str | Path, nodes: int, base_dir: str | Path, **kwargs: Any
+) -> tuple[list[Path], Path]:
+    """Generate a loopback cluster (see :func:`generate_loopback_cluster`) and write
+    ``node<i>.toml`` and ``client.toml`` into ``config_dir``; return their paths."""
+    configs, client = generate_loopback_cluster(nodes, base_dir, **kwargs)
+    out = Path(config_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for cfg in configs:
+        p = out / f"node{cfg.member_id}.toml"
+        p.write_text(node_config_to_toml(cfg, header=f"Node {cfg.member_id} of a {nodes}-node loopback cluster (generated)."))
+        paths.append(p)
+    cp = out / "client.toml"
+    cp.write_text(client_config_to_toml(client, header=f"Client of a {nodes}-node loopback cluster (generated)."))
+    return paths, cp

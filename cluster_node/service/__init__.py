@@ -1,0 +1,1 @@
+"""The clustered service: the user's state machine (api.py), its container, and examples."""

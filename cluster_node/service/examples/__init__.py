@@ -1,0 +1,1 @@
+"""Example services shipped with the project: ``echo`` and ``kv``."""
