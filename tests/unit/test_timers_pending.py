@@ -1,0 +1,111 @@
+"""Timers and pending service messages held by the consensus module (cores)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster_node.consensus.pending import FIRST_SERVICE_SESSION_ID, PendingServiceMessages
+from cluster_node.consensus.timers import Timers
+
+
+def test_timers_fire_in_deadline_then_id_order_and_reschedule_replaces():
+    t = Timers()
+    t.schedule(3, 100)
+    t.schedule(1, 100)
+    t.schedule(2, 50)
+    t.schedule(3, 40)  # reschedule
+    assert t.expired(99) == [(3, 40), (2, 50)]
+    assert t.expired(100) == [(3, 40), (2, 50), (1, 100)]
+    assert t.next_deadline() == 40 and len(t) == 3
+    t.on_fired(3, 640)
+    assert t.expired(100) == [(2, 50), (1, 100)]
+    assert t.cancel(2) and not t.cancel(2)
+    assert t.snapshot() == [(1, 100)]
+
+
+def test_log_timer_event_before_the_local_schedule_skips_it():
+    t = Timers()
+    t.on_log_timer_event(9)  # the leader fired before our service asked
+    t.schedule(9, 10)
+    assert len(t) == 0 and not t.expired_early
+    t.schedule(9, 20)  # a later, genuine reschedule is kept
+    assert t.snapshot() == [(9, 20)]
+    t.on_log_timer_event(9)
+    assert len(t) == 0 and not t.expired_early
+
+
+def test_uncommitted_fired_timers_come_back_on_rollback():
+    t = Timers()
+    t.schedule(1, 10)
+    t.schedule(2, 20)
+    t.on_fired(1, 100)
+    t.on_fired(2, 200)
+    t.on_commit(150)
+    t.rollback(150)
+    assert t.snapshot() == [(2, 20)]
+
+
+def test_pending_leader_appends_in_order_and_forgets_on_commit():
+    p = PendingServiceMessages()
+    a = p.enqueue(b"a")
+    b = p.enqueue(b"b")
+    assert a == FIRST_SERVICE_SESSION_ID and b == a + 1
+    assert p.to_append() == [(a, b"a"), (b, b"b")]
+    p.on_appended(a, 100)
+    assert p.to_append() == [(b, b"b")]
+    p.on_appended(b, 200)
+    p.on_commit(150)
+    assert len(p) == 1 and p.log_service_session_id == a
+
+
+def test_follower_drops_what_the_log_holds_and_stays_in_step():
+    p = PendingServiceMessages()
+    ids = [p.enqueue(bytes([i])) for i in range(5)]
+    p.on_log_service_message(ids[2])
+    assert [s for s, _ in p.to_append()] == ids[3:]
+    p.on_log_service_message(ids[4] + 3)  # the leader's service is ahead of ours
+    assert len(p) == 0 and p.enqueue(b"x") == ids[4] + 4
+
+
+def test_pending_capacity_is_back_pressure():
+    p = PendingServiceMessages(capacity=2)
+    assert p.enqueue(b"1") and p.enqueue(b"2") and p.enqueue(b"3") is None
+    assert p.dropped_full == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from(["offer", "append", "commit", "failover"]), max_size=60))
+def test_every_service_message_lands_in_the_committed_log_exactly_once(ops):
+    # One leader and one follower; on failover they swap and the uncommitted tail is lost.
+    members = [PendingServiceMessages(), PendingServiceMessages()]
+    leader = 0
+    log: list[int] = []  # service session ids in log order
+    committed = 0
+    offered = 0
+    for op in ops:
+        if op == "offer":
+            for m in members:
+                m.enqueue(b"%d" % offered)
+            offered += 1
+        elif op == "append":
+            for sid, _ in members[leader].to_append():
+                log.append(sid)
+                members[leader].on_appended(sid, len(log))
+        elif op == "commit":
+            committed = len(log)
+            members[leader].on_commit(committed)
+            follower = members[1 - leader]
+            for sid in log[:committed]:
+                follower.on_log_service_message(sid)
+        else:
+            del log[committed:]
+            leader = 1 - leader
+            members[leader].rollback(committed)
+            members[1 - leader].become_follower()
+    # Drain: append and commit everything on the final leader.
+    for sid, _ in members[leader].to_append(limit=10**6):
+        log.append(sid)
+        members[leader].on_appended(sid, len(log))
+    assert sorted(log) == log and len(set(log)) == len(log)
+    assert len(log) == offered
