@@ -714,7 +714,7 @@ class MediaDriver:
                         ni.sources.setdefault(addr, ep)
                         ni.core.on_heartbeat(hb, now)
                         touched.add(ni)
-                    else:
+                    elif not hb.is_eos:  # an ended stream is not worth a new image
                         self._ask_setup(ep, addr, session_id, stream_id, now)
                 return
             checked = None

@@ -132,6 +132,10 @@ class SenderCore:
         if sm.wants_setup:
             # A receiver that saw data of a session it has no image for asks for a SETUP. Its
             # consumption fields mean nothing (it has no image), so flow control ignores them.
+            # A closed publication answers none: the receiver dropped its image at end of stream,
+            # and a SETUP would only bring it back for the lingering heartbeats.
+            if self.end_position is not None:
+                return
             self.setup_wanted = True
             self.last_setup_ns = now_ns - self.config.setup_interval_ns  # send one at once
             return

@@ -558,3 +558,16 @@ def test_nak_at_time_zero_is_answered():
     rig.nak(0, 3 * 160, 0)
     out = rig.work(0)
     assert [data_span(rig.core, d) for d in out] == [(0, 3 * 160)]
+
+
+def test_closed_publication_ignores_setup_requests():
+    rig = Rig()
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(2)
+    rig.work(T0 + MS)
+    rig.core.close(rig.pub.position)
+    rig.work(T0 + 2 * MS)  # EOS goes out
+    rig.status(0, 0, T0 + 3 * MS, rid=9, setup=True)
+    out = rig.work(T0 + 300 * MS)
+    assert not rig.core.setup_wanted and "setup" not in kinds(out)
