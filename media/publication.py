@@ -31,6 +31,7 @@ __all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Public
 
 _PACK_HEADER = DATA_HEADER.pack_into
 _I32_PACK = struct.Struct("<i").pack_into
+_BLOCK_FIRST = struct.Struct("<i4xi").unpack_from  # frame length, term offset
 _MAX_POSITION_TERMS = 2**31
 
 
@@ -99,6 +100,7 @@ class ExclusivePublication:
         self._ring_fn = ring_fn
         self._on_close = on_close
         self._wake_offset = LogBuffer.WAKE_OFFSET
+        self._ints: memoryview | None = None  # int32 view of the log buffer, for offer_block
         self.closed = False
 
     # ------------------------------------------------------------------ state
@@ -227,6 +229,71 @@ class ExclusivePublication:
             pos += (chunk + 63) & ~31
             sent += chunk
             flags = 0
+        self._position = pos
+        if buf[self._wake_offset]:
+            self._ring_fn()
+        if self._after_append is not None:
+            self._after_append()
+        return pos
+
+    # ------------------------------------------------------------------ blocks of frames
+
+    def offer_block(self, block, offset: int, length: int) -> int:
+        """Append already-framed bytes (headers included) at the publication's position.
+
+        For replays and replications, which must put every frame at the position it was recorded
+        at: ``block[offset:offset + length]`` holds whole, aligned frames (DATA or PAD) that start
+        at :attr:`position` and end inside its term (exactly at the term's end at most). Each
+        frame's session id, stream id and term id are rewritten to this publication's; the first
+        frame's length is written last, so a reader sees the whole block or nothing. Returns the
+        new position, or a negative :class:`OfferResult`; ValueError for a block that does not fit
+        the position (a bug in the caller, not a runtime condition).
+        """
+        pos = self._position
+        if pos - self._term_base == self.term_length:
+            # The previous block filled its term: enter the next one.
+            if pos + length > self._limit:
+                code = self._refresh(pos + length)
+                if code:
+                    return code
+            self._term_base = pos
+            self._term_id = _wrap_i32(self._term_id + 1)
+            self.log.clean_term_after(pos)
+        term_offset = pos - self._term_base
+        if length <= 0 or length & 31 or term_offset + length > self.term_length:
+            raise ValueError(f"block of {length} bytes does not fit at term offset {term_offset}")
+        if pos + length > self._limit:
+            code = self._refresh(pos + length)
+            if code:
+                return code
+        first_length, first_term_offset = _BLOCK_FIRST(block, offset)
+        if first_term_offset != term_offset or first_length <= 0:
+            raise ValueError(
+                f"block starts with a frame at term offset {first_term_offset} (length {first_length}),"
+                f" the publication is at term offset {term_offset}"
+            )
+        buf = self._buffer
+        off = META_LENGTH + pos % self._capacity
+        buf[off + 4 : off + length] = block[offset + 4 : offset + length]
+        ints = self._ints
+        if ints is None:
+            ints = self._ints = memoryview(buf).cast("B").cast("i")
+        session_id, stream_id, term_id = self.session_id, self.stream_id, self._term_id
+        i = off >> 2
+        end_i = (off + length) >> 2
+        flen = first_length
+        while True:
+            ints[i + 3] = session_id
+            ints[i + 4] = stream_id
+            ints[i + 5] = term_id
+            i += (flen + 31) >> 5 << 3
+            if i >= end_i:
+                break
+            flen = ints[i]
+            if flen <= 0:
+                raise ValueError(f"block holds a frame of length {flen} at {(i << 2) - off}")
+        _I32_PACK(buf, off, first_length)
+        pos += length
         self._position = pos
         if buf[self._wake_offset]:
             self._ring_fn()

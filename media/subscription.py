@@ -208,9 +208,9 @@ class Image:
 
         For the archive's recorder, which writes what it receives as is: a block starts at the
         image's position, holds whole frames only, stays inside one term and is at most
-        ``block_length_limit`` bytes (at least one frame). A padding frame is a block of its own
-        (its full length, though only its header carries data), so the caller can write it
-        header-only. Fragment reassembly is bypassed: do not mix with :meth:`poll`.
+        ``block_length_limit`` bytes (at least one frame). A block that starts with a padding
+        frame is that frame alone (its full length, though only its header carries data), so the
+        caller can write it header-only; a padding frame after data frames ends their block. Fragment reassembly is bypassed: do not mix with :meth:`poll`.
         """
         if self.closed:
             return 0
@@ -229,19 +229,19 @@ class Image:
             ints = self._ints
             if ints is None:
                 ints = self._ints = self._view.cast("B").cast("i")
-            length = (flen + 31) & ~31
-            if length > limit:
-                limit = length  # one frame always goes, whatever the limit
-            i = (base + length) >> 2
-            while length < limit:
+            # Walk frame lengths only (a padding frame can only be a term's last frame, and its
+            # body is zeros, so it may end a block like any frame).
+            i = (base + ((flen + 31) & ~31)) >> 2
+            end_i = (base + max(limit, (flen + 31) & ~31)) >> 2
+            while i < end_i:
                 flen = ints[i]
-                if flen <= 0 or ints[i + 1] >> 16 == TYPE_PAD:
+                if flen <= 0:
                     break
-                aligned = (flen + 31) & ~31
-                if length + aligned > limit:
+                j = i + ((flen + 31) >> 5 << 3)
+                if j > end_i:
                     break
-                length += aligned
-                i += aligned >> 2
+                i = j
+            length = (i << 2) - base
         handler(self._view, base, length, pos)
         pos += length
         self._position = pos

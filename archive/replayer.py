@@ -1,0 +1,212 @@
+"""Replay sessions: a range of a recording sent as its own publication, positions preserved.
+
+A replay publication starts exactly where the replay starts (``init-term-id``/``term-id``/
+``term-offset`` from the recording's initial term id, term length and the start position, and the
+recording's MTU), so every frame reaches the subscriber at the position it was recorded at: a log
+entry has the same position everywhere. The publication has its own session id (the low 32 bits
+of the replay session id) unless the replay channel names one.
+
+Each step reads up to ``file_io_max_length`` bytes (never across a term or segment end) into one
+buffer, cuts it at the last whole frame and appends it with one ``offer_block``. How far it may
+read::
+
+    bound = min(replay limit, recorded position, limit counter value (bounded replay))
+
+The recorded position is the stop position of a stopped recording, or the live recording position
+of an active one: a replay of an active recording follows it as it grows, waking on the
+recorder's progress. The replay ends (its publication is closed, so subscribers see end of stream)
+when it reaches its limit, when a stopped recording has nothing more, when it is stopped, or when
+no subscriber connects within the connect timeout or stays connected.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from archive.catalog import RecordingDescriptor
+from archive.storage import ArchiveStorageError, SegmentReader
+
+__all__ = ["ReplaySession", "ReplayState", "frame_aligned_length"]
+
+log = structlog.get_logger("archive.replayer")
+
+_I32 = struct.Struct("<i").unpack_from
+_TYPE = struct.Struct("<H").unpack_from
+_BACK_PRESSURE_PAUSE_S = 0.0005
+_MAX_PAUSE_S = 0.01
+
+
+class ReplayState(enum.Enum):
+    CONNECTING = "CONNECTING"
+    REPLAYING = "REPLAYING"
+    DONE = "DONE"
+
+
+def frame_aligned_length(buffer, offset: int, length: int) -> int:
+    """Bytes of the whole frames at the start of ``buffer[offset:offset + length]`` (``offset``
+    and ``length`` multiples of 32; ``buffer`` bytes-like, or a memoryview cast to "i").
+
+    Returns -1 when a frame header there is impossible (length below the header): recorded
+    bytes the recorder vouched for are corrupt.
+    """
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    ints = view if view.format == "i" else view.cast("B").cast("i")
+    i = offset >> 2
+    end_i = (offset + length) >> 2
+    while i + 8 <= end_i:
+        flen = ints[i]
+        if flen < 32:
+            return -1 if (i << 2) == offset else (i << 2) - offset
+        j = i + ((flen + 31) >> 5 << 3)
+        if j > end_i:
+            break
+        i = j
+    return (i << 2) - offset
+
+
+class ReplaySession:
+    """One replay; :meth:`run` is its task. ``stop()`` ends it at the next step."""
+
+    def __init__(
+        self,
+        *,
+        replay_session_id: int,
+        descriptor: RecordingDescriptor,
+        directory: Path,
+        publication,
+        start_position: int,
+        limit_position: int,
+        recorded_position: Callable[[], tuple[int, bool]],
+        wait_for_progress: Callable[[float], Awaitable[None]],
+        limit_counter: Callable[[], int] | None = None,
+        connect_timeout_s: float = 5.0,
+        file_io_max_length: int = 1024 * 1024,
+        control_session_id: int = 0,
+    ) -> None:
+        self.replay_session_id = replay_session_id
+        self.recording_id = descriptor.recording_id
+        self.descriptor = descriptor
+        self.publication = publication
+        self.position = start_position
+        self.limit_position = limit_position
+        self.control_session_id = control_session_id
+        self.state = ReplayState.CONNECTING
+        self.error: str | None = None
+        self._recorded = recorded_position
+        self._wait = wait_for_progress
+        self._limit_counter = limit_counter
+        self._connect_timeout_s = connect_timeout_s
+        term = descriptor.term_buffer_length
+        # A read never exceeds a quarter term: the publication may run half a term ahead of its
+        # subscriber, so a block of this size always fits once the subscriber moves.
+        self._max_read = max(4096, min(file_io_max_length, term // 4))
+        self._buffer = bytearray(max(self._max_read, term // 8 + 64))
+        self._view = memoryview(self._buffer)
+        self._ints = self._view.cast("i")
+        self._reader = SegmentReader(directory, descriptor)
+        self._stopped = False
+        self._wake = trio.Event()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+
+    @property
+    def done(self) -> bool:
+        return self.state is ReplayState.DONE
+
+    async def _pause(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._wake.wait()
+        if not self._stopped:
+            self._wake = trio.Event()
+
+    async def run(self) -> None:
+        pub = self.publication
+        try:
+            with trio.move_on_after(self._connect_timeout_s) as scope:
+                pause = _BACK_PRESSURE_PAUSE_S
+                while not pub.is_connected and not self._stopped:
+                    await self._pause(pause)
+                    pause = min(pause * 2, _MAX_PAUSE_S)
+            if scope.cancelled_caught:
+                self.error = "no subscriber connected to the replay within the connect timeout"
+                return
+            self.state = ReplayState.REPLAYING
+            await self._replay()
+        except ArchiveStorageError as e:
+            self.error = str(e)
+            log.error("replay failed", replay_session_id=self.replay_session_id, error=str(e))
+        finally:
+            self.state = ReplayState.DONE
+            self._reader.close()
+            pub.close()
+
+    async def _replay(self) -> None:
+        pub = self.publication
+        term_mask = self.descriptor.term_buffer_length - 1
+        term_length = self.descriptor.term_buffer_length
+        reader = self._reader
+        view = self._view
+        position = self.position
+        limit = self.limit_position
+        idle = 0.0
+        while not self._stopped and position < limit:
+            recorded, active = self._recorded()
+            bound = min(limit, recorded)
+            if self._limit_counter is not None:
+                bound = min(bound, self._limit_counter())
+            if position >= bound:
+                if not active and recorded <= position and self._limit_counter is None:
+                    return  # the recording stopped before the replay's limit: all is sent
+                if self._limit_counter is not None:
+                    await self._pause(_MAX_PAUSE_S)
+                else:
+                    await self._wait(0.1)
+                continue
+            term_end = (position & ~term_mask) + term_length
+            end = min(bound, term_end, reader.segment_end(position), position + self._max_read)
+            n = end - position
+            reader.read_into(position, view, n)
+            if _TYPE(view, 6)[0] == 0:  # a padding frame: read it whole (it ends the term)
+                pad = _I32(view, 0)[0]
+                if pad > n and position + pad <= bound:
+                    n = pad
+                    reader.read_into(position, view, n)
+            length = frame_aligned_length(self._ints, 0, n)
+            if length == 0 and end == limit:
+                return  # the limit falls inside a frame: the replay ends at the last whole one
+            if length == 0 and end == bound and self._limit_counter is not None:
+                await self._pause(_MAX_PAUSE_S)  # the limit counter points inside a frame
+                continue
+            if length <= 0:
+                raise ArchiveStorageError(
+                    f"recording {self.recording_id}: no valid frame at position {position} of its segment files"
+                )
+            pause = _BACK_PRESSURE_PAUSE_S
+            while not self._stopped:
+                result = pub.offer_block(view, 0, length)
+                if result > 0:
+                    position = result
+                    self.position = position
+                    idle = 0.0
+                    break
+                if result == -4 or result == -5:  # CLOSED, MAX_POSITION_EXCEEDED
+                    self.error = "replay publication closed"
+                    return
+                if result == -1:  # NOT_CONNECTED: the subscriber went away
+                    now = trio.current_time()
+                    if not idle:
+                        idle = now
+                    elif now - idle > self._connect_timeout_s:
+                        self.error = "the replay's subscriber went away"
+                        return
+                await self._pause(pause)
+                pause = min(pause * 2, _MAX_PAUSE_S)
+            await trio.lowlevel.checkpoint()

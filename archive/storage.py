@@ -1,0 +1,519 @@
+"""File I/O of the archive: segment writer and reader, the catalog file, sync levels, crash recovery.
+
+Everything that decides lives in the core modules (``archive.segments`` for names and position
+maths and the torn-tail scan, ``archive.catalog`` for the catalog bytes); this module only moves
+bytes between them and the disk.
+
+Sync levels (``sync_level``), the reference's ``file sync level``:
+
+====  ======================================================================================
+0     nothing is forced: the page cache decides (default; replication protects the log)
+1     data: ``fdatasync`` each segment write; catalog changes are written and ``fsync``'d
+2     data and metadata: ``fsync`` each segment write, the catalog, and the directory when a
+      segment file is created or deleted
+====  ======================================================================================
+
+Segment files hold the stream's raw frames at ``position - segment_base``. A padding frame is
+written header-only and the file is extended (sparsely) to the padding's end, so that the file
+length always covers the last frame written and a scan of ``[0, file length)`` never mistakes a
+complete padding frame for a torn one.
+
+Crash recovery (:func:`recover`), run when the archive opens its directory:
+
+1. load the catalog leniently (checksums of records torn mid-write are repaired when the body
+   still decodes; an undecodable catalog is refused with the offset of the damage);
+2. for every VALID recording, find the end of its data: the last segment file, scanned from its
+   first frame (:func:`archive.segments.scan_frames`) to the first frame that is not complete and
+   valid; the recovered stop position is that end;
+3. an active recording (no stop position: the archive died recording it) gets the recovered end
+   as its stop position; a stopped one whose data ends early (lost page cache at sync level 0)
+   is cut back to it; data beyond the stop position (a torn tail, or a truncation cut short) is
+   removed: the file holding the stop is truncated there and later files are deleted.
+
+Ordering of the writes that must survive: a truncation updates the catalog first, then removes
+data; a new recording is in the catalog before its first segment byte; the stop position is
+written after the last segment write. So whichever write a crash interrupts, step 3 repairs it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from archive.catalog import Catalog, CatalogError, RecordingDescriptor, RecordingState
+from archive.segments import (
+    FRAME_TYPE_DATA,
+    FRAME_TYPE_PAD,
+    HEADER_LENGTH,
+    NULL_POSITION,
+    align,
+    parse_segment_file_name,
+    scan_frames,
+    segment_base_position,
+    segment_file_name,
+)
+
+__all__ = [
+    "CATALOG_FILE_NAME",
+    "ArchiveStorageError",
+    "CatalogStore",
+    "FrameInfo",
+    "Repair",
+    "SegmentReader",
+    "SegmentWriter",
+    "VerifyResult",
+    "delete_segments",
+    "iter_frames",
+    "list_segments",
+    "recover",
+    "recovered_end",
+    "truncate_segments",
+    "verify_recording",
+]
+
+CATALOG_FILE_NAME = "archive.catalog"
+_HEADER = struct.Struct("<iBBHiiiiq")
+_PAD_TYPE = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+
+
+class ArchiveStorageError(Exception):
+    """A file of the archive cannot be used as asked (the message names the file and why)."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------- catalog file
+
+
+class CatalogStore:
+    """The catalog file: loads (or creates) it, and writes the catalog's dirty byte ranges."""
+
+    def __init__(self, directory: Path, sync_level: int = 0, capacity: int | None = None) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / CATALOG_FILE_NAME
+        self.sync_level = sync_level
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            try:
+                data = self.path.read_bytes()
+                self.catalog = Catalog.from_bytes(data, strict=False)
+            except CatalogError as e:
+                raise ArchiveStorageError(f"{self.path}: {e}") from None
+        else:
+            self.catalog = Catalog.create(capacity) if capacity else Catalog.create()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.flush()
+
+    def flush(self) -> None:
+        """Write every changed byte range; fsync at sync level 1 and above."""
+        ranges = self.catalog.take_dirty()
+        if not ranges:
+            return
+        for r in ranges:
+            data = self.catalog.view(r)
+            written = os.pwrite(self._fd, data, r.start)
+            if written != len(data):
+                raise ArchiveStorageError(f"{self.path}: short write of {written}/{len(data)} bytes")
+        if self.sync_level >= 1:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.flush()
+            os.close(self._fd)
+            self._fd = -1
+
+
+# ---------------------------------------------------------------------------------- segments
+
+
+def list_segments(directory: Path, recording_id: int) -> list[int]:
+    """Base positions of the segment files of ``recording_id`` in ``directory``, ascending."""
+    prefix = f"{recording_id}-"
+    bases = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        try:
+            parsed = parse_segment_file_name(name)
+        except ValueError:
+            continue
+        if parsed.recording_id == recording_id:
+            bases.append(parsed.segment_base_position)
+    return sorted(bases)
+
+
+class SegmentWriter:
+    """Appends blocks of frames to a recording's segment files, starting at ``position``.
+
+    One ``pwrite`` per block: a block is whole frames inside one term, so it never crosses a
+    segment boundary. The next segment file is opened when a block starts at its base.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        descriptor: RecordingDescriptor,
+        position: int,
+        sync_level: int = 0,
+        session_id_override: int | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.session_id_override = session_id_override
+        self.recording_id = descriptor.recording_id
+        self.start_position = descriptor.start_position
+        self.term_length = descriptor.term_buffer_length
+        self.segment_length = descriptor.segment_file_length
+        self.sync_level = sync_level
+        self.position = position
+        self._fd = -1
+        self._base = -1
+        self._size = 0
+        self.bytes_written = 0
+
+    def _open(self, base: int) -> None:
+        self.close()
+        path = self.directory / segment_file_name(self.recording_id, base)
+        created = not path.exists()
+        try:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ArchiveStorageError(f"{path}: {e.strerror}") from None
+        self._base = base
+        self._size = os.fstat(self._fd).st_size
+        if created and self.sync_level >= 2:
+            _fsync_dir(self.directory)
+
+    def write_block(self, buffer, offset: int, length: int, position: int) -> None:
+        """Write ``buffer[offset:offset + length]`` (whole frames) at stream ``position``."""
+        if position != self.position:
+            raise ArchiveStorageError(
+                f"recording {self.recording_id}: block at {position}, the recording is at {self.position}"
+            )
+        base = self._base
+        if base < 0 or position >= base + self.segment_length:
+            base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
+            self._open(base)
+        file_offset = position - base
+        fd = self._fd
+        if self.session_id_override is not None:
+            buffer, offset = _with_session_id(buffer, offset, length, self.session_id_override), 0
+        if _PAD_TYPE.unpack_from(buffer, offset + 6)[0] == FRAME_TYPE_PAD:
+            os.pwrite(fd, buffer[offset : offset + HEADER_LENGTH], file_offset)
+            end = file_offset + length
+            if end > self._size:
+                os.ftruncate(fd, end)  # sparse: the padding's body reads as zeros
+        else:
+            view = buffer[offset : offset + length]
+            written = os.pwrite(fd, view, file_offset)
+            while written < length:  # short writes are rare but legal
+                written += os.pwrite(fd, view[written:], file_offset + written)
+            end = file_offset + length
+        if end > self._size:
+            self._size = end
+        if self.sync_level == 1:
+            os.fdatasync(fd)
+        elif self.sync_level >= 2:
+            os.fsync(fd)
+        self.position = position + length
+        self.bytes_written += length
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._base = -1
+
+
+def _with_session_id(buffer, offset: int, length: int, session_id: int) -> bytearray:
+    """A copy of a block of frames whose headers carry ``session_id`` (a replicated recording keeps
+    the source's session id although it arrived on a replay session of its own)."""
+    block = bytearray(buffer[offset : offset + length])
+    pos = 0
+    while pos + HEADER_LENGTH <= length:
+        (flen,) = _I32.unpack_from(block, pos)
+        if flen < HEADER_LENGTH:
+            break
+        _I32.pack_into(block, pos + 12, session_id)
+        pos += align(flen)
+    return block
+
+
+class SegmentReader:
+    """Reads a recording's bytes by position; keeps the current segment file open."""
+
+    def __init__(self, directory: Path, descriptor: RecordingDescriptor) -> None:
+        self.directory = Path(directory)
+        self.recording_id = descriptor.recording_id
+        self.start_position = descriptor.start_position
+        self.term_length = descriptor.term_buffer_length
+        self.segment_length = descriptor.segment_file_length
+        self._fd = -1
+        self._base = -1
+
+    def _open(self, base: int) -> None:
+        self.close()
+        path = self.directory / segment_file_name(self.recording_id, base)
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise ArchiveStorageError(f"segment file {path} is missing") from None
+        self._base = base
+
+    def segment_end(self, position: int) -> int:
+        """Position where the segment holding ``position`` ends (a read never crosses it)."""
+        base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
+        return base + self.segment_length
+
+    def read_into(self, position: int, buffer: memoryview, length: int) -> int:
+        """Read ``length`` bytes from ``position`` into ``buffer`` (inside one segment).
+
+        Bytes beyond the end of the file (a sparse hole) read as zeros. Returns ``length``.
+        """
+        base = self._base
+        if base < 0 or not base <= position < base + self.segment_length:
+            base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
+            self._open(base)
+        if position - base + length > self.segment_length:
+            raise ArchiveStorageError(f"read of {length} bytes at {position} crosses a segment boundary")
+        got = os.preadv(self._fd, [buffer[:length]], position - base)
+        while got < length:
+            n = os.preadv(self._fd, [buffer[got:length]], position - base + got)
+            if n <= 0:
+                buffer[got:length] = bytes(length - got)
+                break
+            got += n
+        return length
+
+    def read(self, position: int, length: int) -> bytes:
+        buf = bytearray(length)
+        self.read_into(position, memoryview(buf), length)
+        return bytes(buf)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._base = -1
+
+
+# ---------------------------------------------------------------------------------- recovery
+
+
+def recovered_end(directory: Path, descriptor: RecordingDescriptor) -> int:
+    """Where the complete frames of a recording end, by scanning its last segment file."""
+    d = descriptor
+    bases = list_segments(directory, d.recording_id)
+    start_base = segment_base_position(d.start_position, d.start_position, d.term_buffer_length, d.segment_file_length)
+    bases = [b for b in bases if b >= start_base]
+    if not bases:
+        return d.start_position
+    last = bases[-1]
+    path = Path(directory) / segment_file_name(d.recording_id, last)
+    data = path.read_bytes()[: d.segment_file_length]
+    first = d.start_position - last if last == start_base else 0
+    first = max(0, first)
+    if first > len(data):
+        return last + first if last == start_base else last
+    end = scan_frames(data, first, len(data), term_length=d.term_buffer_length, stream_id=d.stream_id)
+    return last + end
+
+
+def truncate_segments(directory: Path, descriptor: RecordingDescriptor, position: int, sync_level: int = 0) -> None:
+    """Remove every byte of the recording at or after ``position`` from its segment files."""
+    d = descriptor
+    directory = Path(directory)
+    keep_base = segment_base_position(d.start_position, position, d.term_buffer_length, d.segment_file_length)
+    changed = False
+    for base in list_segments(directory, d.recording_id):
+        path = directory / segment_file_name(d.recording_id, base)
+        if base > keep_base or (base == keep_base and position == base and base > d.start_position):
+            path.unlink(missing_ok=True)
+            changed = True
+        elif base == keep_base:
+            size = path.stat().st_size
+            if size > position - base:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.ftruncate(fd, position - base)
+                    if sync_level >= 1:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+    if changed and sync_level >= 2:
+        _fsync_dir(directory)
+
+
+def delete_segments(directory: Path, recording_id: int) -> int:
+    """Delete every segment file of a recording; return how many there were."""
+    bases = list_segments(directory, recording_id)
+    for base in bases:
+        (Path(directory) / segment_file_name(recording_id, base)).unlink(missing_ok=True)
+    return len(bases)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One change recovery made, for the log."""
+
+    recording_id: int
+    what: str
+    old_stop_position: int
+    new_stop_position: int
+
+
+def recover(directory: Path, store: CatalogStore, now_ns: int | None = None) -> list[Repair]:
+    """Reconcile the catalog with the segment files after a crash (see the module docstring)."""
+    catalog = store.catalog
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    repairs: list[Repair] = []
+    for d in list(catalog):
+        end = recovered_end(directory, d)
+        if d.stop_position == NULL_POSITION:
+            catalog.update_recording_stopped(d.recording_id, end, now_ns)
+            repairs.append(Repair(d.recording_id, "active at crash: stop position recovered", NULL_POSITION, end))
+            stop = end
+        elif end < d.stop_position:
+            catalog.update_recording_stopped(d.recording_id, end, d.stop_timestamp)
+            repairs.append(Repair(d.recording_id, "data ends before the stop position", d.stop_position, end))
+            stop = end
+        else:
+            stop = d.stop_position
+            if end > stop:
+                repairs.append(Repair(d.recording_id, "data beyond the stop position removed", stop, stop))
+        store.flush()
+        truncate_segments(directory, d, stop, store.sync_level)
+    return repairs
+
+
+# ---------------------------------------------------------------------------------- tools
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    position: int
+    frame_length: int
+    flags: int
+    frame_type: int
+    term_offset: int
+    session_id: int
+    stream_id: int
+    term_id: int
+    reserved_value: int
+    payload: bytes
+
+
+def iter_frames(
+    directory: Path, descriptor: RecordingDescriptor, from_position: int | None = None, to_position: int | None = None
+) -> Iterator[FrameInfo]:
+    """Frames of a recording in ``[from_position, to_position)``; stops at the first bad frame."""
+    d = descriptor
+    position = d.start_position if from_position is None else from_position
+    end = d.stop_position if to_position is None else to_position
+    if end == NULL_POSITION:
+        end = recovered_end(directory, d)
+    reader = SegmentReader(directory, d)
+    try:
+        while position < end:
+            seg_end = reader.segment_end(position)
+            chunk_end = min(end, seg_end, position + 4 * 1024 * 1024)
+            data = reader.read(position, chunk_end - position)
+            offset = 0
+            while offset + HEADER_LENGTH <= len(data):
+                flen, _v, flags, ftype, toff, sid, stid, tid, rv = _HEADER.unpack_from(data, offset)
+                if flen < HEADER_LENGTH:
+                    return
+                aligned = align(flen)
+                if ftype == FRAME_TYPE_DATA and offset + aligned > len(data):
+                    break  # continue in the next chunk
+                payload = data[offset + HEADER_LENGTH : offset + flen] if ftype == FRAME_TYPE_DATA else b""
+                yield FrameInfo(position + offset, flen, flags, ftype, toff, sid, stid, tid, rv, payload)
+                offset += aligned
+            if offset == 0:
+                return
+            position += offset
+    finally:
+        reader.close()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    recording_id: int
+    ok: bool
+    frames: int
+    checked_to: int
+    bad_position: int | None = None
+    reason: str = ""
+
+
+def _why_bad(data: bytes, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
+    if offset + HEADER_LENGTH > len(data):
+        return "frame header runs past the end of the data"
+    flen, version, _flags, ftype, toff, _sid, stid, _tid, _rv = _HEADER.unpack_from(data, offset)
+    if flen == 0:
+        return "frame length is 0 (no data where the recording says there is)"
+    if flen < HEADER_LENGTH:
+        return f"frame length {flen} is shorter than the header"
+    if version != 0:
+        return f"frame version {version} is not 0"
+    if ftype not in (FRAME_TYPE_DATA, FRAME_TYPE_PAD):
+        return f"frame type {ftype} is neither DATA nor PAD"
+    expected = position & (d.term_buffer_length - 1)
+    if toff != expected:
+        return f"term offset {toff} does not match the position (expected {expected})"
+    if stid != d.stream_id:
+        return f"stream id {stid} differs from the recording's {d.stream_id}"
+    if offset + align(flen) > limit:
+        return f"frame of length {flen} runs past the end of the recording"
+    return "frame crosses a term boundary"
+
+
+def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> VerifyResult:
+    """Check every frame from the start to the stop position; report the first bad one."""
+    d = descriptor
+    stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(directory, d)
+    position = d.start_position
+    frames = 0
+    reader = SegmentReader(directory, d)
+    try:
+        while position < stop:
+            seg_end = reader.segment_end(position)
+            chunk_end = min(stop, seg_end)
+            try:
+                data = reader.read(position, chunk_end - position)
+            except ArchiveStorageError as e:
+                return VerifyResult(d.recording_id, False, frames, position, position, str(e))
+            # scan_frames checks term offsets against the buffer's own offsets: give it a buffer
+            # that starts on a term boundary.
+            lead = position & (d.term_buffer_length - 1)
+            buf = bytes(lead) + data
+            end = scan_frames(buf, lead, len(buf), term_length=d.term_buffer_length, stream_id=d.stream_id)
+            n = 0
+            off = lead
+            while off < end:
+                (flen,) = struct.unpack_from("<i", buf, off)
+                off += align(flen)
+                n += 1
+            frames += n
+            if end < len(buf):
+                bad = position + end - lead
+                return VerifyResult(d.recording_id, False, frames, bad, bad, _why_bad(buf, end, bad, d, len(buf)))
+            position = chunk_end
+    finally:
+        reader.close()
+    return VerifyResult(d.recording_id, True, frames, stop)

@@ -1,0 +1,205 @@
+"""``cluster-node archive``: look into an archive directory (list, describe, dump, verify, truncate).
+
+The tools read the catalog and the segment files directly, so they work on a stopped node and on
+a running one (read-only commands). ``truncate`` changes the archive and refuses to run while an
+archive holds the directory. ``--dir`` takes an archive directory (holding ``archive.catalog``) or
+a node directory (holding ``archive/archive.catalog``).
+
+``dump`` decodes what it recognises: cluster log messages (session messages and the other log
+messages of ``cluster_node.codecs``); anything else is shown as the first bytes in hex.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import click
+
+from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.codecs import NULL_POSITION
+from archive.segments import FRAME_TYPE_DATA, is_aligned
+from archive.storage import (
+    CATALOG_FILE_NAME,
+    ArchiveStorageError,
+    iter_frames,
+    list_segments,
+    recovered_end,
+    truncate_segments,
+    verify_recording,
+)
+
+_MARK = "archive-mark.dat"
+
+
+def _archive_dir(directory: Path) -> Path:
+    if not directory.exists():
+        raise click.ClickException(f"no such directory: {directory}")
+    for candidate in (directory, directory / "archive"):
+        if (candidate / CATALOG_FILE_NAME).is_file():
+            return candidate
+    raise click.ClickException(f"no archive catalog in {directory} (looked for {CATALOG_FILE_NAME} and archive/{CATALOG_FILE_NAME})")
+
+
+def _catalog(directory: Path) -> Catalog:
+    path = directory / CATALOG_FILE_NAME
+    try:
+        return Catalog.from_bytes(path.read_bytes(), strict=False)
+    except CatalogError as e:
+        raise click.ClickException(f"{path}: {e}") from None
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from None
+
+
+def _descriptor(catalog: Catalog, recording_id: int) -> RecordingDescriptor:
+    d = catalog.find(recording_id)
+    if d is None:
+        known = ", ".join(str(r.recording_id) for r in catalog) or "none"
+        raise click.ClickException(f"no recording {recording_id} in the catalog (recordings: {known})")
+    return d
+
+
+def _stop_text(d: RecordingDescriptor) -> str:
+    return "active" if d.stop_position == NULL_POSITION else str(d.stop_position)
+
+
+@click.group("archive")
+def archive() -> None:
+    """Inspect and repair an archive directory (recordings and segment files)."""
+
+
+_dir_option = click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
+                           help="archive directory, or node directory holding archive/")
+
+
+@archive.command("list")
+@_dir_option
+def list_cmd(directory: Path) -> None:
+    """List the recordings as a table."""
+    adir = _archive_dir(directory)
+    catalog = _catalog(adir)
+    rows = [("id", "start", "stop", "bytes", "stream", "session", "segments", "channel")]
+    for d in catalog:
+        stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
+        rows.append((
+            str(d.recording_id), str(d.start_position), _stop_text(d), str(stop - d.start_position),
+            str(d.stream_id), str(d.session_id), str(len(list_segments(adir, d.recording_id))), d.original_channel,
+        ))
+    if len(rows) == 1:
+        click.echo(f"no recordings in {adir}")
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(cell.ljust(w) if i == len(r) - 1 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+
+
+@archive.command()
+@_dir_option
+@click.argument("recording_id", type=int)
+def describe(directory: Path, recording_id: int) -> None:
+    """Every field of one recording's descriptor, and its segment files."""
+    adir = _archive_dir(directory)
+    d = _descriptor(_catalog(adir), recording_id)
+    for name in d.__struct_fields__:
+        click.echo(f"{name:20} {getattr(d, name)}")
+    bases = list_segments(adir, recording_id)
+    click.echo(f"{'segments':20} {len(bases)}: " + ", ".join(f"{recording_id}-{b}.rec" for b in bases))
+
+
+def _decode_payload(payload: bytes) -> str:
+    try:
+        from cluster_node import codecs as cc
+
+        template_id = cc.peek_template_id(payload)
+        if template_id == cc.SESSION_MESSAGE_TEMPLATE_ID:
+            header, body = cc.decode_session_message(payload)
+            return (f"SessionMessage term={header.leadership_term_id} session={header.cluster_session_id} "
+                    f"ts={header.timestamp} payload={len(body)}B {bytes(body[:16]).hex()}")
+        return repr(cc.decode_log(payload))
+    except Exception:  # noqa: BLE001 - not a cluster message: show raw bytes
+        return payload[:24].hex() + ("..." if len(payload) > 24 else "")
+
+
+@archive.command()
+@_dir_option
+@click.argument("recording_id", type=int)
+@click.option("--from", "from_position", type=int, default=None, help="first position (frame aligned)")
+@click.option("--to", "to_position", type=int, default=None, help="position to stop before")
+@click.option("--limit", type=int, default=1000, show_default=True, help="most frames to print (0: all)")
+@click.option("--raw", is_flag=True, help="do not decode payloads")
+def dump(directory: Path, recording_id: int, from_position: int | None, to_position: int | None, limit: int,
+         raw: bool) -> None:
+    """Print frames: position, length, type, flags, session, and the decoded message where known."""
+    adir = _archive_dir(directory)
+    d = _descriptor(_catalog(adir), recording_id)
+    if from_position is not None and (not is_aligned(from_position) or from_position < d.start_position):
+        raise click.ClickException(f"--from {from_position} must be 32-byte aligned and >= {d.start_position}")
+    shown = 0
+    try:
+        for f in iter_frames(adir, d, from_position, to_position):
+            kind = "DATA" if f.frame_type == FRAME_TYPE_DATA else "PAD"
+            text = "" if f.frame_type != FRAME_TYPE_DATA else (f.payload[:24].hex() if raw else _decode_payload(f.payload))
+            click.echo(f"{f.position:>12} {f.frame_length:>6} {kind:4} {f.flags:#04x} session={f.session_id} "
+                       f"term={f.term_id} {text}")
+            shown += 1
+            if limit and shown >= limit:
+                break
+    except ArchiveStorageError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@archive.command()
+@_dir_option
+@click.argument("recording_id", type=int, required=False)
+def verify(directory: Path, recording_id: int | None) -> None:
+    """Check every frame of every (or one) recording; report the first bad one of each."""
+    adir = _archive_dir(directory)
+    catalog = _catalog(adir)
+    descriptors = [_descriptor(catalog, recording_id)] if recording_id is not None else list(catalog)
+    bad = 0
+    for d in descriptors:
+        r = verify_recording(adir, d)
+        if r.ok:
+            click.echo(f"recording {d.recording_id}: OK, {r.frames} frames, [{d.start_position}, {r.checked_to})")
+        else:
+            bad += 1
+            click.echo(f"recording {d.recording_id}: BAD at position {r.bad_position} "
+                       f"(after {r.frames} good frames): {r.reason}")
+    if bad:
+        raise SystemExit(1)
+
+
+@archive.command()
+@_dir_option
+@click.argument("recording_id", type=int)
+@click.argument("position", type=int)
+def truncate(directory: Path, recording_id: int, position: int) -> None:
+    """Cut a stopped recording at POSITION (the archive must not be running)."""
+    adir = _archive_dir(directory)
+    mark = adir / _MARK
+    fd = os.open(mark, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise click.ClickException(f"an archive is running on {adir}: stop it, or truncate through it") from None
+        catalog = _catalog(adir)
+        d = _descriptor(catalog, recording_id)
+        stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
+        if not is_aligned(position) or not d.start_position <= position <= stop:
+            raise click.ClickException(
+                f"position {position} must be 32-byte aligned and within [{d.start_position}, {stop}]")
+        catalog.update_recording_stopped(recording_id, position, d.stop_timestamp if d.stop_timestamp >= 0 else 0)
+        path = adir / CATALOG_FILE_NAME
+        cfd = os.open(path, os.O_RDWR)
+        try:
+            for r in catalog.take_dirty():
+                os.pwrite(cfd, catalog.view(r), r.start)
+            os.fsync(cfd)
+        finally:
+            os.close(cfd)
+        truncate_segments(adir, d, position, sync_level=1)
+        click.echo(f"recording {recording_id} truncated at {position} (was {_stop_text(d)})")
+    finally:
+        os.close(fd)

@@ -1,0 +1,113 @@
+"""The archive in the test's own trio loop (driver, archive and client together): the control
+operations the process tests do not cover, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from archive.client import ArchiveClient, ArchiveError, signal_is
+from archive.codecs import ArchiveErrorCode, RecordingSignal
+from archive.conductor import RECORDING_POSITION_TYPE_ID, ArchiveConfig, open_archive
+from archive.storage import ArchiveStorageError, list_segments
+from media.counters import CountersReader
+from media.driver import open_media_driver
+
+TERM = 64 * 1024
+
+
+async def _record(client, driver, stream_id, count, size=100):
+    await client.start_recording("aeron:ipc", stream_id)
+    pub = driver.add_publication("aeron:ipc?term-length=64k", stream_id)
+    start = await client.wait_for_signal(signal_is(RecordingSignal.START), 10)
+    with trio.fail_after(20):
+        for i in range(count):
+            while pub.offer(i.to_bytes(4, "little") * (size // 4)) < 0:
+                await trio.sleep(0.001)
+        while await client.get_max_recorded_position(start.recording_id) < pub.position:
+            await trio.sleep(0.01)
+    return start.recording_id, pub
+
+
+async def test_control_operations_and_bad_requests(tmp_path):
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        config = ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)
+        async with open_archive(driver, config) as archive:
+            with pytest.raises(ArchiveStorageError, match="in use by another archive"):
+                async with open_archive(driver, config):
+                    pass
+            client = await ArchiveClient.connect(driver)
+            rid, pub = await _record(client, driver, 1, 3000)
+            # The recording position is a counter in the driver's counters file.
+            with CountersReader.open(driver.counters.path) as reader:
+                (info,) = [c for c in reader.find(type_id=RECORDING_POSITION_TYPE_ID) if c.registration_id == rid]
+                assert info.value == pub.position
+            assert await client.get_recording_position(rid) == pub.position
+            assert await client.get_stop_position(rid) == -1
+            with pytest.raises(ArchiveError) as e:
+                await client.truncate_recording(rid, 0)
+            assert e.value.error_code == ArchiveErrorCode.ACTIVE_RECORDING
+            with pytest.raises(ArchiveError) as e:
+                await client.start_recording("aeron:ipc", 1)
+            assert e.value.error_code == ArchiveErrorCode.ACTIVE_SUBSCRIPTION
+
+            # A bounded replay stops at its limit counter's value, and moves on when it moves.
+            limit = driver.counters.allocate("replay limit", 1000)
+            limit.set(160 * 10)
+            sub = driver.add_subscription("aeron:ipc", 50)
+            replay_id = await client.bounded_replay(rid, 0, 1 << 40, limit.counter_id, "aeron:ipc", 50)
+            got = []
+            image = None
+            with trio.fail_after(10):
+                while len(got) < 10:
+                    image = sub.image_by_session_id(_sid(replay_id))
+                    if image is None or not image.poll(lambda b, o, n, h: got.append(h.position), 100):
+                        await sub.wait(0.02)
+            await trio.sleep(0.1)
+            image.poll(lambda b, o, n, h: got.append(h.position), 100)
+            assert len(got) == 10 and got[-1] == 1600
+            limit.set(160 * 20)
+            with trio.fail_after(10):
+                while len(got) < 20:
+                    if not image.poll(lambda b, o, n, h: got.append(h.position), 100):
+                        await sub.wait(0.02)
+            # Stop it by recording: StopAllReplays.
+            await client.stop_all_replays(rid)
+            with pytest.raises(ArchiveError) as e:
+                await client.stop_replay(12345)
+            assert e.value.error_code == ArchiveErrorCode.UNKNOWN_REPLAY
+
+            # Stop by identity, then purge.
+            assert await client.stop_recording_by_identity(rid) is True
+            stop = await client.wait_for_signal(signal_is(RecordingSignal.STOP, rid), 10)
+            assert stop.position == pub.position
+            assert await client.stop_recording_by_identity(rid) is False
+            with trio.fail_after(5):
+                while archive.replays:
+                    await trio.sleep(0.01)
+            assert list_segments(tmp_path / "archive", rid)
+            await client.purge_recording(rid)
+            await client.wait_for_signal(signal_is(RecordingSignal.DELETE, rid), 10)
+            assert await client.list_recording(rid) is None
+            assert list_segments(tmp_path / "archive", rid) == []
+            with pytest.raises(ArchiveError) as e:
+                await client.start_replay(rid, 0, 64, "aeron:ipc", 50)
+            assert e.value.error_code == ArchiveErrorCode.UNKNOWN_RECORDING
+
+            # Garbage and requests for unknown control sessions are counted and dropped.
+            raw = driver.add_publication("aeron:ipc", 10)
+            with trio.fail_after(5):
+                while raw.offer(b"\x93\x3d\xff") < 0:
+                    await trio.sleep(0.01)
+                while raw.offer(b"\x00garbage") < 0:
+                    await trio.sleep(0.01)
+                while archive.invalid_requests < 2:
+                    await trio.sleep(0.01)
+            await client.keep_alive()  # the archive still serves
+            raw.close()
+            await client.close()
+
+
+def _sid(replay_session_id: int) -> int:
+    low = replay_session_id & 0xFFFFFFFF
+    return low - 2**32 if low & 0x80000000 else low
