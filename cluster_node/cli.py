@@ -9,6 +9,8 @@ from __future__ import annotations
 import click
 
 from cluster_node import __version__
+from cluster_node.archive_cmd import archive
+from cluster_node.run_cmd import run
 from cluster_node.stat_cmd import stat
 
 
@@ -18,7 +20,9 @@ def main() -> None:
     """Run and operate a fault-tolerant replicated state machine cluster."""
 
 
+main.add_command(run)
 main.add_command(stat)
+main.add_command(archive)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

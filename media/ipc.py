@@ -228,9 +228,12 @@ class IpcTransport:
         state.rescan = False
         if not state.dir.is_dir():
             return
+        wanted = state.sub.channel.session_id  # aeron:ipc?session-id=N: that publication only
         for path in state.dir.glob("*.logbuffer"):
             key = path.name
             if key in state.images:
+                continue
+            if wanted is not None and key != f"{wanted}.logbuffer":
                 continue
             try:
                 lb = LogBuffer.open(path)

@@ -92,6 +92,7 @@ class ServiceAgent:
         send_to_consensus: Callable[[bytes], int],
         egress_offer: EgressOffer | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_session_change: Callable[[ClientSession, bool], None] | None = None,
     ) -> None:
         self.service = service
         self._member_id = member_id
@@ -99,6 +100,8 @@ class ServiceAgent:
         self._send = send_to_consensus
         self._egress_offer = egress_offer
         self._on_error = on_error or (lambda _msg: None)
+        self._on_session_change = on_session_change
+        """``(session, opened)`` before the service hears of it (the container's egress)."""
         self._role = Role.FOLLOWER
         self._log_position = 0
         self._leadership_term_id = NULL_VALUE
@@ -207,12 +210,16 @@ class ServiceAgent:
                 msg.encoded_principal, self._offer_to_client,
             )
             self._sessions[session.id] = session
+            if self._on_session_change is not None:
+                self._on_session_change(session, True)
             service.on_session_open(session, msg.timestamp)
         elif isinstance(msg, SessionCloseEvent):
             self._time = msg.timestamp
             session = self._sessions.pop(msg.cluster_session_id, None)
             if session is not None:
                 service.on_session_close(session, msg.timestamp, CloseReason(msg.close_reason))
+                if self._on_session_change is not None:
+                    self._on_session_change(session, False)
         elif isinstance(msg, TimerEvent):
             self._time = msg.timestamp
             service.on_timer_event(msg.correlation_id, msg.timestamp)

@@ -38,6 +38,7 @@ from cluster_node.service.api import ClientSession, ClusteredService, Role
 from media.channel import parse
 from media.doorbell import Doorbell
 from media.ipc import IpcTransport
+from media.publication import OfferResult
 
 __all__ = ["ServiceContainer", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID"]
 
@@ -80,6 +81,8 @@ class ServiceContainer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._egress: dict[int, object] = {}
+        self._egress_waited: dict[int, bool] = {}
+        self.egress_connect_timeout_s = 0.5
         self.started = threading.Event()
 
     # ------------------------------------------------------------------ thread control
@@ -116,16 +119,42 @@ class ServiceContainer:
 
     # ------------------------------------------------------------------ egress
 
-    def _egress_offer(self, session: ClientSession, payload) -> int:
+    def _egress_pub(self, session: ClientSession):
         pub = self._egress.get(session.id)
-        if pub is None:
-            if self._open_egress is None:
-                return -1
-            pub = self._open_egress(session.response_channel, session.response_stream_id)
+        if pub is None and self._open_egress is not None:
+            try:
+                pub = self._open_egress(session.response_channel, session.response_stream_id)
+            except Exception as e:  # noqa: BLE001 - a client's unusable channel
+                log.warning("egress channel refused", session=session.id, error=str(e))
+                return None
             self._egress[session.id] = pub
+        return pub
+
+    def _on_session_change(self, session: ClientSession, opened: bool) -> None:
+        if opened:
+            if self.agent is not None and self.agent.role == Role.LEADER:
+                self._egress_pub(session)  # connect now, so the first reply finds it connected
+        else:
+            pub = self._egress.pop(session.id, None)
+            if pub is not None:
+                pub.close()
+
+    def _egress_offer(self, session: ClientSession, payload) -> int:
+        pub = self._egress_pub(session)
+        if pub is None:
+            return -1
         agent = self.agent
         data = encode_session_message(agent.leadership_term_id, session.id, agent.time, payload)
-        return pub.offer(data)
+        result = pub.offer(data)
+        if result == OfferResult.NOT_CONNECTED and not self._egress_waited.get(session.id):
+            # A publication made a moment ago needs a round trip to its client before it takes
+            # data: wait for that once per session (bounded), rather than drop the first reply.
+            self._egress_waited[session.id] = True
+            deadline = time.monotonic() + self.egress_connect_timeout_s
+            while not pub.is_connected and time.monotonic() < deadline:
+                time.sleep(0.0005)
+            result = pub.offer(data)
+        return result
 
     # ------------------------------------------------------------------ duty cycle
 
@@ -140,6 +169,7 @@ class ServiceContainer:
         agent = self.agent = ServiceAgent(
             self.service, member_id=self.member_id, service_id=self.service_id,
             send_to_consensus=send, egress_offer=self._egress_offer,
+            on_session_change=self._on_session_change,
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
         )
         agent.start(None, 0)

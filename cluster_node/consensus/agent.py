@@ -1,0 +1,947 @@
+"""The consensus agent: the trio shell around the consensus core of one node.
+
+It runs in the node's conductor thread, beside the media driver and the archive, and talks to
+them only through the media layer (publications, subscriptions, counters) and the archive's
+control protocol. Every decision is made by the pure cores (``module.ConsensusModule`` with its
+``election.Election``, ``sessions.ClusterSessions``, ``timers.Timers``, ``pending.
+PendingServiceMessages``); this module feeds them inputs and executes their effects, in order.
+
+The log's path through a node
+=============================
+Every node keeps one *local log*: an exclusive IPC publication on the log stream (100), created
+per leadership term at the term's base position with the recording's initial term id and term
+length, so positions are the cluster's positions. The archive records it (one recording, extended
+each term); the service thread reads it, bounded by the commit position::
+
+    leader    ingress --> [core: sessions, timers, service messages] --> local log (IPC)
+                                      local log --copy blocks--> log publication (UDP MDC) --> followers
+    follower  log image (UDP, live or catchup destination) --copy blocks--> local log (IPC)
+    every     local log --> archive recording --> recording position --> append position
+              local log --> service thread (bounded by the commit-position counter)
+
+Copies are whole blocks of frames (``Image.block_poll`` -> ``offer_block``), so a frame keeps its
+position everywhere. Nothing is written to a new local log until its readers (the service, the
+archive, the leader's copier) have joined it: an IPC subscriber joins at the tail, and the tail
+of a publication nobody wrote to is its start.
+
+Replays (leader replay, follower replay at start) come from the archive on the replay stream
+(103) into this agent, which copies them into a local log of their own for the service (no
+recording is active then), so the service only ever reads local logs named by a JoinLog.
+
+The followers' consensus agent also applies the committed log to its own state (the log adapter:
+session opens and closes, timer events, service messages), so whichever member leads next knows
+the sessions, timers and pending service messages.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import trio
+
+from archive.client import ArchiveClient, ArchiveError, find_recording_position_counter
+from archive.codecs import RecordingSignal
+from cluster_node import codecs
+from cluster_node.codecs import (
+    CONSENSUS_CODEC,
+    CONSENSUS_TO_SERVICE_CODEC,
+    EGRESS_CODEC,
+    INGRESS_CODEC,
+    LOG_CODEC,
+    NULL_POSITION,
+    NULL_VALUE,
+    SERVICE_TO_CONSENSUS_CODEC,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    CodecError,
+    encode_session_message,
+)
+from cluster_node.config import NodeConfig
+from cluster_node.consensus import effects as fx
+from cluster_node.consensus.election import ElectionState
+from cluster_node.consensus.members import ClusterMember
+from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
+from cluster_node.consensus.node_files import NodeStateFile
+from cluster_node.consensus.pending import PendingServiceMessages
+from cluster_node.consensus.recording_log import RecordingLog
+from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
+from cluster_node.consensus.timers import Timers
+from media.counters import CountersReader, counters_path
+from media.doorbell import ring
+from media.publication import OfferResult
+
+__all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
+
+log = structlog.get_logger("consensus")
+
+_FRAGMENTS = 256
+_BLOCK = 256 * 1024
+
+
+class CounterTypes:
+    """Counter type ids of the node's own counters (the reference cluster's numbers)."""
+
+    CONSENSUS_MODULE_STATE = 200
+    NODE_ROLE = 201
+    COMMIT_POSITION = 203
+    ELECTION_STATE = 207
+    LEADERSHIP_TERM_ID = 239
+    APPEND_POSITION = 240
+    ERRORS = 212
+
+
+class RecordingLogFile:
+    """recording.log on disk: decoded once, patched in place with the core's writes, synced."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        data = path.read_bytes() if path.exists() else b""
+        self.log = RecordingLog.decode(data)
+        valid = len(self.log.encode())
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if valid < len(data):
+            os.ftruncate(fd, valid)  # a torn last entry from a crash
+        self.fd = fd
+
+    def apply(self, writes) -> None:
+        for offset, data in writes:
+            os.pwrite(self.fd, data, offset)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Refused(Exception):
+    """A block copy found its destination full: the source keeps its position."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+@dataclass
+class _LocalLog:
+    """One local log publication (IPC) and what must join it before it is written."""
+
+    pub: object
+    session_id: int
+    start_position: int
+    readers: int
+    purpose: str  # "live" or "replay"
+
+
+def _free_udp_port(host: str) -> int:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+class ConsensusAgent:
+    """The consensus duty cycle of one node (see the module docstring)."""
+
+    def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
+                 service_count: int = 1) -> None:
+        self.cfg = config
+        self.driver = driver
+        self.archive = archive
+        self.service_bell = service_bell
+        self.service_count = service_count
+        cl = config.cluster
+        self.log_stream_id = cl.log_stream_id
+        self.replay_stream_id = cl.replay_stream_id
+        self.term_length = cl.log_term_length
+        node_dir = config.node_dir
+        node_dir.mkdir(parents=True, exist_ok=True)
+        self.recording_log_file = RecordingLogFile(node_dir / "recording.log")
+        self.node_state = NodeStateFile.open(node_dir)
+        self.rng = random.Random()
+        self.counters = {
+            name: driver.counters.allocate(f"cluster {name}: member {config.member_id}", type_id, config.member_id)
+            for name, type_id in (
+                ("role", CounterTypes.NODE_ROLE),
+                ("commit-pos", CounterTypes.COMMIT_POSITION),
+                ("election-state", CounterTypes.ELECTION_STATE),
+                ("leadership-term-id", CounterTypes.LEADERSHIP_TERM_ID),
+                ("append-pos", CounterTypes.APPEND_POSITION),
+                ("errors", CounterTypes.ERRORS),
+                ("cm-state", CounterTypes.CONSENSUS_MODULE_STATE),
+            )
+        }
+        self.counters["leadership-term-id"].set(-1)
+        self.module: ConsensusModule | None = None
+        self.sessions = ClusterSessions(
+            member_id=config.member_id, ingress_endpoints=config.ingress_endpoints_text,
+            settings=SessionSettings(config.timeouts.session_timeout_ns, cl.max_sessions),
+        )
+        self.timers = Timers()
+        self.pending = PendingServiceMessages()
+        self._consensus_pubs: dict[int, object] = {}
+        self._egress: dict[int, object] = {}
+        self._ingress_sub = None
+        self._consensus_sub = None
+        self._to_service = None
+        self._from_service = None
+        # Log plumbing
+        self.recording_id = NULL_VALUE
+        self.initial_term_id = 0
+        self._rec_counter_id: int | None = None
+        self._counters_reader: CountersReader | None = None
+        self.local: _LocalLog | None = None  # the live local log
+        self._local_reader = None  # leader: our subscription of the local log (copied to MDC)
+        self._local_reader_image = None
+        self._mdc = None  # leader: the UDP log publication
+        self._mdc_destinations: set[str] = set()
+        self._follower_sub = None  # follower: log subscription (MDS)
+        self._follower_image = None
+        self._follower_session = NULL_VALUE
+        self._replay = None  # (replay_id, archive replay session id, to_position, sub, image, local log)
+        self._replication = None  # (replication_id, archive replication id)
+        self._catchup_replays: dict[int, int] = {}  # follower member id -> archive replay session id
+        self._appends: list = []  # AppendLog effects waiting for the local log to be ready
+        self._log_adapter_sub = None  # follower: reads the local log bounded by commit
+        self._log_adapter_image = None
+        self._tasks: trio.Nursery | None = None
+        self.last_recording_position = NULL_POSITION
+        self.catchup_endpoint = ""
+        self.stopping = False
+        self.errors = 0
+        self.elections_completed = 0
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Recover from the files and the archive, open the channels, start the election."""
+        self._tasks = nursery
+        cfg = self.cfg
+        me = cfg.this_member
+        self._counters_reader = CountersReader.open(counters_path(self.driver.dir))
+        await self._recover_log_recording()
+        rl = self.recording_log_file.log
+        stop = await self.archive.get_stop_position(self.recording_id)
+        start = await self.archive.get_start_position(self.recording_id)
+        plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
+        log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
+                 committed=plan.committed_log_position, last_term=plan.last_leadership_term_id)
+        catchup = me.catchup
+        host, _, port = catchup.rpartition(":")
+        if port == "0":
+            catchup = f"{host}:{_free_udp_port(host)}"
+        self.catchup_endpoint = catchup
+        members = [
+            ClusterMember(m.id, m.ingress, m.consensus, m.log, catchup if m.id == me.id else m.catchup, m.archive)
+            for m in cfg.cluster.members
+        ]
+        t = cfg.timeouts
+        settings = ConsensusSettings(
+            election_timeout_ns=t.election_timeout_ns,
+            election_status_interval_ns=t.election_status_interval_ns,
+            leader_heartbeat_interval_ns=t.leader_heartbeat_interval_ns,
+            leader_heartbeat_timeout_ns=t.leader_heartbeat_timeout_ns,
+            startup_canvass_timeout_ns=t.startup_canvass_timeout_ns,
+            replication_progress_timeout_ns=t.replication_progress_timeout_ns,
+            appointed_leader_id=cfg.cluster.appointed_leader_id,
+            catchup_live_window=max(self.term_length // 4, 64 * 1024),
+        )
+        # Consensus channels: a subscription on our endpoint, a publication to each other member.
+        self._consensus_sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={me.consensus}", cfg.cluster.consensus_stream_id)
+        for m in cfg.cluster.members:
+            if m.id != me.id:
+                self._consensus_pubs[m.id] = self.driver.add_publication(
+                    f"aeron:udp?endpoint={m.consensus}|term-length={cfg.cluster.consensus_term_length}",
+                    cfg.cluster.consensus_stream_id, exclusive=False)
+        self._ingress_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.ingress}", cfg.cluster.ingress_stream_id)
+        ipc_control = f"aeron:ipc?term-length={cfg.cluster.ipc_control_term_length}"
+        self._to_service = self.driver.add_publication(ipc_control, cfg.cluster.service_stream_id)
+        self._from_service = self.driver.add_subscription(ipc_control, cfg.cluster.consensus_module_stream_id)
+        now = time.monotonic_ns()
+        self.module = ConsensusModule(
+            cfg.member_id, members, settings, random.Random(), rl, self.node_state.candidate_term_id,
+            self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
+        )
+        self.counters["commit-pos"].set(plan.committed_log_position)
+        self.counters["append-pos"].set(plan.appended_log_position)
+        self.counters["cm-state"].set(1)  # ACTIVE
+        await self._execute(self.module.drain_effects())
+
+    async def _recover_log_recording(self) -> None:
+        """Find the log recording; on a node's first start, create an empty one at position 0."""
+        rl = self.recording_log_file.log
+        last = rl.last_term()
+        if last is not None and last.recording_id != NULL_VALUE:
+            self.recording_id = last.recording_id
+        else:
+            for d in await self.archive.list_recordings():
+                if d.stream_id == self.log_stream_id and d.channel.startswith("aeron:ipc"):
+                    self.recording_id = d.recording_id
+        if self.recording_id == NULL_VALUE:
+            # An empty recording: the archive records a publication nobody writes to, then stops.
+            channel = self._local_channel(0, self.rng.randrange(1, 2**31 - 1))
+            await self.archive.start_recording("aeron:ipc", self.log_stream_id)
+            pub = self.driver.add_publication(channel, self.log_stream_id)
+            signal = await self.archive.wait_for_signal(lambda s: s.signal == RecordingSignal.START, 10.0)
+            self.recording_id = signal.recording_id
+            await self.archive.stop_recording("aeron:ipc", self.log_stream_id)
+            pub.close()
+            log.info("log recording created", recording_id=self.recording_id)
+        d = await self.archive.list_recording(self.recording_id)
+        if d is None:
+            raise RuntimeError(f"log recording {self.recording_id} named by recording.log is not in the archive")
+        self.initial_term_id = d.initial_term_id
+        if d.term_buffer_length != self.term_length:
+            log.warning("log term length differs from the recording's; using the recording's",
+                        config=self.term_length, recording=d.term_buffer_length)
+            self.term_length = d.term_buffer_length
+        if d.stop_position == NULL_POSITION:
+            await self.archive.stop_recording_by_identity(self.recording_id)
+
+    # ------------------------------------------------------------------ channels
+
+    def _local_channel(self, position: int, session_id: int) -> str:
+        tl = self.term_length
+        itid = self.initial_term_id
+        term_id = (itid + position // tl + 2**31) % 2**32 - 2**31
+        return (f"aeron:ipc?term-length={tl}|init-term-id={itid}|term-id={term_id}|"
+                f"term-offset={position % tl}|session-id={session_id}|alias=log")
+
+    def _send_service(self, message) -> bool:
+        return self._to_service.offer(CONSENSUS_TO_SERVICE_CODEC.encode(message)) > 0
+
+    def _open_local_log(self, position: int, session_id: int, purpose: str, readers: int) -> _LocalLog:
+        if self.local is not None and purpose == "live":
+            self._close_local_log()
+        pub = self.driver.add_publication(self._local_channel(position, session_id), self.log_stream_id)
+        local = _LocalLog(pub, session_id, position, readers, purpose)
+        role = int(self.module.role) if self.module else 0
+        join = codecs.JoinLog(position, NULL_POSITION, self.cfg.member_id, session_id, self.log_stream_id,
+                              False, role, f"aeron:ipc?session-id={session_id}")
+        if purpose == "replay":
+            join = codecs.JoinLog(position, self._replay_to, self.cfg.member_id, session_id, self.log_stream_id,
+                                  True, role, f"aeron:ipc?session-id={session_id}")
+        self._pending_join = join
+        if not self._send_service(join):
+            self._join_unsent = join
+        return local
+
+    def _close_local_log(self) -> None:
+        if self.local is not None:
+            self.local.pub.close()
+            self.local = None
+        if self._local_reader is not None:
+            self._local_reader.close()
+            self._local_reader = None
+            self._local_reader_image = None
+
+    @staticmethod
+    def _joined(local: _LocalLog | None) -> bool:
+        if local is None:
+            return False
+        lb = local.pub.log
+        try:
+            return sum(1 for _ in lb.active_slots()) >= local.readers
+        except Exception:  # noqa: BLE001 - a closed buffer
+            return False
+
+    # ------------------------------------------------------------------ effects
+
+    async def _execute(self, effects) -> None:
+        for e in effects:
+            try:
+                await self._execute_one(e)
+            except (ArchiveError, OSError, CodecError) as ex:
+                self.errors += 1
+                self.counters["errors"].add(1)
+                log.error("effect failed", effect=type(e).__name__, error=str(ex))
+
+    async def _execute_one(self, e) -> None:
+        t = type(e)
+        m = self.module
+        if t is fx.SendToMember:
+            pub = self._consensus_pubs.get(e.member_id)
+            if pub is not None:
+                pub.offer(CONSENSUS_CODEC.encode(e.message))
+        elif t is fx.AppendLog:
+            self._appends.append((e.message, None))
+            self._flush_appends()
+        elif t is fx.PersistCandidateTerm:
+            self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position, e.timestamp_ns // 1_000_000)
+        elif t is fx.WriteRecordingLog:
+            self.recording_log_file.apply(e.writes)
+        elif t is fx.CommitPositionChanged:
+            self.counters["commit-pos"].set(e.position)
+            self.sessions.on_commit(e.position)
+            self.timers.on_commit(e.position)
+            if m.role == Role.LEADER:
+                self.pending.on_commit(e.position)
+            ring(self.service_bell)
+        elif t is fx.RoleChanged:
+            self.counters["role"].set(e.role)
+            if e.role != Role.LEADER:
+                self.pending.become_follower()
+        elif t is fx.ElectionStateChanged:
+            self.counters["election-state"].set(e.to_state)
+            log.info("election state", from_state=ElectionState(e.from_state).name,
+                     to_state=ElectionState(e.to_state).name, reason=e.reason,
+                     leadership_term_id=e.leadership_term_id, candidate_term_id=e.candidate_term_id,
+                     append_position=m.append_position if m else -1,
+                     commit_position=m.commit_position if m else -1)
+        elif t is fx.NewLeader:
+            self.counters["leadership-term-id"].set(e.leadership_term_id)
+        elif t is fx.ElectionComplete:
+            self.counters["election-state"].set(int(ElectionState.CLOSED))
+            self.counters["leadership-term-id"].set(e.leadership_term_id)
+            self.elections_completed += 1
+            is_startup = self.elections_completed == 1 and m.leadership_term_id == e.leadership_term_id and False
+            self.sessions.on_new_leadership(
+                is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
+                leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.monotonic_ns())
+            await self._execute_sessions()
+            log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
+                     role=Role(e.role).name, log_position=e.log_position)
+        elif t is fx.RollbackUncommitted:
+            self.sessions.rollback(e.commit_position)
+            self.timers.rollback(e.commit_position)
+            self.pending.rollback(e.commit_position)
+            self._appends.clear()
+        elif t is fx.OpenLogPublication:
+            await self._open_leader_log(e)
+        elif t is fx.CloseLogPublication:
+            self._close_leader_log()
+        elif t is fx.StartLogRecording:
+            await self._start_recording(e)
+        elif t is fx.StopLogRecording:
+            await self._stop_recording()
+        elif t is fx.TruncateRecording:
+            await self.archive.truncate_recording(e.recording_id, e.position)
+            self.counters["append-pos"].set(e.position)
+        elif t is fx.OpenLogSubscription:
+            self._open_follower_log(e)
+        elif t is fx.AddLiveDestination:
+            self._follower_sub.add_destination(f"aeron:udp?endpoint={self.cfg.this_member.log}")
+        elif t is fx.AddCatchupDestination:
+            self._follower_sub.add_destination(f"aeron:udp?endpoint={self.catchup_endpoint}")
+        elif t is fx.RemoveCatchupDestination:
+            if self._follower_sub is not None:
+                try:
+                    self._follower_sub.remove_destination(f"aeron:udp?endpoint={self.catchup_endpoint}")
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        elif t is fx.CloseLogSubscription:
+            self._close_follower_log()
+        elif t is fx.StartReplay:
+            await self._start_replay(e)
+        elif t is fx.StopReplay:
+            await self._stop_replay()
+        elif t is fx.StartReplication:
+            await self._start_replication(e)
+        elif t is fx.StopReplication:
+            if self._replication is not None:
+                try:
+                    await self.archive.stop_replication(self._replication[1])
+                except ArchiveError:
+                    pass
+                self._replication = None
+        elif t is fx.StartCatchupReplay:
+            await self._start_catchup_replay(e)
+        elif t is fx.StopCatchupReplay:
+            sid = self._catchup_replays.pop(e.follower_member_id, None)
+            if sid is not None:
+                try:
+                    await self.archive.stop_replay(sid)
+                except ArchiveError:
+                    pass
+
+    # ------------------------------------------------------------------ leader log
+
+    async def _open_leader_log(self, e: fx.OpenLogPublication) -> None:
+        cfg = self.cfg
+        me = cfg.this_member
+        host = me.log.rpartition(":")[0]
+        tl = self.term_length
+        itid = self.initial_term_id
+        pos = e.initial_position
+        term_id = (itid + pos // tl + 2**31) % 2**32 - 2**31
+        channel = (f"aeron:udp?control={host}:0|control-mode=manual|term-length={tl}|init-term-id={itid}|"
+                   f"term-id={term_id}|term-offset={pos % tl}|session-id={e.log_session_id}|mtu={cfg.driver.mtu}")
+        self._mdc = self.driver.add_publication(channel, self.log_stream_id)
+        for m in cfg.cluster.members:
+            if m.id != me.id:
+                self._mdc.add_destination(f"aeron:udp?endpoint={m.log}")
+        # The local log: read by the service, the archive and our MDC copier.
+        self.local = self._open_local_log(pos, e.log_session_id, "live", readers=3)
+        self._local_reader = self.driver.add_subscription(
+            f"aeron:ipc?session-id={e.log_session_id}", self.log_stream_id)
+        self._local_reader_image = None
+
+    def _close_leader_log(self) -> None:
+        if self._mdc is not None:
+            self._mdc.close()
+            self._mdc = None
+        self._close_local_log()
+
+    # ------------------------------------------------------------------ follower log
+
+    def _open_follower_log(self, e: fx.OpenLogSubscription) -> None:
+        self._close_follower_log()
+        self._follower_sub = self.driver.add_subscription("aeron:udp?control-mode=manual", self.log_stream_id)
+        self._follower_session = e.log_session_id
+        self._follower_image = None
+
+    def _close_follower_log(self) -> None:
+        if self._follower_sub is not None:
+            self._follower_sub.close()
+        self._follower_sub = None
+        self._follower_image = None
+        if self.module is None or self.module.role != Role.LEADER:
+            self._close_local_log()
+        if self._log_adapter_sub is not None:
+            self._log_adapter_sub.close()
+            self._log_adapter_sub = None
+            self._log_adapter_image = None
+
+    # ------------------------------------------------------------------ recording
+
+    async def _start_recording(self, e: fx.StartLogRecording) -> None:
+        if not e.is_leader:
+            # The follower's local log starts where our recording stops; the image copies in.
+            self.local = self._open_local_log(e.position, e.log_session_id, "live", readers=2)
+        await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={e.log_session_id}",
+                                            self.log_stream_id)
+        self._rec_counter_id = None
+
+    async def _stop_recording(self) -> None:
+        try:
+            await self.archive.stop_recording_by_identity(self.recording_id)
+        except ArchiveError as ex:
+            log.warning("stop recording refused", error=str(ex))
+        stop = await self.archive.get_stop_position(self.recording_id)
+        self._rec_counter_id = None
+        self.module.on_log_recording_stopped(stop, time.monotonic_ns())
+
+    def _recording_position(self) -> int | None:
+        reader = self._counters_reader
+        if self._rec_counter_id is None:
+            self._rec_counter_id = find_recording_position_counter(reader, self.recording_id)
+            if self._rec_counter_id is None:
+                return None
+        return reader.get(self._rec_counter_id)
+
+    # ------------------------------------------------------------------ replays
+
+    async def _start_replay(self, e: fx.StartReplay) -> None:
+        self._replay_to = e.to_position
+        if e.to_position <= e.from_position:
+            self.module.on_replay_done(e.replay_id, time.monotonic_ns())
+            return
+        sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
+        sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
+                                              "aeron:ipc", self.replay_stream_id)
+        local = self._open_local_log(e.from_position, self.rng.randrange(1, 2**31 - 1), "replay", readers=1)
+        self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
+        log.info("replay started", replay_id=e.replay_id, from_position=e.from_position, to_position=e.to_position)
+
+    async def _stop_replay(self) -> None:
+        if self._replay is None:
+            return
+        replay_id, sid, _to, sub, _image, local = self._replay
+        self._replay = None
+        try:
+            await self.archive.stop_replay(sid)
+        except ArchiveError:
+            pass
+        sub.close()
+        local.pub.close()
+
+    def _replay_work(self) -> int:
+        r = self._replay
+        if r is None:
+            return 0
+        replay_id, sid, to, sub, image, local = r
+        if image is None:
+            image = sub.image_by_session_id(sid & 0xFFFFFFFF if sid & 0x80000000 == 0 else (sid & 0xFFFFFFFF) - 2**32)
+            if image is None:
+                return 0
+            r[4] = image
+        if not self._joined(local):
+            return 0
+        work = self._copy(image, local.pub, to)
+        if local.pub.position >= to:
+            self._replay = None
+            sub.close()
+            local.pub.close()  # end of stream for the service after the last entry
+            log.info("replay done", replay_id=replay_id, position=to)
+            self.module.on_replay_done(replay_id, time.monotonic_ns())
+            work += 1
+        return work
+
+    async def _start_replication(self, e: fx.StartReplication) -> None:
+        leader = next(m for m in self.cfg.cluster.members if m.id == e.leader_member_id)
+        me = self.cfg.this_member
+        host = me.archive.rpartition(":")[0]
+        rid = await self.archive.replicate(
+            e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}",
+            src_control_stream_id=self.cfg.archive.control_request_stream_id,
+            stop_position=e.stop_position,
+            replication_channel=f"aeron:udp?endpoint={host}:0",
+        )
+        self._replication = (e.replication_id, rid, e.stop_position)
+        log.info("replication started", leader=e.leader_member_id, stop_position=e.stop_position)
+
+    def _replication_work(self) -> int:
+        if self._replication is None:
+            return 0
+        replication_id, rid, stop = self._replication
+        for s in list(self.archive.signals):
+            if s.recording_id == self.recording_id and s.signal in (RecordingSignal.REPLICATE_END, RecordingSignal.STOP):
+                self.archive.signals.remove(s)
+                if s.signal == RecordingSignal.REPLICATE_END or s.position >= stop:
+                    self._replication = None
+                    self.module.on_recording_position(s.position, time.monotonic_ns())
+                    self.module.on_replication_done(replication_id, time.monotonic_ns())
+                    return 1
+        for r in list(self.archive.async_responses):
+            self.archive.async_responses.remove(r)
+            self._replication = None
+            self.module.on_replication_failed(replication_id, r.error_message or "replication failed", time.monotonic_ns())
+            return 1
+        return 0
+
+    async def _start_catchup_replay(self, e: fx.StartCatchupReplay) -> None:
+        member = self.module.member_by_id[e.follower_member_id]
+        endpoint = member.catchup_endpoint
+        channel = f"aeron:udp?endpoint={endpoint}|session-id={e.log_session_id}|mtu={self.cfg.driver.mtu}"
+        sid = await self.archive.start_replay(e.recording_id, e.from_position, -1, channel, self.log_stream_id)
+        self._catchup_replays[e.follower_member_id] = sid
+
+    # ------------------------------------------------------------------ copying blocks
+
+    def _copy(self, image, pub, limit: int = 2**62, budget: int = 8) -> int:
+        """Copy up to ``budget`` blocks of frames from ``image`` to ``pub`` (positions kept)."""
+
+        def handler(buf, offset, length, position):
+            r = pub.offer_block(buf, offset, length)
+            if r < 0:
+                raise _Refused(r)
+
+        work = 0
+        for _ in range(budget):
+            room = limit - image.position
+            if room <= 0:
+                break
+            try:
+                n = image.block_poll(handler, min(_BLOCK, room))
+            except _Refused:
+                break
+            if n <= 0:
+                break
+            work += 1
+        return work
+
+    # ------------------------------------------------------------------ duty cycle
+
+    def _flush_appends(self) -> None:
+        """Append queued log entries in order; each entry's callback learns its position."""
+        local = self.local
+        if local is None or not self._appends or not self._joined(local):
+            return
+        pub = local.pub
+        appends = self._appends
+        i = 0
+        try:
+            for msg, on_done in appends:
+                if type(msg) is codecs.SessionMessage:
+                    h = msg.header
+                    data = encode_session_message(h.leadership_term_id, h.cluster_session_id, h.timestamp, msg.payload)
+                else:
+                    data = LOG_CODEC.encode(msg)
+                position = pub.offer(data)
+                if position < 0:
+                    break
+                if on_done is not None:
+                    on_done(position)
+                i += 1
+        finally:
+            del appends[:i]
+
+    async def _execute_sessions(self) -> None:
+        m = self.module
+        for e in self.sessions.drain_effects():
+            if type(e) is AppendSessionEvent:
+                self._appends.append((e.message, None))
+            elif type(e) is SendEgress:
+                pub = self._egress.get(e.cluster_session_id)
+                if pub is None:
+                    try:
+                        pub = self.driver.add_publication(f"{e.response_channel}", self.cfg.cluster.egress_stream_id
+                                                          if e.response_stream_id <= 0 else e.response_stream_id,
+                                                          exclusive=False)
+                    except Exception as ex:  # noqa: BLE001 - a client's bad channel
+                        log.warning("egress channel refused", channel=e.response_channel, error=str(ex))
+                        continue
+                    if e.cluster_session_id != NULL_VALUE:
+                        self._egress[e.cluster_session_id] = pub
+                self._tasks.start_soon(self._send_egress, pub, EGRESS_CODEC.encode(e.message),
+                                       e.cluster_session_id == NULL_VALUE)
+            elif type(e) is CloseEgress:
+                pub = self._egress.pop(e.cluster_session_id, None)
+                if pub is not None:
+                    self._tasks.start_soon(self._close_later, pub)
+        self._flush_appends()
+        del m
+
+    async def _send_egress(self, pub, data: bytes, close_after: bool) -> None:
+        """Send a session event, retrying while the client's egress connects (bounded)."""
+        with trio.move_on_after(5.0):
+            while pub.offer(data) < 0:
+                if pub.closed:
+                    return
+                await trio.sleep(0.005)
+        if close_after:
+            await self._close_later(pub)
+
+    async def _close_later(self, pub) -> None:
+        await trio.sleep(1.0)  # let the last event be sent (and retransmitted) first
+        pub.close()
+
+    _SENDER = {
+        codecs.CanvassPosition: "follower_member_id",
+        codecs.RequestVote: "candidate_member_id",
+        codecs.Vote: "follower_member_id",
+        codecs.NewLeadershipTerm: "leader_member_id",
+        codecs.AppendPosition: "follower_member_id",
+        codecs.CommitPosition: "leader_member_id",
+        codecs.CatchupPosition: "follower_member_id",
+        codecs.TerminationAck: "member_id",
+    }
+
+    def _on_consensus(self, buf, offset, length, header) -> None:
+        try:
+            msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+        except CodecError as e:
+            self.counters["errors"].add(1)
+            log.debug("bad consensus message dropped", error=str(e))
+            return
+        attr = self._SENDER.get(type(msg))
+        # StopCatchup and TerminationPosition come from the leader and name no sender.
+        sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
+        self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _on_ingress(self, buf, offset, length, header) -> None:
+        m = self.module
+        view = buf[offset: offset + length]
+        try:
+            if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
+                hdr, payload = codecs.decode_session_message(view)
+                if m.is_leader and self.sessions.on_ingress(hdr.leadership_term_id, hdr.cluster_session_id,
+                                                            m.leadership_term_id, self._now):
+                    self._appends.append((codecs.SessionMessage(
+                        codecs.SessionMessageHeader(m.leadership_term_id, hdr.cluster_session_id, self._now),
+                        bytes(payload)), None))
+                return
+            msg = INGRESS_CODEC.decode(view)
+        except CodecError as e:
+            self.counters["errors"].add(1)
+            log.debug("bad ingress message dropped", error=str(e))
+            return
+        t = type(msg)
+        if t is codecs.SessionConnectRequest:
+            self.sessions.on_connect_request(
+                msg, is_leader=m.is_leader, leader_member_id=m.leader_member_id,
+                leadership_term_id=m.leadership_term_id, append_position=m.append_position, now_ns=self._now)
+        elif t is codecs.SessionKeepAlive:
+            if m.is_leader:
+                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._now)
+        elif t is codecs.SessionCloseRequest:
+            if m.is_leader:
+                self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
+                                               m.append_position, self._now)
+
+    def _on_service(self, buf, offset, length, header) -> None:
+        m = self.module
+        view = buf[offset: offset + length]
+        try:
+            msg = SERVICE_TO_CONSENSUS_CODEC.decode(bytes(view))
+        except CodecError as e:
+            self.counters["errors"].add(1)
+            log.warning("bad service message dropped", error=str(e))
+            return
+        if isinstance(msg, codecs.SessionMessage):
+            self.pending.enqueue(bytes(msg.payload))
+        elif type(msg) is codecs.ScheduleTimer:
+            self.timers.schedule(msg.correlation_id, msg.deadline)
+        elif type(msg) is codecs.CancelTimer:
+            self.timers.cancel(msg.correlation_id)
+        elif type(msg) is codecs.CloseSession:
+            if m.is_leader:
+                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._now)
+        elif type(msg) is codecs.ServiceAck:
+            self.last_service_ack = msg
+
+    def _on_local_log_entry(self, buf, offset, length, header) -> None:
+        """Follower log adapter: a committed entry of the local log."""
+        view = buf[offset: offset + length]
+        try:
+            if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
+                hdr, _ = codecs.decode_session_message(view)
+                if hdr.cluster_session_id < 0:
+                    self.pending.on_log_service_message(hdr.cluster_session_id)
+                return
+            msg = LOG_CODEC.decode(view)
+        except CodecError:
+            return
+        t = type(msg)
+        if t is codecs.SessionOpenEvent:
+            self.sessions.on_log_session_open(msg, header.position)
+        elif t is codecs.SessionCloseEvent:
+            self.sessions.on_log_session_close(msg)
+        elif t is codecs.TimerEvent:
+            self.timers.on_log_timer_event(msg.correlation_id)
+
+    def _leader_work(self, now: int) -> int:
+        m = self.module
+        work = 0
+        # Service messages and timers go into the log behind what is already queued.
+        if not self._appends:
+            # Service messages and timers go into the log behind what is already queued.
+            pending = self.pending
+            for sid, payload in pending.to_append(32):
+                header = codecs.SessionMessageHeader(m.leadership_term_id, sid, now)
+                self._appends.append((codecs.SessionMessage(header, payload),
+                                      lambda pos, sid=sid: pending.on_appended(sid, pos)))
+                pending.on_appended(sid, 2**62)  # queued: not offered again meanwhile
+                work += 1
+            timers = self.timers
+            for correlation_id, _deadline in timers.expired(now, 32):
+                self._appends.append((codecs.TimerEvent(m.leadership_term_id, correlation_id, now),
+                                      lambda pos, cid=correlation_id: timers.on_fired(cid, pos)))
+                work += 1
+            if work:
+                self._flush_appends()
+        # Leader-local log -> MDC.
+        if self._local_reader is not None and self._mdc is not None:
+            if self._local_reader_image is None:
+                self._local_reader_image = self._local_reader.image_by_session_id(self.local.session_id) \
+                    if self.local else None
+            if self._local_reader_image is not None:
+                work += self._copy(self._local_reader_image, self._mdc)
+        return work
+
+    def _follower_work(self) -> int:
+        work = 0
+        sub = self._follower_sub
+        if sub is not None:
+            if self._follower_image is None:
+                image = sub.image_by_session_id(self._follower_session)
+                if image is not None:
+                    self._follower_image = image
+                    self.module.on_log_image(image.position, time.monotonic_ns())
+                    work += 1
+            image = self._follower_image
+            if image is not None and self.local is not None and self._joined(self.local):
+                if image.position != self.local.pub.position:
+                    # Joined at a different place than our log ends: only the core can decide.
+                    pass
+                else:
+                    work += self._copy(image, self.local.pub)
+                if image.closed or image.is_end_of_stream:
+                    self._follower_image = None
+                    self.module.on_log_end_of_stream(time.monotonic_ns())
+        # Log adapter: committed entries of the local log update sessions, timers, pending.
+        if self.local is not None and self.module.role != Role.LEADER:
+            if self._log_adapter_sub is None:
+                self._log_adapter_sub = self.driver.add_subscription(
+                    f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id)
+                self._log_adapter_session = self.local.session_id
+            if self._log_adapter_image is None:
+                self._log_adapter_image = self._log_adapter_sub.image_by_session_id(self._log_adapter_session)
+            if self._log_adapter_image is not None:
+                work += self._log_adapter_image.bounded_poll(self._on_local_log_entry, self.module.commit_position,
+                                                             _FRAGMENTS)
+        return work
+
+    async def run(self) -> None:
+        """The duty cycle, until :attr:`stopping`."""
+        m = self.module
+        join_resend_at = 0
+        last_activity_ms = 0
+        while not self.stopping:
+            now = self._now = time.monotonic_ns()
+            work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
+            work += self._from_service.poll(self._on_service, _FRAGMENTS)
+            work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
+            if getattr(self, "_join_unsent", None) is not None and now >= join_resend_at:
+                if self._send_service(self._join_unsent):
+                    self._join_unsent = None
+                join_resend_at = now + 10_000_000
+            work += self._replay_work()
+            work += self._replication_work()
+            if m.is_leader:
+                work += self._leader_work(now)
+                if self.sessions.check_timeouts(m.leadership_term_id, m.append_position, now):
+                    work += 1
+            else:
+                work += self._follower_work()
+            if self.sessions.effects:
+                await self._execute_sessions()
+            self._flush_appends()
+            pos = self._recording_position()
+            if pos is not None and pos != self.last_recording_position:
+                self.last_recording_position = pos
+                self.counters["append-pos"].set(pos)
+                m.on_recording_position(pos, now)
+                work += 1
+            work += m.do_work(now)
+            effects = m.drain_effects()
+            if effects:
+                await self._execute(effects)
+                work += 1
+            if now // 1_000_000 - last_activity_ms >= 1000:
+                last_activity_ms = now // 1_000_000
+                self.archive.poll()
+            if work:
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._park(now)
+
+    async def _park(self, now: int) -> None:
+        """Nothing to do: wait for input or the next deadline (at most a heartbeat interval)."""
+        m = self.module
+        t = self.cfg.timeouts
+        timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 1e9 / 2
+        nxt = self.timers.next_deadline()
+        if nxt is not None and m.is_leader:
+            timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
+        if self.local is not None or self._follower_sub is not None or self._replay is not None:
+            timeout_s = min(timeout_s, 0.001)  # recording progress has no doorbell here
+        subs = [self._consensus_sub, self._ingress_sub, self._from_service]
+        if self._follower_sub is not None:
+            subs.append(self._follower_sub)
+        async with trio.open_nursery() as nursery:
+            async def waiter(sub) -> None:
+                await sub.wait(timeout_s)
+                nursery.cancel_scope.cancel()
+
+            for sub in subs:
+                nursery.start_soon(waiter, sub)
+
+    async def close(self) -> None:
+        """Graceful stop: close the log (followers see end of stream and elect at once)."""
+        self.stopping = True
+        self._close_leader_log()
+        self._close_follower_log()
+        try:
+            await self.archive.stop_recording_by_identity(self.recording_id)
+        except (ArchiveError, trio.Cancelled):
+            pass
+        self.recording_log_file.close()
+        self.node_state.close()
+        if self._counters_reader is not None:
+            self._counters_reader.close()

@@ -1,0 +1,130 @@
+"""One cluster node process: media driver, archive and consensus agent on the conductor thread,
+the clustered service on the service thread.
+
+Start-up order (the reference's): the mark file (a second node on the same directory refuses to
+start), logging, the media driver, the archive (which repairs a log torn by a crash before anything
+reads it), the archive client, the consensus agent (node-state file, recording.log, recovery plan,
+its channels), the service thread, then the election. SIGTERM or SIGINT is a graceful stop: the
+log publication is closed, so followers see end of stream and elect at once; kill -9 is a crash,
+which the files are built to survive.
+
+The node writes ``READY member=<id> pid=<pid>`` on stdout once it runs, for supervisors
+(``cluster-node up``) and tests.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import sys
+import time
+
+import structlog
+import trio
+
+from archive.client import ArchiveClient
+from archive.conductor import ArchiveConfig, open_archive
+from cluster_node.config import NodeConfig
+from cluster_node.consensus.agent import ConsensusAgent
+from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
+from cluster_node.service.api import load_service
+from cluster_node.service.container import ServiceContainer
+from media.driver import open_media_driver
+
+__all__ = ["run_node", "NodeStartError"]
+
+log = structlog.get_logger("node")
+
+
+class NodeStartError(Exception):
+    """The node cannot start (one line for the operator)."""
+
+
+async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
+    node_dir = cfg.node_dir
+    node_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id)
+    except MarkFileInUseError as e:
+        raise NodeStartError(str(e)) from None
+    service = load_service(cfg.node.service)
+    me = cfg.this_member
+    try:
+        async with open_media_driver(**cfg.driver_kwargs()) as driver:
+            archive_cfg = ArchiveConfig(
+                dir=cfg.archive_dir,
+                control_channel=f"aeron:udp?endpoint={me.archive}",
+                control_stream_id=cfg.archive.control_request_stream_id,
+                segment_file_length=cfg.archive.segment_length,
+                sync_level=cfg.archive.file_sync_level,
+                replication_channel=f"aeron:udp?endpoint={me.archive.rpartition(':')[0]}:0",
+                control_response_channel=f"aeron:udp?endpoint={me.archive.rpartition(':')[0]}:0",
+            )
+            async with open_archive(driver, archive_cfg) as _archive:
+                client = await ArchiveClient.connect(driver)
+                token = trio.lowlevel.current_trio_token()
+
+                def open_egress(channel: str, stream_id: int):
+                    # Called on the service thread (itself a trio loop, so trio.from_thread is
+                    # refused): run the driver call on the conductor loop and wait for it.
+                    done: concurrent.futures.Future = concurrent.futures.Future()
+
+                    def call() -> None:
+                        try:
+                            done.set_result(driver.add_publication(channel, stream_id, exclusive=False))
+                        except BaseException as e:  # noqa: BLE001 - handed to the service thread
+                            done.set_exception(e)
+
+                    token.run_sync_soon(call)
+                    return done.result(timeout=10)
+
+                container_holder: list[ServiceContainer] = []
+                agent = ConsensusAgent(cfg, driver, client, service_bell=b"")
+                container = ServiceContainer(
+                    service, member_id=cfg.member_id, driver_dir=driver.dir,
+                    commit_position=agent.counters["commit-pos"].get,
+                    role=agent.counters["role"].get,
+                    open_egress=open_egress,
+                    liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
+                )
+                agent.service_bell = container.commit_doorbell.name
+                container_holder.append(container)
+                async with trio.open_nursery() as nursery:
+                    await agent.start(nursery)
+                    container.start()
+                    nursery.start_soon(agent.run)
+                    nursery.start_soon(_mark_file_activity, mark, cfg.timeouts.mark_file_update_interval_ns)
+                    nursery.start_soon(_watch_service, container, nursery)
+                    if announce:
+                        print(f"READY member={cfg.member_id} pid={os.getpid()}", flush=True)
+                    log.info("node started", member_id=cfg.member_id, pid=os.getpid(), service=cfg.node.service)
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("stopping", signal=signal.Signals(signum).name)
+                            break
+                    await agent.close()
+                    container.stop()
+                    await trio.to_thread.run_sync(container.join, 5.0)
+                    nursery.cancel_scope.cancel()
+                await client.close()
+    finally:
+        mark.close()
+
+
+async def _mark_file_activity(mark: MarkFile, interval_ns: int) -> None:
+    while True:
+        mark.update_activity(time.time_ns() // 1_000_000)
+        await trio.sleep(interval_ns / 1e9)
+
+
+async def _watch_service(container: ServiceContainer, nursery: trio.Nursery) -> None:
+    """A service thread that dies takes the node down: its state would no longer follow the log."""
+    while True:
+        await trio.to_thread.run_sync(container.join, 1.0)
+        if not container.is_alive:
+            if container.error is not None:
+                log.error("service thread failed: stopping the node", error=repr(container.error))
+                print(f"error: the service failed: {container.error!r}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return

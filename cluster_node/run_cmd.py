@@ -1,0 +1,38 @@
+"""``cluster-node run --config node.toml``: one cluster member in this process."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import trio
+
+from cluster_node.config import ConfigError, load_node_config
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The member's TOML config (see configs/node0.toml).")
+@click.option("--log-mode", type=click.Choice(["json", "console"]), default=None,
+              help="Override [logging] mode: json lines to the node's log file, or console to stderr.")
+def run(config_path: str, log_mode: str | None) -> None:
+    """Run one cluster member until SIGTERM/SIGINT (graceful) or kill -9 (a crash it survives)."""
+    from cluster_node import logsetup
+    from cluster_node.node import NodeStartError, run_node
+    from cluster_node.service.api import ServiceLoadError
+
+    try:
+        cfg = load_node_config(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    mode = log_mode or cfg.logging.mode
+    if mode == "json":
+        logsetup.configure("json", cfg.logging.level, cfg.log_file)
+    else:
+        logsetup.configure("console", cfg.logging.level)
+    try:
+        trio.run(run_node, cfg)
+    except (NodeStartError, ServiceLoadError) as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        sys.exit(130)
