@@ -146,6 +146,8 @@ class ImageReceiverCore:
             self._add_range(position, end)
         if end > self.hwm_position:
             self.hwm_position = end
+            if self.eos_position is not None and end > self.eos_position:
+                self.eos_position = None  # another source carries the stream past that end
         self._update_gap(now_ns)
         return Accept.INSERT, position
 
@@ -179,7 +181,9 @@ class ImageReceiverCore:
         self.last_packet_ns = now_ns
         self.stats.heartbeats += 1
         position = self.position_of(hb.term_id, hb.term_offset)
-        if hb.is_eos:
+        if hb.is_eos and position >= self.hwm_position:
+            # An end of stream behind data already seen is one source of a multi-source image
+            # ending (a catchup replay merged with the live log): the stream goes on.
             self.eos_position = position
         if self.rebuild_position <= position <= self.consumption_position + self.window + self.term_length:
             if position > self.hwm_position:

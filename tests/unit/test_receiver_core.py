@@ -382,3 +382,15 @@ def test_padding_wider_than_the_window_is_accepted():
     action, position = core.on_data(run(core, pad_at, 32, covered=TL - pad_at), T0)
     assert (action, position) == (Accept.INSERT, pad_at)
     assert core.rebuild_position == TL and core.stats.overruns == 0
+
+
+def test_end_of_stream_from_one_source_behind_the_stream_is_ignored():
+    # A catchup replay and the live log merge into one image; the replay ending must not end it.
+    core = make()
+    frames(core, 0, 10)
+    heartbeat(core, 5 * F, T0, eos=True)  # the replay's end, behind what the image has
+    assert core.eos_position is None
+    heartbeat(core, 10 * F, T0, eos=True)
+    assert core.eos_position == 10 * F
+    frames(core, 10, 2)  # the live source goes on past it
+    assert core.eos_position is None and not core.is_end_of_stream()
