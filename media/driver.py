@@ -168,6 +168,7 @@ class _Group:
         self.subscriptions: list[Subscription] = []
         self.images: dict[int, _NetImage] = {}
         self.endpoints: list["_ReceiveEndpoint"] = []
+        self.session_id: int | None = None  # multi-destination subscriptions may name one session
 
 
 class _ReceiveEndpoint:
@@ -535,6 +536,7 @@ class MediaDriver:
         )
         if uri.is_manual and uri.endpoint is None:
             group = _Group(stream_id)
+            group.session_id = uri.session_id  # session-id=N: images of that session only
             group.subscriptions.append(sub)
             self._mds_groups[id(sub)] = group
             sub.add_destination = lambda dest, g=group: self._sub_add_destination(g, dest)  # type: ignore[attr-defined]
@@ -714,14 +716,15 @@ class MediaDriver:
                         ni.sources.setdefault(addr, ep)
                         ni.core.on_heartbeat(hb, now)
                         touched.add(ni)
-                    elif not hb.is_eos:  # an ended stream is not worth a new image
-                        self._ask_setup(ep, addr, session_id, stream_id, now)
+                    elif not hb.is_eos and group.session_id in (None, session_id):
+                        self._ask_setup(ep, addr, session_id, stream_id, now)  # (not for ended streams)
                 return
             checked = None
             for group in groups:
                 ni = group.images.get(session_id)
                 if ni is None:
-                    self._ask_setup(ep, addr, session_id, stream_id, now)
+                    if group.session_id in (None, session_id):
+                        self._ask_setup(ep, addr, session_id, stream_id, now)
                     continue
                 if checked is None:
                     try:
@@ -752,6 +755,8 @@ class MediaDriver:
             if not groups:
                 return
             for group in groups:
+                if group.session_id is not None and group.session_id != frame.session_id:
+                    continue
                 ni = group.images.get(frame.session_id)
                 if ni is None:
                     ni = self._create_image(group, frame, ep, addr, now)

@@ -491,7 +491,8 @@ class ConsensusAgent:
 
     def _open_follower_log(self, e: fx.OpenLogSubscription) -> None:
         self._close_follower_log()
-        self._follower_sub = self.driver.add_subscription("aeron:udp?control-mode=manual", self.log_stream_id)
+        self._follower_sub = self.driver.add_subscription(
+            f"aeron:udp?control-mode=manual|session-id={e.log_session_id}", self.log_stream_id)
         self._follower_session = e.log_session_id
         self._follower_image = None
 
@@ -906,7 +907,11 @@ class ConsensusAgent:
             if now // 1_000_000 - last_activity_ms >= 1000:
                 last_activity_ms = now // 1_000_000
                 self.archive.poll()
-            if work:
+            local = self.local
+            if work or (local is not None and local.pub.position > self.last_recording_position):
+                # Work done, or log data the archive has not recorded yet: the recorder runs in
+                # this loop, so yield to it rather than sleep (the recording position has no
+                # doorbell, and the append position gates the commit).
                 await trio.lowlevel.checkpoint()
             else:
                 await self._park(now)

@@ -201,3 +201,19 @@ async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_
         await trio.to_thread.run_sync(lambda: pub.offer(b"last"))
         await _receive(sub, len(messages) + 1, got, timeout=5.0)
         assert got[-1] == b"last"
+
+
+async def test_multi_destination_subscription_with_a_session_id_sees_only_that_session(tmp_path):
+    port = free_udp_port()
+    dest = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        wanted = driver.add_publication(f"{dest}|session-id=77", 9)
+        other = driver.add_publication(f"{dest}|session-id=78", 9)
+        sub = driver.add_subscription("aeron:udp?control-mode=manual|session-id=77", 9)
+        sub.add_destination(dest)
+        await _until(lambda: wanted.is_connected)
+        await _offer_all(wanted, [b"mine"])
+        got: list[bytes] = []
+        await _receive(sub, 1, got)
+        assert got == [b"mine"] and [i.session_id for i in sub.images] == [77]
+        assert not other.is_connected  # nobody answered the other session's SETUP

@@ -109,3 +109,15 @@ async def test_service_reads_only_the_committed_log_and_acks(tmp_path):
         container.stop()
         container.join(5)
         cm.close()
+
+
+def test_ipc_subscription_with_a_session_id_joins_only_that_publication(tmp_path):
+    t = IpcTransport(tmp_path)
+    a = t.add_publication(parse("aeron:ipc?session-id=5"), 100)
+    b = t.add_publication(parse("aeron:ipc?session-id=6"), 100)
+    only_a = t.add_subscription(parse("aeron:ipc?session-id=5"), 100)
+    both = t.add_subscription(parse("aeron:ipc"), 100)
+    t.do_work(time.monotonic_ns())
+    assert [i.session_id for i in only_a.images] == [5]
+    assert sorted(i.session_id for i in both.images) == [5, 6]
+    a.close(), b.close(), t.close()
