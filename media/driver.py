@@ -366,6 +366,13 @@ class MediaDriver:
         np.core._recompute_limit()
 
     def _close_network_publication(self, pub: ExclusivePublication) -> None:
+        if threading.get_ident() != self._thread_id and self._token is not None:
+            # Closed from another thread (the service's egress): finish on the driver's loop.
+            try:
+                self._token.run_sync_soon(self._close_network_publication, pub)
+            except trio.RunFinishedError:
+                pass
+            return
         for np in self._net_pubs:
             if np.pub is pub:
                 np.core.close(pub.position)

@@ -113,7 +113,7 @@ class ServiceContainer:
             trio.run(self._run)
         except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
             self.error = e
-            log.error("service thread failed", error=repr(e))
+            log.error("service thread failed", error=repr(e), exc_info=e)
         finally:
             self.commit_doorbell.close()
 

@@ -201,6 +201,9 @@ async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_
         await trio.to_thread.run_sync(lambda: pub.offer(b"last"))
         await _receive(sub, len(messages) + 1, got, timeout=5.0)
         assert got[-1] == b"last"
+        # Closing from the other thread ends the stream on the driver's loop.
+        await trio.to_thread.run_sync(pub.close)
+        await _until(lambda: sub.image_count == 0, 10.0)
 
 
 async def test_multi_destination_subscription_with_a_session_id_sees_only_that_session(tmp_path):
