@@ -205,6 +205,7 @@ class ConsensusAgent:
         self._replay = None  # (replay_id, archive replay session id, to_position, sub, image, local log)
         self._replication = None  # (replication_id, archive replication id)
         self._catchup_replays: dict[int, int] = {}  # follower member id -> archive replay session id
+        self._catchup_endpoints: dict[int, str] = {}
         self._appends: list = []  # AppendLog effects waiting for the local log to be ready
         self._log_adapter_sub = None  # follower: reads the local log bounded by commit
         self._log_adapter_image = None
@@ -617,7 +618,7 @@ class ConsensusAgent:
 
     async def _start_catchup_replay(self, e: fx.StartCatchupReplay) -> None:
         member = self.module.member_by_id[e.follower_member_id]
-        endpoint = member.catchup_endpoint
+        endpoint = self._catchup_endpoints.get(e.follower_member_id, member.catchup_endpoint)
         channel = f"aeron:udp?endpoint={endpoint}|session-id={e.log_session_id}|mtu={self.cfg.driver.mtu}"
         sid = await self.archive.start_replay(e.recording_id, e.from_position, -1, channel, self.log_stream_id)
         self._catchup_replays[e.follower_member_id] = sid
@@ -730,6 +731,9 @@ class ConsensusAgent:
             self.counters["errors"].add(1)
             log.debug("bad consensus message dropped", error=str(e))
             return
+        if type(msg) is codecs.CatchupPosition and msg.catchup_endpoint:
+            # The follower's catchup endpoint as it bound it (config may say port 0).
+            self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
         attr = self._SENDER.get(type(msg))
         # StopCatchup and TerminationPosition come from the leader and name no sender.
         sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
