@@ -1004,8 +1004,8 @@ DEMO_DRIVER = DriverSection(
     ipc_term_length=4 * 1024 * 1024,
     image_liveness_timeout_ns=2 * _S,
     publication_connection_timeout_ns=2 * _S,
-    status_message_timeout_ns=50 * _MS,
-    heartbeat_interval_ns=50 * _MS,
+    status_message_timeout_ns=200 * _MS,
+    heartbeat_interval_ns=100 * _MS,
 )
 """Driver settings matching DEMO_TIMEOUTS: small buffers, liveness within the heartbeat timeout."""
 

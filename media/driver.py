@@ -203,12 +203,16 @@ class MediaDriver:
             heartbeat_interval_ns=max(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
             default_term_length=config.ipc_term_length,
         )
+        # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
+        # idle driver wakes a few times per interval rather than once per publication and image.
+        self._slack_ns = min(20_000_000, config.heartbeat_interval_ns // 5, config.status_message_timeout_ns // 5)
         self._sender_cfg = SenderConfig(
             setup_interval_ns=config.setup_interval_ns,
             heartbeat_interval_ns=config.heartbeat_interval_ns,
             connection_timeout_ns=config.publication_connection_timeout_ns,
             receiver_timeout_ns=config.publication_connection_timeout_ns,
             retransmit_linger_ns=config.retransmit_linger_ns,
+            timer_slack_ns=self._slack_ns,
         )
         self._receiver_cfg = ReceiverConfig(
             initial_window=config.initial_window,
@@ -216,6 +220,7 @@ class MediaDriver:
             nak_delay_ns=config.nak_delay_ns,
             nak_retry_ns=config.nak_retry_ns,
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
+            timer_slack_ns=self._slack_ns,
         )
         self._net_pubs: list[_NetPublication] = []
         self._endpoints: dict[tuple, _ReceiveEndpoint] = {}
@@ -390,6 +395,13 @@ class MediaDriver:
         np.pub.log.close()
         self.system.publications_active.add(-1)
 
+    def _coalesce(self, deadline: int, now: int) -> int:
+        """A far deadline rounded up to the slack grid (near ones, e.g. NAK delays, stay exact)."""
+        slack = self._slack_ns
+        if slack <= 0 or deadline - now <= 2 * slack:
+            return deadline
+        return -(-deadline // slack) * slack
+
     def _after_append(self) -> None:
         """Wake the sender after an offer, from whichever thread offered.
 
@@ -477,6 +489,7 @@ class MediaDriver:
                     deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
             self._sender_event = trio.Event()
             self._sender_parked = True
+            deadline = self._coalesce(deadline, now)
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()
             self._sender_parked = False
@@ -886,7 +899,7 @@ class MediaDriver:
                     for counter, fn in ni.counters:
                         counter.set(fn())
             self._conductor_event = trio.Event()
-            wait_s = max(0, deadline - time.monotonic_ns()) / 1e9
+            wait_s = max(0, self._coalesce(deadline, now) - time.monotonic_ns()) / 1e9
             with trio.move_on_after(wait_s):
                 await self._conductor_event.wait()
 

@@ -38,6 +38,8 @@ class ReceiverConfig:
     nak_delay_ns: int = 100_000
     nak_retry_ns: int = 10_000_000
     image_liveness_timeout_ns: int = 10_000_000_000
+    timer_slack_ns: int = 0
+    """A periodic status message this close to due goes out now (see SenderConfig)."""
 
 
 @dataclass(slots=True)
@@ -230,7 +232,7 @@ class ImageReceiverCore:
         return min(deadline, self.last_packet_ns + self.config.image_liveness_timeout_ns + 1)
 
     def status_due(self, now_ns: int) -> bool:
-        if now_ns - self.last_status_ns >= self.config.status_interval_ns:
+        if now_ns - self.last_status_ns >= self.config.status_interval_ns - self.config.timer_slack_ns:
             return True
         return self.consumption_position - self.last_status_position >= self.window >> 2
 

@@ -211,6 +211,8 @@ class ConsensusAgent:
         self._log_adapter_image = None
         self._tasks: trio.Nursery | None = None
         self.last_recording_position = NULL_POSITION
+        self._recording_progress_ns = 0
+        self._now = time.monotonic_ns()
         self.catchup_endpoint = ""
         self.stopping = False
         self.errors = 0
@@ -645,6 +647,8 @@ class ConsensusAgent:
             if n <= 0:
                 break
             work += 1
+        if work:
+            self._recording_progress_ns = time.monotonic_ns()
         return work
 
     # ------------------------------------------------------------------ duty cycle
@@ -667,6 +671,7 @@ class ConsensusAgent:
                 position = pub.offer(data)
                 if position < 0:
                     break
+                self._recording_progress_ns = self._now
                 if on_done is not None:
                     on_done(position)
                 i += 1
@@ -900,6 +905,7 @@ class ConsensusAgent:
             pos = self._recording_position()
             if pos is not None and pos != self.last_recording_position:
                 self.last_recording_position = pos
+                self._recording_progress_ns = now
                 self.counters["append-pos"].set(pos)
                 m.on_recording_position(pos, now)
                 work += 1
@@ -912,27 +918,40 @@ class ConsensusAgent:
                 last_activity_ms = now // 1_000_000
                 self.archive.poll()
             local = self.local
-            if work or (local is not None and local.pub.position > self.last_recording_position):
-                # Work done, or log data the archive has not recorded yet: the recorder runs in
-                # this loop, so yield to it rather than sleep (the recording position has no
-                # doorbell, and the append position gates the commit).
+            unrecorded = local is not None and local.pub.position > self.last_recording_position
+            if work:
                 await trio.lowlevel.checkpoint()
+            elif unrecorded and now - self._recording_progress_ns < 5_000_000:
+                # Log data the archive has not recorded yet: the recorder runs in this loop, so
+                # yield to it rather than sleep (the recording position has no doorbell, and the
+                # append position gates the commit).
+                await trio.lowlevel.checkpoint()
+            elif unrecorded:
+                await trio.sleep(0.001)  # the recorder is slow or not running: poll, gently
             else:
                 await self._park(now)
 
     async def _park(self, now: int) -> None:
-        """Nothing to do: wait for input or the next deadline (at most a heartbeat interval)."""
+        """Nothing to do: wait for input or the next deadline.
+
+        Inputs all have doorbells (consensus, ingress, service, the follower's log image, a
+        replay); log data waiting to be recorded never parks (see :meth:`run`). What remains is
+        time: the core's heartbeats and timeouts (half the shortest interval is early enough),
+        timers, and a replication's progress, which only the archive sees.
+        """
         m = self.module
         t = self.cfg.timeouts
-        timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 1e9 / 2
+        timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 2e9
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
             timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
-        if self.local is not None or self._follower_sub is not None or self._replay is not None:
-            timeout_s = min(timeout_s, 0.001)  # recording progress has no doorbell here
+        if self._replication is not None:
+            timeout_s = min(timeout_s, 0.01)
         subs = [self._consensus_sub, self._ingress_sub, self._from_service]
         if self._follower_sub is not None:
             subs.append(self._follower_sub)
+        if self._replay is not None:
+            subs.append(self._replay[3])
         async with trio.open_nursery() as nursery:
             async def waiter(sub) -> None:
                 await sub.wait(timeout_s)
