@@ -209,6 +209,7 @@ class ConsensusAgent:
         self._appends: list = []  # AppendLog effects waiting for the local log to be ready
         self._log_adapter_sub = None  # follower: reads the local log bounded by commit
         self._log_adapter_image = None
+        self._log_adapter_session = NULL_VALUE
         self._tasks: trio.Nursery | None = None
         self.last_recording_position = NULL_POSITION
         self._recording_progress_ns = 0
@@ -402,7 +403,9 @@ class ConsensusAgent:
             self.counters["election-state"].set(int(ElectionState.CLOSED))
             self.counters["leadership-term-id"].set(e.leadership_term_id)
             self.elections_completed += 1
-            is_startup = self.elections_completed == 1 and m.leadership_term_id == e.leadership_term_id and False
+            # The first election of this process as leader: the sessions it learned from the log
+            # belong to clients of a cluster that has restarted; they are closed, not greeted.
+            is_startup = self.elections_completed == 1
             self.sessions.on_new_leadership(
                 is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
                 leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.monotonic_ns())
@@ -548,8 +551,9 @@ class ConsensusAgent:
         sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
         sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
                                               "aeron:ipc", self.replay_stream_id)
-        local = self._open_local_log(e.from_position, self.rng.randrange(1, 2**31 - 1), "replay", readers=1)
+        local = self._open_local_log(e.from_position, self.rng.randrange(1, 2**31 - 1), "replay", readers=2)
         self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
+        self._adapt(local.session_id)
         log.info("replay started", replay_id=e.replay_id, from_position=e.from_position, to_position=e.to_position)
 
     async def _stop_replay(self) -> None:
@@ -577,7 +581,8 @@ class ConsensusAgent:
         if not self._joined(local):
             return 0
         work = self._copy(image, local.pub, to)
-        if local.pub.position >= to:
+        work += self._adapter_poll(to)
+        if local.pub.position >= to and self._adapter_position() >= to:
             self._replay = None
             sub.close()
             local.pub.close()  # end of stream for the service after the last entry
@@ -865,17 +870,36 @@ class ConsensusAgent:
                     self._follower_image = None
                     self.module.on_log_end_of_stream(time.monotonic_ns())
         # Log adapter: committed entries of the local log update sessions, timers, pending.
-        if self.local is not None and self.module.role != Role.LEADER:
-            if self._log_adapter_sub is None:
-                self._log_adapter_sub = self.driver.add_subscription(
-                    f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id)
-                self._log_adapter_session = self.local.session_id
-            if self._log_adapter_image is None:
-                self._log_adapter_image = self._log_adapter_sub.image_by_session_id(self._log_adapter_session)
-            if self._log_adapter_image is not None:
-                work += self._log_adapter_image.bounded_poll(self._on_local_log_entry, self.module.commit_position,
-                                                             _FRAGMENTS)
+        if self.local is not None and self.module.role != Role.LEADER and self._replay is None:
+            self._adapt(self.local.session_id)
+            work += self._adapter_poll(self.module.commit_position)
         return work
+
+    # ------------------------------------------------------------------ log adapter
+
+    def _adapt(self, session_id: int) -> None:
+        """Point the log adapter at the local log of ``session_id`` (a replay or the live log)."""
+        if self._log_adapter_sub is not None and self._log_adapter_session == session_id:
+            return
+        if self._log_adapter_sub is not None:
+            self._log_adapter_sub.close()
+        self._log_adapter_sub = self.driver.add_subscription(f"aeron:ipc?session-id={session_id}", self.log_stream_id)
+        self._log_adapter_session = session_id
+        self._log_adapter_image = None
+
+    def _adapter_poll(self, limit: int) -> int:
+        """Apply local log entries up to ``limit`` to sessions, timers and pending messages."""
+        if self._log_adapter_sub is None:
+            return 0
+        if self._log_adapter_image is None:
+            self._log_adapter_image = self._log_adapter_sub.image_by_session_id(self._log_adapter_session)
+            if self._log_adapter_image is None:
+                return 0
+        return self._log_adapter_image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
+
+    def _adapter_position(self) -> int:
+        image = self._log_adapter_image
+        return image.position if image is not None else NULL_POSITION
 
     async def run(self) -> None:
         """The duty cycle, until :attr:`stopping`."""

@@ -9,7 +9,10 @@ the message's cluster session id in the log; being negative, it can never be a c
 * **Leader**: appends pending messages in order (:meth:`to_append` / :meth:`on_appended`) and
   forgets each once the commit position passes it (:meth:`on_commit`).
 * **Follower**: keeps them until it applies the leader's copy from the log
-  (:meth:`on_log_service_message`): every pending message up to that id is then done.
+  (:meth:`on_log_service_message`): every pending message up to that id is then done. If the
+  log is applied first (the service lags the consensus module), the service's later offer gets an
+  id the log already holds and is not kept. The same holds for a restart: the service replays the
+  log and offers its messages again, which the ids recognise.
 * **New leader**: :meth:`rollback` forgets append positions above the commit position (that tail is
   gone), so what was not committed is appended again, and what was committed is not (followers
   removed those when they applied them). Hence exactly once.
@@ -48,14 +51,18 @@ class PendingServiceMessages:
         return len(self.pending)
 
     def enqueue(self, payload: bytes) -> int | None:
-        """A message from the service: its service session id, or None when full (back-pressure:
-        the service's offer is refused and it tries again, on every member alike)."""
+        """A message from the service: its service session id, or None when full.
+
+        A message whose id the log already holds is not kept: a service replaying the log after a
+        restart offers again what it offered the first time, and those are in the log already.
+        """
         if len(self.pending) >= self.capacity:
             self.dropped_full += 1
             return None
         sid = self.next_service_session_id
         self.next_service_session_id += 1
-        self.pending.append(_Pending(sid, bytes(payload)))
+        if sid > self.log_service_session_id:
+            self.pending.append(_Pending(sid, bytes(payload)))
         return sid
 
     # ------------------------------------------------------------------ leader
@@ -91,10 +98,8 @@ class PendingServiceMessages:
         pending = self.pending
         while pending and pending[0].session_id <= session_id:
             pending.popleft()
-        if self.next_service_session_id <= session_id:
-            # The leader's service got further than ours has (ours is behind in the log): keep
-            # the sequence in step so our next enqueue gets the id the leader will use.
-            self.next_service_session_id = session_id + 1
+        # next_service_session_id is not moved: our service, behind the log, will still offer
+        # those messages, and enqueue() recognises them by their ids as already in the log.
 
     # ------------------------------------------------------------------ leadership change
 

@@ -64,8 +64,11 @@ def test_follower_drops_what_the_log_holds_and_stays_in_step():
     ids = [p.enqueue(bytes([i])) for i in range(5)]
     p.on_log_service_message(ids[2])
     assert [s for s, _ in p.to_append()] == ids[3:]
-    p.on_log_service_message(ids[4] + 3)  # the leader's service is ahead of ours
-    assert len(p) == 0 and p.enqueue(b"x") == ids[4] + 4
+    p.on_log_service_message(ids[4] + 2)  # the log is ahead of our service
+    assert len(p) == 0
+    assert p.enqueue(b"x") == ids[4] + 1 and len(p) == 0  # already in the log: not kept
+    assert p.enqueue(b"y") == ids[4] + 2 and len(p) == 0
+    assert p.enqueue(b"z") == ids[4] + 3 and len(p) == 1  # new
 
 
 def test_pending_capacity_is_back_pressure():
@@ -109,3 +112,21 @@ def test_every_service_message_lands_in_the_committed_log_exactly_once(ops):
         members[leader].on_appended(sid, len(log))
     assert sorted(log) == log and len(set(log)) == len(log)
     assert len(log) == offered
+
+
+def test_restart_replay_offers_again_what_the_log_holds():
+    # The consensus module applies the replayed log before or after the service, replaying the
+    # same log, offers its messages again: either way nothing is appended twice.
+    for log_first in (True, False):
+        p = PendingServiceMessages()
+        first = FIRST_SERVICE_SESSION_ID
+        in_log = [first, first + 1]
+        if log_first:
+            for sid in in_log:
+                p.on_log_service_message(sid)
+        offered = [p.enqueue(b"a"), p.enqueue(b"b")]
+        if not log_first:
+            for sid in in_log:
+                p.on_log_service_message(sid)
+        assert offered == in_log and len(p) == 0 and p.to_append() == []
+        assert p.enqueue(b"new") == first + 2 and p.to_append() == [(first + 2, b"new")]
