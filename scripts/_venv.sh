@@ -3,8 +3,27 @@
 # Re-installs only when pyproject.toml or the extras changed, so a second run is fast.
 set -euo pipefail
 
+# Spark (the pipeline's tests) needs a Java runtime, 17 or newer; install one if there is none.
+ensure_java() {
+    if command -v java >/dev/null 2>&1; then
+        return
+    fi
+    echo "no java found: installing openjdk-17-jre-headless (Spark needs Java 17+)" >&2
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -q >&2 && apt-get install -y -q openjdk-17-jre-headless >&2
+    else
+        echo "error: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)" >&2
+        exit 1
+    fi
+}
+
 ensure_venv() {
     local extras="$1"
+    # The test suite includes the data pipeline's tests: installing for tests means Spark too.
+    case ",$extras," in
+        *,dev,*) case ",$extras," in *,spark,*) ;; *) extras="$extras,spark" ;; esac ;;
+    esac
+    case ",$extras," in *,spark,*) ensure_java ;; esac
     local root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     local py="${PYTHON:-python3}"
