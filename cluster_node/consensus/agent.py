@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from cluster_node.codecs import (
     NULL_POSITION,
     NULL_VALUE,
     SERVICE_TO_CONSENSUS_CODEC,
+    SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
     CodecError,
     encode_session_message,
@@ -80,6 +82,9 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
+_SESSION_UNPACK = struct.Struct("<Qqqq").unpack_from  # prefix word, term id, session id, timestamp
+_SESSION_PREFIX = SESSION_MESSAGE_TEMPLATE_ID | (codecs.SCHEMA_ID << 16)
+_TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
 
 
@@ -133,6 +138,7 @@ class _LocalLog:
     start_position: int
     readers: int
     purpose: str  # "live" or "replay"
+    joined: bool = False  # every reader has joined (once true, stays true)
 
 
 def _free_udp_port(host: str) -> int:
@@ -348,11 +354,14 @@ class ConsensusAgent:
     def _joined(local: _LocalLog | None) -> bool:
         if local is None:
             return False
+        if local.joined:
+            return True
         lb = local.pub.log
         try:
-            return sum(1 for _ in lb.active_slots()) >= local.readers
+            local.joined = sum(1 for _ in lb.active_slots()) >= local.readers
         except Exception:  # noqa: BLE001 - a closed buffer
             return False
+        return local.joined
 
     # ------------------------------------------------------------------ effects
 
@@ -668,7 +677,9 @@ class ConsensusAgent:
         i = 0
         try:
             for msg, on_done in appends:
-                if type(msg) is codecs.SessionMessage:
+                if type(msg) is bytearray:
+                    data = msg
+                elif type(msg) is codecs.SessionMessage:
                     h = msg.header
                     data = encode_session_message(h.leadership_term_id, h.cluster_session_id, h.timestamp, msg.payload)
                 else:
@@ -751,16 +762,28 @@ class ConsensusAgent:
 
     def _on_ingress(self, buf, offset, length, header) -> None:
         m = self.module
+        if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
+            # The hot path: a client's session message goes into the log as it came, with the
+            # leader's timestamp written into its header; no objects are built.
+            prefix, term_id, session_id, _ts = _SESSION_UNPACK(buf, offset)
+            if prefix != _SESSION_PREFIX or length > codecs.MAX_MESSAGE_LENGTH:
+                self.counters["errors"].add(1)
+                return
+            if not (m.election is None and m.role == Role.LEADER):
+                return
+            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._now):
+                return
+            data = bytearray(buf[offset: offset + length])
+            _TIMESTAMP_PACK(data, 24, self._now)
+            local = self.local
+            if not self._appends and local is not None and local.joined:
+                if local.pub.offer(data) > 0:
+                    self._recording_progress_ns = self._now
+                    return
+            self._appends.append((data, None))
+            return
         view = buf[offset: offset + length]
         try:
-            if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
-                hdr, payload = codecs.decode_session_message(view)
-                if m.is_leader and self.sessions.on_ingress(hdr.leadership_term_id, hdr.cluster_session_id,
-                                                            m.leadership_term_id, self._now):
-                    self._appends.append((codecs.SessionMessage(
-                        codecs.SessionMessageHeader(m.leadership_term_id, hdr.cluster_session_id, self._now),
-                        bytes(payload)), None))
-                return
             msg = INGRESS_CODEC.decode(view)
         except CodecError as e:
             self.counters["errors"].add(1)
