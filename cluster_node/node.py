@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -52,14 +53,18 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     me = cfg.this_member
     try:
         async with open_media_driver(**cfg.driver_kwargs()) as driver:
+            # Where other archives answer this one and replay to it when it replicates: concrete
+            # ports, since the remote side must be told where to send.
+            archive_host = me.archive.rpartition(":")[0]
+            response_port, replication_port = _free_udp_ports(archive_host, 2)
             archive_cfg = ArchiveConfig(
                 dir=cfg.archive_dir,
                 control_channel=f"aeron:udp?endpoint={me.archive}",
                 control_stream_id=cfg.archive.control_request_stream_id,
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
-                replication_channel=f"aeron:udp?endpoint={me.archive.rpartition(':')[0]}:0",
-                control_response_channel=f"aeron:udp?endpoint={me.archive.rpartition(':')[0]}:0",
+                replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
+                control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
             async with open_archive(driver, archive_cfg) as _archive:
                 client = await ArchiveClient.connect(driver)
@@ -110,6 +115,20 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 await client.close()
     finally:
         mark.close()
+
+
+def _free_udp_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports free on ``host`` now (the sockets stay bound until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 async def _mark_file_activity(mark: MarkFile, interval_ns: int) -> None:

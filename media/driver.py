@@ -231,6 +231,7 @@ class MediaDriver:
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
+        self._send_error_logged: dict[str, float] = {}
         self._conductor_event = trio.Event()
         self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
         self._seq = itertools.count()
@@ -448,7 +449,15 @@ class MediaDriver:
         except OSError as e:
             if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 self.system.errors.add(1)
-                log.warning("send failed", error=str(e), address=str(addr))
+                # Counted every time, logged at most once a second per address (a bad destination
+                # would otherwise log once per datagram).
+                now = time.monotonic()
+                key = str(addr)
+                if now - self._send_error_logged.get(key, 0.0) >= 1.0:
+                    if len(self._send_error_logged) > 1024:
+                        self._send_error_logged.clear()
+                    self._send_error_logged[key] = now
+                    log.warning("send failed", error=str(e), address=key, errors=self.system.errors.get())
 
     async def _sender_loop(self) -> None:
         sends: list = []

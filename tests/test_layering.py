@@ -26,6 +26,11 @@ EXPECTED_CORE = {
     "media/loss.py",
     "archive/segments.py",
     "archive/catalog.py",
+    "cluster_node/consensus/effects.py",
+    "cluster_node/consensus/election.py",
+    "cluster_node/consensus/members.py",
+    "cluster_node/consensus/module.py",
+    "cluster_node/consensus/recording_log.py",
 }
 
 

@@ -73,7 +73,7 @@ from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
 from cluster_node.consensus.timers import Timers
-from media.counters import CountersReader, counters_path
+from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
 from media.publication import OfferResult
 
@@ -212,6 +212,7 @@ class ConsensusAgent:
         self._replication = None  # (replication_id, archive replication id)
         self._catchup_replays: dict[int, int] = {}  # follower member id -> archive replay session id
         self._catchup_endpoints: dict[int, str] = {}
+        self._used_sessions: set[int] = set()
         self._appends: list = []  # AppendLog effects waiting for the local log to be ready
         self._log_adapter_sub = None  # follower: reads the local log bounded by commit
         self._log_adapter_image = None
@@ -321,6 +322,15 @@ class ConsensusAgent:
         term_id = (itid + position // tl + 2**31) % 2**32 - 2**31
         return (f"aeron:ipc?term-length={tl}|init-term-id={itid}|term-id={term_id}|"
                 f"term-offset={position % tl}|session-id={session_id}|alias=log")
+
+    def _new_local_session(self) -> int:
+        """A session id for a new local log, never one used before in this process: a reader
+        that still holds an ended local log must not take a new one for it."""
+        while True:
+            sid = self.rng.randrange(1, 2**31 - 1)
+            if sid not in self._used_sessions:
+                self._used_sessions.add(sid)
+                return sid
 
     def _send_service(self, message) -> bool:
         return self._to_service.offer(CONSENSUS_TO_SERVICE_CODEC.encode(message)) > 0
@@ -491,9 +501,9 @@ class ConsensusAgent:
             if m.id != me.id:
                 self._mdc.add_destination(f"aeron:udp?endpoint={m.log}")
         # The local log: read by the service, the archive and our MDC copier.
-        self.local = self._open_local_log(pos, e.log_session_id, "live", readers=3)
+        self.local = self._open_local_log(pos, self._new_local_session(), "live", readers=3)
         self._local_reader = self.driver.add_subscription(
-            f"aeron:ipc?session-id={e.log_session_id}", self.log_stream_id)
+            f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id)
         self._local_reader_image = None
 
     def _close_leader_log(self) -> None:
@@ -516,6 +526,12 @@ class ConsensusAgent:
             self._follower_sub.close()
         self._follower_sub = None
         self._follower_image = None
+        if self._log_adapter_sub is not None and self.module is not None and self._replay is None:
+            # Everything committed must reach our state before the log goes: a new leadership's
+            # replay starts at the commit position, not where the adapter happened to be.
+            for _ in range(10_000):
+                if self._adapter_poll(self.module.commit_position) <= 0:
+                    break
         if self.module is None or self.module.role != Role.LEADER:
             self._close_local_log()
         if self._log_adapter_sub is not None:
@@ -528,8 +544,11 @@ class ConsensusAgent:
     async def _start_recording(self, e: fx.StartLogRecording) -> None:
         if not e.is_leader:
             # The follower's local log starts where our recording stops; the image copies in.
-            self.local = self._open_local_log(e.position, e.log_session_id, "live", readers=2)
-        await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={e.log_session_id}",
+            # Its readers: the service, the archive and our log adapter (all must have joined
+            # before the first byte is copied in: an IPC reader joins at the tail).
+            self.local = self._open_local_log(e.position, self._new_local_session(), "live", readers=3)
+            self._adapt(self.local.session_id)
+        await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={self.local.session_id}",
                                             self.log_stream_id)
         self._rec_counter_id = None
 
@@ -548,7 +567,12 @@ class ConsensusAgent:
             self._rec_counter_id = find_recording_position_counter(reader, self.recording_id)
             if self._rec_counter_id is None:
                 return None
-        return reader.get(self._rec_counter_id)
+        try:
+            return reader.get(self._rec_counter_id)
+        except CountersError:
+            # The recording stopped (its counter was freed): look it up again next time.
+            self._rec_counter_id = None
+            return None
 
     # ------------------------------------------------------------------ replays
 
@@ -560,7 +584,7 @@ class ConsensusAgent:
         sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
         sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
                                               "aeron:ipc", self.replay_stream_id)
-        local = self._open_local_log(e.from_position, self.rng.randrange(1, 2**31 - 1), "replay", readers=2)
+        local = self._open_local_log(e.from_position, self._new_local_session(), "replay", readers=2)
         self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
         self._adapt(local.session_id)
         log.info("replay started", replay_id=e.replay_id, from_position=e.from_position, to_position=e.to_position)
@@ -602,15 +626,13 @@ class ConsensusAgent:
 
     async def _start_replication(self, e: fx.StartReplication) -> None:
         leader = next(m for m in self.cfg.cluster.members if m.id == e.leader_member_id)
-        me = self.cfg.this_member
-        host = me.archive.rpartition(":")[0]
         rid = await self.archive.replicate(
             e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}",
             src_control_stream_id=self.cfg.archive.control_request_stream_id,
             stop_position=e.stop_position,
-            replication_channel=f"aeron:udp?endpoint={host}:0",
         )
         self._replication = (e.replication_id, rid, e.stop_position)
+        self._rec_counter_id = None  # the replication records under a counter of its own
         log.info("replication started", leader=e.leader_member_id, stop_position=e.stop_position)
 
     def _replication_work(self) -> int:
@@ -622,6 +644,7 @@ class ConsensusAgent:
                 self.archive.signals.remove(s)
                 if s.signal == RecordingSignal.REPLICATE_END or s.position >= stop:
                     self._replication = None
+                    self._rec_counter_id = None
                     self.module.on_recording_position(s.position, time.monotonic_ns())
                     self.module.on_replication_done(replication_id, time.monotonic_ns())
                     return 1

@@ -197,6 +197,9 @@ class ServiceContainer:
                             log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id)
                         log_key = (join.log_channel, join.log_stream_id, join.log_session_id)
                         image = None
+                if image is not None and (image.closed or image.is_end_of_stream) and log_key is not None \
+                        and image.session_id == log_key[2] and not image.has_data():
+                    image = None  # that log ended (an election): wait for the next JoinLog's
                 if log_sub is not None and image is None:
                     image = log_sub.image_by_session_id(join.log_session_id)
                 if image is not None:

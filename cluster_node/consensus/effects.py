@@ -1,0 +1,340 @@
+"""What the consensus core asks the world to do: the effect types (core)
+
+The consensus core (``module.ConsensusModule`` with its ``election.Election``) never performs
+I/O. Every input method (``on_message``, ``do_work``, ``on_recording_position``, ...) appends
+effects to a list which the owner drains with ``ConsensusModule.drain_effects()`` and executes
+**in order**. Order matters and is part of the contract:
+
+* a ``PersistCandidateTerm`` or ``WriteRecordingLog`` comes before the ``SendToMember`` that
+  depends on it (a vote is durable before it is sent; a member has adopted a term in
+  ``recording.log`` before it reports a position in that term);
+* ``TruncateRecording`` comes after the recording was stopped and before anything is recorded
+  again.
+
+Executors: the node daemon runs them on the real media driver and archive; the deterministic
+simulator (``tests/support/sim.py``) runs them in memory. Both report the outcome of the
+asynchronous ones back through the input methods named below.
+
+====================================  ============================================================
+effect                                executor reports back with (all inputs end with ``now_ns``)
+====================================  ============================================================
+PersistCandidateTerm                  (nothing; must be durable before the next effect runs)
+WriteRecordingLog                     (nothing; write and fsync before the next effect runs)
+SendToMember                          (nothing; best effort, may be lost)
+OpenLogPublication / CloseLog...      (nothing)
+AppendLog                             ``on_recording_position(position)`` as the leader's own
+                                      recording of the publication grows
+StartLogRecording                     ``on_recording_position(position)`` as data is recorded
+StopLogRecording                      ``on_log_recording_stopped(stop_position)``; the election
+                                      waits in INIT for it
+OpenLogSubscription / destinations    ``on_log_image(join_position)`` when the image appears;
+                                      ``on_log_end_of_stream()`` on an orderly end
+TruncateRecording                     (nothing; the core sets its append position itself)
+StartReplay                           ``on_replay_done(replay_id)``
+StartReplication                      ``on_recording_position(position)`` while copying, then
+                                      ``on_replication_done(replication_id)`` or
+                                      ``on_replication_failed(replication_id, reason)``
+StopReplication / StopReplay          (nothing; late reports for old ids are ignored)
+StartCatchupReplay / StopCatchup...   (nothing; the follower's AppendPositions show progress)
+RoleChanged, ElectionStateChanged,    (nothing; counters, logs, the service and clients)
+CommitPositionChanged, NewLeader,
+ElectionComplete, RollbackUncommitted
+====================================  ============================================================
+
+Rules for an executor: run effects in order and synchronously where the table says "before the
+next effect"; never call back into the core for a report older than the effect that superseded
+it (the ids make stale replay/replication reports harmless, but recording positions must be the
+current recording's); call ``do_work(now_ns)`` regularly (every few milliseconds, or at least
+every ``election_status_interval_ns / 2``) and after delivering messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+__all__ = [
+    "Role",
+    "Effect",
+    "PersistCandidateTerm",
+    "WriteRecordingLog",
+    "SendToMember",
+    "OpenLogPublication",
+    "CloseLogPublication",
+    "AppendLog",
+    "StartLogRecording",
+    "StopLogRecording",
+    "OpenLogSubscription",
+    "AddLiveDestination",
+    "AddCatchupDestination",
+    "RemoveCatchupDestination",
+    "CloseLogSubscription",
+    "TruncateRecording",
+    "StartReplay",
+    "StopReplay",
+    "StartReplication",
+    "StopReplication",
+    "StartCatchupReplay",
+    "StopCatchupReplay",
+    "RoleChanged",
+    "ElectionStateChanged",
+    "CommitPositionChanged",
+    "NewLeader",
+    "ElectionComplete",
+    "RollbackUncommitted",
+]
+
+
+class Role(IntEnum):
+    """The node role (reference ``Cluster.Role``, counter type 201)."""
+
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2
+
+
+class Effect:
+    """Base of all effects (plain frozen dataclasses, cheap to build and compare)."""
+
+    __slots__ = ()
+
+
+# ---------------------------------------------------------------------------------- durability
+
+
+@dataclass(frozen=True, slots=True)
+class PersistCandidateTerm(Effect):
+    """Write the highest candidate term ever proposed or voted for to ``node-state.dat`` and sync.
+
+    Emitted before the RequestVote or Vote that depends on it: a member must never vote twice in a
+    term, across crashes.
+    """
+
+    candidate_term_id: int
+    log_position: int
+    timestamp_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecordingLog(Effect):
+    """Patch ``recording.log`` at byte ``offset`` with ``data`` (whole 64-byte aligned entries),
+    then sync. ``writes`` is a tuple of ``(offset, bytes)`` from ``RecordingLog`` mutations."""
+
+    writes: tuple[tuple[int, bytes], ...]
+
+
+# ------------------------------------------------------------------------------- member traffic
+
+
+@dataclass(frozen=True, slots=True)
+class SendToMember(Effect):
+    """Send a consensus message (a ``cluster_node.codecs`` Struct) to one member, best effort."""
+
+    member_id: int
+    message: Any
+
+
+# ---------------------------------------------------------------------------- the log (leader)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLogPublication(Effect):
+    """Leader: create the log publication (MDC to every follower's log endpoint) so that its first
+    byte lands at ``initial_position``; positions continue across terms."""
+
+    leadership_term_id: int
+    log_session_id: int
+    initial_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseLogPublication(Effect):
+    """Leader stepping down: close the log publication."""
+
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendLog(Effect):
+    """Leader: append one log message (a log Struct such as ``NewLeadershipTermEvent``, or a
+    ``codecs.SessionMessage``) to the log publication. The archive records it; the recorded
+    position comes back through ``on_recording_position``."""
+
+    message: Any
+
+
+# ------------------------------------------------------------------------------ the recording
+
+
+@dataclass(frozen=True, slots=True)
+class StartLogRecording(Effect):
+    """Extend the local log recording ``recording_id`` from ``position`` (its stop position) with
+    the log stream of session ``log_session_id``: the leader's own publication, or the follower's
+    subscription (live and/or catchup destination)."""
+
+    recording_id: int
+    log_session_id: int
+    position: int
+    is_leader: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StopLogRecording(Effect):
+    """Stop recording the log; report the final position with ``on_log_recording_stopped``."""
+
+    recording_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateRecording(Effect):
+    """Delete the recording's data after ``position`` (an uncommitted tail the new leader does not
+    have). The recording is stopped when this is emitted."""
+
+    recording_id: int
+    position: int
+
+
+# ------------------------------------------------------------------------ the log (follower)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLogSubscription(Effect):
+    """Follower: subscribe to the log, session ``log_session_id`` only, with no destination yet."""
+
+    leader_member_id: int
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddLiveDestination(Effect):
+    """Follower: listen on this member's log endpoint (the leader's MDC publication sends there)."""
+
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddCatchupDestination(Effect):
+    """Follower: listen on this member's catchup endpoint (the leader's archive replays there)."""
+
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveCatchupDestination(Effect):
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseLogSubscription(Effect):
+    """Close the follower's log subscription and its destinations."""
+
+
+# ----------------------------------------------------------------------- replay and replication
+
+
+@dataclass(frozen=True, slots=True)
+class StartReplay(Effect):
+    """Replay the local log recording from ``from_position`` to ``to_position`` into the
+    consensus module's log adapter and the services (leader replay, follower replay). Report
+    ``on_replay_done(replay_id, to_position)``."""
+
+    replay_id: int
+    recording_id: int
+    from_position: int
+    to_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplay(Effect):
+    replay_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartReplication(Effect):
+    """Follower log replication: copy the leader's recording ``leader_recording_id`` from the
+    leader's archive into the local recording ``recording_id``, from its stop position up to
+    ``stop_position`` exactly (archive ReplicateRequest2 with a stop position)."""
+
+    replication_id: int
+    leader_member_id: int
+    leader_recording_id: int
+    recording_id: int
+    stop_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplication(Effect):
+    replication_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartCatchupReplay(Effect):
+    """Leader: replay the local log recording from ``from_position`` to the follower's catchup
+    endpoint with the live log's session id, following the live recording."""
+
+    follower_member_id: int
+    recording_id: int
+    from_position: int
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopCatchupReplay(Effect):
+    follower_member_id: int
+
+
+# ------------------------------------------------------------------------------- notifications
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChanged(Effect):
+    """The node role counter: 0 FOLLOWER, 1 CANDIDATE, 2 LEADER (``module.Role``)."""
+
+    role: int
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionStateChanged(Effect):
+    """Every election transition, for the election-state counter and the log."""
+
+    from_state: int
+    to_state: int
+    reason: str
+    leadership_term_id: int
+    candidate_term_id: int
+    now_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPositionChanged(Effect):
+    """The commit-position counter advanced: the service may apply the log up to ``position``."""
+
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewLeader(Effect):
+    """A leadership term starts with ``leader_member_id`` (clients get a NewLeaderEvent)."""
+
+    leadership_term_id: int
+    leader_member_id: int
+    log_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionComplete(Effect):
+    """The election closed: the node now runs as leader or follower of ``leadership_term_id``."""
+
+    leadership_term_id: int
+    leader_member_id: int
+    role: int
+    log_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackUncommitted(Effect):
+    """A new leadership is being prepared: state derived from log entries after
+    ``commit_position`` (sessions, timers, pending service messages) must be rolled back."""
+
+    commit_position: int

@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: a 3-node loopback cluster running the echo service, measured from a client.
+
+    .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR]
+
+Three ``cluster-node run`` processes (configs generated with the demo timeouts: election timeout
+1 s, leader heartbeat timeout 2 s) and this process as the client, all on 127.0.0.1:
+
+* **idle CPU**: once a leader is elected and before any client connects, the CPU time (user +
+  system, from ``/proc/<pid>/stat``) of the three node processes over a few seconds, as a
+  percentage of one core (summed over the nodes).
+* **throughput** (``msgs_per_s_32b``, ``msgs_per_s_1k``): messages committed and echoed back per
+  second, for 32-byte and 1 KiB payloads. The client keeps many messages in flight (a window of
+  messages sent and not yet echoed), offers whenever the window has room and the ingress is not
+  back-pressured, and counts echoes over a measured interval after a warm-up.
+* **latency** (``latency_us``): round trip from the offer to the echo's arrival, at fixed offered
+  rates of 1,000/s and 10,000/s (messages sent on a schedule, in batches when the scheduler wakes
+  late; each carries its own send time), recorded in an HdrHistogram; p50, p99, p99.9 in µs.
+  Client to leader, replication to a majority, commit, service, egress back.
+* **failover** (``failover_ms_median``): kill -9 of the leader, then the time until one other
+  member is leader with its election closed (read from the counters files); the killed member is
+  restarted and must rejoin as a follower before the next round. Median of several rounds.
+
+Progress goes to stderr; the last line on stdout is one JSON object. ``--quick`` finishes
+within 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio  # noqa: E402
+from hdrh.histogram import HdrHistogram  # noqa: E402
+
+from cluster_node.client import open_cluster_client  # noqa: E402
+from media.publication import OfferResult  # noqa: E402
+from tests.support.cluster import TestCluster  # noqa: E402
+
+_STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def say(*args: object) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/<pid>/stat)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def idle_cpu_percent(cluster: TestCluster, seconds: float) -> float:
+    pids = [n.pid for n in cluster.nodes if n.running]
+    before = sum(cpu_ticks(p) for p in pids)
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    ticks = sum(cpu_ticks(p) for p in pids) - before
+    return 100.0 * ticks / _CLK_TCK / (time.monotonic() - t0)
+
+
+class Echoes:
+    """Counts echoes and records round trips; wakes the sender when the window drains."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.histogram: HdrHistogram | None = None
+        self.low_water = 0
+        self.wake = trio.Event()
+
+    def on_message(self, payload: memoryview, header) -> None:
+        self.received += 1
+        if self.histogram is not None and len(payload) >= _STAMP.size:
+            _seq, sent_ns = _STAMP.unpack_from(payload, 0)
+            self.histogram.record_value(max(1, (time.perf_counter_ns() - sent_ns) // 1000))
+        if not self.wake.is_set():
+            self.wake.set()
+
+
+async def throughput(client, echoes: Echoes, size: int, window: int, warmup_s: float, measure_s: float) -> float:
+    """Messages echoed per second with up to ``window`` messages in flight."""
+    payload = bytearray(size)
+    sent = 0
+    base_received = echoes.received
+    start = time.monotonic()
+    measure_from = start + warmup_s
+    measure_until = measure_from + measure_s
+    counted_at = None
+    counted_from = 0
+    while True:
+        now = time.monotonic()
+        if counted_at is None and now >= measure_from:
+            counted_at, counted_from = now, echoes.received
+        if now >= measure_until:
+            break
+        in_flight = sent - (echoes.received - base_received)
+        offered = 0
+        while in_flight < window and offered < 1024:
+            _STAMP.pack_into(payload, 0, sent, 0)
+            result = client.offer(payload)
+            if result < 0:
+                if result in (OfferResult.CLOSED,):
+                    raise RuntimeError(f"client closed: {client.error}")
+                break
+            sent += 1
+            in_flight += 1
+            offered += 1
+        if in_flight >= window or offered == 0:
+            echoes.wake = trio.Event()
+            with trio.move_on_after(0.005):
+                await echoes.wake.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+    elapsed = time.monotonic() - counted_at
+    rate = (echoes.received - counted_from) / elapsed
+    # Drain what is still in flight so the next phase starts clean.
+    with trio.move_on_after(10):
+        while echoes.received - base_received < sent:
+            echoes.wake = trio.Event()
+            with trio.move_on_after(0.05):
+                await echoes.wake.wait()
+    return rate
+
+
+async def latency(client, echoes: Echoes, rate: int, seconds: float, size: int = 32) -> dict[str, float]:
+    """Round-trip percentiles (µs) at a fixed offered rate."""
+    hist = HdrHistogram(1, 60_000_000, 3)
+    echoes.histogram = hist
+    payload = bytearray(size)
+    interval = 1.0 / rate
+    total = int(rate * seconds)
+    base_received = echoes.received
+    start = time.perf_counter()
+    sent = 0
+    refused = 0
+    while sent < total:
+        now = time.perf_counter()
+        due = min(total, int((now - start) / interval) + 1)
+        while sent < due:
+            _STAMP.pack_into(payload, 0, sent, time.perf_counter_ns())
+            if client.offer(payload) < 0:
+                refused += 1
+                break
+            sent += 1
+        next_at = start + sent * interval
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await trio.sleep(delay)
+        else:
+            await trio.lowlevel.checkpoint()
+    with trio.move_on_after(10):
+        while echoes.received - base_received < sent:
+            echoes.wake = trio.Event()
+            with trio.move_on_after(0.05):
+                await echoes.wake.wait()
+    echoes.histogram = None
+    return {
+        "p50": hist.get_value_at_percentile(50),
+        "p99": hist.get_value_at_percentile(99),
+        "p999": hist.get_value_at_percentile(99.9),
+        "max": hist.get_max_value(),
+        "count": hist.get_total_count(),
+        "refused_offers": refused,
+    }
+
+
+async def failovers(cluster: TestCluster, rounds: int) -> list[float]:
+    times = []
+    for i in range(rounds):
+        leader = await cluster.await_leader(30)
+        term = cluster.counters()[leader].term
+        cluster.nodes[leader].kill()
+        t0 = time.monotonic()
+        new_leader = await cluster.await_leader(30, min_term=term + 1, exclude=[leader])
+        ms = (time.monotonic() - t0) * 1000
+        times.append(ms)
+        say(f"failover {i + 1}/{rounds}: member {leader} killed, member {new_leader} leads after {ms:.0f} ms")
+        if i + 1 < rounds:
+            node = cluster.nodes[leader]
+            node.start()
+            await cluster.await_for(node.ready, 30, f"member {leader} restarted")
+            new_term = cluster.counters()[new_leader].term
+            await cluster.await_for(lambda: cluster.followers_settled([leader], new_term), 60,
+                                    f"member {leader} rejoins as a follower")
+    return times
+
+
+async def run(args, cluster: TestCluster) -> dict:
+    quick = args.quick
+    results: dict = {}
+    t = time.monotonic()
+    leader = cluster.start(timeout=60)
+    say(f"cluster up in {time.monotonic() - t:.1f}s, leader member {leader}")
+    await trio.to_thread.run_sync(time.sleep, 1.0)  # let the election's last messages settle
+    results["idle_cpu_percent"] = round(await trio.to_thread.run_sync(idle_cpu_percent, cluster, 3.0 if quick else 10.0), 2)
+    say(f"idle cluster CPU: {results['idle_cpu_percent']}% of one core")
+
+    echoes = Echoes()
+    async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
+        warm, meas = (1.0, 3.0) if quick else (2.0, 10.0)
+        for size, key, window in ((32, "msgs_per_s_32b", 4096), (1024, "msgs_per_s_1k", 512)):
+            rate = await throughput(client, echoes, size, window, warm, meas)
+            results[key] = round(rate)
+            say(f"throughput {size} B: {rate:,.0f} msgs/s echoed")
+        results["latency_us"] = {}
+        for rate in (1000, 10000):
+            lat = await latency(client, echoes, rate, 2.0 if quick else 10.0)
+            results["latency_us"][str(rate)] = lat
+            say(f"latency at {rate}/s: p50 {lat['p50']} us, p99 {lat['p99']} us, p99.9 {lat['p999']} us"
+                f" ({lat['count']} echoes, {lat['refused_offers']} refused offers)")
+        times = await failovers(cluster, 3 if quick else 7)
+        results["failover_ms"] = [round(x) for x in times]
+        results["failover_ms_median"] = round(statistics.median(times))
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short phases and 3 failovers, within 60 s")
+    p.add_argument("--dir", help="directory for configs and node files (default: a temporary one, removed after)")
+    args = p.parse_args()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+        base = Path(args.dir) if args.dir else Path(tmp)
+        cluster = TestCluster(base, 3, service="echo")
+        try:
+            results = trio.run(run, args, cluster)
+        finally:
+            cluster.close()
+    summary = {
+        "msgs_per_s_32b": results.get("msgs_per_s_32b"),
+        "msgs_per_s_1k": results.get("msgs_per_s_1k"),
+        "latency_us": results.get("latency_us"),
+        "failover_ms_median": results.get("failover_ms_median"),
+        "failover_ms": results.get("failover_ms"),
+        "idle_cpu_percent": results.get("idle_cpu_percent"),
+        "leader_heartbeat_timeout_ms": cluster.timeouts.leader_heartbeat_timeout_ns // 1_000_000,
+        "quick": args.quick,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The vote rule and the effect order of one consensus core, driven by hand."""
+
+from __future__ import annotations
+
+import random
+
+from cluster_node import codecs
+from cluster_node.consensus import effects as fx
+from cluster_node.consensus.election import ElectionState as S
+from cluster_node.consensus.members import ClusterMember
+from cluster_node.consensus.module import ConsensusModule
+from cluster_node.consensus.recording_log import RecordingLog
+from tests.support.sim import SIM_SETTINGS
+
+V = codecs.CONSENSUS_PROTOCOL_VERSION
+
+
+def _core(log_terms=((0, 0),), append_position=1024, candidate_term=0) -> ConsensusModule:
+    log = RecordingLog()
+    for term, base in log_terms:
+        log.append_term(0, term, base, 0)
+    core = ConsensusModule(
+        0,
+        [ClusterMember(i) for i in range(3)],
+        SIM_SETTINGS,
+        random.Random(1),
+        log,
+        candidate_term,
+        0,
+        append_position,
+        0,
+    )
+    core.do_work(0)  # INIT -> CANVASS
+    assert core.election_state == S.CANVASS
+    core.drain_effects()
+    return core
+
+
+def _votes(effects) -> list[bool]:
+    return [e.message.vote for e in effects if isinstance(e, fx.SendToMember)
+            and isinstance(e.message, codecs.Vote)]
+
+
+def test_yes_vote_is_persisted_before_it_is_sent() -> None:
+    core = _core()
+    core.on_message(1, codecs.RequestVote(0, 1024, 1, 1, V), 1)
+    effects = core.drain_effects()
+    kinds = [type(e) for e in effects]
+    assert kinds.index(fx.PersistCandidateTerm) < kinds.index(fx.SendToMember)
+    assert effects[0] == fx.PersistCandidateTerm(1, 1024, 1)
+    assert _votes(effects) == [True]
+    assert core.election_state == S.FOLLOWER_BALLOT
+
+
+def test_a_newer_log_term_beats_a_longer_log() -> None:
+    core = _core(log_terms=((0, 0), (2, 512)))
+    core.on_message(1, codecs.RequestVote(1, 1_000_000, 5, 1, V), 1)
+    effects = core.drain_effects()
+    assert _votes(effects) == [False]
+    assert fx.PersistCandidateTerm(5, 1024, 1) in effects  # the term is taken, not the vote
+    assert core.candidate_term_id == 5
+    assert core.election_state == S.CANVASS
+
+
+def test_a_shorter_log_of_the_same_term_gets_no() -> None:
+    core = _core()
+    core.on_message(1, codecs.RequestVote(0, 992, 1, 1, V), 1)
+    assert _votes(core.drain_effects()) == [False]
+
+
+def test_no_second_vote_in_a_term_but_the_same_answer_for_a_repeat() -> None:
+    core = _core()
+    core.on_message(1, codecs.RequestVote(0, 1024, 1, 1, V), 1)
+    core.drain_effects()
+    core.on_message(1, codecs.RequestVote(0, 1024, 1, 1, V), 2)
+    again = core.drain_effects()
+    assert _votes(again) == [True]
+    assert not any(isinstance(e, fx.PersistCandidateTerm) for e in again)
+    core.on_message(2, codecs.RequestVote(0, 4096, 1, 2, V), 3)
+    assert _votes(core.drain_effects()) == [False]
+
+
+def test_a_new_leadership_term_from_an_older_term_is_ignored() -> None:
+    core = _core(candidate_term=4)
+    nlt = codecs.NewLeadershipTerm(0, -1, -1, -1, 3, 0, 1024, 0, 0, 1, 77, 1, False)
+    core.on_message(1, nlt, 1)
+    assert core.election_state == S.CANVASS
+    assert core.leader_member_id == -1
+
+
+def test_messages_that_lie_about_their_sender_are_dropped() -> None:
+    core = _core()
+    core.on_message(2, codecs.RequestVote(0, 1024, 1, 1, V), 1)
+    assert core.drain_effects() == []
+    assert core.dropped_message_count == 1
+    core.on_message(9, codecs.CanvassPosition(0, 0, 0, 9, V), 1)
+    assert core.dropped_message_count == 2
+
+
+def test_follower_truncates_a_tail_the_new_leader_does_not_have() -> None:
+    core = _core(log_terms=((0, 0),), append_position=2048)
+    # The leader's log: term 0 ends at 1024 where its term 3 begins.
+    nlt = codecs.NewLeadershipTerm(0, 3, 1024, 1024, 3, 1024, 1024, 0, 0, 1, 77, 1, False)
+    core.on_message(1, nlt, 1)
+    effects = core.drain_effects()
+    assert fx.TruncateRecording(0, 1024) in effects
+    writes = [e for e in effects if isinstance(e, fx.WriteRecordingLog)]
+    assert writes and effects.index(fx.TruncateRecording(0, 1024)) < effects.index(writes[0])
+    assert core.append_position == 1024
+    assert core.recording_log.last_term().log_position == 1024
+    assert core.election_state == S.INIT

@@ -1,0 +1,972 @@
+"""Deterministic simulator: several consensus cores, one fake clock, a seeded faulty network.
+
+Everything a member's process would do around its ``ConsensusModule`` happens here, in memory:
+the effects are executed against an in-memory archive per member, consensus messages travel a
+network that drops, delays, duplicates, reorders and partitions (symmetric or one-way), members
+crash (losing everything but node-state, recording.log bytes and the archive) and restart from
+what they persisted, and clients submit messages to whoever they believe leads.
+
+Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
+what happens in it, not how long it lasts in simulated time. All randomness comes from one
+``random.Random(seed)``: the same seed gives the same trace (``trace_hash``).
+
+Invariants, checked as the run goes (violations are collected, the first one is reported):
+
+* at most one leader per leadership term;
+* a member's commit position never goes back (per process lifetime);
+* the committed prefix is identical on every member that holds it (each committed range is
+  compared with one canonical committed log);
+* every client message acknowledged as committed is in the final committed log exactly once;
+* once faults stop, a leader is elected and every member converges (same term, same log, same
+  commit position) within ``convergence_bound_ns``;
+* the cores refuse no unsafe action (``safety_alerts``) and ask for nothing impossible (extend a
+  recording at a position other than its stop, truncate an active recording, ...).
+
+The log model: an entry is ``(start, end, term, key)``; its length is the aligned frame length of
+the encoded message (32-byte header, 32-byte alignment), so positions behave like real ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from cluster_node import codecs
+from cluster_node.consensus import effects as fx
+from cluster_node.consensus.effects import Role
+from cluster_node.consensus.election import ElectionState
+from cluster_node.consensus.members import ClusterMember
+from cluster_node.consensus.module import ConsensusModule, ConsensusSettings
+from cluster_node.consensus.recording_log import RecordingLog
+
+MS = 1_000_000
+S = 1_000_000_000
+FRAME_HEADER = 32
+ALIGN = 32
+
+SIM_SETTINGS = ConsensusSettings(
+    election_timeout_ns=200 * MS,
+    election_status_interval_ns=20 * MS,
+    leader_heartbeat_interval_ns=40 * MS,
+    leader_heartbeat_timeout_ns=500 * MS,
+    startup_canvass_timeout_ns=1000 * MS,
+    replication_progress_timeout_ns=500 * MS,
+)
+
+
+def _aligned(length: int) -> int:
+    return (length + FRAME_HEADER + ALIGN - 1) // ALIGN * ALIGN
+
+
+class SimArchive:
+    """One member's log recording: parallel lists of entry starts, ends, terms and keys."""
+
+    __slots__ = ("starts", "ends", "terms", "keys", "epoch")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.terms: list[int] = []
+        self.keys: list[object] = []
+        self.epoch = 0
+        """Bumped by every truncation: a replication reading a truncated source fails."""
+
+    @property
+    def stop(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def append(self, length: int, term: int, key: object) -> int:
+        start = self.stop
+        self.starts.append(start)
+        self.ends.append(start + length)
+        self.terms.append(term)
+        self.keys.append(key)
+        return start + length
+
+    def index_at(self, position: int) -> int:
+        """Index of the entry starting at ``position`` (len when position == stop), or -1."""
+        i = bisect_left(self.starts, position)
+        if i < len(self.starts) and self.starts[i] == position:
+            return i
+        if position == self.stop:
+            return len(self.starts)
+        return -1
+
+    def copy_from(self, src: SimArchive, up_to: int, max_entries: int = 1 << 30) -> bool:
+        """Append the source's entries from our stop up to ``up_to`` (an entry boundary), at
+        most ``max_entries`` of them."""
+        i = src.index_at(self.stop)
+        if i < 0:
+            return False
+        j = bisect_left(src.ends, up_to, i) + 1 if up_to > self.stop else i
+        j = min(j, len(src.ends), i + max_entries)
+        while j > i and src.ends[j - 1] > up_to:
+            j -= 1
+        if j <= i:
+            return False
+        self.starts.extend(src.starts[i:j])
+        self.ends.extend(src.ends[i:j])
+        self.terms.extend(src.terms[i:j])
+        self.keys.extend(src.keys[i:j])
+        return True
+
+    def truncate(self, position: int) -> bool:
+        i = self.index_at(position)
+        if i < 0:
+            return False
+        del self.starts[i:], self.ends[i:], self.terms[i:], self.keys[i:]
+        self.epoch += 1
+        return True
+
+
+class SimSubscription:
+    __slots__ = ("leader_member_id", "log_session_id", "live", "catchup", "joined")
+
+    def __init__(self, leader_member_id: int, log_session_id: int) -> None:
+        self.leader_member_id = leader_member_id
+        self.log_session_id = log_session_id
+        self.live = False
+        self.catchup = False
+        self.joined = False
+
+
+class SimMember:
+    """A member's process (core and volatile plumbing) and its disk (persisted state)."""
+
+    def __init__(self, member_id: int) -> None:
+        self.member_id = member_id
+        # Disk: survives crashes.
+        self.node_state_candidate_term = -1
+        self.recording_log_bytes = bytearray()
+        self.archive = SimArchive()
+        # Process.
+        self.alive = False
+        self.incarnation = 0
+        self.core: ConsensusModule | None = None
+        self.recording_session: int | None = None
+        self.publication_session: int | None = None
+        self.subscription: SimSubscription | None = None
+        self.replication: tuple[int, int, int, int] | None = None  # id, leader, stop, epoch
+        self.catchup_replays: dict[int, int] = {}  # follower id -> log session id
+        self.reported_stop = 0
+        self.paused_until = 0
+        self.unrecorded: list[tuple[int, int, int, object]] = []
+        """Leader: entries published but not yet recorded by its own archive (lost on crash)."""
+        self.last_commit = -1
+        self.pending_acks: list[tuple[int, int, bytes, int]] = []  # end, term, payload, client
+
+
+@dataclass
+class SimConfig:
+    member_count: int = 3
+    settings: ConsensusSettings = SIM_SETTINGS
+    tick_ns: int = 20 * MS
+    delay_min_ns: int = 1 * MS
+    delay_max_ns: int = 15 * MS
+    drop_rate: float = 0.0
+    dup_rate: float = 0.0
+    faults: bool = False
+    fault_duration_ns: int = 4 * S
+    mean_fault_interval_ns: int = 400 * MS
+    torn_crash_rate: float = 0.0
+    clients: int = 0
+    client_interval_ns: int = 40 * MS
+    client_stop_after_heal_ns: int = 1 * S
+    convergence_bound_ns: int = 15 * S
+    encode_messages: bool = True
+    appointed_leader_id: int = -1
+    chunk_entries: int = 1 << 30
+    """Entries a replication or catchup replay copies per tick (the live log: everything)."""
+
+
+@dataclass
+class SimResult:
+    seed: int
+    violations: list[str]
+    trace_hash: str
+    sim_time_ns: int
+    events: int
+    leaders: dict[int, int] = field(default_factory=dict)
+    committed_position: int = 0
+    acked: int = 0
+
+
+class Simulation:
+    """Run N consensus cores on a seeded fake network. See the module docstring."""
+
+    def __init__(self, seed: int, config: SimConfig | None = None) -> None:
+        self.seed = seed
+        self.config = cfg = config or SimConfig()
+        self.rng = random.Random(seed)
+        self.settings = cfg.settings
+        if cfg.appointed_leader_id != -1:
+            from dataclasses import replace
+
+            self.settings = replace(self.settings, appointed_leader_id=cfg.appointed_leader_id)
+        self.now_ns = 0
+        self._queue: list[tuple[int, int, int, tuple]] = []
+        self._seq = 0
+        self.events = 0
+        self.members = [SimMember(i) for i in range(cfg.member_count)]
+        self.blocked: set[tuple[int, int]] = set()
+        self.chunk_entries = cfg.chunk_entries
+        self.drop_rate = cfg.drop_rate
+        self.dup_rate = cfg.dup_rate
+        self.violations: list[str] = []
+        self.leaders_by_term: dict[int, int] = {}
+        # Canonical committed log: start -> (end, term, key).
+        self.committed: dict[int, tuple[int, int, object]] = {}
+        self.committed_end = 0
+        self.acked: dict[bytes, int] = {}  # payload -> committed end position reported
+        self.client_leader = [self.rng.randrange(cfg.member_count) for _ in range(cfg.clients)]
+        self.client_seq = [0] * cfg.clients
+        self.client_last_reply_ns = [0] * cfg.clients
+        self.clients_active = cfg.clients > 0
+        self.faults_active = False
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.trace_enabled = False
+        self.trace: list[str] = []
+        self.transitions: list[tuple[int, int, int, str, int, int]] = []
+        """(member, from, to, reason, leadership term, time) of every election transition."""
+        for m in self.members:
+            self.start_member(m.member_id)
+        for c in range(cfg.clients):
+            self._schedule(self.rng.randrange(cfg.client_interval_ns), _CLIENT, (c,))
+        if cfg.faults:
+            self.faults_active = True
+            self._schedule(self._next_fault_delay(), _FAULT, ())
+            self._schedule(cfg.fault_duration_ns, _HEAL, ())
+
+    # ------------------------------------------------------------------------------ events
+
+    def _schedule(self, delay_ns: int, kind: int, args: tuple) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now_ns + delay_ns, self._seq, kind, args))
+
+    def _record(self, text: str) -> None:
+        self._hash.update(text.encode())
+        if self.trace_enabled:
+            self.trace.append(f"{self.now_ns / MS:10.3f} {text}")
+
+    def violation(self, text: str) -> None:
+        msg = f"t={self.now_ns / MS:.3f}ms seed={self.seed}: {text}"
+        self.violations.append(msg)
+        self._record("VIOLATION " + text)
+
+    @property
+    def trace_hash(self) -> str:
+        return self._hash.hexdigest()
+
+    def step(self) -> bool:
+        if not self._queue:
+            return False
+        time_ns, _, kind, args = heapq.heappop(self._queue)
+        self.now_ns = time_ns
+        self.events += 1
+        _DISPATCH[kind](self, *args)
+        return True
+
+    def run_for(self, duration_ns: int) -> None:
+        end = self.now_ns + duration_ns
+        while self._queue and self._queue[0][0] <= end:
+            self.step()
+        self.now_ns = max(self.now_ns, end)
+
+    def run_until(self, predicate, timeout_ns: int, check_every_ns: int = 10 * MS) -> bool:
+        end = self.now_ns + timeout_ns
+        while self.now_ns < end:
+            if predicate():
+                return True
+            self.run_for(min(check_every_ns, end - self.now_ns))
+        return predicate()
+
+    # ----------------------------------------------------------------------- member life
+
+    def start_member(self, member_id: int) -> None:
+        m = self.members[member_id]
+        if m.alive:
+            return
+        m.alive = True
+        m.incarnation += 1
+        log = RecordingLog.decode(bytes(m.recording_log_bytes))
+        if log.torn_tail_length:
+            del m.recording_log_bytes[log.length :]
+        self.check_log_terms(member_id, log)
+        members = [ClusterMember(i, catchup_endpoint=f"catchup-{i}") for i in range(len(self.members))]
+        m.core = ConsensusModule.recover(
+            member_id,
+            members,
+            self.settings,
+            random.Random(self.rng.getrandbits(64)),
+            log,
+            m.node_state_candidate_term,
+            0,
+            0,
+            m.archive.stop,
+            self.now_ns,
+        )
+        m.reported_stop = m.archive.stop
+        m.last_commit = m.core.commit_position
+        m.pending_acks = []
+        self._record(f"start {member_id}")
+        self._schedule(self.rng.randrange(self.config.tick_ns), _TICK, (member_id, m.incarnation))
+        self._run_core(m)
+
+    def crash(self, member_id: int) -> None:
+        m = self.members[member_id]
+        if not m.alive:
+            return
+        m.alive = False
+        m.paused_until = 0
+        m.unrecorded = []
+        m.core = None
+        m.recording_session = None
+        m.publication_session = None
+        m.subscription = None
+        m.replication = None
+        m.catchup_replays = {}
+        m.pending_acks = []
+        self._record(f"crash {member_id}")
+
+    def pause(self, member_id: int, duration_ns: int) -> None:
+        """Stop the member's process (SIGSTOP) for ``duration_ns``: nothing it owns runs, its
+        state is kept, and everything sent to it waits."""
+        m = self.members[member_id]
+        m.paused_until = max(m.paused_until, self.now_ns + duration_ns)
+        self._record(f"pause {member_id} {duration_ns // MS}ms")
+
+    def close_gracefully(self, member_id: int) -> None:
+        """An orderly stop: the member's log publication ends with end-of-stream, which its
+        followers see, then the process exits."""
+        m = self.members[member_id]
+        session = m.publication_session
+        self.crash(member_id)
+        if session is None:
+            return
+        for f in self.members:
+            sub = f.subscription
+            if f.alive and sub is not None and sub.log_session_id == session and sub.joined:
+                f.core.on_log_end_of_stream(self.now_ns)
+                self._run_core(f)
+
+    def restart(self, member_id: int) -> None:
+        self.start_member(member_id)
+
+    def partition(self, group: set[int] | list[int], one_way: bool = False) -> None:
+        """Cut ``group`` off from the others (one way: only group -> others is lost)."""
+        group = set(group)
+        for a in group:
+            for b in range(len(self.members)):
+                if b not in group:
+                    self.blocked.add((a, b))
+                    if not one_way:
+                        self.blocked.add((b, a))
+        self._record(f"partition {sorted(group)} one_way={one_way}")
+
+    def block(self, src: int, dst: int) -> None:
+        self.blocked.add((src, dst))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+        self._record("heal")
+
+    # ------------------------------------------------------------------------- the network
+
+    def _link_up(self, src: int, dst: int) -> bool:
+        return (src, dst) not in self.blocked
+
+    def send(self, src: int, dst: int, msg: object) -> None:
+        if (src, dst) in self.blocked:
+            return
+        rng = self.rng
+        if self.drop_rate and rng.random() < self.drop_rate:
+            return
+        payload = codecs.encode_consensus(msg) if self.config.encode_messages else msg
+        copies = 2 if self.dup_rate and rng.random() < self.dup_rate else 1
+        dmin = self.config.delay_min_ns
+        spread = self.config.delay_max_ns - dmin
+        for _ in range(copies):
+            self._schedule(dmin + int(rng.random() * spread), _DELIVER, (src, dst, payload))
+
+    def _deferred(self, m: SimMember, kind: int, args: tuple) -> bool:
+        """A paused process (SIGSTOP) handles nothing until it resumes; its input waits."""
+        if m.paused_until > self.now_ns:
+            self._schedule(m.paused_until - self.now_ns, kind, args)
+            return True
+        return False
+
+    def _on_deliver(self, src: int, dst: int, payload: object) -> None:
+        m = self.members[dst]
+        if not m.alive or self._deferred(m, _DELIVER, (src, dst, payload)):
+            return
+        msg = codecs.decode_consensus(payload) if self.config.encode_messages else payload
+        m.core.on_message(src, msg, self.now_ns)
+        m.core.do_work(self.now_ns)
+        self._run_core(m)
+
+    def _on_tick(self, member_id: int, incarnation: int) -> None:
+        m = self.members[member_id]
+        if not m.alive or m.incarnation != incarnation:
+            return
+        if self._deferred(m, _TICK, (member_id, incarnation)):
+            return
+        if m.unrecorded:
+            self._record_publication(m)
+        self._pull_log(m)
+        self._replicate(m)
+        self._report_position(m)
+        m.core.do_work(self.now_ns)
+        self._run_core(m)
+        self._schedule(self.config.tick_ns, _TICK, (member_id, incarnation))
+
+    def _pull_log(self, m: SimMember) -> None:
+        """The follower's subscription receives what the leader's publication (live destination)
+        or the leader's catchup replay (catchup destination) has sent since its position."""
+        sub = m.subscription
+        if sub is None or m.recording_session != sub.log_session_id:
+            return
+        leader = self.members[sub.leader_member_id]
+        if (
+            not leader.alive
+            or leader.paused_until > self.now_ns
+            or not self._link_up(leader.member_id, m.member_id)
+        ):
+            return
+        if self.drop_rate and self.rng.random() < self.drop_rate:
+            return
+        live = sub.live and leader.publication_session == sub.log_session_id
+        catchup = sub.catchup and leader.catchup_replays.get(m.member_id) == sub.log_session_id
+        if not (live or catchup):
+            return
+        if not sub.joined:
+            sub.joined = True
+            m.core.on_log_image(m.archive.stop, self.now_ns)
+        a = m.archive
+        a.copy_from(leader.archive, leader.archive.stop, 1 << 30 if live else self.chunk_entries)
+        if live and leader.unrecorded and a.stop == leader.archive.stop:
+            for start, end, term, key in leader.unrecorded:
+                a.append(end - start, term, key)
+
+    def _replicate(self, m: SimMember) -> None:
+        rep = m.replication
+        if rep is None:
+            return
+        replication_id, leader_id, stop, epoch = rep
+        src = self.members[leader_id]
+        if not src.alive or src.paused_until > self.now_ns or not (
+            self._link_up(leader_id, m.member_id) and self._link_up(m.member_id, leader_id)
+        ):
+            return
+        if src.archive.epoch != epoch:
+            m.replication = None
+            m.core.on_replication_failed(replication_id, "source recording truncated", self.now_ns)
+            return
+        if m.archive.stop < stop and src.archive.index_at(m.archive.stop) < 0:
+            m.replication = None
+            m.core.on_replication_failed(replication_id, "position not in source", self.now_ns)
+            return
+        m.archive.copy_from(src.archive, min(stop, src.archive.stop), self.chunk_entries)
+        self._report_position(m)
+        if m.archive.stop == stop:
+            m.replication = None
+            m.core.on_replication_done(replication_id, self.now_ns)
+        elif m.archive.stop > stop:
+            self.violation(f"member {m.member_id} replicated past its stop position {stop}")
+
+    def _report_position(self, m: SimMember) -> None:
+        stop = m.archive.stop
+        if stop != m.reported_stop:
+            m.reported_stop = stop
+            m.core.on_recording_position(stop, self.now_ns)
+
+    # ------------------------------------------------------------------------ effect runner
+
+    def _run_core(self, m: SimMember) -> None:
+        """Drain and execute the core's effects in order until it has nothing more to say."""
+        core = m.core
+        torn = self.faults_active and self.config.torn_crash_rate
+        for _ in range(64):
+            effects = core.drain_effects()
+            if not effects:
+                break
+            cut = len(effects)
+            if torn and self.rng.random() < self.config.torn_crash_rate:
+                cut = self.rng.randrange(len(effects))
+            for i, e in enumerate(effects):
+                if i == cut:
+                    self._record(f"torn step at {i}/{len(effects)}")
+                    self.crash(m.member_id)
+                    self._schedule(self.rng.randint(50 * MS, 2 * S), _RESTART, (m.member_id,))
+                    return
+                self._execute(m, e)
+                if not m.alive:
+                    return
+            self._report_position(m)
+        self._after_step(m)
+
+    def _execute(self, m: SimMember, e: fx.Effect) -> None:
+        t = type(e)
+        mid = m.member_id
+        if t is fx.SendToMember:
+            self.send(mid, e.member_id, e.message)
+        elif t is fx.CommitPositionChanged:
+            self._on_commit(m, e.position)
+        elif t is fx.PersistCandidateTerm:
+            if e.candidate_term_id < m.node_state_candidate_term:
+                self.violation(f"member {mid} persisted a lower candidate term {e.candidate_term_id}")
+            m.node_state_candidate_term = e.candidate_term_id
+        elif t is fx.WriteRecordingLog:
+            buf = m.recording_log_bytes
+            for offset, data in e.writes:
+                if offset > len(buf):
+                    self.violation(f"member {mid} recording.log write past the end")
+                    return
+                buf[offset : offset + len(data)] = data
+        elif t is fx.AppendLog:
+            self._append_log(m, e.message)
+        elif t is fx.StartLogRecording:
+            if m.recording_session is not None:
+                self.violation(f"member {mid} started a second log recording")
+            if e.position != m.archive.stop:
+                self.violation(
+                    f"member {mid} extends its recording at {e.position}, stop is {m.archive.stop}"
+                )
+            m.recording_session = e.log_session_id
+        elif t is fx.StopLogRecording:
+            if m.unrecorded:
+                self._record_publication(m)
+            m.recording_session = None
+            m.core.on_log_recording_stopped(m.archive.stop, self.now_ns)
+            m.reported_stop = m.archive.stop
+        elif t is fx.OpenLogPublication:
+            if e.initial_position != m.archive.stop:
+                self.violation(f"member {mid} opens its publication at {e.initial_position}")
+            m.publication_session = e.log_session_id
+        elif t is fx.CloseLogPublication:
+            if m.unrecorded:
+                self._record_publication(m)
+            m.publication_session = None
+        elif t is fx.OpenLogSubscription:
+            m.subscription = SimSubscription(e.leader_member_id, e.log_session_id)
+        elif t is fx.AddLiveDestination:
+            if m.subscription is not None:
+                m.subscription.live = True
+        elif t is fx.AddCatchupDestination:
+            if m.subscription is not None:
+                m.subscription.catchup = True
+        elif t is fx.RemoveCatchupDestination:
+            if m.subscription is not None:
+                m.subscription.catchup = False
+        elif t is fx.CloseLogSubscription:
+            m.subscription = None
+        elif t is fx.TruncateRecording:
+            if m.recording_session is not None:
+                self.violation(f"member {mid} truncates an active recording")
+            if e.position < m.last_commit:
+                self.violation(f"member {mid} truncates below its commit position")
+            if not m.archive.truncate(e.position):
+                self.violation(f"member {mid} truncates at {e.position}, not an entry boundary")
+            m.reported_stop = m.archive.stop
+            self._record(f"truncate {mid} {e.position}")
+        elif t is fx.StartReplay:
+            self._schedule(1 * MS, _REPLAY_DONE, (mid, m.incarnation, e.replay_id))
+        elif t is fx.StartReplication:
+            m.replication = (
+                e.replication_id,
+                e.leader_member_id,
+                e.stop_position,
+                self.members[e.leader_member_id].archive.epoch,
+            )
+        elif t is fx.StopReplication:
+            m.replication = None
+        elif t is fx.StartCatchupReplay:
+            m.catchup_replays[e.follower_member_id] = e.log_session_id
+        elif t is fx.StopCatchupReplay:
+            m.catchup_replays.pop(e.follower_member_id, None)
+        elif t is fx.ElectionStateChanged:
+            self.transitions.append(
+                (mid, e.from_state, e.to_state, e.reason, e.leadership_term_id, self.now_ns)
+            )
+            self._record(f"e {mid} {e.from_state}>{e.to_state} {e.leadership_term_id} {e.reason}")
+        elif t is fx.NewLeader:
+            if e.leader_member_id == mid:
+                prev = self.leaders_by_term.get(e.leadership_term_id)
+                if prev is not None and prev != mid:
+                    self.violation(
+                        f"two leaders in term {e.leadership_term_id}: {prev} and {mid}"
+                    )
+                self.leaders_by_term[e.leadership_term_id] = mid
+                self._record(f"leader {mid} term {e.leadership_term_id}")
+        # RoleChanged, ElectionComplete, RollbackUncommitted, StopReplay: nothing to do here.
+
+    def _append_log(self, m: SimMember, message: object) -> None:
+        if m.publication_session is None or m.recording_session != m.publication_session:
+            self.violation(f"member {m.member_id} appends to the log without a recorded publication")
+            return
+        term = m.core.leadership_term_id
+        start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
+        if isinstance(message, codecs.SessionMessage):
+            payload = bytes(message.payload)
+            end = start + _aligned(codecs.SESSION_HEADER_LENGTH + len(payload))
+            m.unrecorded.append((start, end, term, payload))
+            client = message.header.cluster_session_id
+            m.pending_acks.append((end, term, payload, client))
+        else:
+            encoded = codecs.encode_log(message)
+            m.unrecorded.append((start, start + _aligned(len(encoded)), term, ("nlt", term, m.member_id)))
+
+    def _record_publication(self, m: SimMember) -> None:
+        """The leader's archive records its own publication a little after it was sent (on the
+        next tick), so followers can hold a tail that a crashing leader never recorded."""
+        a = m.archive
+        for start, end, term, key in m.unrecorded:
+            if start != a.stop:
+                self.violation(f"member {m.member_id} publication and recording diverge")
+                break
+            a.append(end - start, term, key)
+        m.unrecorded.clear()
+
+    def _on_replay_done(self, member_id: int, incarnation: int, replay_id: int) -> None:
+        m = self.members[member_id]
+        if not m.alive or m.incarnation != incarnation:
+            return
+        if self._deferred(m, _REPLAY_DONE, (member_id, incarnation, replay_id)):
+            return
+        m.core.on_replay_done(replay_id, self.now_ns)
+        m.core.do_work(self.now_ns)
+        self._run_core(m)
+
+    # ---------------------------------------------------------------------------- invariants
+
+    def _on_commit(self, m: SimMember, position: int) -> None:
+        mid = m.member_id
+        if position < m.last_commit:
+            self.violation(f"member {mid} commit went back {m.last_commit} -> {position}")
+            return
+        archive = m.archive
+        if position > archive.stop:
+            self.violation(f"member {mid} commits {position} beyond its log end {archive.stop}")
+            return
+        start = max(m.last_commit, 0)
+        i = archive.index_at(start)
+        if i < 0:
+            self.violation(f"member {mid} commit {start} is not an entry boundary")
+            return
+        committed = self.committed
+        ends, terms, keys = archive.ends, archive.terms, archive.keys
+        n = len(ends)
+        while i < n and ends[i] <= position:
+            s = archive.starts[i]
+            entry = (ends[i], terms[i], keys[i])
+            known = committed.get(s)
+            if known is None:
+                if s != self.committed_end:
+                    self.violation(f"member {mid} committed entry at {s} leaves a gap")
+                committed[s] = entry
+                self.committed_end = ends[i]
+            elif known != entry:
+                self.violation(
+                    f"member {mid} committed {entry} at {s}, but {known} was committed there"
+                )
+                return
+            i += 1
+        if position != (ends[i - 1] if i > 0 else 0) and position != 0:
+            self.violation(f"member {mid} commit position {position} is inside an entry")
+        m.last_commit = position
+        self._record(f"c {mid} {position}")
+
+    def _after_step(self, m: SimMember) -> None:
+        core = m.core
+        if core is None:
+            return
+        if core.safety_alerts:
+            for alert in core.safety_alerts:
+                self.violation(alert)
+            core.safety_alerts.clear()
+        if m.pending_acks and core.role == Role.LEADER:
+            commit = core.commit_position
+            pending = m.pending_acks
+            k = 0
+            while k < len(pending) and pending[k][0] <= commit:
+                end, term, payload, client = pending[k]
+                if term == core.leadership_term_id:
+                    self._send_ack(m.member_id, client, payload, end)
+                k += 1
+            if k:
+                del pending[:k]
+        elif m.pending_acks and core.role != Role.LEADER:
+            m.pending_acks.clear()
+
+    # ------------------------------------------------------------------------------ clients
+
+    def _on_client(self, client: int) -> None:
+        if not self.clients_active:
+            return
+        cfg = self.config
+        if self.now_ns - self.client_last_reply_ns[client] > 300 * MS:
+            self.client_leader[client] = self.rng.randrange(len(self.members))
+            self.client_last_reply_ns[client] = self.now_ns
+        self.client_seq[client] += 1
+        payload = b"c%d:%d" % (client, self.client_seq[client])
+        target = self.client_leader[client]
+        if not (self.drop_rate and self.rng.random() < self.drop_rate):
+            delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
+            self._schedule(delay, _INGRESS, (client, target, payload))
+        self._schedule(
+            cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,)
+        )
+
+    def _on_ingress(self, client: int, member_id: int, payload: bytes) -> None:
+        m = self.members[member_id]
+        if not m.alive or self._deferred(m, _INGRESS, (client, member_id, payload)):
+            return
+        if m.core.on_ingress(client, payload, self.now_ns):
+            self._run_core(m)
+        else:
+            leader = m.core.leader_member_id
+            if leader >= 0:
+                self._schedule(self.config.delay_min_ns, _REDIRECT, (client, leader))
+
+    def _on_redirect(self, client: int, leader: int) -> None:
+        self.client_leader[client] = leader
+        self.client_last_reply_ns[client] = self.now_ns
+
+    def _send_ack(self, member_id: int, client: int, payload: bytes, end: int) -> None:
+        if self.drop_rate and self.rng.random() < self.drop_rate:
+            return
+        delay = self.rng.randint(self.config.delay_min_ns, self.config.delay_max_ns)
+        self._schedule(delay, _ACK, (client, member_id, payload, end))
+
+    def _on_ack(self, client: int, member_id: int, payload: bytes, end: int) -> None:
+        self.acked[payload] = end
+        self.client_leader[client] = member_id
+        self.client_last_reply_ns[client] = self.now_ns
+
+    # ------------------------------------------------------------------------------- faults
+
+    def _next_fault_delay(self) -> int:
+        mean = self.config.mean_fault_interval_ns
+        return int(self.rng.expovariate(1.0 / mean))
+
+    def _on_fault(self) -> None:
+        if not self.faults_active:
+            return
+        rng = self.rng
+        n = len(self.members)
+        kind = rng.random()
+        if kind < 0.30:
+            victim = rng.randrange(n)
+            if self.members[victim].alive:
+                self.crash(victim)
+                self._schedule(rng.randint(50 * MS, 2 * S), _RESTART, (victim,))
+        elif kind < 0.55:
+            size = rng.randint(1, (n - 1) // 2 if n > 2 else 1)
+            group = set(rng.sample(range(n), size))
+            one_way = rng.random() < 0.4
+            self.partition(group, one_way)
+            self._schedule(rng.randint(100 * MS, 2 * S), _UNPARTITION, (tuple(sorted(group)), one_way))
+        elif kind < 0.62:
+            self.pause(rng.randrange(n), rng.randint(50 * MS, 1500 * MS))
+        elif kind < 0.70:
+            a, b = rng.sample(range(n), 2)
+            self.block(a, b)
+            self._record(f"block {a}->{b}")
+            self._schedule(rng.randint(100 * MS, 2 * S), _UNBLOCK, (a, b))
+        elif kind < 0.85:
+            self.drop_rate = rng.choice((0.0, 0.01, 0.05, 0.2))
+            self._record(f"drop {self.drop_rate}")
+        else:
+            self.dup_rate = rng.choice((0.0, 0.02, 0.1))
+            self._record(f"dup {self.dup_rate}")
+        self._schedule(self._next_fault_delay(), _FAULT, ())
+
+    def _on_unpartition(self, group: tuple[int, ...], one_way: bool) -> None:
+        n = len(self.members)
+        for a in group:
+            for b in range(n):
+                if b not in group:
+                    self.blocked.discard((a, b))
+                    if not one_way:
+                        self.blocked.discard((b, a))
+
+    def _on_unblock(self, a: int, b: int) -> None:
+        self.blocked.discard((a, b))
+
+    def _on_restart(self, member_id: int) -> None:
+        self.restart(member_id)
+
+    def _on_heal(self) -> None:
+        self.faults_active = False
+        self.drop_rate = 0.0
+        self.dup_rate = 0.0
+        self.heal()
+        for m in self.members:
+            if not m.alive:
+                self.start_member(m.member_id)
+        self._schedule(self.config.client_stop_after_heal_ns, _CLIENTS_STOP, ())
+
+    def _on_clients_stop(self) -> None:
+        self.clients_active = False
+
+    # ------------------------------------------------------------------------------ queries
+
+    def leader(self) -> int | None:
+        """The settled leader with the highest term, if any."""
+        best = None
+        for m in self.members:
+            if m.alive and m.core.is_leader:
+                if best is None or m.core.leadership_term_id > self.members[best].core.leadership_term_id:
+                    best = m.member_id
+        return best
+
+    def core(self, member_id: int) -> ConsensusModule:
+        return self.members[member_id].core
+
+    def converged(self) -> bool:
+        """One settled leader; every member alive, settled on its term, holding its whole log,
+        with the same commit position."""
+        leader_id = self.leader()
+        if leader_id is None:
+            return False
+        lead = self.members[leader_id]
+        lc = lead.core
+        if lc.commit_position != lead.archive.stop:
+            return False
+        for m in self.members:
+            if not m.alive:
+                return False
+            c = m.core
+            if c.election is not None or c.leadership_term_id != lc.leadership_term_id:
+                return False
+            if m.member_id != leader_id and c.leader_member_id != leader_id:
+                return False
+            if m.archive.stop != lead.archive.stop or c.commit_position != lc.commit_position:
+                return False
+        return True
+
+    def run(self) -> SimResult:
+        """A full randomised run: faults until ``fault_duration_ns``, then heal, stop clients and
+        require convergence within ``convergence_bound_ns``; then the final checks."""
+        cfg = self.config
+        self.run_for(cfg.fault_duration_ns + cfg.client_stop_after_heal_ns)
+        ok = self.run_until(self.converged, cfg.convergence_bound_ns, check_every_ns=50 * MS)
+        if not ok:
+            states = ", ".join(
+                f"{m.member_id}:{'down' if not m.alive else ElectionState(m.core.election_state).name}"
+                f"/{Role(m.core.role).name if m.alive else ''}/t{m.core.leadership_term_id if m.alive else ''}"
+                f"/log{m.archive.stop}/c{m.core.commit_position if m.alive else ''}"
+                for m in self.members
+            )
+            self.violation(f"no convergence within {cfg.convergence_bound_ns / S:.0f}s after faults: {states}")
+        self.final_checks()
+        return SimResult(
+            self.seed,
+            self.violations,
+            self.trace_hash,
+            self.now_ns,
+            self.events,
+            dict(self.leaders_by_term),
+            self.committed_end,
+            len(self.acked),
+        )
+
+    def check_log_terms(self, member_id: int, log: RecordingLog | None = None) -> None:
+        """recording.log must describe the archive: every recorded entry carries the term of the
+        TERM entry that covers its position (the last one starting at or before it). The vote
+        rule compares logs by that term, so a mismatch would be a safety hole."""
+        m = self.members[member_id]
+        if log is None:
+            log = RecordingLog.decode(bytes(m.recording_log_bytes))
+        terms = sorted(
+            (e.term_base_log_position, e.leadership_term_id) for e in log.term_entries()
+        )
+        a = m.archive
+        k = -1
+        for i, start in enumerate(a.starts):
+            while k + 1 < len(terms) and terms[k + 1][0] <= start:
+                k += 1
+            if k < 0 or terms[k][1] != a.terms[i]:
+                covering = terms[k][1] if k >= 0 else None
+                self.violation(
+                    f"member {member_id}: entry at {start} has term {a.terms[i]} but "
+                    f"recording.log says term {covering}"
+                )
+                return
+
+    def final_checks(self) -> None:
+        for m in self.members:
+            self.check_log_terms(m.member_id)
+        counts: dict[object, int] = {}
+        for _, _, key in self.committed.values():
+            if isinstance(key, bytes):
+                counts[key] = counts.get(key, 0) + 1
+        for payload in self.acked:
+            c = counts.get(payload, 0)
+            if c != 1:
+                self.violation(f"acknowledged message {payload!r} is in the committed log {c} times")
+
+
+_TICK, _DELIVER, _REPLAY_DONE, _CLIENT, _INGRESS, _REDIRECT, _ACK = range(7)
+_FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP = range(7, 13)
+_DISPATCH = {
+    _TICK: Simulation._on_tick,
+    _DELIVER: Simulation._on_deliver,
+    _REPLAY_DONE: Simulation._on_replay_done,
+    _CLIENT: Simulation._on_client,
+    _INGRESS: Simulation._on_ingress,
+    _REDIRECT: Simulation._on_redirect,
+    _ACK: Simulation._on_ack,
+    _FAULT: Simulation._on_fault,
+    _HEAL: Simulation._on_heal,
+    _RESTART: Simulation._on_restart,
+    _UNPARTITION: Simulation._on_unpartition,
+    _UNBLOCK: Simulation._on_unblock,
+    _CLIENTS_STOP: Simulation._on_clients_stop,
+}
+
+
+def random_config(seed: int) -> SimConfig:
+    """The fault mix of the seed sweep: 3 or 5 members, faults for 4 s, clients writing."""
+    r = random.Random(seed * 7919 + 17)
+    return SimConfig(
+        member_count=r.choice((3, 3, 5)),
+        faults=True,
+        drop_rate=r.choice((0.0, 0.01, 0.05)),
+        dup_rate=r.choice((0.0, 0.01)),
+        clients=2,
+        torn_crash_rate=0.002,
+        fault_duration_ns=r.choice((2, 3, 4)) * S,
+        mean_fault_interval_ns=r.choice((200, 400, 800)) * MS,
+        chunk_entries=r.choice((2, 8, 1 << 30)),
+    )
+
+
+def stress_config(seed: int) -> SimConfig:
+    """A harsher mix for longer hunts (``scripts/simulate --stress``): more faults, more loss,
+    longer delays, three busy clients, more crashes in the middle of a step."""
+    r = random.Random(seed)
+    return SimConfig(
+        member_count=r.choice((3, 5)),
+        faults=True,
+        drop_rate=r.choice((0.0, 0.05, 0.2)),
+        dup_rate=0.05,
+        clients=3,
+        torn_crash_rate=0.01,
+        fault_duration_ns=r.choice((3, 6)) * S,
+        mean_fault_interval_ns=r.choice((100, 250)) * MS,
+        delay_max_ns=r.choice((15, 60)) * MS,
+        client_interval_ns=20 * MS,
+    )
+
+
+def run_seed(seed: int, stress: bool = False) -> SimResult:
+    config = stress_config(seed) if stress else random_config(seed)
+    return Simulation(seed, config).run()
+
+
+def replay_command(seed: int, stress: bool = False) -> str:
+    flag = " --stress" if stress else ""
+    return f"scripts/simulate --seeds 1 --start-seed {seed}{flag} --verbose"
