@@ -430,7 +430,8 @@ class ConsensusAgent:
                 leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.monotonic_ns())
             await self._execute_sessions()
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
-                     role=Role(e.role).name, log_position=e.log_position)
+                     role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
+                     adapter_position=self._adapter_position(), commit_position=m.commit_position)
         elif t is fx.RollbackUncommitted:
             self.sessions.rollback(e.commit_position)
             self.timers.rollback(e.commit_position)
@@ -734,8 +735,7 @@ class ConsensusAgent:
                         continue
                     if e.cluster_session_id != NULL_VALUE:
                         self._egress[e.cluster_session_id] = pub
-                self._tasks.start_soon(self._send_egress, pub, EGRESS_CODEC.encode(e.message),
-                                       e.cluster_session_id == NULL_VALUE)
+                self._tasks.start_soon(self._send_egress, pub, e.message, e.cluster_session_id == NULL_VALUE)
             elif type(e) is CloseEgress:
                 pub = self._egress.pop(e.cluster_session_id, None)
                 if pub is not None:
@@ -743,13 +743,20 @@ class ConsensusAgent:
         self._flush_appends()
         del m
 
-    async def _send_egress(self, pub, data: bytes, close_after: bool) -> None:
+    async def _send_egress(self, pub, message, close_after: bool) -> None:
         """Send a session event, retrying while the client's egress connects (bounded)."""
+        data = EGRESS_CODEC.encode(message)
+        sent = False
         with trio.move_on_after(5.0):
             while pub.offer(data) < 0:
                 if pub.closed:
-                    return
+                    break
                 await trio.sleep(0.005)
+            else:
+                sent = True
+        log.info("session event sent" if sent else "session event not delivered",
+                 message=type(message).__name__, session=getattr(message, "cluster_session_id", None),
+                 code=getattr(getattr(message, "code", None), "name", None))
         if close_after:
             await self._close_later(pub)
 

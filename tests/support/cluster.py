@@ -587,18 +587,28 @@ class KvClient:
             await ev.wait()
         return self.replies.get(request_id)
 
-    async def call(self, request, timeout: float = 10.0) -> Reply:
-        await self.send(request, timeout)
-        reply = await self.wait_reply(request.request_id, timeout)
-        if reply is None:
-            raise TimeoutError(f"no reply to {request!r} within {timeout}s")
-        return reply
+    async def call(self, request, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
+        """Send ``request`` and wait for its reply. With ``resend_s`` (idempotent requests only),
+        send it again whenever no reply came within that long, as an application does when a
+        message may have gone to a leader that has just stepped down."""
+        deadline = trio.current_time() + timeout
+        while True:
+            left = deadline - trio.current_time()
+            if left <= 0:
+                raise TimeoutError(f"no reply to {request!r} within {timeout}s")
+            await self.send(request, left)
+            wait = left if resend_s is None else min(left, resend_s)
+            reply = await self.wait_reply(request.request_id, wait)
+            if reply is not None:
+                return reply
+            if resend_s is None:
+                raise TimeoutError(f"no reply to {request!r} within {timeout}s")
 
-    async def put(self, key: str, value: bytes, timeout: float = 10.0) -> Reply:
-        return await self.call(Put(self.next_id(), key, value), timeout)
+    async def put(self, key: str, value: bytes, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
+        return await self.call(Put(self.next_id(), key, value), timeout, resend_s)
 
-    async def get(self, key: str, timeout: float = 10.0) -> Reply:
-        return await self.call(Get(self.next_id(), key), timeout)
+    async def get(self, key: str, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
+        return await self.call(Get(self.next_id(), key), timeout, resend_s)
 
     async def append(self, key: str, value: bytes, timeout: float = 10.0) -> Reply:
         return await self.call(Append(self.next_id(), key, value), timeout)
