@@ -11,7 +11,10 @@ import click
 from cluster_node import __version__
 from cluster_node.archive_cmd import archive
 from cluster_node.run_cmd import run
+from cluster_node.pipeline_cmd import pipeline
 from cluster_node.stat_cmd import stat
+from cluster_node.up_cmd import up
+from cluster_node.client_cmd import client
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,7 +25,10 @@ def main() -> None:
 
 main.add_command(run)
 main.add_command(stat)
+main.add_command(pipeline)
 main.add_command(archive)
+main.add_command(up)
+main.add_command(client)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -36,3 +36,24 @@ def run(config_path: str, log_mode: str | None) -> None:
         raise click.ClickException(str(e)) from None
     except KeyboardInterrupt:
         sys.exit(130)
+    except BaseExceptionGroup as group:
+        # Start-up failures that are the operator's to fix (a port in use, a bad channel, a
+        # directory that cannot be written) come wrapped by the task groups: one line for them.
+        leaf = _operator_error(group)
+        if leaf is None:
+            raise
+        raise click.ClickException(str(leaf)) from None
+
+
+def _operator_error(group: BaseExceptionGroup) -> BaseException | None:
+    from media.channel import ChannelError
+
+    wanted = (ChannelError, PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            found = _operator_error(e)
+            if found is not None:
+                return found
+        elif isinstance(e, wanted):
+            return e
+    return None

@@ -1,0 +1,270 @@
+"""``cluster-node client``: talk to a running cluster from the shell.
+
+::
+
+    cluster-node client --config var/cluster/client.toml put greeting hello     -> OK
+    cluster-node client --config var/cluster/client.toml get greeting           -> hello
+    cluster-node client --config var/cluster/client.toml delete greeting        -> OK
+    cluster-node client --config configs/client.toml send "hi"                  -> hi (echo service)
+    cluster-node client --config configs/client.toml watch                      -> events until Ctrl-C
+
+Each call opens one client session (a private media driver, connect, redirect to the leader),
+does its work and closes the session. ``put``/``get``/``delete``/``append`` speak the ``kv``
+service's protocol (``cluster_node.service.examples.kv``) and match the reply by request id;
+``send`` offers raw text and prints the first reply (the ``echo`` service sends it back).
+
+Exit codes: 0 done; 1 an error (one line on stderr: no leader within the config's message
+timeout, no reply within ``--timeout``, the cluster refused the session, a bad config), also a
+``get``/``delete`` of a key that is not there; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Callable
+
+import click
+
+__all__ = ["client"]
+
+DEFAULT_CONFIG = Path("var/cluster/client.toml")
+"""Where ``cluster-node up`` (default ``--dir``) writes the client config."""
+
+
+class _Ctx:
+    def __init__(self, config_path: Path, timeout_s: float, verbose: bool) -> None:
+        self.config_path = config_path
+        self.timeout_s = timeout_s
+        self.verbose = verbose
+
+
+def _say(ctx: _Ctx, text: str) -> None:
+    if ctx.verbose:
+        click.echo(text, err=True)
+
+
+def _connect(ctx: _Ctx, **kwargs):
+    """A connected BlockingClusterClient, or a one-line ClickException."""
+    from cluster_node.client import BlockingClusterClient, ClusterClientError, ConnectTimeoutError
+    from cluster_node.config import ConfigError, load_client_config
+
+    try:
+        cfg = load_client_config(ctx.config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        c = BlockingClusterClient(cfg, **kwargs)
+    except ConnectTimeoutError as e:
+        raise click.ClickException(f"no leader: {e}") from None
+    except ClusterClientError as e:
+        raise click.ClickException(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - e.g. the driver cannot bind the egress port
+        raise click.ClickException(f"cannot connect: {type(e).__name__}: {e}") from None
+    _say(ctx, f"connected: session {c.cluster_session_id}, leader member {c.leader_member_id}, term {c.leadership_term_id}")
+    return c
+
+
+def _text(payload: bytes) -> str:
+    return payload.decode("utf-8", errors="backslashreplace")
+
+
+def _request(ctx: _Ctx, make_payload: Callable[[int], bytes]) -> "object":
+    """Send one kv request and return its decoded Reply."""
+    import trio
+
+    from cluster_node.client import ClusterClientError
+    from cluster_node.service.examples.kv import decode_reply
+
+    request_id = random.getrandbits(62)
+
+    def match(payload: bytes) -> bool:
+        try:
+            return decode_reply(payload).request_id == request_id
+        except Exception:  # noqa: BLE001 - replies of other requests or other services
+            return False
+
+    with _connect(ctx) as c:
+        try:
+            raw = c.request(make_payload(request_id), timeout=ctx.timeout_s, match=match)
+        except (TimeoutError, trio.TooSlowError):
+            raise click.ClickException(
+                f"no reply within {ctx.timeout_s:g}s (leader member {c.leader_member_id}, term {c.leadership_term_id});"
+                " is the cluster running the kv service, and does it have a majority?"
+            ) from None
+        except ClusterClientError as e:
+            raise click.ClickException(str(e)) from None
+        return decode_reply(raw)
+
+
+def _status_error(reply, key: str) -> None:
+    from cluster_node.service.examples.kv import Status
+
+    if reply.status == Status.NOT_FOUND:
+        raise click.ClickException(f"not found: {key}")
+    if reply.status == Status.BAD_REQUEST:
+        raise click.ClickException("the service refused the request (BAD_REQUEST: key over 1 KiB or value over 1 MiB?)")
+
+
+def _interruptible(fn: Callable[..., None]) -> Callable[..., None]:
+    """Ctrl-C ends a command with exit code 130 and no traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+@click.group("client")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=f"Client TOML config (default {DEFAULT_CONFIG}, written by `cluster-node up`; or configs/client.toml).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
+              help="Seconds to wait for a reply.")
+@click.option("-v", "--verbose", is_flag=True, help="Print the session (id, leader, term) on stderr.")
+@click.pass_context
+def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool) -> None:
+    """Send requests to a running cluster: kv put/get/delete/append, raw send, watch events."""
+    if config_path is None:
+        if not DEFAULT_CONFIG.is_file():
+            raise click.ClickException(f"no --config given and {DEFAULT_CONFIG} does not exist (start a cluster with"
+                                       " `cluster-node up`, or pass --config configs/client.toml)")
+        config_path = DEFAULT_CONFIG
+    import signal
+
+    from cluster_node import logsetup
+
+    def on_sigterm(signum, frame) -> None:
+        raise KeyboardInterrupt  # a clean end: the session is closed, the private driver removed
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    # The client library logs its connects and leader changes; stdout is for results only.
+    logsetup.configure("console", "info" if verbose else "error")
+    ctx.obj = _Ctx(config_path, timeout_s, verbose)
+
+
+@client.command()
+@click.argument("key")
+@click.argument("value")
+@click.pass_obj
+@_interruptible
+def put(ctx: _Ctx, key: str, value: str) -> None:
+    """Set KEY to VALUE (kv service); prints OK once committed."""
+    from cluster_node.service.examples.kv import Put, encode_request
+
+    reply = _request(ctx, lambda rid: encode_request(Put(rid, key, value.encode())))
+    _status_error(reply, key)
+    click.echo("OK")
+
+
+@client.command()
+@click.argument("key")
+@click.pass_obj
+@_interruptible
+def get(ctx: _Ctx, key: str) -> None:
+    """Print the value of KEY (kv service); exit 1 if there is none."""
+    from cluster_node.service.examples.kv import Get, encode_request
+
+    reply = _request(ctx, lambda rid: encode_request(Get(rid, key)))
+    _status_error(reply, key)
+    click.echo(_text(reply.value or b""))
+
+
+@client.command()
+@click.argument("key")
+@click.pass_obj
+@_interruptible
+def delete(ctx: _Ctx, key: str) -> None:
+    """Remove KEY (kv service); exit 1 if it was not there."""
+    from cluster_node.service.examples.kv import Delete, encode_request
+
+    reply = _request(ctx, lambda rid: encode_request(Delete(rid, key)))
+    _status_error(reply, key)
+    click.echo("OK")
+
+
+@client.command()
+@click.argument("key")
+@click.argument("value")
+@click.pass_obj
+@_interruptible
+def append(ctx: _Ctx, key: str, value: str) -> None:
+    """Append VALUE to KEY (kv service); prints the new length."""
+    from cluster_node.service.examples.kv import Append, encode_request
+
+    reply = _request(ctx, lambda rid: encode_request(Append(rid, key, value.encode())))
+    _status_error(reply, key)
+    click.echo(str(int.from_bytes(reply.value or b"", "little")))
+
+
+@client.command()
+@click.argument("text")
+@click.option("--no-reply", is_flag=True, help="Do not wait for a reply (exit once the message is sent).")
+@click.pass_obj
+@_interruptible
+def send(ctx: _Ctx, text: str, no_reply: bool) -> None:
+    """Send TEXT as one message and print the first reply (the echo service sends it back)."""
+    import trio
+
+    from cluster_node.client import ClusterClientError
+
+    with _connect(ctx) as c:
+        try:
+            if no_reply:
+                c.offer_wait(text.encode(), timeout=ctx.timeout_s)
+                return
+            raw = c.request(text.encode(), timeout=ctx.timeout_s)
+        except (TimeoutError, trio.TooSlowError):
+            raise click.ClickException(
+                f"no reply within {ctx.timeout_s:g}s (leader member {c.leader_member_id}, term {c.leadership_term_id})"
+            ) from None
+        except ClusterClientError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(_text(raw))
+
+
+@client.command()
+@click.pass_obj
+def watch(ctx: _Ctx) -> None:
+    """Keep a session open and print its egress and session events until Ctrl-C: messages for
+    this session, new leaders (NewLeaderEvent), reconnects after a silent leader, the close."""
+    import time
+
+    from cluster_node.client import ClientClosedError
+
+    def stamp() -> str:
+        return time.strftime("%H:%M:%S")
+
+    def on_new_leader(term: int, leader: int) -> None:
+        click.echo(f"{stamp()} new leader: member {leader}, term {term}")
+
+    def on_reconnect(session_id: int) -> None:
+        click.echo(f"{stamp()} reconnected: new session {session_id}")
+
+    c = None
+    try:
+        c = _connect(ctx, on_new_leader=on_new_leader, on_reconnect=on_reconnect)
+        click.echo(f"{stamp()} connected: session {c.cluster_session_id}, leader member {c.leader_member_id},"
+                   f" term {c.leadership_term_id} (Ctrl-C to stop)")
+        while True:
+            try:
+                got = c.receive(timeout=0.5)
+            except ClientClosedError:
+                reason = c.client.error or "closed"
+                raise click.ClickException(f"session ended: {reason}") from None
+            if got is not None:
+                payload, header = got
+                click.echo(f"{stamp()} message: term {header.leadership_term_id}, timestamp {header.timestamp}:"
+                           f" {_text(payload)}")
+    except KeyboardInterrupt:
+        click.echo(f"{stamp()} closed", err=True)
+    finally:
+        if c is not None:
+            c.close()

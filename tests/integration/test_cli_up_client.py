@@ -1,0 +1,214 @@
+"""``cluster-node up`` and ``cluster-node client`` as an operator uses them: real processes.
+
+The main test starts a 3-node cluster with ``up --once``, waits for its ``UP leader=...`` line,
+does a put/get round trip with the ``client`` command, checks the leader in the counters files,
+then sends SIGINT to ``up`` and checks that every member process is gone. The others cover the
+one-line errors (a port in use, a member that exits at start, no leader) without a running cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster_node.config import ClientConfig, ClientSection, client_config_to_toml
+from cluster_node.up_cmd import LEADER_ROLE, read_member_view, write_cluster_configs
+
+CLI = Path(sys.executable).with_name("cluster-node")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Up:
+    """A ``cluster-node up --once`` process whose stdout lines are read by a thread."""
+
+    def __init__(self, *args: str, cwd: Path) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [str(CLI), "up", "--once", *args], cwd=cwd, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        self.stderr = ""
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, pattern: str, timeout: float) -> re.Match:
+        """The next stdout line matching ``pattern`` (re.search); fails on exit or deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout}s; saw {self.seen[-20:]}")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.proc.wait(timeout=10)
+                err = self.proc.stderr.read()
+                raise AssertionError(f"up exited ({self.proc.returncode}) before {pattern!r}; saw {self.seen[-20:]}; stderr {err}")
+            self.seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+
+    def member_pids(self) -> dict[int, int]:
+        pids = {}
+        for line in self.seen:
+            m = re.search(r"member (\d+) started, pid (\d+)", line)
+            if m:
+                pids[int(m.group(1))] = int(m.group(2))
+        return pids
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"up did not exit within {timeout}s of {signal.Signals(sig).name}")
+        while True:  # the lines printed while stopping, up to end of file
+            try:
+                line = self.lines.get(timeout=5)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+        return rc
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def client(config: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), "client", "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_path):
+    up = Up("--dir", str(tmp_path / "cluster"), "--nodes", "3", "--stop-timeout", "10", cwd=tmp_path)
+    pids: dict[int, int] = {}
+    try:
+        m = up.expect(r"^UP leader=(\d+) term=(\d+) members=3 client=(\S+)$", timeout=60)
+        leader_id, term, client_config = int(m.group(1)), int(m.group(2)), Path(m.group(3))
+        pids = up.member_pids()
+        assert sorted(pids) == [0, 1, 2], up.seen
+        assert client_config == (tmp_path / "cluster" / "client.toml").resolve()
+        # The table printed before the UP line shows the leader's row.
+        assert any(re.match(rf"^\s*{leader_id}\s+{pids[leader_id]}\s+yes\s+LEADER\s+{term}\s+CLOSED\b", line)
+                   for line in up.seen), up.seen
+        # ... and the counters file says the same.
+        view = read_member_view(tmp_path / "cluster" / f"node{leader_id}" / "driver" / "counters.dat", leader_id)
+        assert view.owner_pid == pids[leader_id] and view.owner_alive
+        assert view.get("role") == LEADER_ROLE
+
+        put = client(client_config, "put", "greeting", "hello world")
+        assert (put.returncode, put.stdout) == (0, "OK\n"), put.stderr
+        got = client(client_config, "get", "greeting")
+        assert (got.returncode, got.stdout) == (0, "hello world\n"), got.stderr
+        missing = client(client_config, "get", "no-such-key")
+        assert missing.returncode == 1 and missing.stdout == ""
+        assert missing.stderr.strip() == "Error: not found: no-such-key"
+
+        # A member that dies is an event (and a "down" row), not the end of `up`.
+        follower = next(i for i in pids if i != leader_id)
+        os.kill(pids[follower], signal.SIGKILL)
+        up.expect(rf"member {follower} exited \(SIGKILL\)$", timeout=10)
+    finally:
+        rc = up.stop(signal.SIGINT)
+    assert rc == 0, (up.seen, up.proc.stderr.read())
+    assert any(re.match(r"^STOPPED clean=2 killed=0 exit_codes=", line) for line in up.seen), up.seen
+    for member_id, pid in pids.items():
+        assert not pid_exists(pid), f"member {member_id} (pid {pid}) still running after up stopped"
+
+
+def test_up_reports_a_port_in_use_in_one_line(tmp_path):
+    base = tmp_path / "cluster"
+    write_cluster_configs(base, 3, "kv")
+    text = (base / "node0.toml").read_text()
+    ingress = re.search(r'id = 0, ingress = "127\.0\.0\.1:(\d+)"', text)
+    assert ingress, text
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", int(ingress.group(1))))
+        r = subprocess.run([str(CLI), "up", "--once", "--dir", str(base)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert f"port 127.0.0.1:{ingress.group(1)} (member 0 ingress) is in use" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (base / "node0" / "logs" / "console.log").exists()  # nothing was started
+
+
+def test_up_reports_a_member_that_exits_at_start_with_its_last_lines(tmp_path):
+    r = subprocess.run(
+        [str(CLI), "up", "--once", "--dir", str(tmp_path / "c"), "--nodes", "1",
+         "--service", "no_such_package.mod:Service"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("Error: member 0 exited during start-up (exit code 1): "), r.stderr
+    assert "no_such_package" in first
+    assert "last lines of" in first and "console.log" in first
+
+
+def test_up_config_mistakes_are_one_line_errors(tmp_path):
+    r = subprocess.run([str(CLI), "up", "--config-dir", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == f"Error: --config-dir: no such directory: {tmp_path / 'nope'}"
+    write_cluster_configs(tmp_path / "c", 3, "kv")
+    r = subprocess.run([str(CLI), "up", "--dir", str(tmp_path / "c"), "--nodes", "5"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "holds a 3-node cluster" in r.stderr, r.stderr
+    r = subprocess.run([str(CLI), "up", "--dir", str(tmp_path / "c"), "--service", "echo"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "'kv' service" in r.stderr and "--fresh" in r.stderr, r.stderr
+
+
+def test_client_without_a_cluster_says_no_leader(tmp_path):
+    ports = []
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    cfg = ClientConfig(client=ClientSection(
+        ingress_endpoints=",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(ports)),
+        message_timeout_ns=1_000_000_000,
+    ))
+    path = tmp_path / "client.toml"
+    path.write_text(client_config_to_toml(cfg))
+    r = client(path, "get", "k")
+    assert r.returncode == 1
+    assert r.stderr.startswith("Error: no leader: ") and r.stderr.count("\n") == 1, r.stderr
+    r = subprocess.run([str(CLI), "client", "--config", str(tmp_path / "missing.toml"), "get", "k"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == f"Error: {tmp_path / 'missing.toml'}: no such config file"
