@@ -487,10 +487,11 @@ class Election:
         m = self.m
         work = self._send_append_position(now_ns)
         if self.replay_id == NULL_VALUE:
-            # The whole local log is replayed: the live log continues where it ends, and the
-            # service must see every entry in order. What of it the service may *apply* is
-            # still bounded by the commit position (the service reads the replay bounded by the
-            # commit counter), so entries not yet known committed wait there, not here.
+            # The whole local log is replayed (the reference: "from logPosition to
+            # appendPosition"): the live log continues where it ends, and the service must see
+            # every entry in order. By now the NewLeadershipTerm has shown our log to be a prefix
+            # of the leader's, and the leader's log was on a quorum before it led (LEADER_LOG_
+            # REPLICATION), so the replayed log is committed.
             target = m.append_position
             if target > m.commit_position:
                 self.replay_id = m.start_replay(m.commit_position, target)
@@ -501,10 +502,7 @@ class Election:
             self.replay_to_position = m.commit_position
         if self.replay_done:
             self.replay_id = NULL_VALUE
-            known = m.commit_position
-            if self.leader_commit_position != NULL_POSITION:
-                known = max(known, min(self.leader_commit_position, self.replay_to_position))
-            m.advance_commit_position(known)
+            m.advance_commit_position(self.replay_to_position)
             if self.catchup_join_position != NULL_POSITION:
                 self.transition(S.FOLLOWER_CATCHUP_INIT, now_ns, "replayed, catchup needed")
             else:

@@ -207,7 +207,9 @@ class ServiceContainer:
                     if join is not None and log_key[2] != join.log_session_id:
                         limit = min(limit, join.log_position)  # old image: up to the new log's start
                     elif join is not None and join.max_log_position != NULL_POSITION:
-                        limit = min(limit, join.max_log_position)
+                        # A replay: everything up to its end is committed (the consensus module
+                        # replays only what an election established), whatever the counter says.
+                        limit = join.max_log_position
                     work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
                 agent.check_positions()
                 if self._role is not None:

@@ -2,9 +2,13 @@
 
 Everything a member's process would do around its ``ConsensusModule`` happens here, in memory:
 the effects are executed against an in-memory archive per member, consensus messages travel a
-network that drops, delays, duplicates, reorders and partitions (symmetric or one-way), members
-crash (losing everything but node-state, recording.log bytes and the archive) and restart from
-what they persisted, and clients submit messages to whoever they believe leads.
+network that drops, delays, duplicates, reorders and partitions (symmetric or one-way, or a
+single blocked link), members crash (losing everything but node-state, recording.log bytes and
+the archive), sometimes in the middle of executing one step's effects, restart from what they
+persisted, or pause (SIGSTOP) and resume with stale beliefs. A leader's archive records its own
+publication a tick after sending it, so a crashing leader can lose a tail its followers hold;
+replication and catchup replays copy a few entries per tick. Clients submit messages to whoever
+they believe leads; the leader acknowledges them once committed.
 
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
 what happens in it, not how long it lasts in simulated time. All randomness comes from one
@@ -178,6 +182,8 @@ class SimConfig:
     convergence_bound_ns: int = 15 * S
     encode_messages: bool = True
     appointed_leader_id: int = -1
+    max_events: int = 3_000_000
+    """A run that needs more events than this is stopped and reported (a message storm)."""
     chunk_entries: int = 1 << 30
     """Entries a replication or catchup replay copies per tick (the live log: everything)."""
 
@@ -271,8 +277,14 @@ class Simulation:
 
     def run_for(self, duration_ns: int) -> None:
         end = self.now_ns + duration_ns
-        while self._queue and self._queue[0][0] <= end:
+        queue = self._queue
+        budget = self.config.max_events
+        while queue and queue[0][0] <= end:
             self.step()
+            if self.events > budget:
+                self.violation(f"event storm: more than {budget} events")
+                queue.clear()
+                break
         self.now_ns = max(self.now_ns, end)
 
     def run_until(self, predicate, timeout_ns: int, check_every_ns: int = 10 * MS) -> bool:
