@@ -11,11 +11,27 @@ frame_length   bytes the message occupies in the recording: from its first frame
 fragments      number of frames
 session_id     transport session id of the first frame (the publication that wrote it)
 message        the reassembled message bytes (the frames' payloads, headers stripped)
-frame_hash     CRC-32 (zlib) of the recorded bytes ``[position, position + frame_length)``:
-               headers included, so two nodes agree on a hash only if they recorded the same
-               frames. CRC-32 catches every single-byte and every burst-of-32-bits difference;
-               the audit also compares lengths.
+frame_hash     CRC-32 (zlib) of the recorded bytes ``[position, position + frame_length)``
+               with the session id field of every frame header in that range read as zero
+               (see below). Headers are included otherwise, so two nodes agree on a hash only if
+               they recorded the same frames. CRC-32 catches every single-byte and every
+               burst-of-32-bits difference; the audit also compares lengths.
 =============  ==============================================================================
+
+Why the hash leaves the transport session id out: a node records *its own local copy* of the
+log, an IPC publication it creates for each leadership term, and each node picks that
+publication's session id afresh (the leader for the log it publishes, a follower for the copy it
+re-publishes from the leader's stream). So at one position the nodes hold frames that differ in
+header bytes 12..15 (drawn below) and nowhere else; the replicated content (every other header
+field, the message, the alignment) is what must agree::
+
+     0       4    5    6    8          12           16          20        24                32
+    +-------+----+----+----+----------+------------+-----------+---------+-----------------+
+    |length |ver |flag|type|term off. | SESSION ID | stream id | term id | reserved value  |
+    +-------+----+----+----+----------+------------+-----------+---------+-----------------+
+                                        ^ hashed as 00 00 00 00
+
+:func:`first_differing_byte` compares recorded bytes under the same rule.
 
 Padding frames produce no row. The checks, applied identically by both implementations below,
 and what a failure means:
@@ -57,13 +73,25 @@ if TYPE_CHECKING:  # numpy/pyarrow are the spark extra; only the batch path need
     import numpy as np
     import pyarrow as pa
 
-__all__ = ["MessageBatch", "RawMessage", "iter_messages", "read_batch", "read_task_data"]
+__all__ = [
+    "SESSION_ID_OFFSET",
+    "MessageBatch",
+    "RawMessage",
+    "first_differing_byte",
+    "iter_messages",
+    "read_batch",
+    "read_task_data",
+]
 
 _HEADER = struct.Struct("<iBBHiiiiq")
 _FLAG_BEGIN = 0x80
 _FLAG_END = 0x40
 _FLAGS_UNFRAGMENTED = 0xC0
 _crc32 = zlib.crc32
+SESSION_ID_OFFSET = 12
+"""Offset of the session id field in a frame header: left out of frame hashes and comparisons."""
+_SESSION_ID_END = SESSION_ID_OFFSET + 4
+_ZERO_SESSION_ID = bytes(4)
 
 
 class RawMessage(NamedTuple):
@@ -101,10 +129,32 @@ def _wrap_i32(value: int) -> int:
     return ((value + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
 
 
+def first_differing_byte(a: bytes, b: bytes) -> int | None:
+    """Index of the first byte where two recordings of the same message differ, ignoring the
+    session id field of each frame header (walked from frame lengths at offset 0 of each);
+    ``None`` when they are equal under that rule, including equal length."""
+    ignored: set[int] = set()
+    for data in (a, b):
+        offset = 0
+        while offset + HEADER_LENGTH <= len(data):
+            (flen,) = struct.unpack_from("<i", data, offset)
+            if flen < HEADER_LENGTH:
+                break
+            ignored.update(range(offset + SESSION_ID_OFFSET, offset + _SESSION_ID_END))
+            offset += (flen + 31) & ~31
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y and i not in ignored:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
 def iter_messages(task: ReadTask, data: bytes | bytearray | None = None) -> Iterator[RawMessage]:
-    """The messages of ``task``, one at a time, checked as the module docstring says."""
+    """The messages of ``task``, one at a time, checked as the module docstring says. A ``data``
+    buffer given is used up: every frame's session id is zeroed once read (for the frame hash)."""
     if data is None:
         data = read_task_data(task)
+    elif not isinstance(data, bytearray):
+        data = bytearray(data)
     limit = task.end_offset - task.start_offset
     term_mask = task.term_length - 1
     shift = task.term_length.bit_length() - 1
@@ -148,6 +198,7 @@ def iter_messages(task: ReadTask, data: bytes | bytearray | None = None) -> Iter
             raise corrupt(pos, f"term id {term_id} where the position's term id is {expected_term_id}")
         if stream_id != task.stream_id:
             raise corrupt(pos, f"stream id {stream_id} in a recording of stream {task.stream_id}")
+        data[pos + SESSION_ID_OFFSET : pos + _SESSION_ID_END] = _ZERO_SESSION_ID  # hashed as zeros
         if ftype == FRAME_TYPE_PAD:
             if pending is not None:
                 raise corrupt(pos, "padding inside a fragmented message")
@@ -256,7 +307,7 @@ def _walk(data: bytearray, limit: int) -> tuple[list[int], int]:
 
 def read_batch(task: ReadTask, data: bytearray | None = None) -> MessageBatch:
     """All messages of ``task`` as one :class:`MessageBatch`; the same rows and errors as
-    :func:`iter_messages`."""
+    :func:`iter_messages`. A ``data`` buffer given is used up: its headers' session ids are zeroed."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -329,6 +380,9 @@ def read_batch(task: ReadTask, data: bytearray | None = None) -> MessageBatch:
     fragments = (ends - begins + 1).astype(np.int32)
     n = len(first)
 
+    # Session ids read as zero from here on (the frame hash leaves them out; ``headers`` keeps
+    # its copy): the caller's buffer is changed in place.
+    records["session_id"][offsets >> 5] = 0
     mv = memoryview(data)
     hash_ends = first_offsets + spans
     # One C call per message, iterated by map() so that no Python bytecode runs per row.

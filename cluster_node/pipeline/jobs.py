@@ -8,7 +8,9 @@ majority-th highest ``held`` (with 3 nodes: the second highest), and node n's co
 ``min(held_n, committed)``. The audit takes, on every node, the messages starting below that
 node's committed length and checks, for every position, that each node that should hold it (its
 committed length is beyond the position) has a message starting there with the same frame hash
-and length. With the committed parts compared position by position, a node whose frame boundaries
+and length (the frame hash leaves out the frame headers' transport session id, which each node
+picks for its own copy of the log: see ``archive.spark.frames``). With the committed parts
+compared position by position, a node whose frame boundaries
 went astray (a changed length field) shows as a position one side lacks.
 
 For every pair of nodes the first position where they disagree is reported with both frames
@@ -144,7 +146,8 @@ class Divergence:
     b: FrameSide
     first_differing_byte_position: int | None = None
     """The stream position of the first byte that differs between the two recordings (read back
-    from the segment files), when both nodes have a message here."""
+    from the segment files), when both nodes have a message here. Frame headers' session ids are
+    not compared: each node records its own copy of the log under a session id of its own."""
 
 
 @dataclass
@@ -200,10 +203,10 @@ def _first_differing_byte(position: int, ra: Any | None, rb: Any | None) -> int 
         b = read_recorded_bytes(rb["archive_path"], rb["recording_id"], position, length)
     except (OSError, ValueError):
         return None  # the files are not readable from the driver (a real cluster): tables only
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return position + i
-    return None if len(a) == len(b) else position + min(len(a), len(b))
+    from archive.spark.frames import first_differing_byte
+
+    offset = first_differing_byte(a, b)  # frame headers' session ids differ by design: not counted
+    return None if offset is None else position + offset
 
 
 def audit(spark: SparkSession, df: DataFrame, cluster_size: int | None = None) -> AuditResult:
