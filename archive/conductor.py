@@ -417,10 +417,18 @@ class Archive:
         if event is not None:
             event.set()
 
-    async def wait_for_progress(self, recording_id: int, timeout_s: float) -> None:
+    async def wait_for_progress(self, recording_id: int, timeout_s: float, beyond: int | None = None) -> None:
+        """Wait until the recording grows (or ``timeout_s``). With ``beyond``, return at once if
+        it is already past that position: no progress is missed between a check and the wait."""
         event = self._progress.get(recording_id)
         if event is None:
             event = self._progress[recording_id] = trio.Event()
+        if beyond is not None:
+            try:
+                if self.recorded_position(recording_id)[0] > beyond:
+                    return
+            except Exception:  # noqa: BLE001 - an unknown recording: just wait out the timeout
+                pass
         with trio.move_on_after(timeout_s):
             await event.wait()
 

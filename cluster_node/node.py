@@ -101,6 +101,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
                 )
                 agent.service_bell = container.commit_doorbell.name
+                agent.wait_recording = _archive.wait_for_progress
                 container_holder.append(container)
                 async with trio.open_nursery() as nursery:
                     await agent.start(nursery)

@@ -160,6 +160,10 @@ class ConsensusAgent:
         self.archive = archive
         self.service_bell = service_bell
         self.service_count = service_count
+        self.wait_recording = None
+        """``await wait_recording(recording_id, timeout_s, beyond)``: the local archive's progress
+        hook, when the archive runs in this process (node.py sets it); the recording position
+        counter itself has no doorbell."""
         cl = config.cluster
         self.log_stream_id = cl.log_stream_id
         self.replay_stream_id = cl.replay_stream_id
@@ -998,11 +1002,13 @@ class ConsensusAgent:
             unrecorded = local is not None and local.pub.position > self.last_recording_position
             if work:
                 await trio.lowlevel.checkpoint()
+            elif unrecorded and self.wait_recording is not None:
+                # Log data the archive has not recorded yet, and the append position (which
+                # gates the commit) is its recording position: wait for the recorder, which runs
+                # in this loop, rather than spin on a counter that has no doorbell.
+                await self.wait_recording(self.recording_id, 0.002, self.last_recording_position)
             elif unrecorded and now - self._recording_progress_ns < 5_000_000:
-                # Log data the archive has not recorded yet: the recorder runs in this loop, so
-                # yield to it rather than sleep (the recording position has no doorbell, and the
-                # append position gates the commit).
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()  # no progress hook: yield to the recorder
             elif unrecorded:
                 await trio.sleep(0.001)  # the recorder is slow or not running: poll, gently
             else:
