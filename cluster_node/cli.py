@@ -15,6 +15,7 @@ from cluster_node.pipeline_cmd import pipeline
 from cluster_node.stat_cmd import stat
 from cluster_node.up_cmd import up
 from cluster_node.client_cmd import client
+from cluster_node.tool_cmd import tool
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,6 +30,7 @@ main.add_command(pipeline)
 main.add_command(archive)
 main.add_command(up)
 main.add_command(client)
+main.add_command(tool)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

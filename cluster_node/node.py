@@ -53,7 +53,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     node_dir = cfg.node_dir
     node_dir.mkdir(parents=True, exist_ok=True)
     try:
-        mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id)
+        # Where this node keeps its files, for tools that only have the node directory.
+        details = {
+            "driver_dir": str(cfg.driver_dir.resolve()), "archive_dir": str(cfg.archive_dir.resolve()),
+            "log_file": str(cfg.log_file.resolve()), "members": cfg.members_text, "service": cfg.node.service,
+        }
+        mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id, details=details)
     except MarkFileInUseError as e:
         raise NodeStartError(str(e)) from None
     service = load_service(cfg.node.service)

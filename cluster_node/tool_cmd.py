@@ -1,0 +1,718 @@
+"""``cluster-node tool --dir NODE_DIR <command>``: look into one node from its directory.
+
+Every command here only reads: the mark file (who runs there, and whether it is alive), the
+node-state file, ``recording.log``, the archive catalog and segment files, the driver's counters
+file and the node's JSON log. So they work on a running node without disturbing it, and on a
+stopped or crashed node's directory (showing what it left behind and that nobody runs there).
+
+Liveness follows the mark file's rule (``consensus/node_files.py``): a node runs there when the
+pid in ``cluster-mark.dat`` is alive *and* refreshed the activity timestamp within the liveness
+timeout. The counters are trusted as the node's current state only when the counters file is
+owned by that same pid; otherwise they are shown as the last values of a previous run.
+
+The node directory does not record the cluster's member list (it lives in the node's config),
+so ``list-members`` shows what the directory knows (this member, the leader of its last
+election, the consensus endpoints it publishes to) and the whole list with endpoints when given
+the node's ``--config``.
+
+Operator mistakes (a directory that is not a node directory, a damaged file) end with one line
+on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import click
+
+from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.segments import segment_file_name
+from archive.storage import CATALOG_FILE_NAME, ArchiveStorageError, list_segments, recovered_end
+from cluster_node.consensus.election import ElectionState
+from cluster_node.consensus.node_files import (
+    LIVENESS_TIMEOUT_MS,
+    MARK_FILE_NAME,
+    NODE_STATE_FILE_NAME,
+    MarkFileError,
+    MarkFileInfo,
+    NodeState,
+    NodeStateError,
+    NodeStateFile,
+    read_mark_file,
+)
+from cluster_node.consensus.recording_log import (
+    CONSENSUS_MODULE_SERVICE_ID,
+    ENTRY_TYPE_SNAPSHOT,
+    ENTRY_TYPE_STANDBY_SNAPSHOT,
+    ENTRY_TYPE_TERM,
+    Entry,
+    RecordingLog,
+    RecordingLogError,
+    RecoveryPlan,
+)
+from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader
+
+__all__ = ["tool", "NodeDir", "open_node_dir"]
+
+RECORDING_LOG_FILE_NAME = "recording.log"
+LOG_FILE_NAME = Path("logs") / "node.log"
+DEFAULT_LOG_STREAM_ID = 100
+RECORDING_POSITION_TYPE_ID = 100
+"""Counter type of an archive recording's position (archive.conductor), keyed by recording id."""
+
+# The consensus module's counters (cluster_node.consensus.agent.CounterTypes), by the name used here.
+COUNTER_TYPES = {
+    "cm_state": 200,
+    "role": 201,
+    "commit_position": 203,
+    "election_state": 207,
+    "errors": 212,
+    "leadership_term_id": 239,
+    "append_position": 240,
+}
+ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
+ROLE_LEADER = 2
+CM_STATE_NAMES = {0: "INIT", 1: "ACTIVE", 2: "SUSPENDED", 3: "SNAPSHOT", 4: "QUITTING", 5: "TERMINATING", 6: "CLOSED"}
+ENTRY_TYPE_NAMES = {ENTRY_TYPE_TERM: "TERM", ENTRY_TYPE_SNAPSHOT: "SNAPSHOT", ENTRY_TYPE_STANDBY_SNAPSHOT: "STANDBY_SNAPSHOT"}
+ERROR_LEVELS = frozenset({"error", "warning", "critical", "exception"})
+
+
+def role_name(value: int | None) -> str:
+    return "?" if value is None else ROLE_NAMES.get(value, f"UNKNOWN({value})")
+
+
+def election_state_name(value: int | None) -> str:
+    if value is None:
+        return "?"
+    try:
+        return ElectionState(value).name
+    except ValueError:
+        return f"UNKNOWN({value})"
+
+
+def cm_state_name(value: int | None) -> str:
+    return "?" if value is None else CM_STATE_NAMES.get(value, f"UNKNOWN({value})")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    # An exited process its parent has not reaped yet (a zombie) still answers kill(pid, 0).
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def format_epoch_ms(timestamp_ms: int) -> str:
+    try:
+        return datetime.fromtimestamp(timestamp_ms / 1000).isoformat(sep=" ", timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp_ms} ms (invalid)"
+
+
+# ------------------------------------------------------------------------------ reading a node dir
+
+
+@dataclass
+class NodeDir:
+    """What one node directory says, read once. Counters are None when there is no counters file
+    for this member; ``counters_current`` says whether they belong to the running node."""
+
+    path: Path
+    mark: MarkFileInfo
+    running: bool
+    why_not_running: str
+    counters_path: Path
+    counters: dict[str, int] | None
+    counters_current: bool
+    counters_owner_pid: int | None
+    counters_note: str
+
+    @property
+    def member_id(self) -> int:
+        return self.mark.member_id
+
+    def counter(self, name: str) -> int | None:
+        return None if self.counters is None else self.counters.get(name)
+
+    def is_leader(self) -> bool:
+        """The reference rule (role LEADER and election CLOSED), on the live node's counters."""
+        return (
+            self.running
+            and self.counters_current
+            and self.counter("role") == ROLE_LEADER
+            and self.counter("election_state") == ElectionState.CLOSED
+        )
+
+    def status_line(self) -> str:
+        if self.running:
+            return f"running, pid {self.mark.pid}"
+        return f"NOT RUNNING ({self.why_not_running})"
+
+    def detail_path(self, key: str, default: Path) -> Path:
+        """A path the node published in its mark file's details, else the default layout."""
+        value = self.mark.details.get(key)
+        return Path(value) if isinstance(value, str) and value else default
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.detail_path("archive_dir", self.path / "archive")
+
+    @property
+    def log_file(self) -> Path:
+        return self.detail_path("log_file", self.path / LOG_FILE_NAME)
+
+
+def open_node_dir(path: Path, now_ms: int | None = None) -> NodeDir:
+    """Read the mark file and counters of ``path``; a ClickException (one line) when it is not a
+    node directory."""
+    if not path.exists():
+        raise click.ClickException(f"no such directory: {path}")
+    if not path.is_dir():
+        raise click.ClickException(f"not a directory: {path}")
+    if not (path / MARK_FILE_NAME).exists():
+        raise click.ClickException(f"no {MARK_FILE_NAME} in {path}: not a node directory")
+    try:
+        mark = read_mark_file(path)
+    except MarkFileError as e:
+        raise click.ClickException(str(e)) from None
+    if mark is None:
+        raise click.ClickException(f"{path / MARK_FILE_NAME} is not a valid mark file (damaged, or a node was starting)")
+    now = _now_ms() if now_ms is None else now_ms
+    age_ms = mark.age_ms(now)
+    if not _pid_alive(mark.pid):
+        running, why = False, f"pid {mark.pid} is not running; last active {_age_text(age_ms)} ago"
+    elif age_ms >= LIVENESS_TIMEOUT_MS:
+        running, why = False, f"pid {mark.pid} has not refreshed the mark file for {_age_text(age_ms)}"
+    else:
+        running, why = True, ""
+    driver_dir = Path(mark.details["driver_dir"]) if isinstance(mark.details.get("driver_dir"), str) else path / "driver"
+    counters_path = driver_dir / COUNTERS_FILE_NAME
+    counters, owner, note = _read_node_counters(counters_path, mark.member_id)
+    current = running and counters is not None and owner == mark.pid
+    if counters is not None and not current:
+        note = f"last values, written by pid {owner} which is not the running node" if running else f"last values of pid {owner}"
+    return NodeDir(path, mark, running, why, counters_path, counters, current, owner, note)
+
+
+def _age_text(age_ms: int) -> str:
+    return f"{max(age_ms, 0) / 1000:.1f}s"
+
+
+def _read_node_counters(path: Path, member_id: int) -> tuple[dict[str, int] | None, int | None, str]:
+    """The consensus counters of ``member_id`` in the counters file at ``path``."""
+    try:
+        reader = CountersReader.open(path)
+    except CountersError as e:
+        return None, None, str(e)
+    with reader:
+        values: dict[str, int] = {}
+        suffix = f"member {member_id}"
+        for info in reader.counters():
+            for name, type_id in COUNTER_TYPES.items():
+                if info.type_id == type_id and info.label.endswith(suffix) and name not in values:
+                    values[name] = info.value
+        if not values:
+            return None, reader.owner_pid, f"no cluster counters for member {member_id} in {path}"
+        return values, reader.owner_pid, "current"
+
+
+def _read_node_state(path: Path) -> tuple[NodeState, bool] | str:
+    """The candidate-term entry and whether a torn slot was seen, read without opening the file
+    for writing (as ``NodeStateFile.open`` would); a message when the file is unusable."""
+    file = path / NODE_STATE_FILE_NAME
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        return f"no {NODE_STATE_FILE_NAME}"
+    except OSError as e:
+        return f"{file}: {e.strerror}"
+    try:
+        state, _slot, torn = NodeStateFile._parse(file, data)
+    except NodeStateError as e:
+        return str(e)
+    return state, torn
+
+
+def _read_recording_log(path: Path, required: bool) -> RecordingLog | None:
+    file = path / RECORDING_LOG_FILE_NAME
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise click.ClickException(f"no {RECORDING_LOG_FILE_NAME} in {path}: the node never started its consensus module") from None
+        return None
+    except OSError as e:
+        raise click.ClickException(f"{file}: {e.strerror}") from None
+    try:
+        return RecordingLog.decode(data)
+    except RecordingLogError as e:
+        raise click.ClickException(f"{file}: {e}") from None
+
+
+def _read_catalog(archive_dir: Path, required: bool) -> Catalog | None:
+    file = archive_dir / CATALOG_FILE_NAME
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        if required:
+            raise click.ClickException(f"no archive catalog at {file}") from None
+        return None
+    except OSError as e:
+        raise click.ClickException(f"{file}: {e.strerror}") from None
+    try:
+        return Catalog.from_bytes(data, strict=False)
+    except CatalogError as e:
+        raise click.ClickException(f"{file}: {e}") from None
+
+
+def _live_recording_positions(node: NodeDir) -> dict[int, int]:
+    """recording id -> position, for the recordings the running node is recording now (the
+    archive's position counters are keyed by recording id)."""
+    if not node.counters_current:
+        return {}
+    try:
+        with CountersReader.open(node.counters_path) as reader:
+            return {c.registration_id: c.value for c in reader.counters() if c.type_id == RECORDING_POSITION_TYPE_ID}
+    except CountersError:
+        return {}
+
+
+def recording_stop(archive_dir: Path, d: RecordingDescriptor, live: dict[int, int]) -> tuple[int, str]:
+    """Where recording ``d`` ends, and how that is known: the catalog's stop position; for an
+    active recording the live position counter, else the end of its complete frames on disk
+    (what the archive's crash recovery will set on the next start)."""
+    if not d.is_active:
+        return d.stop_position, "stopped"
+    if d.recording_id in live:
+        return live[d.recording_id], "recording"
+    try:
+        return recovered_end(archive_dir, d), "active, end of complete frames on disk"
+    except (OSError, ArchiveStorageError, ValueError) as e:
+        return d.start_position, f"active, segment unreadable: {e}"
+
+
+def _segment_stats(archive_dir: Path, recording_id: int) -> tuple[int, int]:
+    bases = list_segments(archive_dir, recording_id)
+    total = 0
+    for base in bases:
+        try:
+            total += (archive_dir / segment_file_name(recording_id, base)).stat().st_size
+        except OSError:
+            pass
+    return len(bases), total
+
+
+def _log_recording(rl: RecordingLog | None, catalog: Catalog | None, log_stream_id: int) -> RecordingDescriptor | None:
+    """The log recording: the last TERM's, else the catalog's local (IPC) recording of the log
+    stream, as the consensus module finds it on start."""
+    if catalog is None:
+        return None
+    last = rl.last_term() if rl is not None else None
+    if last is not None and last.recording_id >= 0:
+        return catalog.find(last.recording_id)
+    found = None
+    for d in catalog:
+        if d.stream_id == log_stream_id and d.original_channel.startswith("aeron:ipc"):
+            found = d
+    return found
+
+
+# ------------------------------------------------------------------------------ the node's JSON log
+
+
+def iter_lines_backwards(path: Path, needles: tuple[bytes, ...] = (), block_bytes: int = 256 * 1024) -> Iterator[bytes]:
+    """The lines of ``path`` from the last to the first, reading blocks from the end, so asking
+    for the last few of a large log costs a few blocks, not the file. With ``needles``, only
+    lines holding one of them are yielded, and a block holding none is skipped unsplit."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        position = f.tell()
+        tail = b""
+        while position > 0:
+            step = min(block_bytes, position)
+            position -= step
+            f.seek(position)
+            chunk = f.read(step) + tail
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                tail = chunk  # one line longer than a block: keep reading backwards
+                continue
+            tail, body = chunk[:newline], chunk[newline + 1 :]
+            if needles and not any(n in body for n in needles):
+                continue
+            for line in reversed(body.split(b"\n")):
+                if line.strip() and (not needles or any(n in line for n in needles)):
+                    yield line
+        if tail.strip() and (not needles or any(n in tail for n in needles)):
+            yield tail
+
+
+def _log_events_backwards(path: Path, keep: Callable[[dict[str, Any]], bool],
+                          needles: tuple[bytes, ...] = ()) -> Iterator[dict[str, Any]]:
+    """Events of the JSON-lines log from the newest on that ``keep`` accepts; a line containing
+    none of ``needles`` (when given) is skipped unparsed, which is most of a large log."""
+    for raw in iter_lines_backwards(path, needles):
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            continue  # a torn last line, or console output mixed in
+        if isinstance(event, dict) and keep(event):
+            yield event
+
+
+def format_log_event(event: dict[str, Any]) -> str:
+    fields = {k: v for k, v in event.items() if k not in ("timestamp", "level", "event")}
+    extra = " ".join(f"{k}={json.dumps(v) if not isinstance(v, str) or ' ' in v else v}" for k, v in fields.items())
+    text = f"{event.get('timestamp', '?')}  {str(event.get('level', '?')).upper():<7}  {event.get('event', '')}"
+    return f"{text}  {extra}" if extra else text
+
+
+def _last_election(path: Path) -> dict[str, Any] | None:
+    try:
+        for event in _log_events_backwards(path, lambda e: e.get("event") == "election complete",
+                                           (b'"election complete"',)):
+            return event
+    except OSError:
+        return None
+    return None
+
+
+# ------------------------------------------------------------------------------ the commands
+
+
+def _fail(message: str) -> None:
+    """One line on stderr, exit 1 (for results that are not errors of the tool itself)."""
+    click.echo(message, err=True)
+    sys.exit(1)
+
+
+def _node(ctx: click.Context) -> NodeDir:
+    return open_node_dir(ctx.obj["dir"])
+
+
+@click.group("tool")
+@click.option("--dir", "node_dir", required=True, type=click.Path(path_type=Path),
+              help="The node directory (holding cluster-mark.dat, recording.log, archive/, driver/).")
+@click.pass_context
+def tool(ctx: click.Context, node_dir: Path) -> None:
+    """Inspect one cluster node from its directory (read-only; works on a stopped node too)."""
+    ctx.obj = {"dir": node_dir}
+
+
+@tool.command()
+@click.pass_context
+def pid(ctx: click.Context) -> None:
+    """Print the pid of the node running in the directory; exit 1 if none runs there."""
+    node = _node(ctx)
+    if not node.running:
+        _fail(f"no node runs in {node.path}: member {node.member_id}, {node.why_not_running}")
+    click.echo(node.mark.pid)
+
+
+@tool.command("is-leader")
+@click.pass_context
+def is_leader(ctx: click.Context) -> None:
+    """Exit 0 only if the node runs, its role is LEADER and its election is CLOSED; print the role."""
+    node = _node(ctx)
+    role = role_name(node.counter("role"))
+    election = election_state_name(node.counter("election_state"))
+    if node.is_leader():
+        click.echo(f"LEADER (member {node.member_id}, term {node.counter('leadership_term_id')})")
+        return
+    if not node.running:
+        click.echo(f"not leader: member {node.member_id} is not running ({node.why_not_running})")
+    elif not node.counters_current:
+        click.echo(f"not leader: member {node.member_id} has no current counters ({node.counters_note})")
+    else:
+        click.echo(f"{role} (member {node.member_id}, election {election}, term {node.counter('leadership_term_id')})")
+    sys.exit(1)
+
+
+@tool.command()
+@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
+              help="Stream id of the cluster log (finds the log recording before the first term).")
+@click.pass_context
+def describe(ctx: click.Context, log_stream_id: int) -> None:
+    """The node's mark file, counters, recording.log and archive, in one page."""
+    node = _node(ctx)
+    m = node.mark
+    now = _now_ms()
+    out = [
+        f"node directory    {node.path}",
+        f"status            {node.status_line()}",
+        f"member            {m.member_id} (cluster {m.cluster_id})",
+        f"pid               {m.pid}",
+        f"started           {format_epoch_ms(m.start_timestamp_ms)}",
+        f"last activity     {format_epoch_ms(m.activity_timestamp_ms)} ({_age_text(m.age_ms(now))} ago)",
+    ]
+    for key, value in sorted(m.details.items()):
+        out.append(f"  {key:<15} {value}")
+    state = _read_node_state(node.path)
+    if isinstance(state, tuple):
+        ns, torn = state
+        out.append(f"candidate term    {ns.candidate_term_id} (node-state.dat, at log position {ns.log_position}"
+                   + ("; a torn slot write was seen, the previous entry is used)" if torn else ")"))
+    else:
+        out.append(f"candidate term    ? ({state})")
+
+    if node.counters is None:
+        out.append(f"counters          none ({node.counters_note})")
+    else:
+        out.append(f"counters          {node.counters_path} ({node.counters_note})")
+        out.append(f"  role            {role_name(node.counter('role'))}")
+        out.append(f"  leadership term {node.counter('leadership_term_id')}")
+        es = node.counter("election_state")
+        out.append(f"  election state  {election_state_name(es)} ({es})")
+        out.append(f"  commit position {node.counter('commit_position')}")
+        out.append(f"  append position {node.counter('append_position')}")
+        cs = node.counter("cm_state")
+        out.append(f"  cm state        {cm_state_name(cs)} ({cs})")
+        out.append(f"  errors          {node.counter('errors')}")
+
+    rl = _read_recording_log(node.path, required=False)
+    if rl is None:
+        out.append("recording.log     none")
+    else:
+        terms = [e for e in rl.entries if e.entry_type == ENTRY_TYPE_TERM]
+        snaps = [e for e in rl.entries if e.entry_type != ENTRY_TYPE_TERM]
+        invalid = sum(1 for e in rl.entries if not e.is_valid)
+        out.append(f"recording.log     {len(rl.entries)} entries: {len(terms)} TERM, {len(snaps)} SNAPSHOT, {invalid} invalid"
+                   + (f"; torn tail of {rl.torn_tail_length} bytes" if rl.torn_tail_length else ""))
+        last = rl.last_term()
+        if last is not None:
+            end = "open" if last.log_position < 0 else f"to {last.log_position}"
+            out.append(f"  last term       {last.leadership_term_id} from position {last.term_base_log_position} ({end}), recording {last.recording_id}")
+        snap = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
+        out.append("  latest snapshot " + ("none" if snap is None else
+                   f"term {snap.leadership_term_id} at position {snap.log_position}, recording {snap.recording_id}"))
+
+    catalog = _read_catalog(node.archive_dir, required=False)
+    if catalog is None:
+        out.append(f"archive           no catalog at {node.archive_dir / CATALOG_FILE_NAME}")
+    else:
+        live = _live_recording_positions(node)
+        log_rec = _log_recording(rl, catalog, log_stream_id)
+        recordings = list(catalog)
+        out.append(f"archive           {node.archive_dir}: {len(recordings)} recording(s)")
+        for d in recordings:
+            stop, how = recording_stop(node.archive_dir, d, live)
+            segments, size = _segment_stats(node.archive_dir, d.recording_id)
+            what = "log" if log_rec is not None and d.recording_id == log_rec.recording_id else f"stream {d.stream_id}"
+            out.append(f"  recording {d.recording_id:<5} {what:<10} {d.start_position}..{stop} ({how}), "
+                       f"{segments} segment file(s), {size:,} bytes, {d.original_channel}")
+    click.echo("\n".join(out))
+
+
+@tool.command("list-members")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="The node's TOML config: lists every member with its endpoints.")
+@click.pass_context
+def list_members(ctx: click.Context, config_path: Path | None) -> None:
+    """The members this node knows: itself and its leader from its files; all with --config."""
+    node = _node(ctx)
+    leader_id: int | None = None
+    leader_how = ""
+    term = node.counter("leadership_term_id")
+    if node.is_leader():
+        leader_id, leader_how = node.member_id, f"term {term}, from the counters"
+    else:
+        last = _last_election(node.log_file)
+        if last is not None and isinstance(last.get("leader"), int):
+            leader_id = last["leader"]
+            leader_how = f"term {last.get('leadership_term_id')}, last election in {node.log_file}"
+            if not node.running:
+                leader_how += "; the node is not running"
+
+    me = f"member {node.member_id}: {node.status_line()}"
+    if node.counters is not None:
+        me += (f", role {role_name(node.counter('role'))}, term {term}, "
+               f"election {election_state_name(node.counter('election_state'))}")
+        if not node.counters_current:
+            me += f" ({node.counters_note})"
+    lines = [f"this node   {me}",
+             f"leader      " + (f"member {leader_id} ({leader_how})" if leader_id is not None else "unknown")]
+
+    if config_path is None:
+        peers = _consensus_peers(node)
+        if peers:
+            lines.append("peers       consensus endpoints this node publishes to: " + ", ".join(peers))
+        lines.append("endpoints   pass --config NODE.toml to list every member with its endpoints")
+        click.echo("\n".join(lines))
+        return
+
+    from cluster_node.config import ConfigError, load_node_config
+
+    try:
+        cfg = load_node_config(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    if cfg.member_id != node.member_id:
+        raise click.ClickException(
+            f"{config_path} is member {cfg.member_id}'s config, but {node.path} holds member {node.member_id}")
+    click.echo("\n".join(lines))
+    headings = ("ID", "", "INGRESS", "CONSENSUS", "LOG", "CATCHUP", "ARCHIVE")
+    rows = []
+    for mem in cfg.cluster.members:
+        tags = []
+        if mem.id == node.member_id:
+            tags.append("this")
+        if mem.id == leader_id:
+            tags.append("leader")
+        rows.append((str(mem.id), ",".join(tags), mem.ingress, mem.consensus, mem.log, mem.catchup, mem.archive))
+    widths = [max(len(r[i]) for r in [headings, *rows]) for i in range(len(headings))]
+    click.echo("")
+    for r in [headings, *rows]:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+
+
+def _consensus_peers(node: NodeDir, consensus_stream_id: int = 108) -> list[str]:
+    """Endpoints of the node's consensus publications (one per other member), from the counters'
+    publication labels (``pub-pos: session=.. stream=108 aeron:udp?endpoint=host:port|...``)."""
+    if not node.counters_current:
+        return []
+    try:
+        with CountersReader.open(node.counters_path) as reader:
+            labels = [c.label for c in reader.counters() if c.label.startswith("pub-pos: ")]
+    except CountersError:
+        return []
+    peers = []
+    for label in labels:
+        if f" stream={consensus_stream_id} " not in label or "endpoint=" not in label:
+            continue
+        endpoint = label.split("endpoint=", 1)[1].split("|", 1)[0].split()[0]
+        if endpoint not in peers:
+            peers.append(endpoint)
+    return peers
+
+
+@tool.command("recording-log")
+@click.pass_context
+def recording_log(ctx: click.Context) -> None:
+    """Every entry of recording.log (TERM and SNAPSHOT, valid or invalidated)."""
+    node = _node(ctx)
+    rl = _read_recording_log(node.path, required=True)
+    assert rl is not None
+    click.echo(f"{node.path / RECORDING_LOG_FILE_NAME}: {len(rl.entries)} entries, {rl.length} bytes"
+               + (f", torn tail of {rl.torn_tail_length} bytes (cut on the next start)" if rl.torn_tail_length else ""))
+    headings = ("INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION", "TIMESTAMP", "SERVICE", "ENDPOINT")
+    rows = [_entry_row(e) for e in rl.entries]
+    widths = [max(len(r[i]) for r in [headings, *rows]) for i in range(len(headings))]
+    for r in [headings, *rows]:
+        click.echo("  ".join(cell.rjust(w) if i not in (1, 2, 9) else cell.ljust(w)
+                             for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def _entry_row(e: Entry) -> tuple[str, ...]:
+    return (
+        str(e.entry_index),
+        ENTRY_TYPE_NAMES.get(e.entry_type, str(e.entry_type)),
+        "valid" if e.is_valid else "INVALID",
+        str(e.recording_id),
+        str(e.leadership_term_id),
+        str(e.term_base_log_position),
+        "open" if e.entry_type == ENTRY_TYPE_TERM and e.log_position < 0 else str(e.log_position),
+        str(e.timestamp),
+        str(e.service_id),
+        e.archive_endpoint,
+    )
+
+
+@tool.command("recovery-plan")
+@click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Clustered services on the node (the plan needs one snapshot per service).")
+@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
+              help="Stream id of the cluster log (finds the log recording before the first term).")
+@click.pass_context
+def recovery_plan(ctx: click.Context, service_count: int, log_stream_id: int) -> None:
+    """The plan the node would start from: recording.log plus the archive's log recording."""
+    node = _node(ctx)
+    rl = _read_recording_log(node.path, required=True)
+    assert rl is not None
+    catalog = _read_catalog(node.archive_dir, required=False)
+    log_rec = _log_recording(rl, catalog, log_stream_id)
+    if log_rec is None:
+        start, stop, how, recording_id = 0, 0, "no log recording in the archive", -1
+    else:
+        start = log_rec.start_position
+        stop, how = recording_stop(node.archive_dir, log_rec, _live_recording_positions(node))
+        recording_id = log_rec.recording_id
+    plan = rl.create_recovery_plan(service_count, start, stop, recording_id)
+    click.echo("\n".join(_plan_lines(plan, service_count, how)))
+
+
+def _plan_lines(plan: RecoveryPlan, service_count: int, how: str) -> list[str]:
+    lines = [
+        f"recovery plan (service count {service_count})",
+        f"  last leadership term     {plan.last_leadership_term_id}",
+        f"  last term base position  {plan.last_term_base_log_position}",
+        f"  appended log position    {plan.appended_log_position} ({how})",
+        f"  committed log position   {plan.committed_log_position}",
+        f"  log recording            {plan.log_recording_id}",
+        f"  log start position       {plan.log_start_position}",
+    ]
+    if not plan.snapshots:
+        lines.append("  snapshots                none")
+        replay_from = plan.log_start_position
+    else:
+        lines.append(f"  snapshots                {len(plan.snapshots)}")
+        for s in plan.snapshots:
+            who = "consensus module" if s.service_id == CONSENSUS_MODULE_SERVICE_ID else f"service {s.service_id}"
+            lines.append(f"    {who:<18} recording {s.recording_id}, term {s.leadership_term_id}, "
+                         f"term base {s.term_base_log_position}, log position {s.log_position}, timestamp {s.timestamp}")
+        replay_from = plan.snapshots[0].log_position
+    length = max(0, plan.appended_log_position - replay_from)
+    lines.append(f"  log replay               {replay_from}..{plan.appended_log_position} ({length:,} bytes)")
+    return lines
+
+
+@tool.command()
+@click.option("-n", "--count", type=click.IntRange(min=1), default=20, show_default=True,
+              help="How many of the latest error and warning lines to show.")
+@click.pass_context
+def errors(ctx: click.Context, count: int) -> None:
+    """The latest error and warning lines of the node's log, and its error counter."""
+    node = _node(ctx)
+    path = node.log_file
+    out: list[str] = []
+    try:
+        found: deque[dict[str, Any]] = deque()
+        for event in _log_events_backwards(path, lambda e: str(e.get("level", "")).lower() in ERROR_LEVELS,
+                                          tuple(f'"{level}"'.encode() for level in ERROR_LEVELS)):
+            found.appendleft(event)
+            if len(found) >= count:
+                break
+        out.append(f"{path}: {'the last ' + str(len(found)) if found else 'no'} error/warning line(s)")
+        out.extend(format_log_event(e) for e in found)
+    except FileNotFoundError:
+        out.append(f"no log file at {path}")
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from None
+    errors_counter = node.counter("errors")
+    if errors_counter is None:
+        out.append(f"errors counter: unknown ({node.counters_note})")
+    else:
+        out.append(f"errors counter: {errors_counter}" + ("" if node.counters_current else f" ({node.counters_note})"))
+    click.echo("\n".join(out))

@@ -1,0 +1,237 @@
+"""``cluster-node tool --dir NODE_DIR <command>`` against a real three-member cluster.
+
+One cluster serves the whole module (starting one costs a few seconds): it is started, a few kv
+puts are committed, and each read-only command is checked against the leader's and a follower's
+directory, in process (click's runner) and, where exit codes and stderr matter, as a real
+``cluster-node`` process. The last test stops a follower and checks what the tool says of a
+directory nobody runs in any more.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from cluster_node.cli import main
+from tests.support.cluster import Status, TestCluster, open_kv_client
+
+CLI = Path(sys.executable).with_name("cluster-node")
+PUTS = 5
+
+
+def tool(node_dir: Path, *args: str):
+    return CliRunner().invoke(main, ["tool", "--dir", str(node_dir), *args])
+
+
+def tool_process(node_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), "tool", "--dir", str(node_dir), *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def field(output: str, name: str) -> str:
+    """The value of a ``name   value`` line of describe/recovery-plan output."""
+    for line in output.splitlines():
+        if line.strip().startswith(name + " "):
+            return line.strip()[len(name):].strip()
+    raise AssertionError(f"no {name!r} line in:\n{output}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with TestCluster(tmp_path_factory.mktemp("tool")) as c:
+        leader = c.start()
+
+        async def write() -> None:
+            async with open_kv_client(c.client_config) as kv:
+                for i in range(PUTS):
+                    reply = await kv.put(f"key{i}", b"value")
+                    assert reply.status == Status.OK
+
+        trio.run(write)
+        c.wait_for(lambda: c.caught_up(range(3)), 10, "every member has the puts")
+        c.leader_id = leader
+        c.follower_id = next(i for i in range(3) if i != leader)
+        yield c
+
+
+def dirs(cluster):
+    return cluster.nodes[cluster.leader_id].dir, cluster.nodes[cluster.follower_id].dir
+
+
+def test_is_leader_exit_code_is_0_only_on_the_leader(cluster):
+    leader_dir, follower_dir = dirs(cluster)
+    on_leader = tool_process(leader_dir, "is-leader")
+    assert on_leader.returncode == 0, on_leader.stdout + on_leader.stderr
+    assert on_leader.stdout.startswith("LEADER")
+    on_follower = tool_process(follower_dir, "is-leader")
+    assert on_follower.returncode == 1
+    assert on_follower.stdout.startswith("FOLLOWER"), on_follower.stdout
+    assert "Traceback" not in on_follower.stderr
+
+
+def test_pid_is_the_node_process(cluster):
+    for node in (cluster.nodes[cluster.leader_id], cluster.nodes[cluster.follower_id]):
+        result = tool_process(node.dir, "pid")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == str(node.pid)
+
+
+def test_describe_shows_mark_file_counters_recording_log_and_archive(cluster):
+    for member_id, role in ((cluster.leader_id, "LEADER"), (cluster.follower_id, "FOLLOWER")):
+        node = cluster.nodes[member_id]
+        counters = node.counters()
+        result = tool(node.dir, "describe")
+        assert result.exit_code == 0, result.output
+        out = result.output
+        assert field(out, "status") == f"running, pid {node.pid}"
+        assert field(out, "member") == f"{member_id} (cluster 0)"
+        assert field(out, "role") == role
+        assert field(out, "election state") == "CLOSED (17)"
+        assert field(out, "leadership term") == str(counters.term)
+        assert int(field(out, "commit position")) >= counters.commit > 0
+        assert int(field(out, "append position")) >= counters.commit
+        assert field(out, "cm state") == "ACTIVE (1)"
+        assert field(out, "errors") == "0"
+        assert field(out, "recording.log").startswith("1 entries: 1 TERM, 0 SNAPSHOT, 0 invalid")
+        assert field(out, "last term") == f"{counters.term} from position 0 (open), recording 0"
+        assert field(out, "latest snapshot") == "none"
+        assert "1 recording(s)" in field(out, "archive")
+        log_line = field(out, "recording 0")
+        assert re.match(r"log\s+0\.\.(\d+) \(recording\)", log_line), log_line
+        assert int(re.match(r"log\s+0\.\.(\d+)", log_line).group(1)) >= counters.commit
+
+
+def test_recording_log_lists_every_entry(cluster):
+    _, follower_dir = dirs(cluster)
+    term = cluster.nodes[cluster.follower_id].counters().term
+    result = tool(follower_dir, "recording-log")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].endswith("recording.log: 1 entries, 64 bytes")
+    assert lines[1].split() == ["INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION",
+                                "TIMESTAMP", "SERVICE", "ENDPOINT"]
+    cells = lines[2].split()
+    assert cells[:7] == ["0", "TERM", "valid", "0", str(term), "0", "open"]
+    assert cells[8] == "0"
+    assert len(lines) == 3
+
+
+def test_recovery_plan_from_recording_log_and_archive(cluster):
+    for member_id in (cluster.leader_id, cluster.follower_id):
+        node = cluster.nodes[member_id]
+        counters = node.counters()
+        result = tool(node.dir, "recovery-plan")
+        assert result.exit_code == 0, result.output
+        out = result.output
+        assert out.splitlines()[0] == "recovery plan (service count 1)"
+        assert field(out, "last leadership term") == str(counters.term)
+        assert field(out, "last term base position") == "0"
+        appended = int(field(out, "appended log position").split()[0])
+        assert appended >= counters.commit > 0
+        assert field(out, "committed log position") == "0"  # no snapshot yet: only a snapshot proves it
+        assert field(out, "log recording") == "0"
+        assert field(out, "snapshots") == "none"
+        assert field(out, "log replay") == f"0..{appended} ({appended:,} bytes)"
+
+
+def test_list_members_from_the_directory_and_with_the_config(cluster):
+    leader_dir, follower_dir = dirs(cluster)
+    result = tool(follower_dir, "list-members")
+    assert result.exit_code == 0, result.output
+    assert field(result.output, "this node").startswith(f"member {cluster.follower_id}: running")
+    assert field(result.output, "leader").startswith(f"member {cluster.leader_id} (")
+    peers = field(result.output, "peers")
+    others = [m for m in cluster.nodes[cluster.follower_id].cfg.cluster.members if m.id != cluster.follower_id]
+    for m in others:
+        assert m.consensus in peers
+
+    follower = cluster.nodes[cluster.follower_id]
+    with_config = tool(follower_dir, "list-members", "--config", str(follower.config_path))
+    assert with_config.exit_code == 0, with_config.output
+    rows = {line.split()[0]: line for line in with_config.output.splitlines() if re.match(r"\d+\s", line)}
+    assert set(rows) == {"0", "1", "2"}
+    assert "this" in rows[str(cluster.follower_id)]
+    assert "leader" in rows[str(cluster.leader_id)]
+    for m in follower.cfg.cluster.members:
+        assert m.ingress in rows[str(m.id)] and m.consensus in rows[str(m.id)] and m.archive in rows[str(m.id)]
+
+    wrong = tool(leader_dir, "list-members", "--config", str(follower.config_path))
+    assert wrong.exit_code == 1
+    assert f"is member {cluster.follower_id}'s config" in wrong.output
+
+
+def test_errors_shows_log_warnings_and_the_counter(cluster):
+    leader_dir, _ = dirs(cluster)
+    result = tool(leader_dir, "errors")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == "errors counter: 0"
+
+
+def test_a_directory_without_a_node_gives_one_line_and_exit_1(tmp_path):
+    for command in ("describe", "pid", "is-leader", "recording-log", "recovery-plan", "errors", "list-members"):
+        result = tool_process(tmp_path, command)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert result.stdout == ""
+        assert result.stderr.splitlines() == [f"Error: no cluster-mark.dat in {tmp_path}: not a node directory"]
+    missing = tool_process(tmp_path / "nowhere", "describe")
+    assert missing.returncode == 1
+    assert missing.stderr.splitlines() == [f"Error: no such directory: {tmp_path / 'nowhere'}"]
+
+
+def test_a_stopped_node_is_reported_as_not_running(cluster):
+    """Runs last: it stops a follower for good."""
+    node = cluster.nodes[cluster.follower_id]
+    pid = node.pid
+    term = node.counters().term
+    assert node.terminate() == 0
+
+    # A warning line as the node writes them, then a torn line: errors shows the one, skips the other.
+    with open(node.log_path, "a") as f:
+        f.write(json.dumps({"event": "example trouble", "level": "warning", "timestamp": "2030-01-01T00:00:00Z",
+                            "detail": 7}) + "\n")
+        f.write('{"torn line without end')
+
+    described = tool_process(node.dir, "describe")
+    assert described.returncode == 0, described.stderr
+    assert field(described.stdout, "status").startswith(f"NOT RUNNING (pid {pid} is not running; last active ")
+    assert field(described.stdout, "counters").endswith(f"(last values of pid {pid})")
+    assert field(described.stdout, "leadership term") == str(term)
+    log_line = field(described.stdout, "recording 0")
+    assert re.match(r"log\s+0\.\.\d+ \(", log_line), log_line
+
+    no_pid = tool_process(node.dir, "pid")
+    assert no_pid.returncode == 1
+    lines = no_pid.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"no node runs in {node.dir}: member {node.member_id}, pid {pid}")
+
+    not_leader = tool_process(node.dir, "is-leader")
+    assert not_leader.returncode == 1
+    assert "is not running" in not_leader.stdout
+
+    plan = tool(node.dir, "recovery-plan")
+    assert plan.exit_code == 0, plan.output
+    assert field(plan.output, "last leadership term") == str(term)
+
+    errors = tool(node.dir, "errors", "-n", "5")
+    assert errors.exit_code == 0, errors.output
+    assert "WARNING  example trouble  detail=7" in errors.output
+    assert errors.output.splitlines()[-1] == f"errors counter: 0 (last values of pid {pid})"
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
+def test_reading_the_log_backwards_matches_reading_it_forwards(tmp_path, block_bytes):
+    from cluster_node.tool_cmd import iter_lines_backwards
+
+    lines = [f'{{"i": {i}, "level": "{"warning" if i % 7 == 0 else "info"}"}}' + "x" * (i % 13) for i in range(300)]
+    path = tmp_path / "node.log"
+    path.write_text("\n".join(lines) + "\n\n")
+    assert [b.decode() for b in iter_lines_backwards(path, block_bytes=block_bytes)] == lines[::-1]
+    wanted = [line for line in lines if '"warning"' in line][::-1]
+    assert [b.decode() for b in iter_lines_backwards(path, (b'"warning"',), block_bytes)] == wanted
