@@ -1,6 +1,6 @@
 """``cluster-node tool --dir NODE_DIR <command>``: look into one node from its directory.
 
-Every command here only reads: the mark file (who runs there, and whether it is alive), the
+Every command but ``suspend``/``resume`` only reads: the mark file (who runs there, and whether it is alive), the
 node-state file, ``recording.log``, the archive catalog and segment files, the driver's counters
 file and the node's JSON log. So they work on a running node without disturbing it, and on a
 stopped or crashed node's directory (showing what it left behind and that nobody runs there).
@@ -14,6 +14,11 @@ The node directory does not record the cluster's member list (it lives in the no
 so ``list-members`` shows what the directory knows (this member, the leader of its last
 election, the consensus endpoints it publishes to) and the whole list with endpoints when given
 the node's ``--config``.
+
+``suspend`` and ``resume`` are the cluster control toggles of the reference's ClusterTool: they
+set the leader's ClusterControl counter (type 202) from NEUTRAL to SUSPEND or RESUME and wait for
+the leader to act and put NEUTRAL back. A suspended leader leaves client messages unread (they
+wait, and back-pressure the clients) until it is resumed.
 
 Operator mistakes (a directory that is not a node directory, a damaged file) end with one line
 on stderr and exit 1.
@@ -418,7 +423,8 @@ def _node(ctx: click.Context) -> NodeDir:
               help="The node directory (holding cluster-mark.dat, recording.log, archive/, driver/).")
 @click.pass_context
 def tool(ctx: click.Context, node_dir: Path) -> None:
-    """Inspect one cluster node from its directory (read-only; works on a stopped node too)."""
+    """Inspect one cluster node from its directory (works on a stopped node too); suspend or
+    resume the cluster through its leader."""
     ctx.obj = {"dir": node_dir}
 
 
@@ -716,3 +722,63 @@ def errors(ctx: click.Context, count: int) -> None:
     else:
         out.append(f"errors counter: {errors_counter}" + ("" if node.counters_current else f" ({node.counters_note})"))
     click.echo("\n".join(out))
+
+
+# ------------------------------------------------------------------------------ cluster control
+
+_TOGGLE_NEUTRAL, _TOGGLE_SUSPEND, _TOGGLE_RESUME = 1, 2, 3
+_STATE_ACTIVE, _STATE_SUSPENDED = 1, 2
+_CONTROL_TYPE = 202
+_STATE_NAMES = {0: "INIT", 1: "ACTIVE", 2: "SUSPENDED", 3: "SNAPSHOT", 4: "QUITTING", 5: "TERMINATING", 6: "CLOSED"}
+
+
+def _toggle(ctx: click.Context, action: str, toggle: int, needs_state: int, done_state: int) -> None:
+    """Set the leader's ClusterControl toggle and wait (up to 10 s) for it to act.
+
+    As the reference's ClusterTool: the node must be the leader and in the state the action
+    needs; the toggle is only set while NEUTRAL; the leader puts NEUTRAL back once it acted.
+    """
+    node = _node(ctx)
+    if not node.running or not node.counters_current:
+        _fail(f"no node runs in {node.path}: cannot {action}")
+    if not node.is_leader():
+        _fail(f"Current node is not the leader (member {node.member_id} is {role_name(node.counter('role'))})")
+    state = node.counter("cm_state")
+    if state != needs_state:
+        _fail(f"Unable to {action.upper()} as the state of the consensus module is "
+              f"{_STATE_NAMES.get(state, state)}, but needs to be {_STATE_NAMES[needs_state]}")
+    reader = CountersReader.open(node.counters_path, writable=True)
+    try:
+        ids = [c.counter_id for c in reader.find(type_id=_CONTROL_TYPE)
+               if c.label.endswith(f"member {node.member_id}")]
+        if not ids:
+            _fail(f"member {node.member_id} has no cluster control counter (a node of an older version?)")
+        if not reader.set_if(ids[0], _TOGGLE_NEUTRAL, toggle):
+            _fail(f"another cluster control request is in progress on member {node.member_id}; try again")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if reader.get(ids[0]) == _TOGGLE_NEUTRAL:
+                break
+            time.sleep(0.02)  # polling another process's counter: there is no doorbell for it
+        else:
+            _fail(f"{action}: member {node.member_id} did not act within 10 s")
+    finally:
+        reader.close()
+    after = open_node_dir(node.path).counter("cm_state")
+    if after != done_state:
+        _fail(f"{action} was not applied: the consensus module is {_STATE_NAMES.get(after, after)}")
+    click.echo(f"{action.upper()} applied successfully")
+
+
+@tool.command()
+@click.pass_context
+def suspend(ctx: click.Context) -> None:
+    """Leader only, state ACTIVE: stop taking client messages (they wait until resume)."""
+    _toggle(ctx, "suspend", _TOGGLE_SUSPEND, _STATE_ACTIVE, _STATE_SUSPENDED)
+
+
+@tool.command()
+@click.pass_context
+def resume(ctx: click.Context) -> None:
+    """Leader only, state SUSPENDED: take client messages again."""
+    _toggle(ctx, "resume", _TOGGLE_RESUME, _STATE_SUSPENDED, _STATE_ACTIVE)

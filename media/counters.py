@@ -308,7 +308,8 @@ class CountersManager:
 
 
 class CountersReader:
-    """Another process's view: maps the file read-only and never writes."""
+    """Another process's view: maps the file read-only and never writes (except, opened
+    ``writable``, an operator toggle through :meth:`set_if`)."""
 
     def __init__(self, path: Path, map_: mmap.mmap, max_counters: int, owner_pid: int, start_timestamp_ms: int) -> None:
         self.path = path
@@ -318,10 +319,11 @@ class CountersReader:
         self._map = map_
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> CountersReader:
+    def open(cls, path: str | os.PathLike[str], *, writable: bool = False) -> CountersReader:
+        """Map a counters file; ``writable`` only for :meth:`set_if` (operator toggles)."""
         path = Path(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         except FileNotFoundError:
             raise CountersError(f"no counters file at {path}") from None
         except OSError as e:
@@ -330,7 +332,7 @@ class CountersReader:
             size = os.fstat(fd).st_size
             if size < HEADER_LENGTH:
                 raise CountersError(f"{path} is truncated: {size} bytes, header needs {HEADER_LENGTH}")
-            map_ = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            map_ = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:
             os.close(fd)
         magic, version, max_counters, pid, start_ms = _HEADER.unpack_from(map_, 0)
@@ -378,6 +380,14 @@ class CountersReader:
         if info is None:
             raise CountersError(f"counter {counter_id} is not allocated")
         return info.value
+
+    def set_if(self, counter_id: int, expected: int, value: int) -> bool:
+        """Write ``value`` if the counter holds ``expected`` (an operator's toggle; the owner only
+        resets a toggle it has acted on, so check-then-write suffices). Needs ``writable``."""
+        if self.get(counter_id) != expected:
+            return False
+        _VALUE.pack_into(self._map, _value_offset(self.max_counters, counter_id), value)
+        return True
 
     def find(self, type_id: int | None = None, label_contains: str | None = None) -> list[CounterInfo]:
         return [

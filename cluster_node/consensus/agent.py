@@ -98,6 +98,20 @@ class CounterTypes:
     LEADERSHIP_TERM_ID = 239
     APPEND_POSITION = 240
     ERRORS = 212
+    CLUSTER_CONTROL = 202
+
+
+class ModuleState:
+    """ConsensusModule.State codes (counter type 200)."""
+
+    INIT, ACTIVE, SUSPENDED, SNAPSHOT, QUITTING, TERMINATING, CLOSED = range(7)
+
+
+class ToggleState:
+    """ClusterControl.ToggleState codes (counter type 202): an operator sets one, the leader acts
+    on it and puts NEUTRAL back."""
+
+    INACTIVE, NEUTRAL, SUSPEND, RESUME, SNAPSHOT, SHUTDOWN, ABORT, STANDBY_SNAPSHOT = range(8)
 
 
 class RecordingLogFile:
@@ -183,8 +197,10 @@ class ConsensusAgent:
                 ("append-pos", CounterTypes.APPEND_POSITION),
                 ("errors", CounterTypes.ERRORS),
                 ("cm-state", CounterTypes.CONSENSUS_MODULE_STATE),
+                ("control-toggle", CounterTypes.CLUSTER_CONTROL),
             )
         }
+        self.counters["control-toggle"].set(ToggleState.NEUTRAL)
         self.counters["leadership-term-id"].set(-1)
         self.module: ConsensusModule | None = None
         self.sessions = ClusterSessions(
@@ -227,6 +243,7 @@ class ConsensusAgent:
         self._now = time.monotonic_ns()
         self.catchup_endpoint = ""
         self.stopping = False
+        self.suspended = False
         self.errors = 0
         self.elections_completed = 0
 
@@ -284,7 +301,7 @@ class ConsensusAgent:
         )
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
-        self.counters["cm-state"].set(1)  # ACTIVE
+        self.counters["cm-state"].set(ModuleState.ACTIVE)
         await self._execute(self.module.drain_effects())
 
     async def _recover_log_recording(self) -> None:
@@ -424,6 +441,9 @@ class ConsensusAgent:
             self.counters["leadership-term-id"].set(e.leadership_term_id)
         elif t is fx.ElectionComplete:
             self.counters["election-state"].set(int(ElectionState.CLOSED))
+            if self.suspended:  # a new leadership starts active
+                self.suspended = False
+                self.counters["cm-state"].set(ModuleState.ACTIVE)
             self.counters["leadership-term-id"].set(e.leadership_term_id)
             self.elections_completed += 1
             # The first election of this process as leader: the sessions it learned from the log
@@ -967,13 +987,19 @@ class ConsensusAgent:
             now = self._now = time.monotonic_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
             work += self._from_service.poll(self._on_service, _FRAGMENTS)
-            work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
+            if not self.suspended:
+                # Suspended, ingress is left unread (as the reference): client messages wait in
+                # the image, the clients are back-pressured, and resume takes them in order.
+                work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
             if getattr(self, "_join_unsent", None) is not None and now >= join_resend_at:
                 if self._send_service(self._join_unsent):
                     self._join_unsent = None
                 join_resend_at = now + 10_000_000
             work += self._replay_work()
             work += self._replication_work()
+            toggle = self.counters["control-toggle"].get()
+            if toggle != ToggleState.NEUTRAL:
+                work += self._on_control_toggle(toggle)
             if m.is_leader:
                 work += self._leader_work(now)
                 if self.sessions.check_timeouts(m.leadership_term_id, m.append_position, now):
@@ -1014,6 +1040,26 @@ class ConsensusAgent:
             else:
                 await self._park(now)
 
+    def _on_control_toggle(self, toggle: int) -> int:
+        """An operator's request (``cluster-node tool suspend|resume``). Only SUSPEND and RESUME
+        exist so far; anything else is refused by putting NEUTRAL back with a warning."""
+        m = self.module
+        state = self.counters["cm-state"]
+        if not m.is_leader:
+            log.warning("cluster control ignored: not the leader", toggle=toggle)
+        elif toggle == ToggleState.SUSPEND and state.get() == ModuleState.ACTIVE:
+            self.suspended = True
+            state.set(ModuleState.SUSPENDED)
+            log.info("cluster suspended: client messages wait until resume")
+        elif toggle == ToggleState.RESUME and state.get() == ModuleState.SUSPENDED:
+            self.suspended = False
+            state.set(ModuleState.ACTIVE)
+            log.info("cluster resumed")
+        else:
+            log.warning("cluster control not applicable", toggle=toggle, state=state.get())
+        self.counters["control-toggle"].set(ToggleState.NEUTRAL)
+        return 1
+
     async def _park(self, now: int) -> None:
         """Nothing to do: wait for input or the next deadline.
 
@@ -1030,7 +1076,9 @@ class ConsensusAgent:
             timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
         if self._replication is not None:
             timeout_s = min(timeout_s, 0.01)
-        subs = [self._consensus_sub, self._ingress_sub, self._from_service]
+        subs = [self._consensus_sub, self._from_service]
+        if not self.suspended:
+            subs.append(self._ingress_sub)
         if self._follower_sub is not None:
             subs.append(self._follower_sub)
         if self._replay is not None:

@@ -20,6 +20,7 @@ import trio
 from click.testing import CliRunner
 
 from cluster_node.cli import main
+from cluster_node.service.examples.kv import Put
 from tests.support.cluster import Status, TestCluster, open_kv_client
 
 CLI = Path(sys.executable).with_name("cluster-node")
@@ -172,6 +173,33 @@ def test_errors_shows_log_warnings_and_the_counter(cluster):
     result = tool(leader_dir, "errors")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-1] == "errors counter: 0"
+
+
+def test_suspend_stops_client_messages_and_resume_brings_them_back(cluster):
+    leader_dir, follower_dir = dirs(cluster)
+    on_follower = tool_process(follower_dir, "suspend")
+    assert on_follower.returncode == 1 and "Current node is not the leader" in on_follower.stderr
+    assert tool_process(leader_dir, "resume").returncode == 1  # not suspended: refused
+
+    async def put_while_suspended_then_resume() -> None:
+        # Connected first: a suspended leader reads no ingress, connect requests included.
+        async with open_kv_client(cluster.client_config) as kv:
+            suspended = await trio.to_thread.run_sync(tool_process, leader_dir, "suspend")
+            assert suspended.returncode == 0, suspended.stderr
+            assert "SUSPEND applied successfully" in suspended.stdout
+            again = await trio.to_thread.run_sync(tool_process, leader_dir, "suspend")
+            assert again.returncode == 1 and "SUSPENDED, but needs to be ACTIVE" in again.stderr
+            before = cluster.counters()[cluster.leader_id].commit
+            request_id = await kv.send(Put(kv.next_id(), "suspended", b"x"))
+            assert await kv.wait_reply(request_id, 2.0) is None  # not taken while suspended
+            assert cluster.counters()[cluster.leader_id].commit == before
+            resumed = await trio.to_thread.run_sync(tool_process, leader_dir, "resume")
+            assert resumed.returncode == 0, resumed.stderr
+            reply = await kv.wait_reply(request_id, 10.0)  # waited in the image, taken on resume
+            assert reply is not None and reply.status == Status.OK
+            assert (await kv.get("suspended", resend_s=1.0)).value == b"x"
+
+    trio.run(put_while_suspended_then_resume)
 
 
 def test_a_directory_without_a_node_gives_one_line_and_exit_1(tmp_path):
