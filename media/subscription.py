@@ -281,6 +281,9 @@ class Subscription:
         self._wait_impl: Callable[[float], object] | None = None
         self._close_impl: Callable[["Subscription"], None] | None = None
         self._lot = trio.lowlevel.ParkingLot()
+        self.wake_hook: Callable[[], None] | None = None
+        """Called (in the driver's thread) whenever :meth:`wait` would be woken: lets one owner
+        wait for many subscriptions without a task per subscription."""
         self._changed = False
 
     @property
@@ -350,6 +353,9 @@ class Subscription:
         """Called by the driver in this thread when data arrived or images changed."""
         if self._lot:
             self._lot.unpark_all()
+        hook = self.wake_hook
+        if hook is not None:
+            hook()
 
     # ------------------------------------------------------------------ images (driver side)
 

@@ -243,6 +243,8 @@ class ConsensusAgent:
         self._now = time.monotonic_ns()
         self.catchup_endpoint = ""
         self.stopping = False
+        self._wake = trio.Event()
+        self._service_drained = trio.Event()
         self.suspended = False
         self.errors = 0
         self.elections_completed = 0
@@ -302,6 +304,7 @@ class ConsensusAgent:
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
         self.counters["cm-state"].set(ModuleState.ACTIVE)
+        nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
 
     async def _recover_log_recording(self) -> None:
@@ -987,6 +990,7 @@ class ConsensusAgent:
             now = self._now = time.monotonic_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
             work += self._from_service.poll(self._on_service, _FRAGMENTS)
+            self._service_drained.set()
             if not self.suspended:
                 # Suspended, ingress is left unread (as the reference): client messages wait in
                 # the image, the clients are back-pressured, and resume takes them in order.
@@ -1063,10 +1067,11 @@ class ConsensusAgent:
     async def _park(self, now: int) -> None:
         """Nothing to do: wait for input or the next deadline.
 
-        Inputs all have doorbells (consensus, ingress, service, the follower's log image, a
-        replay); log data waiting to be recorded never parks (see :meth:`run`). What remains is
-        time: the core's heartbeats and timeouts (half the shortest interval is early enough),
-        timers, and a replication's progress, which only the archive sees.
+        Inputs all wake us: the UDP subscriptions (consensus, ingress, the follower's log) through
+        their wake hook, the service's IPC messages through one long-lived waiter task, a replay
+        through its doorbell. Log data waiting to be recorded never parks (see :meth:`run`). What
+        remains is time: the core's heartbeats and timeouts (half the shortest interval is early
+        enough), timers, and a replication's progress, which only the archive sees.
         """
         m = self.module
         t = self.cfg.timeouts
@@ -1076,20 +1081,45 @@ class ConsensusAgent:
             timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
         if self._replication is not None:
             timeout_s = min(timeout_s, 0.01)
-        subs = [self._consensus_sub, self._from_service]
-        if not self.suspended:
-            subs.append(self._ingress_sub)
-        if self._follower_sub is not None:
-            subs.append(self._follower_sub)
+        wake = self._wake = trio.Event()
+        for sub in (self._consensus_sub, self._follower_sub, None if self.suspended else self._ingress_sub):
+            if sub is not None:
+                if sub.wake_hook is None:
+                    sub.wake_hook = self._on_wake
+                if sub.has_data():
+                    return
+        if self._from_service.has_data():
+            return
         if self._replay is not None:
-            subs.append(self._replay[3])
-        async with trio.open_nursery() as nursery:
-            async def waiter(sub) -> None:
-                await sub.wait(timeout_s)
-                nursery.cancel_scope.cancel()
+            # Rare (elections only): the replay's doorbell needs a task of its own.
+            async with trio.open_nursery() as nursery:
+                async def replay_waiter() -> None:
+                    await self._replay[3].wait(timeout_s)
+                    nursery.cancel_scope.cancel()
 
-            for sub in subs:
-                nursery.start_soon(waiter, sub)
+                async def other_waiter() -> None:
+                    with trio.move_on_after(timeout_s):
+                        await wake.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(replay_waiter)
+                nursery.start_soon(other_waiter)
+            return
+        with trio.move_on_after(timeout_s):
+            await wake.wait()
+
+    def _on_wake(self) -> None:
+        self._wake.set()
+
+    async def _service_waker(self) -> None:
+        """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
+        sub = self._from_service
+        while not self.stopping:
+            await sub.wait(1.0)
+            if sub.has_data():
+                self._wake.set()
+                drained = self._service_drained = trio.Event()
+                await drained.wait()
 
     async def close(self) -> None:
         """Graceful stop: close the log (followers see end of stream and elect at once)."""
