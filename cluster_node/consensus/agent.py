@@ -1075,7 +1075,13 @@ class ConsensusAgent:
         """
         m = self.module
         t = self.cfg.timeouts
-        timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 2e9
+        if m.election is None:
+            # Settled: the core's next duty is a heartbeat (CommitPosition or AppendPosition) a
+            # heartbeat interval after the last; waking that late sends it at most one interval
+            # late, far inside the heartbeat timeout.
+            timeout_s = t.leader_heartbeat_interval_ns / 1e9
+        else:
+            timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 2e9
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
             timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
