@@ -114,6 +114,7 @@ __all__ = [
     "write_loopback_cluster",
     "DEMO_TIMEOUTS",
     "DEMO_DRIVER",
+    "free_udp_ports",
     "CLIENT_DRIVER_DEFAULTS",
 ]
 
@@ -1010,7 +1011,7 @@ DEMO_DRIVER = DriverSection(
 """Driver settings matching DEMO_TIMEOUTS: small buffers, liveness within the heartbeat timeout."""
 
 
-def _free_udp_ports(count: int, host: str) -> list[int]:
+def free_udp_ports(count: int, host: str) -> list[int]:
     """``count`` distinct free UDP ports; the sockets stay bound until all are chosen."""
     socks = []
     try:
@@ -1048,7 +1049,7 @@ def generate_loopback_cluster(
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
     base = Path(base_dir)
     if base_port is None:
-        ports = _free_udp_ports(4 * nodes + 1, host)
+        ports = free_udp_ports(4 * nodes + 1, host)
     else:
         ports = [base_port + 100 * k + i for k in range(4) for i in range(nodes)] + [base_port + 400]
     members = tuple(

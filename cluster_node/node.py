@@ -17,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -26,7 +25,7 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
-from cluster_node.config import NodeConfig
+from cluster_node.config import NodeConfig, free_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.service.api import load_service
@@ -68,7 +67,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             # Where other archives answer this one and replay to it when it replicates: concrete
             # ports, since the remote side must be told where to send.
             archive_host = me.archive.rpartition(":")[0]
-            response_port, replication_port = _free_udp_ports(archive_host, 2)
+            response_port, replication_port = free_udp_ports(2, archive_host)
             archive_cfg = ArchiveConfig(
                 dir=cfg.archive_dir,
                 control_channel=f"aeron:udp?endpoint={me.archive}",
@@ -140,20 +139,6 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 await client.close()
     finally:
         mark.close()
-
-
-def _free_udp_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports free on ``host`` now (the sockets stay bound until all are chosen)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind((host, 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 async def _mark_file_activity(mark: MarkFile, interval_ns: int) -> None:

@@ -63,7 +63,7 @@ from cluster_node.consensus.recording_log import (
     RecordingLogError,
     RecoveryPlan,
 )
-from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader
+from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
 __all__ = ["tool", "NodeDir", "open_node_dir"]
 
@@ -108,22 +108,7 @@ def cm_state_name(value: int | None) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OverflowError:
-        return False
-    # An exited process its parent has not reaped yet (a zombie) still answers kill(pid, 0).
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+    return pid_alive(pid, zombie_is_alive=False)  # a node that exited unreaped is not running
 
 
 def _now_ms() -> int:

@@ -149,8 +149,13 @@ def file_length(max_counters: int) -> int:
     return HEADER_LENGTH + max_counters * (RECORD_LENGTH + VALUE_LENGTH)
 
 
-def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (signal 0 checks without signalling)."""
+def pid_alive(pid: int, *, zombie_is_alive: bool = True) -> bool:
+    """True if a process with this pid exists (signal 0 checks without signalling).
+
+    A process that exited but was not yet reaped by its parent (a zombie) still answers signal
+    0; with ``zombie_is_alive=False`` it counts as gone (one /proc read, for tools that report
+    whether a node runs; the hot liveness checks skip it).
+    """
     if pid <= 0:  # os.kill(0, ...) would address our own process group
         return False
     try:
@@ -159,7 +164,15 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by another user
-    return True
+    except OverflowError:
+        return False  # not a pid at all (a corrupt file)
+    if zombie_is_alive:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def truncate_label(label: str) -> bytes:

@@ -28,6 +28,7 @@ from typing import Callable
 import structlog
 
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
+from media.counters import pid_alive
 from media.doorbell import NEW_PUBLICATION, Doorbell, ring
 from media.frames import TYPE_PAD
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
@@ -38,18 +39,6 @@ __all__ = ["IpcTransport", "pid_alive"]
 
 log = structlog.get_logger("media.ipc")
 _PREFIX = struct.Struct("<iBBH").unpack_from
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _scan_to_tail(lb: LogBuffer, position: int) -> int:

@@ -87,6 +87,8 @@ from typing import Any
 
 import structlog
 
+from media.counters import pid_alive
+
 __all__ = [
     "MARK_FILE_NAME",
     "NODE_STATE_FILE_NAME",
@@ -118,17 +120,7 @@ def _now_ms() -> int:
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OverflowError:
-        return False
-    return True
+    return pid_alive(pid, zombie_is_alive=False)
 
 
 def _fsync_dir(path: Path) -> None:
