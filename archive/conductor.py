@@ -758,16 +758,11 @@ class Archive:
             if not is_aligned(limit):
                 raise ArchiveRequestError(E.GENERIC, f"replay end {limit} is not 32-byte aligned")
         uri = parse(channel)
-        term_length = d.term_buffer_length
-        term_count = (position - (position & (term_length - 1))) // term_length
-        term_id = (d.initial_term_id + term_count + 2**31) % 2**32 - 2**31
         session_id = uri.session_id
         if session_id is None:
             session_id = self._rng.randrange(-(2**31), 2**31)
-        pub_uri = uri.with_params(
-            term_length=term_length, mtu=d.mtu_length, session_id=session_id, initial_term_id=d.initial_term_id,
-            term_id=term_id, term_offset=position & (term_length - 1),
-        )
+        pub_uri = uri.with_params(mtu=d.mtu_length, session_id=session_id).starting_at(
+            position, d.initial_term_id, d.term_buffer_length)
         publication = self.driver.add_publication(pub_uri, stream_id)
         replay_session_id = (next(self._replay_ids) << 32) | (session_id & 0xFFFFFFFF)
         replay = ReplaySession(

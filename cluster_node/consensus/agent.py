@@ -73,6 +73,7 @@ from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
 from cluster_node.consensus.timers import Timers
+from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
 from media.publication import OfferResult
@@ -340,12 +341,13 @@ class ConsensusAgent:
 
     # ------------------------------------------------------------------ channels
 
-    def _local_channel(self, position: int, session_id: int) -> str:
-        tl = self.term_length
-        itid = self.initial_term_id
-        term_id = (itid + position // tl + 2**31) % 2**32 - 2**31
-        return (f"aeron:ipc?term-length={tl}|init-term-id={itid}|term-id={term_id}|"
-                f"term-offset={position % tl}|session-id={session_id}|alias=log")
+    def _log_channel(self, base: str, position: int) -> ChannelUri:
+        """``base`` continuing the log recording at ``position``: same initial term id and term
+        length, so every frame has the cluster's position."""
+        return parse(base).starting_at(position, self.initial_term_id, self.term_length)
+
+    def _local_channel(self, position: int, session_id: int) -> ChannelUri:
+        return self._log_channel(f"aeron:ipc?session-id={session_id}|alias=log", position)
 
     def _new_local_session(self) -> int:
         """A session id for a new local log, never one used before in this process: a reader
@@ -518,12 +520,9 @@ class ConsensusAgent:
         cfg = self.cfg
         me = cfg.this_member
         host = me.log.rpartition(":")[0]
-        tl = self.term_length
-        itid = self.initial_term_id
         pos = e.initial_position
-        term_id = (itid + pos // tl + 2**31) % 2**32 - 2**31
-        channel = (f"aeron:udp?control={host}:0|control-mode=manual|term-length={tl}|init-term-id={itid}|"
-                   f"term-id={term_id}|term-offset={pos % tl}|session-id={e.log_session_id}|mtu={cfg.driver.mtu}")
+        channel = self._log_channel(
+            f"aeron:udp?control={host}:0|control-mode=manual|session-id={e.log_session_id}|mtu={cfg.driver.mtu}", pos)
         self._mdc = self.driver.add_publication(channel, self.log_stream_id)
         for m in cfg.cluster.members:
             if m.id != me.id:

@@ -278,3 +278,12 @@ def test_parse_endpoint_valid():
 
 def test_channel_error_is_a_value_error():
     assert issubclass(ChannelError, ValueError)
+
+
+@pytest.mark.parametrize("itid", [0, 7, 2**31 - 2, -(2**31)])
+@pytest.mark.parametrize("position", [0, 96, 65536, 3 * 65536 + 4096])
+def test_starting_at_is_the_inverse_of_initial_position(itid, position):
+    uri = parse("aeron:ipc?session-id=5").starting_at(position, itid, 65536)
+    assert uri.initial_position(65536) == position
+    assert (uri.initial_term_id, uri.term_length, uri.session_id) == (itid, 65536, 5)
+    assert parse(str(uri)) == uri
