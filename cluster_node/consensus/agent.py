@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import struct
 import time
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ from cluster_node.codecs import (
     CodecError,
     encode_session_message,
 )
-from cluster_node.config import NodeConfig
+from cluster_node.config import NodeConfig, free_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
@@ -76,7 +75,6 @@ from cluster_node.consensus.timers import Timers
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
-from media.publication import OfferResult
 
 __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 
@@ -150,19 +148,8 @@ class _LocalLog:
 
     pub: object
     session_id: int
-    start_position: int
     readers: int
-    purpose: str  # "live" or "replay"
     joined: bool = False  # every reader has joined (once true, stays true)
-
-
-def _free_udp_port(host: str) -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 class ConsensusAgent:
@@ -234,6 +221,7 @@ class ConsensusAgent:
         self._catchup_replays: dict[int, int] = {}  # follower member id -> archive replay session id
         self._catchup_endpoints: dict[int, str] = {}
         self._used_sessions: set[int] = set()
+        self._join_unsent = None  # a JoinLog the service's stream did not take yet
         self._appends: list = []  # AppendLog effects waiting for the local log to be ready
         self._log_adapter_sub = None  # follower: reads the local log bounded by commit
         self._log_adapter_image = None
@@ -268,7 +256,7 @@ class ConsensusAgent:
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
-            catchup = f"{host}:{_free_udp_port(host)}"
+            catchup = f"{host}:{free_udp_ports(1, host)[0]}"
         self.catchup_endpoint = catchup
         members = [
             ClusterMember(m.id, m.ingress, m.consensus, m.log, catchup if m.id == me.id else m.catchup, m.archive)
@@ -361,21 +349,19 @@ class ConsensusAgent:
     def _send_service(self, message) -> bool:
         return self._to_service.offer(CONSENSUS_TO_SERVICE_CODEC.encode(message)) > 0
 
-    def _open_local_log(self, position: int, session_id: int, purpose: str, readers: int) -> _LocalLog:
-        if self.local is not None and purpose == "live":
+    def _open_local_log(self, position: int, readers: int, replay_to: int = NULL_POSITION) -> _LocalLog:
+        """A new local log at ``position`` (a replay's when ``replay_to`` is given, else the live
+        one, replacing the previous), announced to the service with a JoinLog."""
+        if replay_to == NULL_POSITION and self.local is not None:
             self._close_local_log()
+        session_id = self._new_local_session()
         pub = self.driver.add_publication(self._local_channel(position, session_id), self.log_stream_id)
-        local = _LocalLog(pub, session_id, position, readers, purpose)
         role = int(self.module.role) if self.module else 0
-        join = codecs.JoinLog(position, NULL_POSITION, self.cfg.member_id, session_id, self.log_stream_id,
-                              False, role, f"aeron:ipc?session-id={session_id}")
-        if purpose == "replay":
-            join = codecs.JoinLog(position, self._replay_to, self.cfg.member_id, session_id, self.log_stream_id,
-                                  True, role, f"aeron:ipc?session-id={session_id}")
-        self._pending_join = join
+        join = codecs.JoinLog(position, replay_to, self.cfg.member_id, session_id, self.log_stream_id,
+                              replay_to != NULL_POSITION, role, f"aeron:ipc?session-id={session_id}")
         if not self._send_service(join):
             self._join_unsent = join
-        return local
+        return _LocalLog(pub, session_id, readers)
 
     def _close_local_log(self) -> None:
         if self.local is not None:
@@ -528,7 +514,7 @@ class ConsensusAgent:
             if m.id != me.id:
                 self._mdc.add_destination(f"aeron:udp?endpoint={m.log}")
         # The local log: read by the service, the archive and our MDC copier.
-        self.local = self._open_local_log(pos, self._new_local_session(), "live", readers=3)
+        self.local = self._open_local_log(pos, readers=3)
         self._local_reader = self.driver.add_subscription(
             f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id)
         self._local_reader_image = None
@@ -573,7 +559,7 @@ class ConsensusAgent:
             # The follower's local log starts where our recording stops; the image copies in.
             # Its readers: the service, the archive and our log adapter (all must have joined
             # before the first byte is copied in: an IPC reader joins at the tail).
-            self.local = self._open_local_log(e.position, self._new_local_session(), "live", readers=3)
+            self.local = self._open_local_log(e.position, readers=3)
             self._adapt(self.local.session_id)
         await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={self.local.session_id}",
                                             self.log_stream_id)
@@ -604,14 +590,13 @@ class ConsensusAgent:
     # ------------------------------------------------------------------ replays
 
     async def _start_replay(self, e: fx.StartReplay) -> None:
-        self._replay_to = e.to_position
         if e.to_position <= e.from_position:
             self.module.on_replay_done(e.replay_id, time.monotonic_ns())
             return
         sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
         sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
                                               "aeron:ipc", self.replay_stream_id)
-        local = self._open_local_log(e.from_position, self._new_local_session(), "replay", readers=2)
+        local = self._open_local_log(e.from_position, readers=2, replay_to=e.to_position)
         self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
         self._adapt(local.session_id)
         log.info("replay started", replay_id=e.replay_id, from_position=e.from_position, to_position=e.to_position)
@@ -745,7 +730,6 @@ class ConsensusAgent:
             del appends[:i]
 
     async def _execute_sessions(self) -> None:
-        m = self.module
         for e in self.sessions.drain_effects():
             if type(e) is AppendSessionEvent:
                 self._appends.append((e.message, None))
@@ -767,7 +751,6 @@ class ConsensusAgent:
                 if pub is not None:
                     self._tasks.start_soon(self._close_later, pub)
         self._flush_appends()
-        del m
 
     async def _send_egress(self, pub, message, close_after: bool) -> None:
         """Send a session event, retrying while the client's egress connects (bounded)."""
@@ -940,10 +923,9 @@ class ConsensusAgent:
                     work += 1
             image = self._follower_image
             if image is not None and self.local is not None and self._joined(self.local):
-                if image.position != self.local.pub.position:
-                    # Joined at a different place than our log ends: only the core can decide.
-                    pass
-                else:
+                # An image that joined elsewhere than our log ends is not copied: the core saw its
+                # join position (on_log_image) and leaves this log for catchup or an election.
+                if image.position == self.local.pub.position:
                     work += self._copy(image, self.local.pub)
                 if image.closed or image.is_end_of_stream:
                     self._follower_image = None
@@ -994,7 +976,7 @@ class ConsensusAgent:
                 # Suspended, ingress is left unread (as the reference): client messages wait in
                 # the image, the clients are back-pressured, and resume takes them in order.
                 work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
-            if getattr(self, "_join_unsent", None) is not None and now >= join_resend_at:
+            if self._join_unsent is not None and now >= join_resend_at:
                 if self._send_service(self._join_unsent):
                     self._join_unsent = None
                 join_resend_at = now + 10_000_000
