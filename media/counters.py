@@ -387,12 +387,16 @@ class CountersReader:
                 yield info
 
     def get(self, counter_id: int) -> int:
+        """One counter's value (read every duty cycle by the consensus agent: no label decoding)."""
         if not 0 <= counter_id < self.max_counters:
             raise CountersError(f"counter id {counter_id} out of range 0..{self.max_counters - 1}")
-        info = self._info(counter_id)
-        if info is None:
-            raise CountersError(f"counter {counter_id} is not allocated")
-        return info.value
+        m = self._map
+        record = _record_offset(counter_id)
+        if _STATE.unpack_from(m, record)[0] == ALLOCATED:
+            value = _VALUE.unpack_from(m, _value_offset(self.max_counters, counter_id))[0]
+            if _STATE.unpack_from(m, record)[0] == ALLOCATED:  # not freed while we read it
+                return value
+        raise CountersError(f"counter {counter_id} is not allocated")
 
     def set_if(self, counter_id: int, expected: int, value: int) -> bool:
         """Write ``value`` if the counter holds ``expected`` (an operator's toggle; the owner only
