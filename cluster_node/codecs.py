@@ -210,6 +210,10 @@ __all__ = [
     "write_session_header",
     "decode_session_message",
     "peek_template_id",
+    "SESSION_PREFIX_WORD",
+    "SESSION_TIMESTAMP_OFFSET",
+    "session_header",
+    "unpack_session_header_from",
 ]
 
 
@@ -832,6 +836,18 @@ assert _SESSION_DECODE.size == SESSION_HEADER_LENGTH
 _SESSION_PREFIX_WORD = SESSION_MESSAGE_TEMPLATE_ID | (SCHEMA_ID << 16)
 _session_decode_unpack_from = _SESSION_DECODE.unpack_from
 _new_tuple = tuple.__new__
+
+SESSION_PREFIX_WORD = _SESSION_PREFIX_WORD
+"""The header's first 8 bytes (template id, schema id, reserved) read as one little-endian u64."""
+SESSION_TIMESTAMP_OFFSET = 24
+unpack_session_header_from = _session_decode_unpack_from
+"""``(prefix word, leadership term id, cluster session id, timestamp)`` at an offset, unchecked:
+for hot paths that compare the prefix to SESSION_PREFIX_WORD themselves and build no objects."""
+
+
+def session_header(leadership_term_id: int, cluster_session_id: int, timestamp: int) -> bytes:
+    """The 32-byte header alone (a client precomputes it once per session and term)."""
+    return _session_pack(SESSION_MESSAGE_TEMPLATE_ID, SCHEMA_ID, 0, leadership_term_id, cluster_session_id, timestamp)
 
 
 def encode_session_message(

@@ -66,9 +66,9 @@ import trio
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_VALUE,
-    SCHEMA_ID,
     SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
+    SESSION_PREFIX_WORD,
     Challenge,
     CodecError,
     EventCode,
@@ -80,6 +80,8 @@ from cluster_node.codecs import (
     SessionMessageHeader,
     decode_egress,
     encode_ingress,
+    session_header,
+    unpack_session_header_from,
 )
 from cluster_node.config import ClientConfig, ClientSection, ConfigError, parse_ingress_endpoints
 from media.channel import parse_endpoint
@@ -102,9 +104,6 @@ log = structlog.get_logger("cluster_node.client")
 MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
 """``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""
 
-_HEADER = struct.Struct("<HHIqqq")
-_UNPACK_HEADER = struct.Struct("<Qqqq").unpack_from
-_SESSION_PREFIX = SESSION_MESSAGE_TEMPLATE_ID | (SCHEMA_ID << 16)
 _EGRESS_FRAGMENT_LIMIT = 256
 _REDIRECT_RETRY_S = 0.05
 _REDIRECT_RETRY_MAX_S = 0.5
@@ -280,7 +279,7 @@ class ClusterClient:
         self.leadership_term_id = term_id
         self.leader_member_id = leader_id
         # The timestamp is the leader's to set when it appends the message to the log.
-        self._header = _HEADER.pack(SESSION_MESSAGE_TEMPLATE_ID, SCHEMA_ID, 0, term_id, session_id, NULL_VALUE)
+        self._header = session_header(term_id, session_id, NULL_VALUE)
 
     # ---------------------------------------------------------------- receiving
 
@@ -292,11 +291,11 @@ class ClusterClient:
     def _on_fragment(self, buf: memoryview, offset: int, length: int, header) -> None:
         if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
             try:
-                prefix, term_id, session_id, timestamp = _UNPACK_HEADER(buf, offset)
+                prefix, term_id, session_id, timestamp = unpack_session_header_from(buf, offset)
             except struct.error:
                 self.egress_errors += 1
                 return
-            if prefix != _SESSION_PREFIX:
+            if prefix != SESSION_PREFIX_WORD:
                 self.egress_errors += 1
                 return
             if session_id != self.cluster_session_id:

@@ -81,8 +81,6 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
-_SESSION_UNPACK = struct.Struct("<Qqqq").unpack_from  # prefix word, term id, session id, timestamp
-_SESSION_PREFIX = SESSION_MESSAGE_TEMPLATE_ID | (codecs.SCHEMA_ID << 16)
 _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
 
@@ -804,8 +802,8 @@ class ConsensusAgent:
         if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
             # The hot path: a client's session message goes into the log as it came, with the
             # leader's timestamp written into its header; no objects are built.
-            prefix, term_id, session_id, _ts = _SESSION_UNPACK(buf, offset)
-            if prefix != _SESSION_PREFIX or length > codecs.MAX_MESSAGE_LENGTH:
+            prefix, term_id, session_id, _ts = codecs.unpack_session_header_from(buf, offset)
+            if prefix != codecs.SESSION_PREFIX_WORD or length > codecs.MAX_MESSAGE_LENGTH:
                 self.counters["errors"].add(1)
                 return
             if not (m.election is None and m.role == Role.LEADER):
@@ -813,7 +811,7 @@ class ConsensusAgent:
             if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._now):
                 return
             data = bytearray(buf[offset: offset + length])
-            _TIMESTAMP_PACK(data, 24, self._now)
+            _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._now)
             local = self.local
             if not self._appends and local is not None and local.joined:
                 if local.pub.offer(data) > 0:

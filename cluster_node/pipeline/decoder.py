@@ -35,9 +35,9 @@ from cluster_node.codecs import (
     LOG_CODEC,
     MAX_MESSAGE_LENGTH,
     NULL_VALUE,
-    SCHEMA_ID,
     SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
+    SESSION_PREFIX_WORD,
     CodecError,
     SessionMessage,
     peek_template_id,
@@ -47,7 +47,7 @@ __all__ = ["SESSION_MESSAGE_TYPE", "UNDECODABLE", "ClusterLogDecoder"]
 
 SESSION_MESSAGE_TYPE = "SessionMessage"
 UNDECODABLE = "<undecodable>"
-_SESSION_PREFIX_WORD = SESSION_MESSAGE_TEMPLATE_ID | (SCHEMA_ID << 16)
+_SESSION_PREFIX_WORD = SESSION_PREFIX_WORD
 _json_encode = msgspec.json.Encoder().encode
 
 
