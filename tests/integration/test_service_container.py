@@ -13,6 +13,7 @@ from cluster_node.codecs import (
     LOG_CODEC,
     SERVICE_TO_CONSENSUS_CODEC,
     JoinLog,
+    RequestServiceAck,
     ServiceAck,
     ServiceTerminationPosition,
     SessionOpenEvent,
@@ -88,9 +89,12 @@ async def test_service_reads_only_the_committed_log_and_acks(tmp_path):
         log_pub.offer(LOG_CODEC.encode(SessionOpenEvent(0, 1, 7, 10, 102, "aeron:udp?endpoint=127.0.0.1:1")))
         positions = [log_pub.offer(encode_session_message(0, 7, 11 + i, b"m%d" % i)) for i in range(100)]
         assert all(p > 0 for p in positions)
-        # Nothing committed: nothing applied, however long we look.
-        await trio.sleep(0)
-        assert service.count() == 0
+        # Nothing committed: nothing applied. A requested ack comes back from a pass of the
+        # service's loop that polled the log after the entries were there.
+        acks_before = len(acks)
+        to_service.offer(CONSENSUS_TO_SERVICE_CODEC.encode(RequestServiceAck(0)))
+        await _until(lambda: pump() and len(acks) > acks_before)
+        assert service.count() == 0 and container.agent.log_position == 0
         commit[0] = positions[49]
         ring(container.commit_doorbell.name)
         await _until(lambda: service.count() == 50)
