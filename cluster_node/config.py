@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import random
 import re
 import socket
 import tomllib
@@ -114,6 +115,7 @@ __all__ = [
     "write_loopback_cluster",
     "DEMO_TIMEOUTS",
     "DEMO_DRIVER",
+    "free_fixed_udp_ports",
     "free_udp_ports",
     "CLIENT_DRIVER_DEFAULTS",
 ]
@@ -1012,7 +1014,9 @@ DEMO_DRIVER = DriverSection(
 
 
 def free_udp_ports(count: int, host: str) -> list[int]:
-    """``count`` distinct free UDP ports; the sockets stay bound until all are chosen."""
+    """``count`` distinct free UDP ports for this process to bind soon; the sockets stay bound
+    until all are chosen. They come from the kernel's ephemeral range, so use them only for
+    endpoints this process opens at once (another process's ``bind(0)`` may take them later)."""
     socks = []
     try:
         for _ in range(count):
@@ -1023,6 +1027,55 @@ def free_udp_ports(count: int, host: str) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in open(_EPHEMERAL_RANGE_FILE).read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux default
+
+
+def free_fixed_udp_ports(count: int, host: str, *, rng: random.Random | None = None) -> list[int]:
+    """``count`` distinct free UDP ports to write into configs that other processes bind later.
+
+    They are picked below the kernel's ephemeral range: a port from ``bind(0)`` that is released
+    and written into a config can be handed to any socket bound to port 0 in the meantime (a
+    node's archive or a client starting first), and the member that owns it then fails with
+    "address in use". Ports below the range are only ever taken by name.
+    """
+    rng = rng or random.Random()
+    lo, _ = _ephemeral_range()
+    floor = 10_000 if lo > 10_000 + 4 * count else 1024
+    if lo - floor < 4 * count:
+        return free_udp_ports(count, host)  # no room below the range: fall back
+    chosen: list[int] = []
+    socks = []
+    try:
+        for _ in range(50 * count):
+            if len(chosen) == count:
+                break
+            port = rng.randrange(floor, lo)
+            if port in chosen:
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+            chosen.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    if len(chosen) < count:
+        raise ConfigError(f"found only {len(chosen)} of {count} free UDP ports on {host} below {lo}")
+    return chosen
 
 
 def generate_loopback_cluster(
@@ -1043,13 +1096,13 @@ def generate_loopback_cluster(
 
     With ``base_port`` the ports are fixed and readable (ingress base+i, consensus base+100+i,
     log base+200+i, archive base+300+i, client egress base+400); without it every port is a
-    currently free UDP port. Catchup endpoints use port 0 (ephemeral), as in the reference.
+    free UDP port below the ephemeral range. Catchup endpoints use port 0 (ephemeral), as in the reference.
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
     base = Path(base_dir)
     if base_port is None:
-        ports = free_udp_ports(4 * nodes + 1, host)
+        ports = free_fixed_udp_ports(4 * nodes + 1, host)
     else:
         ports = [base_port + 100 * k + i for k in range(4) for i in range(nodes)] + [base_port + 400]
     members = tuple(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_node.config import ClientConfig, ClientSection, client_config_to_toml
+from cluster_node.config import ClientConfig, ClientSection, client_config_to_toml, free_fixed_udp_ports
 from cluster_node.up_cmd import LEADER_ROLE, read_member_view, write_cluster_configs
 
 CLI = Path(sys.executable).with_name("cluster-node")
@@ -193,13 +193,7 @@ def test_up_config_mistakes_are_one_line_errors(tmp_path):
 
 
 def test_client_without_a_cluster_says_no_leader(tmp_path):
-    ports = []
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    ports = free_fixed_udp_ports(3, "127.0.0.1")
     cfg = ClientConfig(client=ClientSection(
         ingress_endpoints=",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(ports)),
         message_timeout_ns=1_000_000_000,

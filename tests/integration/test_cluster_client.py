@@ -9,7 +9,6 @@ leader, NewLeaderEvent after an "election", CLOSED, ERROR on a protocol version 
 from __future__ import annotations
 
 import collections
-import socket
 
 import pytest
 import trio
@@ -40,7 +39,7 @@ from cluster_node.codecs import (
     encode_session_message,
     semantic_version_major,
 )
-from cluster_node.config import ClientConfig, ClientSection, DriverSection, format_ingress_endpoints
+from cluster_node.config import ClientConfig, ClientSection, DriverSection, format_ingress_endpoints, free_fixed_udp_ports
 from media.driver import open_media_driver
 from media.publication import OfferResult
 
@@ -57,14 +56,7 @@ FAST_DRIVER = dict(
 
 
 def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    return free_fixed_udp_ports(n, "127.0.0.1")
 
 
 class FakeCluster:

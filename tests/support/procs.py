@@ -95,11 +95,11 @@ class Peer:
 
 
 def free_udp_port() -> int:
-    import socket
+    """A free port for another process to bind later (below the ephemeral range, see
+    :func:`cluster_node.config.free_fixed_udp_ports`)."""
+    from cluster_node.config import free_fixed_udp_ports
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_fixed_udp_ports(1, "127.0.0.1")[0]
 
 
 def rss_kb(pid: int) -> int:
