@@ -6,7 +6,8 @@ start), logging, the media driver, the archive (which repairs a log torn by a cr
 reads it), the archive client, the consensus agent (node-state file, recording.log, recovery plan,
 its channels), the service thread, then the election. SIGTERM or SIGINT is a graceful stop: the
 log publication is closed, so followers see end of stream and elect at once; kill -9 is a crash,
-which the files are built to survive.
+which the files are built to survive. A cluster SHUTDOWN or ABORT (``cluster-node tool``) ends
+the process the same way once this member has stopped at the termination position (exit 0).
 
 The node writes ``READY member=<id> pid=<pid>`` on stdout once it runs, for supervisors
 (``cluster-node up``) and tests.
@@ -103,6 +104,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     role=agent.counters["role"].get,
                     open_egress=open_egress,
                     liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
+                    snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
                 )
                 agent.service_bell = container.commit_doorbell.name
                 agent.wait_recording = _archive.wait_for_progress
@@ -125,9 +127,21 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                         print(f"READY member={cfg.member_id} pid={os.getpid()}", flush=True)
                     log.info("node started", member_id=cfg.member_id, pid=os.getpid(), service=cfg.node.service)
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for signum in signals:
-                            log.info("stopping", signal=signal.Signals(signum).name)
-                            break
+                        async with trio.open_nursery() as waiters:
+                            async def on_signal() -> None:
+                                async for signum in signals:
+                                    log.info("stopping", signal=signal.Signals(signum).name)
+                                    break
+                                waiters.cancel_scope.cancel()
+
+                            async def on_termination() -> None:
+                                # SHUTDOWN or ABORT: the cluster stopped at a common position.
+                                await agent.wait_terminated()
+                                log.info("stopping", reason="cluster termination")
+                                waiters.cancel_scope.cancel()
+
+                            waiters.start_soon(on_signal)
+                            waiters.start_soon(on_termination)
                     # The duty cycle stops first: closing uses the archive client, which must
                     # not have two readers.
                     agent_scope.cancel()

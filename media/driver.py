@@ -340,6 +340,7 @@ class MediaDriver:
         ]
         pub.add_destination = lambda dest, np=np: self._add_destination(np, dest)  # type: ignore[attr-defined]
         pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
+        pub.sender_position = lambda core=core: core.sender_position  # type: ignore[attr-defined]
         self._net_pubs.append(np)
         self._nursery.start_soon(self._publication_reader, np)
         self._wake_sender()

@@ -27,12 +27,18 @@ from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD
 from media.logbuffer import META_LENGTH, LogBuffer
 
-__all__ = ["BlockHandler", "Header", "Image", "Subscription", "FragmentHandler"]
+__all__ = ["BlockHandler", "Header", "Image", "Subscription", "FragmentHandler", "StopPolling"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _I32 = struct.Struct("<i").unpack_from
 _I64_PACK = struct.Struct("<q").pack_into
 _NO_LIMIT = 2**63 - 1
+
+
+class StopPolling(Exception):
+    """Raised by a fragment handler to end :meth:`Image.bounded_poll` after the fragment it was
+    given (which counts as consumed): the reader must act before it sees anything later, as a
+    clustered service taking a snapshot at the entry that asks for one."""
 
 FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
 BlockHandler = Callable[[memoryview, int, int, int], None]
@@ -178,8 +184,8 @@ class Image:
                 if flags & 0xC0 == 0xC0:
                     header.offset = off
                     header.position = pos
-                    handler(view, off + 32, flen - 32, header)
                     count += 1
+                    handler(view, off + 32, flen - 32, header)
                 elif flags & FLAG_BEGIN:
                     self._assembly = bytearray(view[off + 32 : off + flen])
                 elif self._assembly is not None:
@@ -189,9 +195,11 @@ class Image:
                         self._assembly = None
                         header.offset = off
                         header.position = pos
-                        handler(memoryview(whole), 0, len(whole), header)
                         count += 1
+                        handler(memoryview(whole), 0, len(whole), header)
                 # else: a middle fragment whose beginning we joined after; skip it.
+        except StopPolling:
+            pass
         finally:
             if pos != start:
                 self._position = pos

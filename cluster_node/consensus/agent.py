@@ -39,6 +39,7 @@ import os
 import random
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +72,20 @@ from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
+from cluster_node.consensus.snapshot import (
+    SnapshotError,
+    decode_cm_snapshot,
+    encode_cm_snapshot,
+    restore_cm_snapshot,
+    take_cm_snapshot,
+)
 from cluster_node.consensus.timers import Timers
+from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
+from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
+from media.subscription import StopPolling
 
 __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 
@@ -91,6 +102,8 @@ class CounterTypes:
     CONSENSUS_MODULE_STATE = 200
     NODE_ROLE = 201
     COMMIT_POSITION = 203
+    RECOVERY_STATE = RECOVERY_STATE_TYPE_ID  # 204
+    SNAPSHOT_COUNTER = 205
     ELECTION_STATE = 207
     LEADERSHIP_TERM_ID = 239
     APPEND_POSITION = 240
@@ -141,6 +154,31 @@ class _Refused(Exception):
 
 
 @dataclass
+class _PendingSnapshot:
+    """A snapshot asked for by the log entry ending at ``position``: the service's ack (with its
+    recording id) is awaited; meanwhile nothing after ``position`` changes this member's state."""
+
+    position: int
+    leadership_term_id: int
+    term_base_log_position: int
+    started_ns: int
+    ack: object = None  # the service's ServiceAck, once it came
+
+
+@dataclass
+class _Termination:
+    """An orderly stop at ``position`` (SHUTDOWN: after the snapshot there; ABORT: none)."""
+
+    position: int
+    leadership_term_id: int
+    deadline_ns: int
+    service_notified: bool = False
+    service_acked: bool = False
+    acks: set = None  # leader: members that sent TerminationAck
+    last_sent_ns: int = 0
+
+
+@dataclass
 class _LocalLog:
     """One local log publication (IPC) and what must join it before it is written."""
 
@@ -184,6 +222,7 @@ class ConsensusAgent:
                 ("errors", CounterTypes.ERRORS),
                 ("cm-state", CounterTypes.CONSENSUS_MODULE_STATE),
                 ("control-toggle", CounterTypes.CLUSTER_CONTROL),
+                ("snapshot-count", CounterTypes.SNAPSHOT_COUNTER),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -235,6 +274,16 @@ class ConsensusAgent:
         self.suspended = False
         self.errors = 0
         self.elections_completed = 0
+        self._snapshot: _PendingSnapshot | None = None
+        self._leader_action: int | None = None
+        """A SNAPSHOT/SHUTDOWN/ABORT toggle taken and not yet in the log (the leader appends it
+        once what was queued before it is in)."""
+        self._termination: _Termination | None = None
+        self.terminated = trio.Event()
+        """Set when this member has stopped at the termination position (the node exits)."""
+        self._recovery_counter = None
+        self._service_acks: deque = deque()
+        self.snapshot_loaded_position = NULL_POSITION
 
     # ------------------------------------------------------------------ start
 
@@ -250,7 +299,9 @@ class ConsensusAgent:
         start = await self.archive.get_start_position(self.recording_id)
         plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
-                 committed=plan.committed_log_position, last_term=plan.last_leadership_term_id)
+                 committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
+                 snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
+        await self._load_snapshot(plan)
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
@@ -293,6 +344,36 @@ class ConsensusAgent:
         self.counters["cm-state"].set(ModuleState.ACTIVE)
         nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
+
+    async def _load_snapshot(self, plan) -> None:
+        """Restore sessions, timers and pending service messages from the plan's consensus module
+        snapshot, and leave the service its snapshot in the RecoveryState counter."""
+        service_recording_id = NULL_VALUE
+        position = 0
+        if plan.snapshots:
+            cm = plan.snapshots[0]
+            try:
+                records = await read_recording(self.archive, self.driver, cm.recording_id)
+                snap = decode_cm_snapshot(records)
+            except (SnapshotIOError, SnapshotError, ArchiveError) as e:
+                raise RuntimeError(
+                    f"cannot load the consensus module snapshot (recording {cm.recording_id}) at log position "
+                    f"{cm.log_position}: {e}; `cluster-node tool --dir {self.cfg.node_dir} "
+                    "invalidate-latest-snapshot` makes the next start use the previous one") from None
+            if snap.log_position != cm.log_position:
+                raise RuntimeError(f"consensus module snapshot recording {cm.recording_id} is at log position "
+                                   f"{snap.log_position}, recording.log says {cm.log_position}")
+            restore_cm_snapshot(snap, self.sessions, self.timers, self.pending)
+            service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
+            position = cm.log_position
+            self.snapshot_loaded_position = position
+            log.info("snapshot loaded", log_position=position, leadership_term_id=cm.leadership_term_id,
+                     recording_id=cm.recording_id, service_recording_id=service_recording_id,
+                     sessions=len(snap.sessions), timers=len(snap.timers), pending=len(snap.pending))
+        counter = self.driver.counters.allocate(recovery_state_label(self.cfg.member_id),
+                                                CounterTypes.RECOVERY_STATE, position)
+        counter.set(service_recording_id)
+        self._recovery_counter = counter
 
     async def _recover_log_recording(self) -> None:
         """Find the log recording; on a node's first start, create an empty one at position 0."""
@@ -446,6 +527,8 @@ class ConsensusAgent:
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
                      adapter_position=self._adapter_position(), commit_position=m.commit_position)
         elif t is fx.RollbackUncommitted:
+            self._abandon_snapshot("the log is being torn down for an election")
+            self._abandon_termination("an election started")
             self.sessions.rollback(e.commit_position)
             self.timers.rollback(e.commit_position)
             self.pending.rollback(e.commit_position)
@@ -539,7 +622,9 @@ class ConsensusAgent:
         self._follower_image = None
         if self._log_adapter_sub is not None and self.module is not None and self._replay is None:
             # Everything committed must reach our state before the log goes: a new leadership's
-            # replay starts at the commit position, not where the adapter happened to be.
+            # replay starts at the commit position, not where the adapter happened to be. A
+            # snapshot waiting at an earlier position cannot be completed any more.
+            self._abandon_snapshot("the log closed")
             for _ in range(10_000):
                 if self._adapter_poll(self.module.commit_position) <= 0:
                     break
@@ -789,7 +874,11 @@ class ConsensusAgent:
             self.counters["errors"].add(1)
             log.debug("bad consensus message dropped", error=str(e))
             return
-        if type(msg) is codecs.CatchupPosition and msg.catchup_endpoint:
+        t = type(msg)
+        if t is codecs.TerminationPosition or t is codecs.TerminationAck:
+            self._on_termination_message(msg)
+            return
+        if t is codecs.CatchupPosition and msg.catchup_endpoint:
             # The follower's catchup endpoint as it bound it (config may say port 0).
             self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
         attr = self._SENDER.get(type(msg))
@@ -859,6 +948,7 @@ class ConsensusAgent:
                 self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._now)
         elif type(msg) is codecs.ServiceAck:
             self.last_service_ack = msg
+            self._on_service_ack(msg)
 
     def _on_local_log_entry(self, buf, offset, length, header) -> None:
         """Follower log adapter: a committed entry of the local log."""
@@ -879,13 +969,19 @@ class ConsensusAgent:
             self.sessions.on_log_session_close(msg)
         elif t is codecs.TimerEvent:
             self.timers.on_log_timer_event(msg.correlation_id)
+        elif (t is codecs.ClusterActionRequest and msg.action == codecs.ClusterAction.SNAPSHOT
+              and msg.flags == codecs.CLUSTER_ACTION_FLAGS_DEFAULT and self._replay is None):
+            # A live snapshot request: our state must stay as of this entry until our service has
+            # taken its snapshot here too (its ack carries the recording).
+            self._begin_snapshot(header.position, msg.leadership_term_id)
+            raise StopPolling
 
     def _leader_work(self, now: int) -> int:
         m = self.module
         work = 0
-        # Service messages and timers go into the log behind what is already queued.
-        if not self._appends:
-            # Service messages and timers go into the log behind what is already queued.
+        # Service messages and timers go into the log behind what is already queued; nothing
+        # goes in after a snapshot or termination action until it is done.
+        if not self._appends and self._leader_active():
             pending = self.pending
             for sid, payload in pending.to_append(32):
                 header = codecs.SessionMessageHeader(m.leadership_term_id, sid, now)
@@ -929,7 +1025,8 @@ class ConsensusAgent:
                     self._follower_image = None
                     self.module.on_log_end_of_stream(time.monotonic_ns())
         # Log adapter: committed entries of the local log update sessions, timers, pending.
-        if self.local is not None and self.module.role != Role.LEADER and self._replay is None:
+        if (self.local is not None and self.module.role != Role.LEADER and self._replay is None
+                and self._snapshot is None):
             self._adapt(self.local.session_id)
             work += self._adapter_poll(self.module.commit_position)
         return work
@@ -970,9 +1067,10 @@ class ConsensusAgent:
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
             work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
-            if not self.suspended:
-                # Suspended, ingress is left unread (as the reference): client messages wait in
-                # the image, the clients are back-pressured, and resume takes them in order.
+            if self._leader_active() or not m.is_leader:
+                # Suspended (or snapshotting, terminating), ingress is left unread (as the
+                # reference): client messages wait in the image, the clients are
+                # back-pressured, and resume takes them in order.
                 work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
             if self._join_unsent is not None and now >= join_resend_at:
                 if self._send_service(self._join_unsent):
@@ -985,13 +1083,22 @@ class ConsensusAgent:
                 work += self._on_control_toggle(toggle)
             if m.is_leader:
                 work += self._leader_work(now)
-                if self.sessions.check_timeouts(m.leadership_term_id, m.append_position, now):
+                if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, m.append_position, now):
                     work += 1
             else:
                 work += self._follower_work()
             if self.sessions.effects:
                 await self._execute_sessions()
             self._flush_appends()
+            if self._leader_action is not None:
+                self._append_leader_action()
+            if self._service_acks:
+                work += self._service_ack_work()
+            if self._snapshot is not None and self._snapshot.ack is not None:
+                await self._complete_snapshot()
+                work += 1
+            if self._termination is not None:
+                work += self._termination_work(now)
             pos = self._recording_position()
             if pos is not None and pos != self.last_recording_position:
                 self.last_recording_position = pos
@@ -1023,11 +1130,30 @@ class ConsensusAgent:
             else:
                 await self._park(now)
 
+    # ------------------------------------------------------------------ cluster control
+
+    def _leader_active(self) -> bool:
+        """The leader takes client messages, fires timers and appends service messages only in
+        state ACTIVE: not suspended, and no snapshot or termination under way."""
+        return (not self.suspended and self._leader_action is None and self._snapshot is None
+                and self._termination is None)
+
     def _on_control_toggle(self, toggle: int) -> int:
-        """An operator's request (``cluster-node tool suspend|resume``). Only SUSPEND and RESUME
-        exist so far; anything else is refused by putting NEUTRAL back with a warning."""
+        """An operator's request (``cluster-node tool ...``): the reference's ClusterControl.
+
+        SUSPEND/RESUME switch ingress off and on. SNAPSHOT appends a ClusterActionRequest: every
+        member snapshots at its position; the toggle goes back to NEUTRAL when this member's
+        snapshot set is written (or failed). SHUTDOWN is a snapshot followed by every member
+        stopping at that position; ABORT stops every member at the current log position with no
+        snapshot. Anything not applicable (not the leader, wrong state) is refused: NEUTRAL is
+        put back with a warning.
+        """
         m = self.module
         state = self.counters["cm-state"]
+        toggle_counter = self.counters["control-toggle"]
+        if toggle == ToggleState.SNAPSHOT and m.is_leader and self._termination is None and (
+                self._leader_action == ToggleState.SNAPSHOT or self._snapshot is not None):
+            return 0  # in progress: NEUTRAL comes back when it is done
         if not m.is_leader:
             log.warning("cluster control ignored: not the leader", toggle=toggle)
         elif toggle == ToggleState.SUSPEND and state.get() == ModuleState.ACTIVE:
@@ -1038,10 +1164,241 @@ class ConsensusAgent:
             self.suspended = False
             state.set(ModuleState.ACTIVE)
             log.info("cluster resumed")
+        elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
+              and state.get() == ModuleState.ACTIVE and self._leader_active()):
+            self._leader_action = toggle
+            state.set(ModuleState.TERMINATING if toggle == ToggleState.ABORT else ModuleState.SNAPSHOT)
+            log.info("cluster control", action={ToggleState.SNAPSHOT: "SNAPSHOT", ToggleState.SHUTDOWN: "SHUTDOWN",
+                                                ToggleState.ABORT: "ABORT"}[toggle],
+                     append_position=self.local.pub.position if self.local else None)
+            self._append_leader_action()
+            if toggle == ToggleState.SNAPSHOT:
+                return 1  # NEUTRAL once the snapshot is done
         else:
             log.warning("cluster control not applicable", toggle=toggle, state=state.get())
-        self.counters["control-toggle"].set(ToggleState.NEUTRAL)
+        toggle_counter.set(ToggleState.NEUTRAL)
         return 1
+
+    def _append_leader_action(self) -> None:
+        """Put the taken SNAPSHOT/SHUTDOWN/ABORT into the log once everything queued before it is
+        in (its position is then the position of the state it names)."""
+        action = self._leader_action
+        m = self.module
+        local = self.local
+        if action is None or self._appends or local is None or not self._joined(local):
+            return
+        now = time.monotonic_ns()
+        term = m.leadership_term_id
+        timeout = self.cfg.timeouts.termination_timeout_ns
+        if action == ToggleState.ABORT:
+            position = local.pub.position
+        else:
+            request = codecs.ClusterActionRequest(term, local.pub.position, now, codecs.ClusterAction.SNAPSHOT,
+                                                  codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
+            position = local.pub.offer(LOG_CODEC.encode(request))
+            if position < 0:
+                return  # back-pressure: try again next duty cycle
+            self._recording_progress_ns = now
+            self._begin_snapshot(position, term)
+        self._leader_action = None
+        if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
+            self._termination = _Termination(position, term, now + timeout, acks=set())
+            log.info("termination position set", log_position=position, leadership_term_id=term,
+                     snapshot=action == ToggleState.SHUTDOWN, timeout_ms=timeout // 1_000_000)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _begin_snapshot(self, position: int, leadership_term_id: int) -> None:
+        m = self.module
+        self._snapshot = _PendingSnapshot(position, leadership_term_id, m.term_base_log_position,
+                                          time.monotonic_ns())
+        if self.counters["cm-state"].get() == ModuleState.ACTIVE:
+            self.counters["cm-state"].set(ModuleState.SNAPSHOT)
+        log.info("snapshot requested", log_position=position, leadership_term_id=leadership_term_id)
+
+    def _abandon_snapshot(self, reason: str) -> None:
+        snap = self._snapshot
+        action = self._leader_action
+        if snap is None and action is None:
+            return
+        self._snapshot = None
+        self._leader_action = None
+        log.warning("snapshot abandoned", reason=reason, log_position=snap.position if snap else None)
+        self._snapshot_finished()
+
+    def _snapshot_finished(self) -> None:
+        """Back to ACTIVE (unless terminating), and the operator's toggle back to NEUTRAL."""
+        if self._termination is None and self._leader_action is None:
+            state = self.counters["cm-state"]
+            if state.get() in (ModuleState.SNAPSHOT, ModuleState.TERMINATING):
+                state.set(ModuleState.SUSPENDED if self.suspended else ModuleState.ACTIVE)
+        toggle = self.counters["control-toggle"]
+        if toggle.get() == ToggleState.SNAPSHOT:
+            toggle.set(ToggleState.NEUTRAL)
+
+    def _on_service_ack(self, ack: codecs.ServiceAck) -> None:
+        if self._recovery_counter is not None:
+            # The service has started (and loaded its snapshot): the RecoveryState is spent.
+            self._recovery_counter.close()
+            self._recovery_counter = None
+        self._service_acks.append(ack)
+        if len(self._service_acks) > 64:
+            self._service_acks.popleft()
+
+    def _service_ack_work(self) -> int:
+        """Hand the service's acks, in order, to what waits for them (reference: the service ack
+        queue). A follower's service can ack a snapshot before this member's log adapter has
+        reached the entry that asks for it; such an ack, from ahead of the adapter, waits here."""
+        q = self._service_acks
+        work = 0
+        while q:
+            ack = q[0]
+            snap = self._snapshot
+            term = self._termination
+            if snap is not None and snap.ack is None:
+                if ack.log_position == snap.position:
+                    snap.ack = q.popleft()
+                    work += 1
+                    continue
+                if ack.log_position < snap.position:
+                    q.popleft()  # an older ack nobody waits for
+                    continue
+                break
+            if snap is None and term is not None and term.service_notified:
+                q.popleft()
+                if ack.log_position >= term.position:
+                    term.service_acked = True
+                    work += 1
+                continue
+            if snap is None and self.module.role != Role.LEADER and ack.log_position > self._adapter_position():
+                break  # from ahead of our log adapter: a snapshot there will want it
+            q.popleft()
+        return work
+
+    async def _complete_snapshot(self) -> None:
+        """The service acked the snapshot: write ours and the recording.log entries (or, when the
+        service failed, nothing: the cluster goes on)."""
+        snap = self._snapshot
+        ack = snap.ack
+        self._snapshot = None
+        if ack.relevant_id == NULL_VALUE:
+            self.errors += 1
+            self.counters["errors"].add(1)
+            log.error("snapshot failed: the service could not take its snapshot; nothing recorded",
+                      log_position=snap.position)
+            self._snapshot_finished()
+            return
+        m = self.module
+        state = take_cm_snapshot(snap.position, snap.leadership_term_id, self.sessions, self.timers, self.pending,
+                                 timestamp=ack.timestamp, app_version=m.settings.app_version)
+        try:
+            recording_id = await record_snapshot(self.archive, self.driver, encode_cm_snapshot(state),
+                                                 self.cfg.cluster.consensus_module_snapshot_stream_id)
+        except (SnapshotIOError, ArchiveError) as e:
+            self.errors += 1
+            self.counters["errors"].add(1)
+            log.error("snapshot failed: the consensus module snapshot was not recorded", log_position=snap.position,
+                      error=str(e))
+            self._snapshot_finished()
+            return
+        rl = self.recording_log_file.log
+        now_ms = time.time_ns() // 1_000_000
+        writes = rl.append_snapshot(ack.relevant_id, snap.leadership_term_id, snap.term_base_log_position,
+                                    snap.position, now_ms, 0)
+        writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
+                                     snap.position, now_ms, -1)
+        self.recording_log_file.apply(writes)
+        self.counters["snapshot-count"].add(1)
+        log.info("snapshot taken", log_position=snap.position, leadership_term_id=snap.leadership_term_id,
+                 recording_id=recording_id, service_recording_id=ack.relevant_id, sessions=len(state.sessions),
+                 timers=len(state.timers), pending=len(state.pending),
+                 ms=round((time.monotonic_ns() - snap.started_ns) / 1e6, 1))
+        self._snapshot_finished()
+
+    # ------------------------------------------------------------------ termination
+
+    def _on_termination_message(self, msg) -> None:
+        m = self.module
+        if type(msg) is codecs.TerminationPosition:
+            # From the leader: stop once our log and service reach the position.
+            if m.role != Role.LEADER and msg.leadership_term_id == m.leadership_term_id and self._termination is None:
+                self._termination = _Termination(msg.log_position, msg.leadership_term_id,
+                                                 time.monotonic_ns() + self.cfg.timeouts.termination_timeout_ns)
+                self.counters["cm-state"].set(ModuleState.TERMINATING if self._snapshot is None
+                                              else ModuleState.SNAPSHOT)
+                log.info("termination position received", log_position=msg.log_position,
+                         leadership_term_id=msg.leadership_term_id)
+        else:
+            term = self._termination
+            if (m.is_leader and term is not None and msg.leadership_term_id == term.leadership_term_id
+                    and msg.log_position >= term.position and msg.member_id in m.member_by_id):
+                if msg.member_id not in term.acks:
+                    term.acks.add(msg.member_id)
+                    log.info("termination ack", member=msg.member_id, log_position=msg.log_position)
+
+    def _abandon_termination(self, reason: str) -> None:
+        if self._termination is not None:
+            log.warning("termination abandoned", reason=reason, log_position=self._termination.position)
+            self._termination = None
+            self._snapshot_finished()
+
+    def _termination_work(self, now: int) -> int:
+        """Stop at the termination position: after the snapshot there (if any), once the service
+        has reached it and acked; the leader also waits for every follower's TerminationAck, or
+        for the termination timeout when one does not come."""
+        term = self._termination
+        m = self.module
+        work = 0
+        if m.is_leader and now - term.last_sent_ns >= self.cfg.timeouts.leader_heartbeat_interval_ns:
+            term.last_sent_ns = now
+            for member in m.members:
+                if member.member_id != m.member_id and member.member_id not in term.acks:
+                    m.send(member.member_id, codecs.TerminationPosition(term.leadership_term_id, term.position))
+            work += 1
+        if self._snapshot is not None or self._leader_action is not None:
+            return work  # the snapshot at (or before) the position comes first
+        if not m.is_leader and self._adapter_position() < term.position:
+            return work  # our state reaches the position first (and meets a snapshot action there)
+        if self.counters["cm-state"].get() == ModuleState.SNAPSHOT:
+            self.counters["cm-state"].set(ModuleState.TERMINATING)
+        if not term.service_notified:
+            if self._send_service(codecs.ServiceTerminationPosition(term.position)):
+                term.service_notified = True
+                work += 1
+            return work
+        if not term.service_acked:
+            return work
+        if m.is_leader:
+            others = {x.member_id for x in m.members} - {m.member_id}
+            if not others <= term.acks:
+                if now < term.deadline_ns:
+                    return work
+                log.warning("termination timeout: stopping without every member's ack",
+                            missing=sorted(others - term.acks))
+        else:
+            m.send(m.leader_member_id, codecs.TerminationAck(term.leadership_term_id, term.position, m.member_id))
+        self._terminate(term)
+        return work + 1
+
+    async def wait_terminated(self) -> None:
+        """Until this member has stopped at a termination position; then a moment more, so that
+        its last consensus message (a follower's TerminationAck) leaves before the driver closes."""
+        await self.terminated.wait()
+        with trio.move_on_after(1.0):
+            while any(pub.sender_position() < pub.position for pub in self._consensus_pubs.values()
+                      if pub.is_connected):
+                await trio.sleep(0.01)
+
+    def _terminate(self, term: _Termination) -> None:
+        rl = self.recording_log_file.log
+        last = rl.last_term()
+        if last is not None and last.leadership_term_id == term.leadership_term_id:
+            self.recording_log_file.apply(rl.commit_log_position(term.leadership_term_id, term.position))
+        self.counters["cm-state"].set(ModuleState.CLOSED)
+        log.info("terminated", log_position=term.position, leadership_term_id=term.leadership_term_id,
+                 commit_position=self.module.commit_position)
+        self.stopping = True
+        self.terminated.set()
 
     async def _park(self, now: int) -> None:
         """Nothing to do: wait for input or the next deadline.
@@ -1067,7 +1424,8 @@ class ConsensusAgent:
         if self._replication is not None:
             timeout_s = min(timeout_s, 0.01)
         wake = self._wake = trio.Event()
-        for sub in (self._consensus_sub, self._follower_sub, None if self.suspended else self._ingress_sub):
+        ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
+        for sub in (self._consensus_sub, self._follower_sub, ingress):
             if sub is not None:
                 if sub.wake_hook is None:
                     sub.wake_hook = self._on_wake

@@ -20,7 +20,9 @@ SessionOpenEvent            a :class:`ClientSession` is added; ``on_session_open
 SessionCloseEvent           ``on_session_close``; the session is removed
 TimerEvent                  ``on_timer_event(correlation_id, timestamp)``
 NewLeadershipTermEvent      the term and time unit change; ``on_new_leadership_term_event``
-ClusterActionRequest        recorded (snapshots are taken by the container's snapshot hook)
+ClusterActionRequest        SNAPSHOT (live log, default flags): :attr:`snapshot_request` is
+                            set and polling stops after this entry; the container takes
+                            the snapshot and acks with its recording id (-1: failed)
 ==========================  ===========================================================
 
 Every entry also moves :attr:`log_position` (the position *after* the entry) and cluster time
@@ -37,7 +39,12 @@ Talking back (``Cluster`` handle, implemented here):
   follower :data:`MOCKED_OFFER` and nothing is sent (the reference does the same).
 
 Acks: the consensus module waits for a ServiceAck after the service has started (and loaded its
-snapshot), after a RequestServiceAck position is reached, and at termination.
+snapshot), after a RequestServiceAck position is reached, after a snapshot (``relevant_id`` =
+the snapshot's recording id, or -1 when it failed) and at termination.
+
+Snapshots are taken only from the live log: a replay (``replaying``, set by the container while
+it reads a replay's JoinLog) passes over ClusterActionRequests, as the state they describe is
+already in a snapshot or is being rebuilt from an older one.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from cluster_node.codecs import (
+    CLUSTER_ACTION_FLAGS_DEFAULT,
     CONSENSUS_TO_SERVICE_CODEC,
     LOG_CODEC,
     NULL_VALUE,
@@ -54,6 +62,7 @@ from cluster_node.codecs import (
     CancelTimer,
     CloseReason,
     CloseSession,
+    ClusterAction,
     ClusterActionRequest,
     ClusterTimeUnit,
     CodecError,
@@ -70,6 +79,7 @@ from cluster_node.codecs import (
     encode_session_message,
 )
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
+from media.subscription import StopPolling
 
 __all__ = ["ServiceAgent", "ServiceAgentError"]
 
@@ -117,16 +127,48 @@ class ServiceAgent:
         self.malformed_entries = 0
         self.entries_applied = 0
         self.outbox_failures = 0
+        self.replaying = False
+        """Set by the container while it reads a replay: snapshot actions are passed over."""
+        self.snapshot_request: tuple[int, int, int] | None = None
+        """(log position, leadership term id, timestamp) of a SNAPSHOT action not yet taken."""
+        self.snapshots_taken = 0
 
     # ------------------------------------------------------------------ life cycle
 
-    def start(self, snapshot=None, log_position: int = 0) -> None:
+    def start(self, snapshot=None, log_position: int = 0, *, sessions=(), leadership_term_id: int = NULL_VALUE,
+              time_unit: ClusterTimeUnit | None = None) -> None:
         """Start the service (with its snapshot records, if any); the ack to the consensus
-        module goes out with the next :meth:`check_positions` that finds it reachable."""
+        module goes out with the next :meth:`check_positions` that finds it reachable.
+
+        ``sessions`` are the snapshot's ClientSession records: they are open again before the
+        service's ``on_start`` sees the snapshot."""
         self._log_position = log_position
+        if leadership_term_id != NULL_VALUE:
+            self._leadership_term_id = leadership_term_id
+        if time_unit is not None:
+            self._time_unit = ClusterTimeUnit(time_unit)
+        for rec in sessions:
+            session = ClientSession(rec.cluster_session_id, rec.response_stream_id, rec.response_channel,
+                                    rec.encoded_principal, self._offer_to_client)
+            self._sessions[session.id] = session
+            if self._on_session_change is not None:
+                self._on_session_change(session, True)
         self.service.on_start(self, snapshot)
         self.started = True
         self.pending_ack_position = log_position
+
+    def ack_snapshot(self, recording_id: int) -> bool:
+        """Tell the consensus module the snapshot asked for is taken (``recording_id``) or failed
+        (-1); False when the message could not be sent yet (try again)."""
+        request = self.snapshot_request
+        if request is None:
+            return True
+        if not self._ack(request[0], recording_id):
+            return False
+        self.snapshot_request = None
+        if recording_id != NULL_VALUE:
+            self.snapshots_taken += 1
+        return True
 
     def _ack(self, log_position: int, relevant_id: int = NULL_VALUE) -> bool:
         msg = ServiceAck(log_position, self._time, self.ack_id, relevant_id, self.service_id)
@@ -163,7 +205,10 @@ class ServiceAgent:
         # ClusterMembersResponse etc.: not used by the agent.
 
     def check_positions(self) -> None:
-        """Send the acks that are due now that the log has reached a position."""
+        """Send the acks that are due now that the log has reached a position (none while a
+        snapshot is being taken: its ack comes first)."""
+        if self.snapshot_request is not None:
+            return
         if self.pending_ack_position is not None and self._log_position >= self.pending_ack_position:
             if self._ack(self._log_position):
                 self.pending_ack_position = None
@@ -233,6 +278,10 @@ class ServiceAgent:
             )
         elif isinstance(msg, ClusterActionRequest):
             self._time = msg.timestamp
+            if (msg.action == ClusterAction.SNAPSHOT and msg.flags == CLUSTER_ACTION_FLAGS_DEFAULT
+                    and not self.replaying):
+                self.snapshot_request = (self._log_position, msg.leadership_term_id, msg.timestamp)
+                raise StopPolling
 
     def _offer_to_client(self, session: ClientSession, payload) -> int:
         if self._role != Role.LEADER or self._egress_offer is None:

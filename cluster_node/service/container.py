@@ -18,6 +18,14 @@ Egress replies (leader only) go out on UDP publications that the node's driver c
 thread's behalf (``open_egress(channel, stream_id)``); offering to them from this thread is
 supported by the driver.
 
+Snapshots (``snapshot_io``): the thread has its own archive client on its IPC transport,
+connected when first needed. At start it reads the RecoveryState counter (type 204, this
+member's): its value is the service snapshot's recording id (-1: start empty), which is replayed
+and handed to ``on_start``. When the log asks for a snapshot (a live ClusterActionRequest
+SNAPSHOT) the agent stops polling after that entry; the container has the service write its
+state (``on_take_snapshot``), records it on stream 106 and acks with the recording id, or with
+-1 when anything failed (the cluster goes on without that snapshot).
+
 The duty cycle never spins: when a pass does no work it parks until a doorbell rings or
 ``idle_timeout_s`` passes.
 """
@@ -32,22 +40,43 @@ from pathlib import Path
 import structlog
 import trio
 
-from cluster_node.codecs import NULL_POSITION, encode_session_message
+from cluster_node.codecs import NULL_POSITION, NULL_VALUE, ClientSession as ClientSessionRecord, encode_session_message
+from cluster_node.consensus.snapshot import (
+    SERVICE_SNAPSHOT_STREAM_ID,
+    ServiceSnapshot,
+    SnapshotError,
+    decode_service_snapshot,
+    encode_service_snapshot,
+)
 from cluster_node.service.agent import ServiceAgent
-from cluster_node.service.api import ClientSession, ClusteredService, Role
+from cluster_node.service.api import BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role
+from cluster_node.snapshot_io import IpcDriver, SnapshotIOError, read_recording, record_snapshot
 from media.channel import parse
+from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import Doorbell
 from media.ipc import IpcTransport
 from media.publication import OfferResult
 
-__all__ = ["ServiceContainer", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID"]
+__all__ = ["ServiceContainer", "ServiceStartError", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID",
+           "RECOVERY_STATE_TYPE_ID", "recovery_state_label"]
 
 log = structlog.get_logger("service")
 
 CONSENSUS_TO_SERVICE_STREAM_ID = 104
 SERVICE_TO_CONSENSUS_STREAM_ID = 105
 CONTROL_CHANNEL = "aeron:ipc?term-length=128k"
+RECOVERY_STATE_TYPE_ID = 204
+"""Counter type of the consensus module's RecoveryState for a starting service: registration id
+= the snapshot's log position, value = the service snapshot's recording id (-1: none)."""
 _FRAGMENT_LIMIT = 256
+
+
+class ServiceStartError(RuntimeError):
+    """The service's snapshot could not be loaded (one line)."""
+
+
+def recovery_state_label(member_id: int) -> str:
+    return f"cluster recovery-state: member {member_id}"
 
 
 class ServiceContainer:
@@ -65,6 +94,7 @@ class ServiceContainer:
         service_id: int = 0,
         idle_timeout_s: float = 0.5,
         liveness_timeout_ns: int = 10_000_000_000,
+        snapshot_stream_id: int = SERVICE_SNAPSHOT_STREAM_ID,
     ) -> None:
         self.service = service
         self.member_id = member_id
@@ -75,6 +105,7 @@ class ServiceContainer:
         self.service_id = service_id
         self.idle_timeout_s = idle_timeout_s
         self.liveness_timeout_ns = liveness_timeout_ns
+        self.snapshot_stream_id = snapshot_stream_id
         self.commit_doorbell = Doorbell()
         self.agent: ServiceAgent | None = None
         self.error: BaseException | None = None
@@ -84,6 +115,9 @@ class ServiceContainer:
         self._egress_waited: dict[int, bool] = {}
         self.egress_connect_timeout_s = 0.5
         self.started = threading.Event()
+        self._archive = None
+        self._ipc_driver: IpcDriver | None = None
+        self.archive_connect_timeout_s = 5.0
 
     # ------------------------------------------------------------------ thread control
 
@@ -172,7 +206,8 @@ class ServiceContainer:
             on_session_change=self._on_session_change,
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
         )
-        agent.start(None, 0)
+        self._ipc_driver = IpcDriver(ipc)
+        await self._start_agent(agent)
         self.started.set()
 
         def on_cm(buf, offset, length, header) -> None:
@@ -180,6 +215,7 @@ class ServiceContainer:
 
         log_sub = None
         log_key: tuple | None = None
+        log_is_replay = False
         image = None
         try:
             while not self._stop.is_set() and not agent.terminated:
@@ -196,6 +232,7 @@ class ServiceContainer:
                         if log_sub is None:
                             log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id)
                         log_key = (join.log_channel, join.log_stream_id, join.log_session_id)
+                        log_is_replay = join.max_log_position != NULL_POSITION
                         image = None
                 if image is not None and (image.closed or image.is_end_of_stream) and log_key is not None \
                         and image.session_id == log_key[2] and not image.has_data():
@@ -210,7 +247,11 @@ class ServiceContainer:
                         # A replay: everything up to its end is committed (the consensus module
                         # replays only what an election established), whatever the counter says.
                         limit = join.max_log_position
+                    agent.replaying = log_is_replay
                     work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
+                if agent.snapshot_request is not None:
+                    await self._take_snapshot(agent)
+                    work += 1
                 agent.check_positions()
                 if self._role is not None:
                     role = self._role()
@@ -223,12 +264,83 @@ class ServiceContainer:
                     continue
                 await self._park(from_cm, log_sub, image)
         finally:
+            if self._archive is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self._archive.close()
             for pub in self._egress.values():
                 try:
                     pub.close()
                 except Exception:  # noqa: BLE001 - closing on the way out
                     pass
             ipc.close()
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def _archive_client(self):
+        if self._archive is None:
+            from archive.client import ArchiveClient
+
+            self._archive = await ArchiveClient.connect(self._ipc_driver, response_timeout_s=self.archive_connect_timeout_s)
+        return self._archive
+
+    def _recovery_state(self) -> tuple[int, int]:
+        """(snapshot log position, service snapshot recording id) from the RecoveryState counter;
+        (0, -1) when there is none (no snapshot, or a container without a consensus module)."""
+        try:
+            reader = CountersReader.open(counters_path(self.driver_dir))
+        except (CountersError, OSError):
+            return 0, NULL_VALUE
+        try:
+            label = recovery_state_label(self.member_id)
+            for info in reader.find(type_id=RECOVERY_STATE_TYPE_ID):
+                if info.label == label:
+                    return info.registration_id, info.value
+        finally:
+            reader.close()
+        return 0, NULL_VALUE
+
+    async def _start_agent(self, agent: ServiceAgent) -> None:
+        position, recording_id = self._recovery_state()
+        if recording_id == NULL_VALUE:
+            agent.start(None, 0)
+            return
+        try:
+            archive = await self._archive_client()
+            records = await read_recording(archive, self._ipc_driver, recording_id)
+            snap = decode_service_snapshot(records)
+        except (SnapshotIOError, SnapshotError, Exception) as e:  # noqa: BLE001 - one line for the operator
+            raise ServiceStartError(f"cannot load the service snapshot (recording {recording_id}): {e}") from None
+        if snap.log_position != position:
+            raise ServiceStartError(f"service snapshot recording {recording_id} is at log position "
+                                    f"{snap.log_position}, the recovery plan says {position}")
+        agent.start(BytesSnapshotReader(snap.user_records), snap.log_position, sessions=snap.sessions,
+                    leadership_term_id=snap.leadership_term_id, time_unit=snap.time_unit)
+        log.info("service snapshot loaded", recording_id=recording_id, log_position=snap.log_position,
+                 sessions=len(snap.sessions), records=len(snap.user_records))
+
+    async def _take_snapshot(self, agent: ServiceAgent) -> None:
+        """The log asked for a snapshot at the agent's position: write it and ack (-1 on failure)."""
+        position, term_id, _timestamp = agent.snapshot_request
+        started = time.monotonic()
+        recording_id = NULL_VALUE
+        try:
+            writer = BytesSnapshotWriter()
+            self.service.on_take_snapshot(writer)
+            sessions = [ClientSessionRecord(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
+                        for s in sorted(agent.client_sessions, key=lambda s: s.id)]
+            records = encode_service_snapshot(ServiceSnapshot(position, term_id, sessions, writer.records,
+                                                              time_unit=agent.time_unit))
+            archive = await self._archive_client()
+            recording_id = await record_snapshot(archive, self._ipc_driver, records, self.snapshot_stream_id)
+            log.info("service snapshot taken", log_position=position, recording_id=recording_id,
+                     records=len(writer.records), bytes=sum(len(r) for r in records),
+                     ms=round((time.monotonic() - started) * 1000, 1))
+        except Exception as e:  # noqa: BLE001 - a failed snapshot is reported, the cluster goes on
+            log.error("service snapshot failed", log_position=position, error=str(e) or repr(e))
+            recording_id = NULL_VALUE
+        with trio.move_on_after(10):
+            while not agent.ack_snapshot(recording_id):
+                await trio.sleep(0.001)
 
     async def _park(self, from_cm, log_sub, image) -> None:
         """Wait for any doorbell: consensus module messages, log data, commit advance."""

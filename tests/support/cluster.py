@@ -671,9 +671,28 @@ def state_digest(data: dict[str, bytes]) -> str:
     return f"{len(data)} {h.hexdigest()}"
 
 
+TIMER_PREFIX = "__timer__"
+FIRED_PREFIX = "__fired__"
+SERVICE_MESSAGE_PREFIX = "__svcmsg__"
+SERVICE_APPLIED_PREFIX = "__svc__"
+
+
 class DigestKvService(KeyValueService):
-    """The kv service, plus: a GET of ``__digest__<tag>`` writes this member's state digest to
-    ``$CLUSTER_TEST_DIGEST_DIR/member<i>-<tag>.txt`` (and answers it, from the leader)."""
+    """The kv service, plus test operations, all of them state (so replicated, snapshotted and
+    part of the digest):
+
+    * a GET of ``__digest__<tag>`` writes this member's state digest to
+      ``$CLUSTER_TEST_DIGEST_DIR/member<i>-<tag>.txt`` (and answers it, from the leader);
+    * a PUT of ``__timer__<id>`` with an 8-byte little-endian delay in milliseconds schedules
+      timer ``<id>`` that far in cluster time; when it fires, ``__fired__<id>`` gets one more
+      ``x`` (so its length counts the firings);
+    * a PUT of ``__svcmsg__<n>`` makes the service offer a service message (``Cluster.offer``)
+      that appends one ``x`` to ``__svc__<n>`` when it comes back through the log.
+    """
+
+    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        key = f"{FIRED_PREFIX}{correlation_id}"
+        self.data[key] = self.data.get(key, b"") + b"x"
 
     def on_session_message(self, session, timestamp: int, payload) -> None:
         super().on_session_message(session, timestamp, payload)
@@ -681,6 +700,15 @@ class DigestKvService(KeyValueService):
             request = msgspec.msgpack.decode(payload)
         except (msgspec.MsgspecError, ValueError, RecursionError):
             return
+        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
+                and self.cluster is not None and session is not None):
+            key, value = request[2], request[3]
+            if key.startswith(TIMER_PREFIX) and isinstance(value, bytes) and len(value) == 8:
+                delay_ns = int.from_bytes(value, "little") * 1_000_000
+                self.cluster.schedule_timer(int(key[len(TIMER_PREFIX):]), timestamp + delay_ns)
+            elif key.startswith(SERVICE_MESSAGE_PREFIX):
+                n = key[len(SERVICE_MESSAGE_PREFIX):]
+                self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{SERVICE_APPLIED_PREFIX}{n}", b"x"]))
         if (isinstance(request, list) and len(request) == 3 and request[0] == 2
                 and isinstance(request[2], str) and request[2].startswith(DIGEST_PREFIX)):
             digest = state_digest(self.data)
@@ -710,6 +738,10 @@ def read_digests(cluster: TestCluster, tag: str) -> dict[int, str]:
 
 
 __all__ = [
+    "TIMER_PREFIX",
+    "FIRED_PREFIX",
+    "SERVICE_MESSAGE_PREFIX",
+    "SERVICE_APPLIED_PREFIX",
     "TestCluster",
     "Node",
     "NodeCounters",
