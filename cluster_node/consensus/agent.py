@@ -43,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import structlog
 import trio
 
@@ -267,6 +268,10 @@ class ConsensusAgent:
         self.last_recording_position = NULL_POSITION
         self._recording_progress_ns = 0
         self._now = time.monotonic_ns()
+        self._cluster_now = time.time_ns()
+        """Cluster time: the leader's wall clock (epoch ns), written into the log as every entry's
+        timestamp and used for session activity and timer deadlines, so that it means the same on
+        every host and across restarts (the monotonic clock ``_now`` serves local intervals)."""
         self.catchup_endpoint = ""
         self.stopping = False
         self._wake = trio.Event()
@@ -483,7 +488,11 @@ class ConsensusAgent:
             if pub is not None:
                 pub.offer(CONSENSUS_CODEC.encode(e.message))
         elif t is fx.AppendLog:
-            self._appends.append((e.message, None))
+            message = e.message
+            if type(message) is codecs.NewLeadershipTermEvent:
+                # The core's clock is monotonic (election timing); the log carries cluster time.
+                message = msgspec.structs.replace(message, timestamp=time.time_ns())
+            self._appends.append((message, None))
             self._flush_appends()
         elif t is fx.PersistCandidateTerm:
             self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position, e.timestamp_ns // 1_000_000)
@@ -521,7 +530,7 @@ class ConsensusAgent:
             is_startup = self.elections_completed == 1
             self.sessions.on_new_leadership(
                 is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-                leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.monotonic_ns())
+                leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.time_ns())
             await self._execute_sessions()
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
@@ -897,10 +906,10 @@ class ConsensusAgent:
                 return
             if not (m.election is None and m.role == Role.LEADER):
                 return
-            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._now):
+            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now):
                 return
             data = bytearray(buf[offset: offset + length])
-            _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._now)
+            _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._cluster_now)
             local = self.local
             if not self._appends and local is not None and local.joined:
                 if local.pub.offer(data) > 0:
@@ -919,14 +928,14 @@ class ConsensusAgent:
         if t is codecs.SessionConnectRequest:
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.leader_member_id,
-                leadership_term_id=m.leadership_term_id, append_position=m.append_position, now_ns=self._now)
+                leadership_term_id=m.leadership_term_id, append_position=m.append_position, now_ns=self._cluster_now)
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
-                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._now)
+                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               m.append_position, self._now)
+                                               m.append_position, self._cluster_now)
 
     def _on_service(self, buf, offset, length, header) -> None:
         m = self.module
@@ -945,7 +954,7 @@ class ConsensusAgent:
             self.timers.cancel(msg.correlation_id)
         elif type(msg) is codecs.CloseSession:
             if m.is_leader:
-                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._now)
+                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._cluster_now)
         elif type(msg) is codecs.ServiceAck:
             self.last_service_ack = msg
             self._on_service_ack(msg)
@@ -984,14 +993,14 @@ class ConsensusAgent:
         if not self._appends and self._leader_active():
             pending = self.pending
             for sid, payload in pending.to_append(32):
-                header = codecs.SessionMessageHeader(m.leadership_term_id, sid, now)
+                header = codecs.SessionMessageHeader(m.leadership_term_id, sid, self._cluster_now)
                 self._appends.append((codecs.SessionMessage(header, payload),
                                       lambda pos, sid=sid: pending.on_appended(sid, pos)))
                 pending.on_appended(sid, 2**62)  # queued: not offered again meanwhile
                 work += 1
             timers = self.timers
-            for correlation_id, _deadline in timers.expired(now, 32):
-                self._appends.append((codecs.TimerEvent(m.leadership_term_id, correlation_id, now),
+            for correlation_id, _deadline in timers.expired(self._cluster_now, 32):
+                self._appends.append((codecs.TimerEvent(m.leadership_term_id, correlation_id, self._cluster_now),
                                       lambda pos, cid=correlation_id: timers.on_fired(cid, pos)))
                 work += 1
             if work:
@@ -1064,6 +1073,7 @@ class ConsensusAgent:
         last_activity_ms = 0
         while not self.stopping:
             now = self._now = time.monotonic_ns()
+            self._cluster_now = time.time_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
             work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
@@ -1083,7 +1093,8 @@ class ConsensusAgent:
                 work += self._on_control_toggle(toggle)
             if m.is_leader:
                 work += self._leader_work(now)
-                if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, m.append_position, now):
+                if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, m.append_position,
+                                                                          self._cluster_now):
                     work += 1
             else:
                 work += self._follower_work()
@@ -1193,7 +1204,7 @@ class ConsensusAgent:
         if action == ToggleState.ABORT:
             position = local.pub.position
         else:
-            request = codecs.ClusterActionRequest(term, local.pub.position, now, codecs.ClusterAction.SNAPSHOT,
+            request = codecs.ClusterActionRequest(term, local.pub.position, time.time_ns(), codecs.ClusterAction.SNAPSHOT,
                                                   codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
             position = local.pub.offer(LOG_CODEC.encode(request))
             if position < 0:
@@ -1203,6 +1214,7 @@ class ConsensusAgent:
         self._leader_action = None
         if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
             self._termination = _Termination(position, term, now + timeout, acks=set())
+            m.terminating = True
             log.info("termination position set", log_position=position, leadership_term_id=term,
                      snapshot=action == ToggleState.SHUTDOWN, timeout_ms=timeout // 1_000_000)
 
@@ -1340,6 +1352,7 @@ class ConsensusAgent:
         if self._termination is not None:
             log.warning("termination abandoned", reason=reason, log_position=self._termination.position)
             self._termination = None
+            self.module.terminating = False
             self._snapshot_finished()
 
     def _termination_work(self, now: int) -> int:
@@ -1420,7 +1433,7 @@ class ConsensusAgent:
             timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 2e9
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
-            timeout_s = max(0.0, min(timeout_s, (nxt - now) / 1e9))
+            timeout_s = max(0.0, min(timeout_s, (nxt - time.time_ns()) / 1e9))  # deadlines are cluster time
         if self._replication is not None:
             timeout_s = min(timeout_s, 0.01)
         wake = self._wake = trio.Event()

@@ -140,6 +140,10 @@ class ConsensusModule:
         self._time_of_last_commit_sent_ns = NULL_VALUE
         self.safety_alerts: list[str] = []
         """Refused unsafe actions (truncating below commit). Always empty in a correct run."""
+        self.terminating = False
+        """A termination (SHUTDOWN/ABORT) is under way: followers that stopped are expected to be
+        silent, so the leader does not step down for an inactive follower quorum; the
+        termination timeout bounds its wait instead."""
         self.election_count = 0
         self.dropped_message_count = 0
         """Messages dropped because they name a member other than their sender, or come from a
@@ -533,7 +537,7 @@ class ConsensusModule:
             )
             self._time_of_last_commit_sent_ns = now_ns
             work += 1
-        if not has_active_quorum(
+        if not self.terminating and not has_active_quorum(
             self.members, self.member_id, now_ns, self.settings.leader_heartbeat_timeout_ns
         ):
             self.enter_election(now_ns, "inactive follower quorum")
