@@ -217,6 +217,7 @@ _SIZE_FIELDS = frozenset(
         "segment_length",
         "socket_buffer_bytes",
         "initial_window",
+        "snapshot_interval",
     }
 )
 
@@ -270,6 +271,11 @@ class ClusterSection(_Section):
     """Term length of the consensus module <-> service IPC streams."""
     wheel_tick_resolution_ns: int = 8 * _MS
     ticks_per_wheel: int = 128
+    snapshot_interval: int = 0
+    """Take a snapshot each time the log has grown this many bytes since the last one (the
+    leader appends the request; "512m" style sizes). 0: only when an operator asks
+    (``cluster-node tool snapshot``), as the reference. Beyond the reference: a cluster that
+    is never snapshotted replays its whole log on every full restart."""
 
 
 class TimeoutsSection(_Section):
@@ -846,6 +852,9 @@ def _validate_node(cfg: NodeConfig) -> None:
     _check_positive(cfg, "cluster", c, ("wheel_tick_resolution_ns", "ticks_per_wheel"))
     if not _is_pow2(c.ticks_per_wheel):
         _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
+    if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
+        _fail(cfg, "cluster.snapshot_interval",
+              f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")
 
     t = cfg.timeouts
     _check_positive(cfg, "timeouts", t, [f.name for f in msgspec.structs.fields(t)])
@@ -1091,6 +1100,7 @@ def generate_loopback_cluster(
     segment_length: int = 16 * 1024 * 1024,
     appointed_leader_id: int = -1,
     cluster_id: int = 0,
+    snapshot_interval: int = 0,
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1117,7 +1127,8 @@ def generate_loopback_cluster(
         for i in range(nodes)
     )
     cluster = ClusterSection(
-        members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length
+        members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
+        snapshot_interval=snapshot_interval,
     )
     configs = []
     for i in range(nodes):

@@ -1,9 +1,16 @@
-"""``cluster-node tool --dir NODE_DIR <command>``: look into one node from its directory.
+"""``cluster-node tool --dir NODE_DIR <command>``: look into one node from its directory, and steer
+the cluster through its leader.
 
-Every command but ``suspend``/``resume`` only reads: the mark file (who runs there, and whether it is alive), the
-node-state file, ``recording.log``, the archive catalog and segment files, the driver's counters
-file and the node's JSON log. So they work on a running node without disturbing it, and on a
-stopped or crashed node's directory (showing what it left behind and that nobody runs there).
+Commands, by what they touch:
+
+* read only (work on a running node without disturbing it, and on a stopped or crashed node's
+  directory, showing what it left behind): ``describe``, ``pid``, ``is-leader``, ``list-members``,
+  ``recording-log``, ``recovery-plan``, ``errors``, ``describe-latest-snapshot``. They read the
+  mark file (who runs there, and whether it is alive), the node-state file, ``recording.log``,
+  the archive catalog and segment files, the driver's counters file and the node's JSON log.
+* cluster control, on the leader of a running cluster: ``suspend``, ``resume``, ``snapshot``,
+  ``shutdown``, ``abort``. They set the leader's ClusterControl counter (below).
+* offline edit, on a stopped node: ``invalidate-latest-snapshot`` rewrites ``recording.log``.
 
 Liveness follows the mark file's rule (``consensus/node_files.py``): a node runs there when the
 pid in ``cluster-mark.dat`` is alive *and* refreshed the activity timestamp within the liveness
@@ -15,22 +22,43 @@ so ``list-members`` shows what the directory knows (this member, the leader of i
 election, the consensus endpoints it publishes to) and the whole list with endpoints when given
 the node's ``--config``.
 
-``suspend`` and ``resume`` are the cluster control toggles of the reference's ClusterTool: they
-set the leader's ClusterControl counter (type 202) from NEUTRAL to SUSPEND or RESUME and wait for
-the leader to act and put NEUTRAL back. A suspended leader leaves client messages unread (they
-wait, and back-pressure the clients) until it is resumed.
+Cluster control
+===============
+As the reference's ClusterTool: the node must be the leader (role LEADER, election CLOSED) and
+its consensus module (state counter, type 200) in the state the action needs (ACTIVE, or
+SUSPENDED for ``resume``). The tool then compare-and-sets the ClusterControl toggle (type 202)
+from NEUTRAL to the action; the leader acts on it and puts NEUTRAL back::
 
-Operator mistakes (a directory that is not a node directory, a damaged file) end with one line
-on stderr and exit 1.
+    toggle  INACTIVE 0  NEUTRAL 1  SUSPEND 2  RESUME 3  SNAPSHOT 4  SHUTDOWN 5  ABORT 6
+    state   INIT 0  ACTIVE 1  SUSPENDED 2  SNAPSHOT 3  QUITTING 4  TERMINATING 5  CLOSED 6
+
+* ``suspend``/``resume``: done when the toggle is NEUTRAL again and the state is SUSPENDED/ACTIVE.
+  A suspended leader leaves client messages unread (they wait, and back-pressure the clients).
+* ``snapshot``: every member snapshots at the same log position. The leader releases the toggle
+  when its own snapshot set is complete *or failed* (a failed service snapshot writes nothing),
+  so success is judged by ``recording.log``: a consensus-module SNAPSHOT entry newer than the
+  one seen before the request. (The snapshot-count counter, type 205, shown by ``describe``,
+  tells a SHUTDOWN that snapshots apart from a refused one.)
+* ``shutdown``/``abort``: the cluster snapshots (shutdown only) and every member stops at the
+  same log position. The request is taken once the leader leaves ACTIVE, releases the toggle
+  or exits; the tool then waits for the node's process to exit and reports the end position
+  the node committed to its last TERM entry (an orderly stop writes it).
+
+Operator mistakes (a directory that is not a node directory, a damaged file, a command that needs
+the leader run on a follower, a running node for an offline edit) end with one line on stderr
+and exit 1.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import sys
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -39,8 +67,18 @@ from typing import Any, Callable, Iterator
 import click
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
-from archive.segments import segment_file_name
-from archive.storage import CATALOG_FILE_NAME, ArchiveStorageError, list_segments, recovered_end
+from archive.segments import (
+    FRAME_FLAG_BEGIN,
+    FRAME_FLAG_END,
+    FRAME_TYPE_DATA,
+    FRAME_TYPE_PAD,
+    NULL_POSITION,
+    align,
+    segment_file_name,
+    segments_for_range,
+)
+from archive.storage import CATALOG_FILE_NAME, ArchiveStorageError, iter_frames, list_segments, recovered_end
+from cluster_node.codecs import semantic_version_to_str
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.node_files import (
     LIVENESS_TIMEOUT_MS,
@@ -63,9 +101,11 @@ from cluster_node.consensus.recording_log import (
     RecordingLogError,
     RecoveryPlan,
 )
+from cluster_node.consensus.recording_log_file import RecordingLogFile
+from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, decode_service_snapshot
 from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
-__all__ = ["tool", "NodeDir", "open_node_dir"]
+__all__ = ["tool", "NodeDir", "open_node_dir", "read_recording_messages", "RecordingDamagedError"]
 
 RECORDING_LOG_FILE_NAME = "recording.log"
 LOG_FILE_NAME = Path("logs") / "node.log"
@@ -82,6 +122,7 @@ COUNTER_TYPES = {
     "errors": 212,
     "leadership_term_id": 239,
     "append_position": 240,
+    "snapshot_count": 205,
 }
 ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
 ROLE_LEADER = 2
@@ -408,8 +449,17 @@ def _node(ctx: click.Context) -> NodeDir:
               help="The node directory (holding cluster-mark.dat, recording.log, archive/, driver/).")
 @click.pass_context
 def tool(ctx: click.Context, node_dir: Path) -> None:
-    """Inspect one cluster node from its directory (works on a stopped node too); suspend or
-    resume the cluster through its leader."""
+    """Inspect one cluster node from its directory, and control the cluster through its leader.
+
+    \b
+    Read only (a running or a stopped node):
+      describe, pid, is-leader, list-members, recording-log, recovery-plan, errors,
+      describe-latest-snapshot
+    Cluster control (the leader of a running cluster):
+      suspend, resume, snapshot, shutdown, abort
+    Offline edit (a stopped node):
+      invalidate-latest-snapshot
+    """
     ctx.obj = {"dir": node_dir}
 
 
@@ -482,6 +532,8 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
         cs = node.counter("cm_state")
         out.append(f"  cm state        {cm_state_name(cs)} ({cs})")
         out.append(f"  errors          {node.counter('errors')}")
+        sc = node.counter("snapshot_count")
+        out.append(f"  snapshots taken {'?' if sc is None else sc}")
 
     rl = _read_recording_log(node.path, required=False)
     if rl is None:
@@ -544,7 +596,7 @@ def list_members(ctx: click.Context, config_path: Path | None) -> None:
         if not node.counters_current:
             me += f" ({node.counters_note})"
     lines = [f"this node   {me}",
-             f"leader      " + (f"member {leader_id} ({leader_how})" if leader_id is not None else "unknown")]
+             "leader      " + (f"member {leader_id} ({leader_how})" if leader_id is not None else "unknown")]
 
     if config_path is None:
         peers = _consensus_peers(node)
@@ -711,45 +763,124 @@ def errors(ctx: click.Context, count: int) -> None:
 
 # ------------------------------------------------------------------------------ cluster control
 
-_TOGGLE_NEUTRAL, _TOGGLE_SUSPEND, _TOGGLE_RESUME = 1, 2, 3
+_TOGGLE_NEUTRAL, _TOGGLE_SUSPEND, _TOGGLE_RESUME, _TOGGLE_SNAPSHOT, _TOGGLE_SHUTDOWN, _TOGGLE_ABORT = 1, 2, 3, 4, 5, 6
 _STATE_ACTIVE, _STATE_SUSPENDED = 1, 2
 _CONTROL_TYPE = 202
-_STATE_NAMES = {0: "INIT", 1: "ACTIVE", 2: "SUSPENDED", 3: "SNAPSHOT", 4: "QUITTING", 5: "TERMINATING", 6: "CLOSED"}
+_STATE_NAMES = CM_STATE_NAMES
+_POLL_S = 0.02
+_TOGGLE_TIMEOUT_S = 10.0
+"""How long the leader may take to act on a toggle (it reads it every duty cycle)."""
+_SNAPSHOT_TIMEOUT_S = 30.0
+_TERMINATE_TIMEOUT_S = 60.0
+_REFUSAL_GRACE_S = 0.5
+"""After the leader released a SHUTDOWN/ABORT toggle while still ACTIVE: how long to watch for it
+to move on before calling it a refusal (a refusal leaves it ACTIVE for good)."""
+_ENTRY_GRACE_S = 1.0
+"""After the leader released a SNAPSHOT toggle: how long to look for the new recording.log entry
+before calling the snapshot failed."""
 
 
-def _toggle(ctx: click.Context, action: str, toggle: int, needs_state: int, done_state: int) -> None:
-    """Set the leader's ClusterControl toggle and wait (up to 10 s) for it to act.
+def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``predicate`` every 20 ms until it holds (True) or ``timeout_s`` has passed (False).
+    The node's counters live in another process's file: there is no doorbell to wait on."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
 
-    As the reference's ClusterTool: the node must be the leader and in the state the action
-    needs; the toggle is only set while NEUTRAL; the leader puts NEUTRAL back once it acted.
-    """
-    node = _node(ctx)
-    if not node.running or not node.counters_current:
-        _fail(f"no node runs in {node.path}: cannot {action}")
+
+def _require_leader(node: NodeDir, action: str, needs_state: int) -> None:
+    """A running leader in ``needs_state``, or one line and exit 1 saying what is not so."""
+    if not node.running:
+        _fail(f"no node runs in {node.path} (member {node.member_id}, {node.why_not_running}): cannot {action}")
+    if not node.counters_current:
+        _fail(f"member {node.member_id} runs in {node.path} but its counters are not readable "
+              f"({node.counters_note}): cannot {action}")
     if not node.is_leader():
-        _fail(f"Current node is not the leader (member {node.member_id} is {role_name(node.counter('role'))})")
+        what = role_name(node.counter("role"))
+        election = node.counter("election_state")
+        if election != ElectionState.CLOSED:
+            what += f", election {election_state_name(election)}"
+        _fail(f"Current node is not the leader (member {node.member_id} is {what})")
     state = node.counter("cm_state")
     if state != needs_state:
         _fail(f"Unable to {action.upper()} as the state of the consensus module is "
               f"{_STATE_NAMES.get(state, state)}, but needs to be {_STATE_NAMES[needs_state]}")
-    reader = CountersReader.open(node.counters_path, writable=True)
-    try:
-        ids = [c.counter_id for c in reader.find(type_id=_CONTROL_TYPE)
-               if c.label.endswith(f"member {node.member_id}")]
-        if not ids:
+
+
+class _LiveControl:
+    """The running leader's counters a control command watches, mapped once: its ClusterControl
+    toggle (writable, for the compare-and-set), its consensus module state and snapshot count."""
+
+    def __init__(self, node: NodeDir) -> None:
+        self.member_id = node.member_id
+        try:
+            self.reader = CountersReader.open(node.counters_path, writable=True)
+        except CountersError as e:
+            _fail(f"cannot open the counters of member {node.member_id}: {e}")
+        wanted = {_CONTROL_TYPE: "control", COUNTER_TYPES["cm_state"]: "cm_state",
+                  COUNTER_TYPES["snapshot_count"]: "snapshot_count"}
+        self.ids: dict[str, int] = {}
+        suffix = f"member {node.member_id}"
+        for c in self.reader.counters():
+            name = wanted.get(c.type_id)
+            if name is not None and c.label.endswith(suffix):
+                self.ids.setdefault(name, c.counter_id)
+        if "control" not in self.ids:
+            self.close()
             _fail(f"member {node.member_id} has no cluster control counter (a node of an older version?)")
-        if not reader.set_if(ids[0], _TOGGLE_NEUTRAL, toggle):
-            _fail(f"another cluster control request is in progress on member {node.member_id}; try again")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if reader.get(ids[0]) == _TOGGLE_NEUTRAL:
-                break
-            time.sleep(0.02)  # polling another process's counter: there is no doorbell for it
-        else:
-            _fail(f"{action}: member {node.member_id} did not act within 10 s")
-    finally:
-        reader.close()
-    after = open_node_dir(node.path).counter("cm_state")
+
+    def get(self, name: str) -> int | None:
+        """The counter's value; None when the node has no such counter or freed it (stopping)."""
+        counter_id = self.ids.get(name)
+        if counter_id is None:
+            return None
+        try:
+            return self.reader.get(counter_id)
+        except CountersError:
+            return None
+
+    def request(self, toggle: int, action: str, needs_state: int) -> None:
+        """Compare-and-set the toggle from NEUTRAL (the leader resets it only after acting),
+        after checking the state once more on the live counter (it may have moved since the
+        directory was read)."""
+        state = self.get("cm_state")
+        if state != needs_state:
+            self.close()
+            _fail(f"Unable to {action.upper()} as the state of the consensus module is "
+                  f"{_STATE_NAMES.get(state, state)}, but needs to be {_STATE_NAMES[needs_state]}")
+        try:
+            taken = self.reader.set_if(self.ids["control"], _TOGGLE_NEUTRAL, toggle)
+        except CountersError as e:
+            _fail(f"member {self.member_id}: cannot set the cluster control toggle: {e}")
+        if not taken:
+            _fail(f"another cluster control request is in progress on member {self.member_id}; try again")
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self) -> _LiveControl:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _toggle(ctx: click.Context, action: str, toggle: int, needs_state: int, done_state: int) -> None:
+    """Set the leader's ClusterControl toggle and wait (up to 10 s) for it to act and put
+    NEUTRAL back; applied when the consensus module is then in ``done_state``."""
+    node = _node(ctx)
+    _require_leader(node, action, needs_state)
+    pid = node.mark.pid
+    with _LiveControl(node) as live:
+        live.request(toggle, action, needs_state)
+        if not _wait_until(lambda: live.get("control") == _TOGGLE_NEUTRAL or not _pid_alive(pid), _TOGGLE_TIMEOUT_S):
+            _fail(f"{action}: member {node.member_id} did not act within {_TOGGLE_TIMEOUT_S:g} s")
+        if not _pid_alive(pid):
+            _fail(f"{action}: member {node.member_id} (pid {pid}) stopped before acting on the request")
+        after = live.get("cm_state")
     if after != done_state:
         _fail(f"{action} was not applied: the consensus module is {_STATE_NAMES.get(after, after)}")
     click.echo(f"{action.upper()} applied successfully")
@@ -767,3 +898,403 @@ def suspend(ctx: click.Context) -> None:
 def resume(ctx: click.Context) -> None:
     """Leader only, state SUSPENDED: take client messages again."""
     _toggle(ctx, "resume", _TOGGLE_RESUME, _STATE_SUSPENDED, _STATE_ACTIVE)
+
+
+# ------------------------------------------------------------------------------ snapshots in recording.log
+
+
+def _latest_cm_snapshot(path: Path) -> tuple[RecordingLog | None, Entry | None]:
+    """recording.log (None if the node never wrote one) and its latest valid consensus-module
+    SNAPSHOT entry (service id -1), which closes a complete snapshot set."""
+    rl = _read_recording_log(path, required=False)
+    return rl, (None if rl is None else rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID))
+
+
+def _is_newer(entry: Entry | None, before: Entry | None) -> bool:
+    """Entries are only appended, so a later snapshot has a higher index."""
+    return entry is not None and (before is None or entry.entry_index > before.entry_index)
+
+
+def _snapshot_services(rl: RecordingLog, cm: Entry) -> list[Entry]:
+    """The valid service SNAPSHOT entries of the set ``cm`` closes (same log position and term),
+    the latest per service id, by service id."""
+    latest: dict[int, Entry] = {}
+    for e in rl.entries:
+        if (e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id >= 0
+                and e.log_position == cm.log_position and e.leadership_term_id == cm.leadership_term_id):
+            latest[e.service_id] = e
+    return [latest[k] for k in sorted(latest)]
+
+
+def _snapshot_set_line(rl: RecordingLog, cm: Entry) -> str:
+    parts = [f"consensus module recording {cm.recording_id}"]
+    parts += [f"service {e.service_id} recording {e.recording_id}" for e in _snapshot_services(rl, cm)]
+    return f"snapshot at log position {cm.log_position}, leadership term {cm.leadership_term_id}: " + ", ".join(parts)
+
+
+@tool.command()
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=_SNAPSHOT_TIMEOUT_S,
+              show_default=True, help="Seconds to wait for the leader's snapshot set.")
+@click.pass_context
+def snapshot(ctx: click.Context, timeout_s: float) -> None:
+    """Leader only, state ACTIVE: every member takes a snapshot at the same log position.
+
+    Succeeds once a new snapshot set is in the leader's recording.log; fails when the leader
+    finished without one (a service snapshot failed: see `tool errors`)."""
+    node = _node(ctx)
+    _require_leader(node, "snapshot", _STATE_ACTIVE)
+    pid, member = node.mark.pid, node.member_id
+    _, before = _latest_cm_snapshot(node.path)
+    with _LiveControl(node) as live:
+        live.request(_TOGGLE_SNAPSHOT, "snapshot", _STATE_ACTIVE)
+        released = _wait_until(lambda: live.get("control") == _TOGGLE_NEUTRAL or not _pid_alive(pid), timeout_s)
+    alive = _pid_alive(pid)
+    if not released:
+        _fail(f"snapshot: member {member} did not finish within {timeout_s:g} s (its control toggle is still SNAPSHOT)")
+    # The node writes the set to recording.log (and counts it) before it releases the toggle; the
+    # grace only delays the verdict on a failed snapshot, in case a node releases first.
+    found: list[tuple[RecordingLog | None, Entry | None]] = []
+
+    def new_entry() -> bool:
+        found[:] = [_latest_cm_snapshot(node.path)]
+        return _is_newer(found[0][1], before)
+
+    if not _wait_until(new_entry, _ENTRY_GRACE_S if alive else 0):
+        if not alive:
+            _fail(f"snapshot failed: member {member} (pid {pid}) stopped before its snapshot completed")
+        _fail("snapshot failed: no new snapshot in recording.log (a service snapshot failed? see `tool errors`)")
+    rl, cm = found[0]
+    assert rl is not None and cm is not None
+    click.echo("SNAPSHOT applied successfully")
+    click.echo(_snapshot_set_line(rl, cm))
+
+
+def _terminate(ctx: click.Context, action: str, toggle: int, wait: bool, timeout_s: float) -> None:
+    """SHUTDOWN or ABORT through the leader, then (``wait``) until its process has exited."""
+    node = _node(ctx)
+    _require_leader(node, action, _STATE_ACTIVE)
+    pid, member, name = node.mark.pid, node.member_id, action.upper()
+    deadline = time.monotonic() + timeout_s
+    _, before = _latest_cm_snapshot(node.path)
+    with _LiveControl(node) as live:
+        count_before = live.get("snapshot_count")
+        live.request(toggle, action, _STATE_ACTIVE)
+        left_active = False
+
+        def taken() -> bool:
+            nonlocal left_active
+            if not _pid_alive(pid):
+                return True
+            if live.get("cm_state") != _STATE_ACTIVE:  # None: the counter is gone, the node is closing
+                left_active = True
+                return True
+            return live.get("control") != toggle
+
+        if not _wait_until(taken, min(_TOGGLE_TIMEOUT_S, timeout_s)):
+            _fail(f"{action}: member {member} did not take the request within "
+                  f"{min(_TOGGLE_TIMEOUT_S, timeout_s):g} s (its control toggle is still {name})")
+        if not left_active and _pid_alive(pid):
+            # The toggle came back while the node is ACTIVE: a refusal stays so, an accepted
+            # request moves on at once (a new state, a snapshot counted, or an exit).
+            def moved() -> bool:
+                return (not _pid_alive(pid) or live.get("cm_state") != _STATE_ACTIVE
+                        or live.get("snapshot_count") != count_before)
+
+            if not _wait_until(moved, _REFUSAL_GRACE_S):
+                _fail(f"{name} was not applied: member {member} released the control toggle and stays ACTIVE "
+                      f"(see `tool errors`)")
+    click.echo(f"{name} applied successfully")
+    if not wait:
+        return
+    if not _wait_until(lambda: not _pid_alive(pid), max(0.0, deadline - time.monotonic())):
+        _fail(f"member {member} (pid {pid}) is still running {timeout_s:g} s after the {action} request")
+    rl, cm = _latest_cm_snapshot(node.path)
+    last = None if rl is None else rl.last_term()
+    if last is not None and last.log_position >= 0:
+        click.echo(f"member {member} stopped at log position {last.log_position} "
+                   f"(leadership term {last.leadership_term_id})")
+    else:
+        click.echo(f"member {member} stopped (pid {pid} exited); recording.log holds no end position for its "
+                   f"last term (not an orderly stop?)")
+    if action == "shutdown":
+        if rl is not None and cm is not None and _is_newer(cm, before):
+            click.echo(_snapshot_set_line(rl, cm))
+        else:
+            click.echo("warning: no new snapshot in recording.log (a service snapshot failed? see `tool errors`); "
+                       "the next start replays the log")
+
+
+_WAIT_OPTION = click.option("--wait/--no-wait", default=True, show_default=True,
+                            help="Wait until the node's process has exited.")
+_TIMEOUT_OPTION = click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+                               default=_TERMINATE_TIMEOUT_S, show_default=True,
+                               help="Seconds to wait for the request to be taken and the process to exit.")
+
+
+@tool.command()
+@_WAIT_OPTION
+@_TIMEOUT_OPTION
+@click.pass_context
+def shutdown(ctx: click.Context, wait: bool, timeout_s: float) -> None:
+    """Leader only, state ACTIVE: snapshot, then every member stops at the same log position."""
+    _terminate(ctx, "shutdown", _TOGGLE_SHUTDOWN, wait, timeout_s)
+
+
+@tool.command()
+@_WAIT_OPTION
+@_TIMEOUT_OPTION
+@click.pass_context
+def abort(ctx: click.Context, wait: bool, timeout_s: float) -> None:
+    """Leader only, state ACTIVE: every member stops at the same log position, without a snapshot."""
+    _terminate(ctx, "abort", _TOGGLE_ABORT, wait, timeout_s)
+
+
+# ------------------------------------------------------------------------------ offline snapshot commands
+
+
+@contextmanager
+def _directory_lock(node: NodeDir) -> Iterator[None]:
+    """Hold the mark file's lock for an offline edit: a running node holds it for its whole life
+    (so this also refuses a node that looks stale but lives), and a node started meanwhile
+    refuses to start instead of reading a half-edited file."""
+    path = node.path / MARK_FILE_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise click.ClickException(f"{path}: {e.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                _fail(f"{node.path} is locked by a running node (member {node.member_id}, pid {node.mark.pid}): stop it first")
+            raise click.ClickException(f"{path}: cannot lock: {e.strerror}") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _set_text(rl: RecordingLog, cm: Entry) -> str:
+    parts = [f"consensus module (entry {cm.entry_index}, recording {cm.recording_id})"]
+    parts += [f"service {e.service_id} (entry {e.entry_index}, recording {e.recording_id})"
+              for e in _snapshot_services(rl, cm)]
+    return f"log position {cm.log_position}, leadership term {cm.leadership_term_id}: " + ", ".join(parts)
+
+
+@tool.command("invalidate-latest-snapshot")
+@click.pass_context
+def invalidate_latest_snapshot(ctx: click.Context) -> None:
+    """Offline, the node stopped: mark the latest snapshot set invalid in recording.log, so that
+    the next start loads the previous one (or replays the whole log)."""
+    node = _node(ctx)
+    if node.running:
+        _fail(f"member {node.member_id} runs in {node.path} (pid {node.mark.pid}): stop it before "
+              f"invalidating its snapshot")
+    file = node.path / RECORDING_LOG_FILE_NAME
+    if not file.exists():
+        _fail(f"no {RECORDING_LOG_FILE_NAME} in {node.path}: no snapshot to invalidate")
+    with _directory_lock(node):
+        try:
+            with RecordingLogFile(node.path) as rf:
+                rl = rf.log
+                cm = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
+                if cm is None:
+                    _fail(f"no valid snapshot in {file}: nothing to invalidate")
+                assert cm is not None
+                was_valid = [e.is_valid for e in rl.entries]
+                described = _set_text(rl, cm)
+                rf.apply(rl.invalidate_latest_snapshot())
+                repaired = rf.repaired_tail_length
+        except RecordingLogError as e:
+            raise click.ClickException(f"{file}: {e}") from None
+        except OSError as e:
+            raise click.ClickException(f"{file}: {e.strerror or e}") from None
+    changed = [e for e, valid in zip(rl.entries, was_valid) if valid and not e.is_valid]
+    out = [f"invalidated the latest snapshot set of member {node.member_id} in {file}:",
+           f"  {described}",
+           f"  entries now INVALID: {', '.join(str(e.entry_index) for e in changed)}"]
+    if repaired:
+        out.append(f"  (a torn tail of {repaired} bytes was cut, as the node would on its next start)")
+    previous = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
+    if previous is None:
+        out.append("no valid snapshot is left: the next start replays the log from its start")
+    else:
+        out.append(f"latest valid snapshot now: {_set_text(rl, previous)}")
+    click.echo("\n".join(out))
+
+
+class RecordingDamagedError(ValueError):
+    """A recording's frames cannot be read back as whole messages (one line)."""
+
+
+def read_recording_messages(archive_dir: Path, d: RecordingDescriptor) -> list[bytes]:
+    """The messages of a stopped recording, read from its segment files without the archive:
+    fragments (BEGIN/END flags in the frame header) reassembled, padding frames skipped.
+
+    RecordingDamagedError when a frame is not where the recording says (wrong term offset or
+    stream), a message is cut, or the frames end before the stop position."""
+    stop = d.stop_position
+    try:
+        if stop == NULL_POSITION:
+            stop = recovered_end(archive_dir, d)
+        _check_segment_files(archive_dir, d, stop)
+        messages: list[bytes] = []
+        parts: list[bytes] | None = None
+        position = d.start_position
+        mask = d.term_buffer_length - 1
+        for f in iter_frames(archive_dir, d, d.start_position, stop):
+            if f.frame_type not in (FRAME_TYPE_DATA, FRAME_TYPE_PAD):
+                raise RecordingDamagedError(f"frame type {f.frame_type} at position {f.position}")
+            if f.term_offset != f.position & mask or f.stream_id != d.stream_id:
+                raise RecordingDamagedError(f"the frame at position {f.position} does not belong there "
+                                            f"(term offset {f.term_offset}, stream {f.stream_id})")
+            position = f.position + align(f.frame_length)
+            if f.frame_type == FRAME_TYPE_PAD:
+                if parts is not None:
+                    raise RecordingDamagedError(f"padding inside a fragmented message at position {f.position}")
+                continue
+            begin, end = f.flags & FRAME_FLAG_BEGIN, f.flags & FRAME_FLAG_END
+            if begin:
+                if parts is not None:
+                    raise RecordingDamagedError(f"a message starts at position {f.position} before the previous one ended")
+                if end:
+                    messages.append(f.payload)
+                    continue
+                parts = [f.payload]
+            else:
+                if parts is None:
+                    raise RecordingDamagedError(f"a fragment at position {f.position} has no beginning")
+                parts.append(f.payload)
+                if end:
+                    messages.append(b"".join(parts))
+                    parts = None
+    except (ArchiveStorageError, ValueError) as e:
+        if isinstance(e, RecordingDamagedError):
+            raise
+        raise RecordingDamagedError(str(e)) from None
+    except OSError as e:
+        raise RecordingDamagedError(f"{e.filename or archive_dir}: {e.strerror or e}") from None
+    if position < stop:
+        raise RecordingDamagedError(f"its frames end at position {position}, the recording stops at {stop}")
+    if parts is not None:
+        raise RecordingDamagedError("its last message is cut short")
+    return messages
+
+
+def _check_segment_files(archive_dir: Path, d: RecordingDescriptor, stop: int) -> None:
+    """Every segment file of ``[start, stop)`` is there and long enough. The archive extends a
+    file over a padding frame, so its length covers every frame written; bytes beyond it would
+    read as zeros, and a cut frame's zeros can look like a complete frame's payload."""
+    for base in segments_for_range(d.start_position, d.start_position, stop, d.term_buffer_length, d.segment_file_length):
+        path = archive_dir / segment_file_name(d.recording_id, base)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise RecordingDamagedError(f"segment file {path} is missing") from None
+        needed = min(stop, base + d.segment_file_length) - base
+        if size < needed:
+            raise RecordingDamagedError(f"segment file {path} holds {size} bytes, the recording needs {needed} "
+                                        f"(it stops at {stop})")
+
+
+def _snapshot_recording(archive_dir: Path, catalog: Catalog, entry: Entry, who: str) -> tuple[list[bytes], int]:
+    """The records of the snapshot recording ``entry`` names, and its length in bytes."""
+    d = catalog.find(entry.recording_id)
+    if d is None:
+        _fail(f"snapshot recording {entry.recording_id} ({who}) is not in the archive catalog "
+              f"{archive_dir / CATALOG_FILE_NAME}")
+    assert d is not None
+    try:
+        records = read_recording_messages(archive_dir, d)
+    except RecordingDamagedError as e:
+        _fail(f"snapshot recording {entry.recording_id} ({who}, log position {entry.log_position}) is damaged: {e}")
+    stop = d.stop_position if d.stop_position != NULL_POSITION else d.start_position
+    return records, max(0, stop - d.start_position)
+
+
+def _version_text(version: int) -> str:
+    return "none" if version == 0 else semantic_version_to_str(version)
+
+
+def _more(shown: int, total: int) -> list[str]:
+    return [f"    ... and {total - shown} more"] if total > shown else []
+
+
+@tool.command("describe-latest-snapshot")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="How many sessions, timers and pending message ids to list (all are counted).")
+@click.pass_context
+def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
+    """The latest valid snapshot set in recording.log and what its recordings hold, read from the
+    archive's files (read only: works on a running node too)."""
+    node = _node(ctx)
+    rl = _read_recording_log(node.path, required=True)
+    assert rl is not None
+    cm = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
+    if cm is None:
+        _fail(f"no valid snapshot in {node.path / RECORDING_LOG_FILE_NAME}")
+    assert cm is not None
+    services = _snapshot_services(rl, cm)
+    catalog = _read_catalog(node.archive_dir, required=True)
+    assert catalog is not None
+
+    records, length = _snapshot_recording(node.archive_dir, catalog, cm, "consensus module")
+    try:
+        snap = decode_cm_snapshot(records)
+    except SnapshotError as e:
+        _fail(f"snapshot recording {cm.recording_id} (consensus module, log position {cm.log_position}) is damaged: {e}")
+    if (snap.log_position, snap.leadership_term_id) != (cm.log_position, cm.leadership_term_id):
+        _fail(f"snapshot recording {cm.recording_id} (consensus module) holds the snapshot at log position "
+              f"{snap.log_position}, term {snap.leadership_term_id}, but recording.log says "
+              f"{cm.log_position}, term {cm.leadership_term_id}")
+
+    out = [f"latest snapshot     log position {cm.log_position}, leadership term {cm.leadership_term_id}"]
+    for e in [cm, *services]:
+        who = "consensus module" if e.service_id == CONSENSUS_MODULE_SERVICE_ID else f"service {e.service_id}"
+        out.append(f"  {who:<17} entry {e.entry_index}, recording {e.recording_id}, term base "
+                   f"{e.term_base_log_position}, timestamp {e.timestamp}")
+    out += [
+        f"consensus module    recording {cm.recording_id}: {len(records)} records, {length:,} bytes",
+        f"  marker            log position {snap.log_position}, leadership term {snap.leadership_term_id}, "
+        f"time unit {snap.time_unit.name}, app version {_version_text(snap.app_version)}",
+        f"  next session id   {snap.next_session_id}",
+        f"  service sessions  next service session id {snap.next_service_session_id}, log service session id "
+        f"{snap.log_service_session_id}, pending capacity {snap.pending_message_capacity}",
+        f"  sessions          {len(snap.sessions)}",
+    ]
+    for s in snap.sessions[:limit]:
+        out.append(f"    session {s.cluster_session_id}  correlation {s.correlation_id}  opened at "
+                   f"{s.opened_log_position}  response stream {s.response_stream_id}  {s.response_channel}")
+    out += _more(min(limit, len(snap.sessions)), len(snap.sessions))
+    out.append(f"  timers            {len(snap.timers)}")
+    for correlation_id, deadline in snap.timers[:limit]:
+        out.append(f"    correlation {correlation_id}  deadline {deadline}")
+    out += _more(min(limit, len(snap.timers)), len(snap.timers))
+    pending_bytes = sum(len(p) for _, p in snap.pending)
+    line = f"  pending messages  {len(snap.pending)} ({pending_bytes:,} bytes)"
+    if snap.pending:
+        ids = ", ".join(str(sid) for sid, _ in snap.pending[:limit])
+        line += f": ids {ids}" + (f", ... ({len(snap.pending) - limit} more)" if len(snap.pending) > limit else "")
+    out.append(line)
+
+    if not services:
+        out.append("services            no service snapshot at this position")
+    for e in services:
+        who = f"service {e.service_id}"
+        records, length = _snapshot_recording(node.archive_dir, catalog, e, who)
+        try:
+            svc = decode_service_snapshot(records)
+        except SnapshotError as ex:
+            _fail(f"snapshot recording {e.recording_id} ({who}, log position {e.log_position}) is damaged: {ex}")
+        user_bytes = sum(len(r) for r in svc.user_records)
+        out += [
+            f"{who:<19} recording {e.recording_id}: {len(records)} records, {length:,} bytes",
+            f"  marker            log position {svc.log_position}, leadership term {svc.leadership_term_id}, "
+            f"time unit {svc.time_unit.name}, app version {_version_text(svc.app_version)}",
+            f"  client sessions   {len(svc.sessions)}",
+            f"  user records      {len(svc.user_records)} ({user_bytes:,} bytes)",
+        ]
+    click.echo("\n".join(out))

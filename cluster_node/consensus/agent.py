@@ -289,6 +289,8 @@ class ConsensusAgent:
         self._recovery_counter = None
         self._service_acks: deque = deque()
         self.snapshot_loaded_position = NULL_POSITION
+        self._snapshot_interval = cl.snapshot_interval
+        self._last_snapshot_position = 0
 
     # ------------------------------------------------------------------ start
 
@@ -372,6 +374,7 @@ class ConsensusAgent:
             service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
             position = cm.log_position
             self.snapshot_loaded_position = position
+            self._last_snapshot_position = position
             log.info("snapshot loaded", log_position=position, leadership_term_id=cm.leadership_term_id,
                      recording_id=cm.recording_id, service_recording_id=service_recording_id,
                      sessions=len(snap.sessions), timers=len(snap.timers), pending=len(snap.pending))
@@ -1091,6 +1094,14 @@ class ConsensusAgent:
             toggle = self.counters["control-toggle"].get()
             if toggle != ToggleState.NEUTRAL:
                 work += self._on_control_toggle(toggle)
+            elif self._snapshot_interval and m.is_leader and self._leader_active() and self.local is not None \
+                    and self.local.pub.position - self._last_snapshot_position >= self._snapshot_interval:
+                log.info("snapshot interval reached", append_position=self.local.pub.position,
+                         last_snapshot_position=self._last_snapshot_position, interval=self._snapshot_interval)
+                self._leader_action = ToggleState.SNAPSHOT
+                self.counters["cm-state"].set(ModuleState.SNAPSHOT)
+                self._append_leader_action()
+                work += 1
             if m.is_leader:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, m.append_position,
@@ -1321,6 +1332,7 @@ class ConsensusAgent:
                                      snap.position, now_ms, -1)
         self.recording_log_file.apply(writes)
         self.counters["snapshot-count"].add(1)
+        self._last_snapshot_position = max(self._last_snapshot_position, snap.position)
         log.info("snapshot taken", log_position=snap.position, leadership_term_id=snap.leadership_term_id,
                  recording_id=recording_id, service_recording_id=ack.relevant_id, sessions=len(state.sessions),
                  timers=len(state.timers), pending=len(state.pending),

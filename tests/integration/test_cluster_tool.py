@@ -5,14 +5,23 @@ puts are committed, and each read-only command is checked against the leader's a
 directory, in process (click's runner) and, where exit codes and stderr matter, as a real
 ``cluster-node`` process. The last test stops a follower and checks what the tool says of a
 directory nobody runs in any more.
+
+The snapshot, shutdown and abort commands are checked against the live cluster where they must
+refuse (a follower, a suspended leader), a snapshot is taken on it late in the module (the
+read-only checks before it expect none), and the commands are checked against a stand-in node process
+(``tests/support/snapshot_fixture.py fake-node``) that plays the leader's side of the control
+protocol, so that every outcome the tool reports (applied, failed, refused, timed out, stopped)
+is reached without stopping the shared cluster.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import select
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +33,7 @@ from cluster_node.service.examples.kv import Put
 from tests.support.cluster import Status, TestCluster, open_kv_client
 
 CLI = Path(sys.executable).with_name("cluster-node")
+ROOT = Path(__file__).resolve().parents[2]
 PUTS = 5
 
 
@@ -189,6 +199,10 @@ def test_suspend_stops_client_messages_and_resume_brings_them_back(cluster):
             assert "SUSPEND applied successfully" in suspended.stdout
             again = await trio.to_thread.run_sync(tool_process, leader_dir, "suspend")
             assert again.returncode == 1 and "SUSPENDED, but needs to be ACTIVE" in again.stderr
+            refused = await trio.to_thread.run_sync(tool_process, leader_dir, "snapshot")
+            assert refused.returncode == 1
+            assert refused.stderr.splitlines() == [
+                "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE"]
             before = cluster.counters()[cluster.leader_id].commit
             request_id = await kv.send(Put(kv.next_id(), "suspended", b"x"))
             assert await kv.wait_reply(request_id, 2.0) is None  # not taken while suspended
@@ -202,8 +216,64 @@ def test_suspend_stops_client_messages_and_resume_brings_them_back(cluster):
     trio.run(put_while_suspended_then_resume)
 
 
+def test_snapshot_shutdown_and_abort_on_a_follower_fail_with_one_line(cluster):
+    _, follower_dir = dirs(cluster)
+    for command in ("snapshot", "shutdown", "abort"):
+        result = tool_process(follower_dir, command)
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert result.stdout == ""
+        assert result.stderr.splitlines() == [
+            f"Current node is not the leader (member {cluster.follower_id} is FOLLOWER)"], command
+    assert cluster.nodes[cluster.follower_id].running and cluster.nodes[cluster.leader_id].running
+
+
+def test_offline_snapshot_commands_on_a_running_node(cluster):
+    leader_dir, _ = dirs(cluster)
+    leader = cluster.nodes[cluster.leader_id]
+    before = (leader_dir / "recording.log").read_bytes()
+    refused = tool_process(leader_dir, "invalidate-latest-snapshot")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"member {leader.member_id} runs in {leader_dir} (pid {leader.pid}): stop it before invalidating its snapshot"]
+    assert (leader_dir / "recording.log").read_bytes() == before
+    described = tool_process(leader_dir, "describe-latest-snapshot")  # read only, on a running node
+    assert described.returncode == 1
+    assert described.stderr.splitlines() == [f"no valid snapshot in {leader_dir / 'recording.log'}"]
+
+
+def test_snapshot_on_the_live_leader_is_taken_by_every_member(cluster):
+    """After the read-only checks above (they expect no snapshot yet)."""
+    leader_dir, follower_dir = dirs(cluster)
+    result = tool_process(leader_dir, "snapshot")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "SNAPSHOT applied successfully"
+    m = re.fullmatch(r"snapshot at log position (\d+), leadership term (\d+): consensus module recording (\d+), "
+                     r"service 0 recording (\d+)", lines[1])
+    assert m, lines
+    position, term = int(m.group(1)), int(m.group(2))
+    assert term == cluster.nodes[cluster.leader_id].counters().term
+    assert field(tool(leader_dir, "describe").output, "snapshots taken") == "1"
+    assert field(tool(leader_dir, "describe").output, "cm state") == "ACTIVE (1)"
+
+    # Every member snapshots at the same position; a follower's set lands when its service got there.
+    cluster.wait_for(lambda: tool(follower_dir, "describe-latest-snapshot").exit_code == 0, 10,
+                     "the follower's snapshot set")
+    for node_dir in (leader_dir, follower_dir):
+        described = tool(node_dir, "describe-latest-snapshot")
+        assert described.exit_code == 0, described.output
+        out = described.stdout
+        assert out.splitlines()[0] == f"latest snapshot     log position {position}, leadership term {term}"
+        assert f"marker            log position {position}, leadership term {term}" in out
+        assert re.search(r"user records      \d+ \(", out), out
+        plan = tool(node_dir, "recovery-plan")
+        assert field(plan.stdout, "committed log position") == str(position)
+        assert field(plan.stdout, "log replay").startswith(f"{position}..")
+
+
 def test_a_directory_without_a_node_gives_one_line_and_exit_1(tmp_path):
-    for command in ("describe", "pid", "is-leader", "recording-log", "recovery-plan", "errors", "list-members"):
+    for command in ("describe", "pid", "is-leader", "recording-log", "recovery-plan", "errors", "list-members",
+                    "snapshot"):
         result = tool_process(tmp_path, command)
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert result.stdout == ""
@@ -263,3 +333,121 @@ def test_reading_the_log_backwards_matches_reading_it_forwards(tmp_path, block_b
     assert [b.decode() for b in iter_lines_backwards(path, block_bytes=block_bytes)] == lines[::-1]
     wanted = [line for line in lines if '"warning"' in line][::-1]
     assert [b.decode() for b in iter_lines_backwards(path, (b'"warning"',), block_bytes)] == wanted
+
+
+# ------------------------------------------------------------------------------ against a stand-in node
+
+
+@contextmanager
+def fake_node(node_dir: Path, *args: str):
+    """A stand-in node process in ``node_dir`` (see tests/support/snapshot_fixture.py), ready."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.snapshot_fixture", "fake-node", str(node_dir), *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        line = proc.stdout.readline() if ready else ""
+        assert line.strip() == "ready", (line, proc.poll())
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def stderr_line(result) -> str:
+    """The one line of a failed run (a CompletedProcess, or click's in-process Result)."""
+    code = result.returncode if isinstance(result, subprocess.CompletedProcess) else result.exit_code
+    assert code == 1, (result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_snapshot_through_a_leader_reports_each_new_set(tmp_path):
+    with fake_node(tmp_path) as proc:
+        first = tool(tmp_path, "snapshot")
+        assert first.exit_code == 0, first.stderr
+        assert first.stdout.splitlines() == [
+            "SNAPSHOT applied successfully",
+            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100"]
+        second = tool(tmp_path, "snapshot")
+        assert second.exit_code == 0, second.stderr
+        assert second.stdout.splitlines()[1].startswith("snapshot at log position 12288, leadership term 1: "
+                                                        "consensus module recording 103")
+        described = tool(tmp_path, "describe")
+        assert "snapshots taken 2" in described.stdout
+        assert proc.poll() is None
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-snapshot-count",)], ids=["counted", "no-count-counter"])
+def test_snapshot_that_leaves_no_new_set_fails(tmp_path, extra):
+    with fake_node(tmp_path, "--on-snapshot", "fail", *extra):
+        result = tool(tmp_path, "snapshot")
+        assert stderr_line(result) == (
+            "snapshot failed: no new snapshot in recording.log (a service snapshot failed? see `tool errors`)")
+        assert result.stdout == ""
+
+
+def test_snapshot_the_leader_never_finishes_times_out(tmp_path):
+    with fake_node(tmp_path, "--on-snapshot", "ignore"):
+        result = tool(tmp_path, "snapshot", "--timeout", "0.5")
+        assert stderr_line(result) == "snapshot: member 0 did not finish within 0.5 s (its control toggle is still SNAPSHOT)"
+        again = tool(tmp_path, "abort")
+        assert stderr_line(again) == "another cluster control request is in progress on member 0; try again"
+
+
+def test_control_commands_on_a_follower_or_a_suspended_leader_are_refused(tmp_path):
+    follower, leader = tmp_path / "follower", tmp_path / "leader"
+    with fake_node(follower, "--role", "follower", "--member-id", "1"), fake_node(leader, "--state", "SUSPENDED"):
+        for command in ("snapshot", "shutdown", "abort", "suspend"):
+            assert stderr_line(tool(follower, command)) == "Current node is not the leader (member 1 is FOLLOWER)"
+        for command in ("snapshot", "shutdown", "abort"):
+            assert stderr_line(tool(leader, command)) == (
+                f"Unable to {command.upper()} as the state of the consensus module is SUSPENDED, but needs to be ACTIVE")
+
+
+def test_shutdown_waits_until_the_node_stopped_and_reports_where(tmp_path):
+    with fake_node(tmp_path) as proc:
+        result = tool_process(tmp_path, "shutdown")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == [
+            "SHUTDOWN applied successfully",
+            "member 0 stopped at log position 8192 (leadership term 1)",
+            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100"]
+        assert proc.wait(10) == 0
+    stopped = tool_process(tmp_path, "snapshot")
+    assert stderr_line(stopped).startswith(f"no node runs in {tmp_path} (member 0, pid ")
+
+
+def test_abort_stops_without_a_snapshot_and_no_wait_returns_at_once(tmp_path):
+    with fake_node(tmp_path) as proc:
+        result = tool(tmp_path, "abort")
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.splitlines() == ["ABORT applied successfully",
+                                              "member 0 stopped at log position 8192 (leadership term 1)"]
+        assert proc.wait(10) == 0
+    assert "snapshots                none" in tool(tmp_path, "recovery-plan").stdout
+    with fake_node(tmp_path / "again", "--stop-s", "2") as proc:
+        result = tool(tmp_path / "again", "abort", "--no-wait")
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout == "ABORT applied successfully\n"
+        assert proc.poll() is None  # still stopping
+        assert proc.wait(10) == 0
+
+
+def test_shutdown_refused_not_taken_or_not_finished_in_time(tmp_path):
+    with fake_node(tmp_path / "refuse", "--on-terminate", "refuse") as proc:
+        result = tool(tmp_path / "refuse", "shutdown")
+        assert stderr_line(result) == (
+            "SHUTDOWN was not applied: member 0 released the control toggle and stays ACTIVE (see `tool errors`)")
+        assert proc.poll() is None
+    with fake_node(tmp_path / "ignore", "--on-terminate", "ignore"):
+        result = tool(tmp_path / "ignore", "shutdown", "--timeout", "0.5")
+        assert stderr_line(result) == (
+            "shutdown: member 0 did not take the request within 0.5 s (its control toggle is still SHUTDOWN)")
+    with fake_node(tmp_path / "slow", "--stop-s", "5") as proc:
+        result = tool(tmp_path / "slow", "abort", "--timeout", "1")
+        assert result.stdout == "ABORT applied successfully\n"
+        assert stderr_line(result) == f"member 0 (pid {proc.pid}) is still running 1 s after the abort request"

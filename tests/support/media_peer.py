@@ -15,7 +15,6 @@ message's order, length and content without shared state.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 import time

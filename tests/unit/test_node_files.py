@@ -95,7 +95,7 @@ def test_killed_holder_does_not_block_restart(tmp_path: Path) -> None:
 
 def _forge_mark(tmp_path: Path, pid: int, activity_ms: int) -> None:
     """A mark file as another owner left it (written without holding the lock afterwards)."""
-    with MarkFile.open(tmp_path, member_id=3, now_ms=activity_ms) as mf:
+    with MarkFile.open(tmp_path, member_id=3, now_ms=activity_ms):
         pass
     data = bytearray((tmp_path / MARK_FILE_NAME).read_bytes())
     data[24:32] = pid.to_bytes(8, "little")  # the pid is covered by the checksum: recompute it

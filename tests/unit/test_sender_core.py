@@ -23,7 +23,6 @@ from media.frames import (
     Nak,
     Setup,
     StatusMessage,
-    align,
     check_data_run,
     decode_untrusted,
 )

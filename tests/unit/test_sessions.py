@@ -10,7 +10,6 @@ from cluster_node.codecs import (
     NewLeaderEvent,
     SessionCloseEvent,
     SessionConnectRequest,
-    SessionEvent,
     SessionOpenEvent,
     compose_semantic_version,
 )
