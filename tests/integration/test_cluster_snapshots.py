@@ -16,6 +16,8 @@ import pytest
 from cluster_node.consensus.recording_log import CONSENSUS_MODULE_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
 from cluster_node.service.examples.kv import Get, Put, Status
 from tests.support.cluster import (
+    CLOSED_PREFIX,
+    FAIL_SNAPSHOT_KEY,
     FIRED_PREFIX,
     SERVICE_APPLIED_PREFIX,
     SERVICE_MESSAGE_PREFIX,
@@ -95,20 +97,42 @@ async def test_snapshot_then_restart_replays_only_the_log_after_it(cluster: Test
         await put_all(kv, before)
         position = await take_snapshot(cluster, leader)
         await put_all(kv, after)
-    for n in cluster.nodes:
-        taken = events(cluster, n.member_id, "snapshot taken")
-        assert taken and taken[-1]["log_position"] == position, taken
-    leader = kill_all_and_restart(cluster)
+        open_session = kv.client.cluster_session_id
+        for n in cluster.nodes:
+            taken = events(cluster, n.member_id, "snapshot taken")
+            assert taken and taken[-1]["log_position"] == position, taken
+        # The whole cluster crashes while this client is still connected.
+        leader = kill_all_and_restart(cluster)
     for n in cluster.nodes:
         loaded = events(cluster, n.member_id, "snapshot loaded")
         assert loaded and loaded[0]["log_position"] == position, (n.member_id, loaded, cluster.diagnostics())
         svc = events(cluster, n.member_id, "service snapshot loaded")
         assert svc and svc[0]["log_position"] == position, (n.member_id, svc)
+        assert loaded[0]["sessions"] == 1  # the client connected while the snapshot was taken
     replays = [e for e in events(cluster, leader, "replay started") if "from_position" in e]
     assert replays and replays[0]["from_position"] == position, replays
     async with open_kv_client(cluster.client_config) as kv:
         got = await get_all(kv, list(before) + list(after))
+        # Sessions from before a full restart are closed by the new leader (their clients' egress
+        # is gone), and every service hears of it through the log.
+        closed = await get_all(kv, [f"{CLOSED_PREFIX}{open_session}"])
     assert got == {**before, **after}
+    assert closed == {f"{CLOSED_PREFIX}{open_session}": b"TIMEOUT"}
+
+
+async def test_a_failed_service_snapshot_records_nothing_and_the_cluster_goes_on(cluster: TestCluster) -> None:
+    leader = cluster.start()
+    async with open_kv_client(cluster.client_config) as kv:
+        await put_all(kv, {FAIL_SNAPSHOT_KEY: b"1", "a": b"1"})
+        r = tool(cluster.nodes[leader].dir, "snapshot")
+        assert r.returncode == 1 and "snapshot failed" in r.stderr, r
+        assert all(not snapshots(cluster, m) for m in range(3))
+        await cluster.await_for(lambda: all(events(cluster, m, "service snapshot failed") for m in range(3)), 10,
+                                "every service reports its failed snapshot")
+        await put_all(kv, {FAIL_SNAPSHOT_KEY: b"0", "b": b"2"})
+        position = await take_snapshot(cluster, leader)
+        assert await get_all(kv, ["a", "b"]) == {"a": b"1", "b": b"2"}
+    assert all(snapshots(cluster, m)[-1].log_position == position for m in range(3))
 
 
 def restart_all(cluster: TestCluster) -> int:

@@ -675,6 +675,8 @@ TIMER_PREFIX = "__timer__"
 FIRED_PREFIX = "__fired__"
 SERVICE_MESSAGE_PREFIX = "__svcmsg__"
 SERVICE_APPLIED_PREFIX = "__svc__"
+CLOSED_PREFIX = "__closed__"
+FAIL_SNAPSHOT_KEY = "__failsnapshot__"
 
 
 class DigestKvService(KeyValueService):
@@ -687,8 +689,18 @@ class DigestKvService(KeyValueService):
       timer ``<id>`` that far in cluster time; when it fires, ``__fired__<id>`` gets one more
       ``x`` (so its length counts the firings);
     * a PUT of ``__svcmsg__<n>`` makes the service offer a service message (``Cluster.offer``)
-      that appends one ``x`` to ``__svc__<n>`` when it comes back through the log.
+      that appends one ``x`` to ``__svc__<n>`` when it comes back through the log;
+    * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
+    * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises.
     """
+
+    def on_session_close(self, session, timestamp: int, close_reason) -> None:
+        self.data[f"{CLOSED_PREFIX}{session.id}"] = close_reason.name.encode()
+
+    def on_take_snapshot(self, writer) -> None:
+        if self.data.get(FAIL_SNAPSHOT_KEY) == b"1":
+            raise RuntimeError("this service was told to fail its snapshot")
+        super().on_take_snapshot(writer)
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
         key = f"{FIRED_PREFIX}{correlation_id}"
@@ -742,6 +754,8 @@ __all__ = [
     "FIRED_PREFIX",
     "SERVICE_MESSAGE_PREFIX",
     "SERVICE_APPLIED_PREFIX",
+    "CLOSED_PREFIX",
+    "FAIL_SNAPSHOT_KEY",
     "TestCluster",
     "Node",
     "NodeCounters",
