@@ -19,8 +19,9 @@ others really elect a new leader. ``up`` only
 
 Members run in sessions of their own, so the terminal's Ctrl-C reaches ``up`` alone, which stops
 them in order; on Linux each member also gets SIGTERM if ``up`` itself dies (PR_SET_PDEATHSIG),
-so a killed supervisor leaves no orphaned cluster behind. A member that dies while ``up`` runs is
-shown as down; one restarted by hand (``cluster-node run --config <dir>/node1.toml``) shows up
+so a killed supervisor leaves no orphaned cluster behind. When every member exits 0 (the cluster
+was shut down or aborted with ``cluster-node tool``), ``up`` ends too. A member that dies while
+``up`` runs is shown as down; one restarted by hand (``cluster-node run --config <dir>/node1.toml``) shows up
 again in the table, and is stopped with the others.
 
 Output
@@ -915,6 +916,10 @@ def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path 
             if screen is not None and time.monotonic() >= next_draw:
                 screen.draw(_screen_lines(header, members, sup, client_path, shown_leader))
                 next_draw = time.monotonic() + _REFRESH_S
+            if all(m.exit_code == 0 for m in members) and not any(m.running_pid for m in members):
+                # `cluster-node tool shutdown` or `abort`: every member stopped in order.
+                sup.event("every member stopped (cluster shutdown or abort): up ends")
+                break
             sup.wait(_REFRESH_S)
     except click.ClickException:
         exit_code = 1

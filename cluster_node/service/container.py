@@ -50,7 +50,7 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.service.agent import ServiceAgent
 from cluster_node.service.api import BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role
-from cluster_node.snapshot_io import IpcDriver, SnapshotIOError, read_recording, record_snapshot
+from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, SnapshotIOError, read_recording, record_snapshot
 from media.channel import parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import Doorbell
@@ -324,7 +324,7 @@ class ServiceContainer:
         started = time.monotonic()
         recording_id = NULL_VALUE
         try:
-            writer = BytesSnapshotWriter()
+            writer = BytesSnapshotWriter(max_record_length=MAX_SNAPSHOT_RECORD_LENGTH)
             self.service.on_take_snapshot(writer)
             sessions = [ClientSessionRecord(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
                         for s in sorted(agent.client_sessions, key=lambda s: s.id)]

@@ -206,3 +206,20 @@ def test_client_without_a_cluster_says_no_leader(tmp_path):
     r = subprocess.run([str(CLI), "client", "--config", str(tmp_path / "missing.toml"), "get", "k"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr.strip() == f"Error: {tmp_path / 'missing.toml'}: no such config file"
+
+
+@pytest.mark.slow
+def test_tool_shutdown_stops_every_member_and_up_ends(tmp_path):
+    up = Up("--dir", str(tmp_path / "cluster"), "--nodes", "3", "--stop-timeout", "10", cwd=tmp_path)
+    try:
+        m = up.expect(r"^UP leader=(\d+) term=(\d+) members=3 client=(\S+)$", timeout=60)
+        leader_id, client_config = int(m.group(1)), Path(m.group(3))
+        assert client(client_config, "put", "k", "v").returncode == 0
+        r = subprocess.run([str(CLI), "tool", "--dir", str(tmp_path / "cluster" / f"node{leader_id}"), "shutdown"],
+                           capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0 and "SHUTDOWN applied successfully" in r.stdout, (r.stdout, r.stderr)
+        up.expect(r"every member stopped \(cluster shutdown or abort\): up ends$", timeout=30)
+        assert up.proc.wait(timeout=30) == 0
+    finally:
+        up.stop(signal.SIGINT)
+    assert any(re.match(r"^STOPPED clean=0 killed=0 exit_codes=0,0,0$", line) for line in up.seen), up.seen
