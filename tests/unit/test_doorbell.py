@@ -1,0 +1,64 @@
+"""Doorbells: rings from the waiter's own thread end its wait without the socket; rings from
+another thread go through the socket; both are seen by drain()."""
+
+import threading
+
+import trio
+import trio.testing
+
+from media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
+
+
+async def test_same_thread_ring_ends_the_wait_and_drain_reports_it():
+    bell = Doorbell()
+    try:
+        woke = trio.Event()
+
+        async def waiter():
+            await bell.wait(30)
+            woke.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert ring(bell.name, NEW_PUBLICATION)
+            with trio.fail_after(5):
+                await woke.wait()
+        assert bell.drain() == NEW_PUBLICATION
+        assert bell.drain() == b""
+    finally:
+        bell.close()
+
+
+async def test_ring_from_another_thread_uses_the_socket():
+    bell = Doorbell()
+    try:
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def waiter():
+                await bell.wait(30)
+                done.set()
+
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            t = threading.Thread(target=ring, args=(bell.name, DATA))
+            t.start()
+            t.join()
+            with trio.fail_after(5):
+                await done.wait()
+        assert bell.drain() == DATA
+    finally:
+        bell.close()
+
+
+async def test_a_ring_while_nobody_waits_is_kept_for_the_next_wait():
+    bell = Doorbell()
+    try:
+        assert ring(bell.name)  # not waiting: through the socket, so not lost
+        with trio.fail_after(5):
+            await bell.wait(30)
+        assert bell.drain() == DATA
+    finally:
+        bell.close()
+    assert not ring(bell.name)  # closed: gone from the registry and the namespace
