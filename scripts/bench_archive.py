@@ -245,4 +245,7 @@ if __name__ == "__main__":
     p.add_argument("--dir", help="directory for the files (default: a temporary one, removed after)")
     args = p.parse_args()
     summary = trio.run(main, args)
+    from calibration import calibration
+
+    summary["calibration"] = calibration()
     print(json.dumps(summary))

@@ -249,6 +249,9 @@ def main() -> None:
         "quick": args.quick,
         "seconds": round(time.monotonic() - t0, 1),
     }
+    from calibration import calibration
+
+    summary["calibration"] = calibration()
     print(json.dumps(summary))
 
 

@@ -390,6 +390,9 @@ def main() -> int:
         "udp_rtt_p50_vs_plain_trio": round(result["udp"]["rtt_p50_us"] / b["plain_trio_rtt_p50_us"], 2),
     }
     result["seconds"] = round(time.monotonic() - started, 1)
+    from calibration import calibration
+
+    result["calibration"] = calibration()
     print(json.dumps(result))
     return 0
 
