@@ -63,15 +63,17 @@ class _IpcImageState:
 
 
 class _IpcSub:
-    __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan")
+    __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan", "own_doorbell")
 
-    def __init__(self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path) -> None:
+    def __init__(self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path,
+                 own_doorbell: bool = True) -> None:
         self.sub = sub
         self.doorbell = doorbell
         self.marker = marker
         self.dir = directory
         self.images: dict[str, _IpcImageState] = {}
         self.rescan = True
+        self.own_doorbell = own_doorbell
 
 
 class IpcTransport:
@@ -180,15 +182,33 @@ class IpcTransport:
 
     # ------------------------------------------------------------------ subscriptions
 
-    def add_subscription(self, channel: ChannelUri, stream_id: int, **callbacks) -> Subscription:
+    def add_subscription(self, channel: ChannelUri, stream_id: int, doorbell: Doorbell | None = None,
+                         **callbacks) -> Subscription:
+        """A subscription of ``stream_id`` (``session-id`` in the channel: that publication only).
+
+        ``doorbell``: a doorbell shared with other subscriptions (and anything else the owner
+        waits for), so that one thread can wait for all of them at once without a task each:
+        it parks them with :meth:`Subscription.set_parked`, waits on the doorbell, and calls
+        :meth:`rescan` when the doorbell's drain reports a new publication. Without it, the
+        subscription has a doorbell of its own and :meth:`Subscription.wait` does all that.
+        """
         sub = Subscription(channel=channel, stream_id=stream_id, **callbacks)
-        doorbell = Doorbell()
+        own = doorbell is None
+        if doorbell is None:
+            doorbell = Doorbell()
         directory = self._stream_dir(stream_id)
         marker = directory / "subscribers" / doorbell.name.decode()
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
-        state = _IpcSub(sub, doorbell, marker, directory)
+        state = _IpcSub(sub, doorbell, marker, directory, own)
         self._subs.append(state)
+
+        def park_impl(parked: bool) -> None:
+            for st in list(state.images.values()):
+                if not st.image.closed:
+                    st.image.log.set_slot_parked(st.slot, parked)
+
+        sub._park_impl = park_impl
 
         async def wait_impl(timeout: float) -> None:
             images = list(state.images.values())
@@ -252,13 +272,23 @@ class IpcTransport:
         for st in state.images.values():
             st.image.log.release_slot(st.slot)
         state.images.clear()
-        state.doorbell.close()
+        if state in self._subs:
+            self._subs.remove(state)
+        if state.own_doorbell:
+            state.doorbell.close()
+        if any(other.marker == state.marker for other in self._subs):
+            return  # a shared doorbell still serves another subscription of this stream
         try:
             state.marker.unlink()
         except OSError:
             pass
-        if state in self._subs:
-            self._subs.remove(state)
+
+    def rescan(self) -> None:
+        """Look for new publications for every subscription now (a shared doorbell was rung with
+        NEW_PUBLICATION: it does not say for which subscription)."""
+        now = time.monotonic_ns()
+        for state in list(self._subs):
+            self._scan(state, now)
 
     # ------------------------------------------------------------------ duty cycle
 

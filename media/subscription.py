@@ -288,6 +288,7 @@ class Subscription:
         # Set by the driver: how to park for this transport, and what to do on close.
         self._wait_impl: Callable[[float], object] | None = None
         self._close_impl: Callable[["Subscription"], None] | None = None
+        self._park_impl: Callable[[bool], None] | None = None
         self._lot = trio.lowlevel.ParkingLot()
         self.wake_hook: Callable[[], None] | None = None
         """Called (in the driver's thread) whenever :meth:`wait` would be woken: lets one owner
@@ -335,6 +336,12 @@ class Subscription:
 
     def has_data(self) -> bool:
         return any(image.has_data() for image in self._images)
+
+    def set_parked(self, parked: bool) -> None:
+        """IPC with a shared doorbell: mark this subscription's images parked (writers then ring
+        the doorbell after their next append) or not. Other transports: nothing to do."""
+        if self._park_impl is not None:
+            self._park_impl(parked)
 
     async def wait(self, timeout: float | None = None) -> None:
         """Wait until data may be available, images changed, or ``timeout`` seconds passed."""

@@ -10,9 +10,9 @@ layer, as a separate process would:
 * the log: the IPC channel and session named by the latest JoinLog, read with
   ``Image.bounded_poll`` up to the commit position (``commit_position()``, the node's
   commit-position counter) and never past JoinLog's ``max_log_position``;
-* wake-ups: the IPC doorbells of both subscriptions, plus :attr:`commit_doorbell`, which the
-  consensus module rings when the commit position advances (the log data is usually there
-  before it is committed, so the log's own doorbell has already been spent).
+* wake-ups: one doorbell, :attr:`commit_doorbell`, which the consensus module rings when the
+  commit position advances (the log data is usually there before it is committed) and which
+  both IPC subscriptions share, so their writers ring it too while the thread is parked.
 
 Egress replies (leader only) go out on UDP publications that the node's driver creates on this
 thread's behalf (``open_egress(channel, stream_id)``); offering to them from this thread is
@@ -53,7 +53,7 @@ from cluster_node.service.api import BytesSnapshotReader, BytesSnapshotWriter, C
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, SnapshotIOError, read_recording, record_snapshot
 from media.channel import parse
 from media.counters import CountersError, CountersReader, counters_path
-from media.doorbell import Doorbell
+from media.doorbell import NEW_PUBLICATION, Doorbell
 from media.ipc import IpcTransport
 from media.publication import OfferResult
 
@@ -116,6 +116,7 @@ class ServiceContainer:
         self.egress_connect_timeout_s = 0.5
         self.started = threading.Event()
         self._archive = None
+        self._ipc: IpcTransport | None = None
         self._ipc_driver: IpcDriver | None = None
         self.archive_connect_timeout_s = 5.0
 
@@ -195,7 +196,9 @@ class ServiceContainer:
     async def _run(self) -> None:
         ipc = IpcTransport(self.driver_dir, image_liveness_timeout_ns=self.liveness_timeout_ns)
         to_cm = ipc.add_publication(parse(CONTROL_CHANNEL), SERVICE_TO_CONSENSUS_STREAM_ID)
-        from_cm = ipc.add_subscription(parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID)
+        self._ipc = ipc
+        from_cm = ipc.add_subscription(parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID,
+                                       doorbell=self.commit_doorbell)
 
         def send(data: bytes) -> int:
             return to_cm.offer(data)
@@ -230,7 +233,8 @@ class ServiceContainer:
                             log_sub.close()
                             log_sub = None
                         if log_sub is None:
-                            log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id)
+                            log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id,
+                                                           doorbell=self.commit_doorbell)
                         log_key = (join.log_channel, join.log_stream_id, join.log_session_id)
                         log_is_replay = join.max_log_position != NULL_POSITION
                         image = None
@@ -343,21 +347,32 @@ class ServiceContainer:
                 await trio.sleep(0.001)
 
     async def _park(self, from_cm, log_sub, image) -> None:
-        """Wait for any doorbell: consensus module messages, log data, commit advance."""
-        self.commit_doorbell.drain()
-        # Re-check after draining: a ring that came between the last poll and the drain is gone,
-        # but its cause is visible.
-        if from_cm.has_data():
-            return
-        if image is not None and image.has_data() and image.position < self._commit_position():
-            return
-        timeout = self.idle_timeout_s
-        async with trio.open_nursery() as nursery:
-            async def waiter(fn) -> None:
-                await fn
-                nursery.cancel_scope.cancel()
+        """Wait for any of: consensus module messages, log data, commit advance.
 
-            nursery.start_soon(waiter, from_cm.wait(timeout))
-            nursery.start_soon(waiter, self.commit_doorbell.wait(timeout))
-            if log_sub is not None and image is not None and image.position < self._commit_position():
-                nursery.start_soon(waiter, log_sub.wait(timeout))
+        One doorbell serves all three: the consensus module rings it when the commit position
+        moves, and both IPC subscriptions were made with it, so a writer rings it too once the
+        subscription is marked parked. One wait, no task per source (a nursery of waiter tasks
+        per park cost about 7x the wait itself, once per log entry on every member)."""
+        bell = self.commit_doorbell
+        self._drain_bell()
+        commit = self._commit_position()
+        wait_log = log_sub is not None and image is not None and image.position < commit
+        from_cm.set_parked(True)
+        if wait_log:
+            log_sub.set_parked(True)
+        try:
+            # Re-check once parked: what came before the flags were set rang nobody.
+            if from_cm.has_data():
+                return
+            if image is not None and image.has_data() and image.position < commit:
+                return
+            await bell.wait(self.idle_timeout_s)
+        finally:
+            from_cm.set_parked(False)
+            if wait_log:
+                log_sub.set_parked(False)
+        self._drain_bell()
+
+    def _drain_bell(self) -> None:
+        if NEW_PUBLICATION in self.commit_doorbell.drain() and self._ipc is not None:
+            self._ipc.rescan()  # a new publication on one of our streams: find it now
