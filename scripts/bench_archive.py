@@ -184,6 +184,31 @@ async def bench_replay(directory: Path, rec_dir: Path, recording_id: int) -> dic
     return {"bytes": received, "replay_mb_per_s": received / elapsed / 1e6}
 
 
+def recovery_scan_mb_per_s(term_length: int = 1 << 20, terms: int = 8) -> float:
+    """How fast crash recovery walks a recording's frames (``archive.segments.scan_frames``,
+    which the archive runs over an active recording's last segment on start), over 1 KiB
+    frames in memory, best of three."""
+    from archive.segments import _HEADER, scan_frames
+
+    buf = bytearray(terms * term_length)
+    pos = 0
+    while pos + 1088 <= len(buf):
+        term_offset = pos & (term_length - 1)
+        if term_offset + 1088 > term_length:  # pad to the end of the term
+            _HEADER.pack_into(buf, pos, term_length - term_offset, 0, 0xC0, 0, term_offset, 7, 100, pos // term_length, 0)
+            pos += term_length - term_offset
+            continue
+        _HEADER.pack_into(buf, pos, 1056, 0, 0xC0, 1, term_offset, 7, 100, pos // term_length, 0)
+        pos += 1056
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        end = scan_frames(buf, 0, len(buf), term_length=term_length, stream_id=100)
+        best = min(best, time.perf_counter() - t)
+    assert end > len(buf) - 2 * 1088, end
+    return round(len(buf) / best / 1e6, 1)
+
+
 async def main(args) -> dict:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-archive-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -224,6 +249,7 @@ async def main(args) -> dict:
         },
         "record_32B_mb_per_s": {"sync0": rec["32B_sync0"]["record_mb_per_s"], "sync1": rec["32B_sync1"]["record_mb_per_s"]},
         "replay_32B_mb_per_s": rep["32B"]["replay_mb_per_s"],
+        "recovery_scan_mb_per_s": recovery_scan_mb_per_s(),
         "detail": results,
         "quick": args.quick,
     }
