@@ -202,17 +202,24 @@ def _expect_marker(record, type_id: int, mark: SnapshotMark, what: str) -> Snaps
     return msg
 
 
-def decode_cm_snapshot(records: Iterable[bytes]) -> ConsensusModuleSnapshot:
-    """Read the records of a consensus module snapshot; SnapshotError when they are not one."""
+def _framed(records: Iterable[bytes], type_id: int, minimum: int, what: str) -> tuple[list, SnapshotMarker]:
+    """The records, checked to start with a BEGIN and end with a matching END marker of
+    ``type_id``; and the BEGIN marker."""
     recs = list(records)
-    what = "consensus module snapshot"
-    if len(recs) < 4:
-        raise SnapshotError(f"{what}: {len(recs)} records, a complete one has at least 4")
-    begin = _expect_marker(recs[0], CM_SNAPSHOT_TYPE_ID, SnapshotMark.BEGIN, what)
-    end = _expect_marker(recs[-1], CM_SNAPSHOT_TYPE_ID, SnapshotMark.END, what)
+    if len(recs) < minimum:
+        raise SnapshotError(f"{what}: {len(recs)} records, a complete one has at least {minimum}")
+    begin = _expect_marker(recs[0], type_id, SnapshotMark.BEGIN, what)
+    end = _expect_marker(recs[-1], type_id, SnapshotMark.END, what)
     if (end.log_position, end.leadership_term_id) != (begin.log_position, begin.leadership_term_id):
         raise SnapshotError(f"{what}: END marker {end.log_position}/{end.leadership_term_id} differs from "
                             f"BEGIN {begin.log_position}/{begin.leadership_term_id}")
+    return recs, begin
+
+
+def decode_cm_snapshot(records: Iterable[bytes]) -> ConsensusModuleSnapshot:
+    """Read the records of a consensus module snapshot; SnapshotError when they are not one."""
+    what = "consensus module snapshot"
+    recs, begin = _framed(records, CM_SNAPSHOT_TYPE_ID, 4, what)
     state = _decode(recs[1], what)
     if type(state) is not codecs.ConsensusModule:
         raise SnapshotError(f"{what}: expected ConsensusModule, found {type(state).__name__}")
@@ -264,14 +271,8 @@ def encode_service_snapshot(snap: ServiceSnapshot) -> list[bytes]:
 
 
 def decode_service_snapshot(records: Iterable[bytes]) -> ServiceSnapshot:
-    recs = list(records)
     what = "service snapshot"
-    if len(recs) < 3:
-        raise SnapshotError(f"{what}: {len(recs)} records, a complete one has at least 3")
-    begin = _expect_marker(recs[0], SERVICE_SNAPSHOT_TYPE_ID, SnapshotMark.BEGIN, what)
-    end = _expect_marker(recs[-1], SERVICE_SNAPSHOT_TYPE_ID, SnapshotMark.END, what)
-    if (end.log_position, end.leadership_term_id) != (begin.log_position, begin.leadership_term_id):
-        raise SnapshotError(f"{what}: END marker differs from BEGIN")
+    recs, begin = _framed(records, SERVICE_SNAPSHOT_TYPE_ID, 3, what)
     snap = ServiceSnapshot(begin.log_position, begin.leadership_term_id,
                            time_unit=begin.time_unit, app_version=begin.app_version)
     i = 1
