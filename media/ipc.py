@@ -211,16 +211,12 @@ class IpcTransport:
         sub._park_impl = park_impl
 
         async def wait_impl(timeout: float) -> None:
-            images = list(state.images.values())
-            for st in images:
-                st.image.log.set_slot_parked(st.slot, True)
+            park_impl(True)
             try:
                 if not sub.has_data():
                     await doorbell.wait(min(timeout, 0.5))
             finally:
-                for st in images:
-                    if not st.image.closed:
-                        st.image.log.set_slot_parked(st.slot, False)
+                park_impl(False)
             if NEW_PUBLICATION in doorbell.drain():
                 state.rescan = True
                 self._scan(state, time.monotonic_ns())

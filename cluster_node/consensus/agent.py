@@ -288,7 +288,6 @@ class ConsensusAgent:
         """Set when this member has stopped at the termination position (the node exits)."""
         self._recovery_counter = None
         self._service_acks: deque = deque()
-        self.snapshot_loaded_position = NULL_POSITION
         self._snapshot_interval = cl.snapshot_interval
         self._last_snapshot_position = 0
 
@@ -373,7 +372,6 @@ class ConsensusAgent:
             restore_cm_snapshot(snap, self.sessions, self.timers, self.pending)
             service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
             position = cm.log_position
-            self.snapshot_loaded_position = position
             self._last_snapshot_position = position
             log.info("snapshot loaded", log_position=position, leadership_term_id=cm.leadership_term_id,
                      recording_id=cm.recording_id, service_recording_id=service_recording_id,
@@ -959,7 +957,6 @@ class ConsensusAgent:
             if m.is_leader:
                 self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._cluster_now)
         elif type(msg) is codecs.ServiceAck:
-            self.last_service_ack = msg
             self._on_service_ack(msg)
 
     def _on_local_log_entry(self, buf, offset, length, header) -> None:
@@ -1096,11 +1093,7 @@ class ConsensusAgent:
                 work += self._on_control_toggle(toggle)
             elif self._snapshot_interval and m.is_leader and self._leader_active() and self.local is not None \
                     and self.local.pub.position - self._last_snapshot_position >= self._snapshot_interval:
-                log.info("snapshot interval reached", append_position=self.local.pub.position,
-                         last_snapshot_position=self._last_snapshot_position, interval=self._snapshot_interval)
-                self._leader_action = ToggleState.SNAPSHOT
-                self.counters["cm-state"].set(ModuleState.SNAPSHOT)
-                self._append_leader_action()
+                self._take_leader_action(ToggleState.SNAPSHOT, "snapshot interval reached")
                 work += 1
             if m.is_leader:
                 work += self._leader_work(now)
@@ -1188,18 +1181,25 @@ class ConsensusAgent:
             log.info("cluster resumed")
         elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
               and state.get() == ModuleState.ACTIVE and self._leader_active()):
-            self._leader_action = toggle
-            state.set(ModuleState.TERMINATING if toggle == ToggleState.ABORT else ModuleState.SNAPSHOT)
-            log.info("cluster control", action={ToggleState.SNAPSHOT: "SNAPSHOT", ToggleState.SHUTDOWN: "SHUTDOWN",
-                                                ToggleState.ABORT: "ABORT"}[toggle],
-                     append_position=self.local.pub.position if self.local else None)
-            self._append_leader_action()
+            self._take_leader_action(toggle, "cluster control")
             if toggle == ToggleState.SNAPSHOT:
                 return 1  # NEUTRAL once the snapshot is done
         else:
             log.warning("cluster control not applicable", toggle=toggle, state=state.get())
         toggle_counter.set(ToggleState.NEUTRAL)
         return 1
+
+    _ACTION_NAMES = {ToggleState.SNAPSHOT: "SNAPSHOT", ToggleState.SHUTDOWN: "SHUTDOWN", ToggleState.ABORT: "ABORT"}
+
+    def _take_leader_action(self, action: int, event: str) -> None:
+        """Leader, state ACTIVE: stop taking input and put ``action`` into the log (now, or once
+        what is queued before it is in)."""
+        self._leader_action = action
+        self.counters["cm-state"].set(ModuleState.TERMINATING if action == ToggleState.ABORT else ModuleState.SNAPSHOT)
+        log.info(event, action=self._ACTION_NAMES[action],
+                 append_position=self.local.pub.position if self.local else None,
+                 last_snapshot_position=self._last_snapshot_position)
+        self._append_leader_action()
 
     def _append_leader_action(self) -> None:
         """Put the taken SNAPSHOT/SHUTDOWN/ABORT into the log once everything queued before it is
@@ -1305,11 +1305,8 @@ class ConsensusAgent:
         ack = snap.ack
         self._snapshot = None
         if ack.relevant_id == NULL_VALUE:
-            self.errors += 1
-            self.counters["errors"].add(1)
-            log.error("snapshot failed: the service could not take its snapshot; nothing recorded",
-                      log_position=snap.position)
-            self._snapshot_finished()
+            self._snapshot_failed("snapshot failed: the service could not take its snapshot; nothing recorded",
+                                  log_position=snap.position)
             return
         m = self.module
         state = take_cm_snapshot(snap.position, snap.leadership_term_id, self.sessions, self.timers, self.pending,
@@ -1318,11 +1315,8 @@ class ConsensusAgent:
             recording_id = await record_snapshot(self.archive, self.driver, encode_cm_snapshot(state),
                                                  self.cfg.cluster.consensus_module_snapshot_stream_id)
         except (SnapshotIOError, ArchiveError) as e:
-            self.errors += 1
-            self.counters["errors"].add(1)
-            log.error("snapshot failed: the consensus module snapshot was not recorded", log_position=snap.position,
-                      error=str(e))
-            self._snapshot_finished()
+            self._snapshot_failed("snapshot failed: the consensus module snapshot was not recorded",
+                                  log_position=snap.position, error=str(e))
             return
         rl = self.recording_log_file.log
         now_ms = time.time_ns() // 1_000_000
@@ -1337,6 +1331,12 @@ class ConsensusAgent:
                  recording_id=recording_id, service_recording_id=ack.relevant_id, sessions=len(state.sessions),
                  timers=len(state.timers), pending=len(state.pending),
                  ms=round((time.monotonic_ns() - snap.started_ns) / 1e6, 1))
+        self._snapshot_finished()
+
+    def _snapshot_failed(self, message: str, **fields) -> None:
+        self.errors += 1
+        self.counters["errors"].add(1)
+        log.error(message, **fields)
         self._snapshot_finished()
 
     # ------------------------------------------------------------------ termination

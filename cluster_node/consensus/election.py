@@ -52,7 +52,6 @@ from cluster_node.consensus import effects as fx
 from cluster_node.consensus.members import (
     NULL_POSITION,
     NULL_VALUE,
-    compare_log,
     has_active_quorum,
     have_voters_reached_position,
     is_quorum_candidate,
@@ -630,22 +629,9 @@ class Election:
         candidate = m.member_by_id.get(msg.candidate_member_id)
         if candidate is None:
             return
-        if msg.candidate_term_id <= m.candidate_term_id:
-            # A repeated RequestVote from the candidate we already voted for gets the same YES.
-            m.send_vote(msg, m.voted_for == (msg.candidate_term_id, msg.candidate_member_id))
-            return
-        if (
-            compare_log(
-                m.log_leadership_term_id,
-                m.append_position,
-                msg.log_leadership_term_id,
-                msg.log_position,
-            )
-            > 0
-        ):
-            m.propose_candidate_term(msg.candidate_term_id, now_ns)
-            m.send_vote(msg, False)
-            if self.state in LEADER_STATES:
+        answered = m.answer_vote_without_election(msg, now_ns)
+        if answered is not None:
+            if answered == "log behind" and self.state in LEADER_STATES:
                 self.handle_error(now_ns, "newer candidate term", backoff=False)
             return
         if self.state in _BALLOT_OR_CANVASS:

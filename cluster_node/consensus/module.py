@@ -648,10 +648,14 @@ class ConsensusModule:
         claimed = getattr(msg, "follower_member_id", None)
         return claimed is not None and claimed == from_member_id
 
-    def _on_request_vote_when_settled(self, msg: codecs.RequestVote, now_ns: int) -> None:
+    def answer_vote_without_election(self, msg: codecs.RequestVote, now_ns: int) -> str | None:
+        """The answers to a RequestVote that do not depend on the election's state: a candidate
+        term we have already reached gets our earlier answer again (YES only to the candidate we
+        voted for: a repeated request); a candidate whose log is behind ours gets NO, once we have
+        moved to its term. Returns ``"repeat"`` or ``"log behind"`` when answered, else None."""
         if msg.candidate_term_id <= self.candidate_term_id:
             self.send_vote(msg, self.voted_for == (msg.candidate_term_id, msg.candidate_member_id))
-            return
+            return "repeat"
         if (
             compare_log(
                 self.log_leadership_term_id,
@@ -663,7 +667,13 @@ class ConsensusModule:
         ):
             self.propose_candidate_term(msg.candidate_term_id, now_ns)
             self.send_vote(msg, False)
-            if self.role == Role.LEADER:
+            return "log behind"
+        return None
+
+    def _on_request_vote_when_settled(self, msg: codecs.RequestVote, now_ns: int) -> None:
+        answered = self.answer_vote_without_election(msg, now_ns)
+        if answered is not None:
+            if answered == "log behind" and self.role == Role.LEADER:
                 self.send(
                     msg.candidate_member_id,
                     self.new_leadership_term_for(msg.log_leadership_term_id, now_ns),

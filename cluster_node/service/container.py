@@ -44,13 +44,12 @@ from cluster_node.codecs import NULL_POSITION, NULL_VALUE, ClientSession as Clie
 from cluster_node.consensus.snapshot import (
     SERVICE_SNAPSHOT_STREAM_ID,
     ServiceSnapshot,
-    SnapshotError,
     decode_service_snapshot,
     encode_service_snapshot,
 )
 from cluster_node.service.agent import ServiceAgent
 from cluster_node.service.api import BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role
-from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, SnapshotIOError, read_recording, record_snapshot
+from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
 from media.channel import parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import NEW_PUBLICATION, Doorbell
@@ -312,7 +311,7 @@ class ServiceContainer:
             archive = await self._archive_client()
             records = await read_recording(archive, self._ipc_driver, recording_id)
             snap = decode_service_snapshot(records)
-        except (SnapshotIOError, SnapshotError, Exception) as e:  # noqa: BLE001 - one line for the operator
+        except Exception as e:  # noqa: BLE001 - archive, recording or format: one line for the operator
             raise ServiceStartError(f"cannot load the service snapshot (recording {recording_id}): {e}") from None
         if snap.log_position != position:
             raise ServiceStartError(f"service snapshot recording {recording_id} is at log position "
