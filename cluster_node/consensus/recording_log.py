@@ -296,6 +296,14 @@ class RecordingLog:
         self.entries[index] = entry
         return (self._offsets[index], encode_entry(entry))
 
+    def _invalidate(self, matches) -> list[tuple[int, bytes]]:
+        """Mark every valid entry that ``matches`` invalid; the patches, in file order."""
+        return [
+            self._rewrite(e.entry_index, replace(e, is_valid=False))
+            for e in list(self.entries)
+            if e.is_valid and matches(e)
+        ]
+
     def append_term(
         self,
         recording_id: int,
@@ -352,14 +360,9 @@ class RecordingLog:
     def truncate_to(self, position: int) -> tuple[tuple[int, bytes], ...]:
         """The log is cut at ``position``: TERMs that start after it are invalidated, snapshots
         taken after it too, and the term the cut falls in ends there."""
-        writes = []
-        for e in list(self.entries):
-            if not e.is_valid:
-                continue
-            if e.entry_type == ENTRY_TYPE_TERM and e.term_base_log_position > position:
-                writes.append(self._rewrite(e.entry_index, replace(e, is_valid=False)))
-            elif e.entry_type != ENTRY_TYPE_TERM and e.log_position > position:
-                writes.append(self._rewrite(e.entry_index, replace(e, is_valid=False)))
+        writes = self._invalidate(
+            lambda e: (e.term_base_log_position if e.entry_type == ENTRY_TYPE_TERM else e.log_position) > position
+        )
         last = self.last_term()
         if last is not None and last.log_position != position:
             writes.append(self._rewrite(last.entry_index, replace(last, log_position=position)))
@@ -367,15 +370,9 @@ class RecordingLog:
 
     def invalidate_terms_from(self, leadership_term_id: int) -> tuple[tuple[int, bytes], ...]:
         """Drop the TERMs from ``leadership_term_id`` on (a tail of terms the leader lacks)."""
-        writes = []
-        for e in list(self.entries):
-            if (
-                e.is_valid
-                and e.entry_type == ENTRY_TYPE_TERM
-                and e.leadership_term_id >= leadership_term_id
-            ):
-                writes.append(self._rewrite(e.entry_index, replace(e, is_valid=False)))
-        return tuple(writes)
+        return tuple(self._invalidate(
+            lambda e: e.entry_type == ENTRY_TYPE_TERM and e.leadership_term_id >= leadership_term_id
+        ))
 
     def append_snapshot(
         self,
@@ -406,16 +403,11 @@ class RecordingLog:
         cm = self.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
         if cm is None:
             return ()
-        writes = []
-        for e in list(self.entries):
-            if (
-                e.is_valid
-                and e.entry_type in (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
-                and e.log_position == cm.log_position
-                and e.leadership_term_id == cm.leadership_term_id
-            ):
-                writes.append(self._rewrite(e.entry_index, replace(e, is_valid=False)))
-        return tuple(writes)
+        return tuple(self._invalidate(
+            lambda e: e.entry_type in (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
+            and e.log_position == cm.log_position
+            and e.leadership_term_id == cm.leadership_term_id
+        ))
 
     # ------------------------------------------------------------------------- recovery plan
 
