@@ -287,36 +287,33 @@ def _read_node_state(path: Path) -> tuple[NodeState, bool] | str:
     return state, torn
 
 
-def _read_recording_log(path: Path, required: bool) -> RecordingLog | None:
-    file = path / RECORDING_LOG_FILE_NAME
+def _read_decoded(file: Path, required: bool, missing: str, decode, errors):
+    """``decode(bytes)`` of ``file``; None when it is missing and not ``required``. A missing
+    required file, an unreadable one or one ``decode`` refuses (``errors``): one line, exit 1."""
     try:
         data = file.read_bytes()
     except FileNotFoundError:
         if required:
-            raise click.ClickException(f"no {RECORDING_LOG_FILE_NAME} in {path}: the node never started its consensus module") from None
+            raise click.ClickException(missing) from None
         return None
     except OSError as e:
         raise click.ClickException(f"{file}: {e.strerror}") from None
     try:
-        return RecordingLog.decode(data)
-    except RecordingLogError as e:
+        return decode(data)
+    except errors as e:
         raise click.ClickException(f"{file}: {e}") from None
+
+
+def _read_recording_log(path: Path, required: bool) -> RecordingLog | None:
+    return _read_decoded(path / RECORDING_LOG_FILE_NAME, required,
+                         f"no {RECORDING_LOG_FILE_NAME} in {path}: the node never started its consensus module",
+                         RecordingLog.decode, RecordingLogError)
 
 
 def _read_catalog(archive_dir: Path, required: bool) -> Catalog | None:
     file = archive_dir / CATALOG_FILE_NAME
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        if required:
-            raise click.ClickException(f"no archive catalog at {file}") from None
-        return None
-    except OSError as e:
-        raise click.ClickException(f"{file}: {e.strerror}") from None
-    try:
-        return Catalog.from_bytes(data, strict=False)
-    except CatalogError as e:
-        raise click.ClickException(f"{file}: {e}") from None
+    return _read_decoded(file, required, f"no archive catalog at {file}",
+                         lambda data: Catalog.from_bytes(data, strict=False), CatalogError)
 
 
 def _live_recording_positions(node: NodeDir) -> dict[int, int]:
