@@ -7,7 +7,10 @@ entry has the same position everywhere. The publication has its own session id (
 of the replay session id) unless the replay channel names one.
 
 Each step reads up to ``file_io_max_length`` bytes (never across a term or segment end) into one
-buffer, cuts it at the last whole frame and appends it with one ``offer_block``. How far it may
+buffer, cuts it at the last whole frame, writes the replay's session, stream and term ids into
+each frame (one pass: numpy's ``media.framescan`` for large reads, a Python walk otherwise) and
+appends it with one ``offer_block``. When the subscriber's window is full the replay parks on
+the publication's doorbell (IPC), which the subscriber rings as it consumes. How far it may
 read::
 
     bound = min(replay limit, recorded position, limit counter value (bounded replay))
@@ -31,8 +34,9 @@ import trio
 
 from archive.catalog import RecordingDescriptor
 from archive.storage import ArchiveStorageError, SegmentReader
+from media import framescan
 
-__all__ = ["ReplaySession", "ReplayState", "frame_aligned_length"]
+__all__ = ["ReplaySession", "ReplayState", "frame_aligned_length", "stamp_frames"]
 
 log = structlog.get_logger("archive.replayer")
 
@@ -57,17 +61,33 @@ def frame_aligned_length(buffer, offset: int, length: int) -> int:
     """
     view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
     ints = view if view.format == "i" else view.cast("B").cast("i")
-    i = offset >> 2
-    end_i = (offset + length) >> 2
+    return _walk(ints, offset >> 2, (offset + length) >> 2, None, 0, 0)
+
+
+def stamp_frames(ints: memoryview, length: int, session_id: int, stream_id: int, term_id: int) -> int:
+    """:func:`frame_aligned_length` of ``ints`` (an int32 view) from 0, writing the replay
+    publication's ``session_id``, ``stream_id`` and ``term_id`` into each whole frame on the way
+    (a block never crosses a term): the replay's one pass over its frames, so ``offer_block`` can
+    skip its own."""
+    return _walk(ints, 0, length >> 2, session_id, stream_id, term_id)
+
+
+def _walk(ints, i: int, end_i: int, session_id: int | None, stream_id: int, term_id: int) -> int:
+    start = i
+    stamp = session_id is not None
     while i + 8 <= end_i:
         flen = ints[i]
         if flen < 32:
-            return -1 if (i << 2) == offset else (i << 2) - offset
+            return -1 if i == start else (i - start) << 2
         j = i + ((flen + 31) >> 5 << 3)
         if j > end_i:
             break
+        if stamp:
+            ints[i + 3] = session_id
+            ints[i + 4] = stream_id
+            ints[i + 5] = term_id
         i = j
-    return (i << 2) - offset
+    return (i - start) << 2
 
 
 class ReplaySession:
@@ -110,12 +130,18 @@ class ReplaySession:
         self._view = memoryview(self._buffer)
         self._ints = self._view.cast("i")
         self._reader = SegmentReader(directory, descriptor)
+        self._ipc = publication.channel.is_ipc
+        self.initial_term_id = descriptor.initial_term_id
+        self._max_frame = (max(descriptor.mtu_length, 64) + 31) & ~31
         self._stopped = False
         self._wake = trio.Event()
+        self._wait_scope: trio.CancelScope | None = None
 
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     @property
     def done(self) -> bool:
@@ -127,13 +153,49 @@ class ReplaySession:
         if not self._stopped:
             self._wake = trio.Event()
 
+    async def _wait_for_subscriber(self, seconds: float) -> None:
+        """Back-pressured or not yet connected: wait for the subscriber to move (the
+        publication's doorbell, IPC) or for :meth:`stop`."""
+        with trio.CancelScope() as scope:
+            self._wait_scope = scope
+            try:
+                await self.publication.wait(seconds)
+            finally:
+                self._wait_scope = None
+
+    def _whole_frames(self, n: int, term_offset: int, term_id: int) -> int:
+        """Bytes of whole frames at the start of the read buffer (-1: no valid frame there).
+
+        To IPC the frames go as recorded: an IPC image's session and stream are its log
+        buffer's (media.subscription.Header), and the term ids already match (a replay keeps the
+        recording's positions and initial term id), so only the cut needs finding, from the
+        tail (framescan.last_boundary). To UDP each frame must carry the replay's session and
+        stream ids (receivers route by them): one pass finds the frames and writes them.
+        """
+        pub = self.publication
+        if n >= framescan.MIN_BLOCK:
+            if self._ipc:
+                end = framescan.last_boundary(self._view, 0, n, term_offset, self._max_frame)
+                if end:
+                    return end
+            else:
+                found = framescan.chain(self._view, 0, n, term_offset, 32)
+                if found is not None and found[1]:
+                    term_id = (term_id + 2**31) % 2**32 - 2**31
+                    framescan.stamp(self._view, 0, found[0], pub.session_id, pub.stream_id, term_id)
+                    return found[1]
+        if self._ipc:
+            return frame_aligned_length(self._ints, 0, n)
+        term_id = (term_id + 2**31) % 2**32 - 2**31
+        return stamp_frames(self._ints, n, pub.session_id, pub.stream_id, term_id)
+
     async def run(self) -> None:
         pub = self.publication
         try:
             with trio.move_on_after(self._connect_timeout_s) as scope:
                 pause = _BACK_PRESSURE_PAUSE_S
                 while not pub.is_connected and not self._stopped:
-                    await self._pause(pause)
+                    await self._wait_for_subscriber(pause)
                     pause = min(pause * 2, _MAX_PAUSE_S)
             if scope.cancelled_caught:
                 self.error = "no subscriber connected to the replay within the connect timeout"
@@ -152,6 +214,7 @@ class ReplaySession:
         pub = self.publication
         term_mask = self.descriptor.term_buffer_length - 1
         term_length = self.descriptor.term_buffer_length
+        bits = term_length.bit_length() - 1
         reader = self._reader
         view = self._view
         position = self.position
@@ -179,7 +242,7 @@ class ReplaySession:
                 if pad > n and position + pad <= bound:
                     n = pad
                     reader.read_into(position, view, n)
-            length = frame_aligned_length(self._ints, 0, n)
+            length = self._whole_frames(n, position & term_mask, (self.initial_term_id + (position >> bits)))
             if length == 0 and end == limit:
                 return  # the limit falls inside a frame: the replay ends at the last whole one
             if length == 0 and end == bound and self._limit_counter is not None:
@@ -191,7 +254,7 @@ class ReplaySession:
                 )
             pause = _BACK_PRESSURE_PAUSE_S
             while not self._stopped:
-                result = pub.offer_block(view, 0, length)
+                result = pub.offer_block(view, 0, length, rewrite_ids=not self._ipc)
                 if result > 0:
                     position = result
                     self.position = position
@@ -207,6 +270,6 @@ class ReplaySession:
                     elif now - idle > self._connect_timeout_s:
                         self.error = "the replay's subscriber went away"
                         return
-                await self._pause(pause)
+                await self._wait_for_subscriber(pause)
                 pause = min(pause * 2, _MAX_PAUSE_S)
             await trio.lowlevel.checkpoint()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import structlog
+import trio
 
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
@@ -155,6 +156,29 @@ class IpcTransport:
             log=lb, channel=channel, stream_id=stream_id, session_id=session_id, start_position=start,
             limit_fn=limit_fn, ring_fn=ring_fn, on_close=self._close_publication,
         )
+        bell: list[Doorbell] = []  # made on the first wait: most publications never wait
+
+        async def wait_impl(timeout: float) -> None:
+            if pub.closed:
+                await trio.lowlevel.checkpoint()
+                return
+            if not bell:
+                bell.append(Doorbell())
+            doorbell = bell[0]
+            doorbell.drain()
+            lb.park_publisher(doorbell.name)
+            try:
+                # Re-check after parking: a subscriber that moved before it could see the flag
+                # did not ring.
+                if pub._limit_fn(pub) <= pub.position:
+                    await doorbell.wait(timeout)
+                else:
+                    await trio.lowlevel.checkpoint()
+            finally:
+                lb.unpark_publisher()
+
+        pub._wait_impl = wait_impl
+        pub._doorbells = bell
         self._pubs.append(pub)
         # Tell the subscriptions already waiting for this stream.
         subs_dir = self._stream_dir(stream_id) / "subscribers"
@@ -170,6 +194,8 @@ class IpcTransport:
 
     def _close_publication(self, pub: ExclusivePublication) -> None:
         lb = pub.log
+        for bell in getattr(pub, "_doorbells", ()):
+            bell.close()
         lb.publisher_position = pub.position
         lb.end_of_stream_position = pub.position
         for bell in lb.take_parked():
@@ -259,7 +285,9 @@ class IpcTransport:
                 log=lb, subscription=state.sub, join_position=join, source_identity=f"ipc:pid={lb.publisher_pid}",
                 position_offset=lb.slot_position_offset(slot),
                 eos_fn=lambda lb=lb: (None if (e := lb.end_of_stream_position) == MAX_POSITION else e),
+                ring_publisher=lambda lb=lb: ring(lb.take_parked_publisher()),
             )
+            ring(lb.take_parked_publisher())  # a publisher waiting to be connected
             state.images[key] = _IpcImageState(image, slot)
             self.images_available += 1
             state.sub._add_image(image)
@@ -267,6 +295,7 @@ class IpcTransport:
     def _close_subscription(self, state: _IpcSub) -> None:
         for st in state.images.values():
             st.image.log.release_slot(st.slot)
+            ring(st.image.log.take_parked_publisher())  # its limit may have moved up
         state.images.clear()
         if state in self._subs:
             self._subs.remove(state)
@@ -325,6 +354,7 @@ class IpcTransport:
     def _drop_image(self, state: _IpcSub, key: str, st: _IpcImageState, unlink: bool) -> None:
         del state.images[key]
         st.image.log.release_slot(st.slot)
+        ring(st.image.log.take_parked_publisher())
         if unlink and not pid_alive(st.image.log.publisher_pid):
             st.image.log.unlink()
         self.images_unavailable += 1

@@ -18,9 +18,12 @@ File layout (little-endian)::
       32  publisher pid                  i64
       40  publisher heartbeat (ns)       i64   CLOCK_MONOTONIC, shared by all processes
       48  end-of-stream position         i64   MAX_POSITION while the publication is open
-      56  publisher position             i64   refreshed by the owner's duty cycle
+      56  publisher position             i64   every frame below it is complete (offer_block and the
+                                               owner's duty cycle write it; a lower bound of the edge)
       64  wake flag                      i32   non-zero: some subscriber is parked
+      68  publisher parked               i32   non-zero: the publisher waits for a subscriber to move
       72  start position                 i64   where the publication began
+      80  publisher doorbell             32 bytes, NUL padded (see ``park_publisher``)
       128 subscriber slots, 32 x 64 bytes:
             +0 state i32 (0 free, 1 active) +4 pid i32 +8 position i64 +16 heartbeat ns i64
             +24 parked i32                  +32 doorbell name (32 bytes, NUL padded)
@@ -38,6 +41,7 @@ which no reader can still be on (readers are at most half a term behind the writ
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -77,7 +81,9 @@ _OFF_PUB_HEARTBEAT = 40
 _OFF_EOS = 48
 _OFF_PUB_POSITION = 56
 _OFF_WAKE = 64
+_OFF_PUB_PARKED = 68
 _OFF_START = 72
+_OFF_PUB_DOORBELL = 80
 
 _HDR = struct.Struct("<8siiiii")
 _I32 = struct.Struct("<i")
@@ -96,7 +102,7 @@ class LogBuffer:
 
     __slots__ = (
         "buffer", "path", "term_length", "mtu", "initial_term_id", "session_id", "stream_id",
-        "capacity", "position_bits", "term_mask", "_file", "_closed",
+        "capacity", "position_bits", "term_mask", "_file", "_closed", "_address",
     )
 
     def __init__(self, buffer: mmap.mmap, path: Path | None, file_obj=None) -> None:
@@ -104,6 +110,7 @@ class LogBuffer:
         self.path = path
         self._file = file_obj
         self._closed = False
+        self._address = 0
         magic, tl, mtu, itid, sid, stid = _HDR.unpack_from(buffer, 0)
         if magic != MAGIC:
             raise LogBufferError(f"{path or 'log buffer'}: not a log buffer (bad magic)")
@@ -205,11 +212,18 @@ class LogBuffer:
         return compute_position(term_id, term_offset, self.initial_term_id, self.position_bits)
 
     def clean_term_after(self, position: int) -> None:
-        """Zero the partition of the term after the one ``position`` lies in."""
+        """Zero the partition of the term after the one ``position`` lies in.
+
+        With ``memset`` on the mapping's address: 2-4x faster than assigning a fresh zero
+        ``bytes`` of a term's length (which costs an allocation, page faults and a copy), and a
+        term's worth of zeros is written once per term of data."""
         next_term_start = ((position >> self.position_bits) + 1) << self.position_bits
         start = META_LENGTH + next_term_start % self.capacity
-        tl = self.term_length
-        self.buffer[start : start + tl] = bytes(tl)
+        if self._address == 0:
+            anchor = ctypes.c_char.from_buffer(self.buffer)
+            self._address = ctypes.addressof(anchor)
+            del anchor  # keep only the address: the map itself stays closable
+        ctypes.memset(self._address + start, 0, self.term_length)
 
     # ------------------------------------------------------------------ writing frames
 
@@ -271,6 +285,24 @@ class LogBuffer:
     # control) and wake the ones that are parked. Claims are serialised with flock.
 
     WAKE_OFFSET = _OFF_WAKE
+    PUBLISHER_PARKED_OFFSET = _OFF_PUB_PARKED
+    PUBLISHER_POSITION_OFFSET = _OFF_PUB_POSITION
+
+    def park_publisher(self, doorbell: bytes) -> None:
+        """The publisher is back-pressured and waits on ``doorbell``: the next subscriber that
+        moves its position (or joins, or leaves) rings it (:meth:`take_parked_publisher`)."""
+        self.buffer[_OFF_PUB_DOORBELL : _OFF_PUB_DOORBELL + 32] = doorbell[:32].ljust(32, b"\0")
+        _I32.pack_into(self.buffer, _OFF_PUB_PARKED, 1)
+
+    def unpark_publisher(self) -> None:
+        _I32.pack_into(self.buffer, _OFF_PUB_PARKED, 0)
+
+    def take_parked_publisher(self) -> bytes:
+        """Clear the publisher's parked flag; its doorbell if it was set, else b""."""
+        if not self.buffer[_OFF_PUB_PARKED]:
+            return b""
+        _I32.pack_into(self.buffer, _OFF_PUB_PARKED, 0)
+        return bytes(self.buffer[_OFF_PUB_DOORBELL : _OFF_PUB_DOORBELL + 32]).rstrip(b"\0")
 
     def claim_slot(self, position: int, now_ns: int, doorbell: bytes) -> int:
         """Take a free slot for a new subscriber at ``position``; NO_SLOT when all are taken."""

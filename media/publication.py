@@ -21,7 +21,9 @@ from __future__ import annotations
 import struct
 import threading
 from enum import IntEnum
-from typing import Callable
+from typing import Awaitable, Callable
+
+import trio
 
 from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length
@@ -31,6 +33,7 @@ __all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Public
 
 _PACK_HEADER = DATA_HEADER.pack_into
 _I32_PACK = struct.Struct("<i").pack_into
+_I64_PACK = struct.Struct("<q").pack_into
 _BLOCK_FIRST = struct.Struct("<i4xi").unpack_from  # frame length, term offset
 _MAX_POSITION_TERMS = 2**31
 
@@ -94,12 +97,14 @@ class ExclusivePublication:
         self._position = start_position
         self._limit = start_position  # the first offer refreshes it
         self._term_base = (start_position >> self._bits) << self._bits
+        self._first_term_base = self._term_base
         self._term_id = _wrap_i32(self.initial_term_id + (start_position >> self._bits))
         self._limit_fn = limit_fn
         self._after_append = after_append
         self._ring_fn = ring_fn
         self._on_close = on_close
         self._wake_offset = LogBuffer.WAKE_OFFSET
+        self._wait_impl: Callable[[float], Awaitable[None]] | None = None  # set by the transport
         self._ints: memoryview | None = None  # int32 view of the log buffer, for offer_block
         self.closed = False
 
@@ -188,9 +193,17 @@ class ExclusivePublication:
             self.log.write_padding(pos, self.session_id, self.stream_id)
         self._term_base = next_term
         self._term_id = _wrap_i32(self._term_id + 1)
-        self.log.clean_term_after(next_term)
+        self._clean_after(next_term)
         self._position = next_term
         return next_term
+
+    def _clean_after(self, next_term: int) -> None:
+        """Entering the term at ``next_term``: zero the partition after it, which last held the
+        term before the previous one, unless that term came before this publication's first (a
+        new log buffer is all zeros: a replay's first laps would otherwise write zeros over
+        zeros, touching every page of its buffer for nothing)."""
+        if next_term - 2 * self.term_length >= self._first_term_base:
+            self.log.clean_term_after(next_term)
 
     def _offer_fragmented(self, payload, reserved_value: int) -> int:
         n = len(payload)
@@ -238,7 +251,7 @@ class ExclusivePublication:
 
     # ------------------------------------------------------------------ blocks of frames
 
-    def offer_block(self, block, offset: int, length: int) -> int:
+    def offer_block(self, block, offset: int, length: int, rewrite_ids: bool = True) -> int:
         """Append already-framed bytes (headers included) at the publication's position.
 
         For replays and replications, which must put every frame at the position it was recorded
@@ -248,6 +261,10 @@ class ExclusivePublication:
         frame's length is written last, so a reader sees the whole block or nothing. Returns the
         new position, or a negative :class:`OfferResult`; ValueError for a block that does not fit
         the position (a bug in the caller, not a runtime condition).
+
+        ``rewrite_ids=False``: the caller has already written this publication's session, stream
+        and term ids into every frame (a replay does it during the walk it needs anyway), so the
+        block is copied without a second pass over its frames.
         """
         pos = self._position
         if pos - self._term_base == self.term_length:
@@ -258,7 +275,7 @@ class ExclusivePublication:
                     return code
             self._term_base = pos
             self._term_id = _wrap_i32(self._term_id + 1)
-            self.log.clean_term_after(pos)
+            self._clean_after(pos)
         term_offset = pos - self._term_base
         if length <= 0 or length & 31 or term_offset + length > self.term_length:
             raise ValueError(f"block of {length} bytes does not fit at term offset {term_offset}")
@@ -280,9 +297,9 @@ class ExclusivePublication:
             ints = self._ints = memoryview(buf).cast("B").cast("i")
         session_id, stream_id, term_id = self.session_id, self.stream_id, self._term_id
         i = off >> 2
-        end_i = (off + length) >> 2
+        end_i = (off + length) >> 2 if rewrite_ids else i
         flen = first_length
-        while True:
+        while i < end_i:
             ints[i + 3] = session_id
             ints[i + 4] = stream_id
             ints[i + 5] = term_id
@@ -295,11 +312,29 @@ class ExclusivePublication:
         _I32_PACK(buf, off, first_length)
         pos += length
         self._position = pos
+        # Every frame below ``pos`` is complete: a reader's block poll may take them all without
+        # walking their lengths (a lower bound of the edge; the duty cycle refreshes it too).
+        _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
         if buf[self._wake_offset]:
             self._ring_fn()
         if self._after_append is not None:
             self._after_append()
         return pos
+
+    # ------------------------------------------------------------------ waiting
+
+    async def wait(self, timeout: float) -> None:
+        """Wait until an offer that was refused (BACK_PRESSURED, NOT_CONNECTED) may succeed, or
+        ``timeout`` seconds pass; the caller offers again either way.
+
+        IPC: the publisher parks on a doorbell that the next subscriber to move (or to join or
+        leave) rings, so a replay that fills its window resumes as soon as its reader has
+        consumed, with no polling timer. Other transports: a short sleep.
+        """
+        if self._wait_impl is not None:
+            await self._wait_impl(timeout)
+        else:
+            await trio.sleep(min(timeout, 0.001))
 
     # ------------------------------------------------------------------ close
 

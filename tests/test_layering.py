@@ -24,6 +24,7 @@ EXPECTED_CORE = {
     "media/sender.py",
     "media/receiver.py",
     "media/loss.py",
+    "media/framescan.py",
     "archive/segments.py",
     "archive/catalog.py",
     "cluster_node/consensus/effects.py",

@@ -340,13 +340,25 @@ def test_reused_partition_is_clean_no_stale_frames():
 
 def test_cleaning_happens_one_term_ahead():
     h = Harness()
-    h.log.buffer[META_LENGTH + 2 * TL :] = b"\xee" * TL  # dirty partition 2
+    # Through the first lap: terms 0, 1 and 2 written.
+    while h.pub.position < 3 * TL - 64:
+        h.pub.offer(b"z" * 200)
+        h.drain()
+    assert h.log.buffer[META_LENGTH + TL] != 0  # partition 1 holds term 1
+    h.pub.offer(b"x" * 300)  # does not fit: rotates into term 3, cleaning term 4's partition (1)
+    assert bytes(h.log.buffer[META_LENGTH + TL : META_LENGTH + 2 * TL]) == bytes(TL)
+
+
+def test_a_fresh_log_buffers_first_rotations_clean_nothing():
+    """A new log buffer is all zeros: the partitions after its first two terms held nothing, so
+    rotating into them writes no zeros (a replay's buffer is not touched page by page for it)."""
+    h = Harness()
+    h.log.buffer[META_LENGTH + 2 * TL :] = b"\xee" * TL  # a marker the cleaning would erase
     while h.pub.position < TL - 64:
         h.pub.offer(b"")
         h.drain()
-    assert h.log.buffer[META_LENGTH + 2 * TL] == 0xEE  # still in term 0: nothing cleaned yet
-    h.pub.offer(b"x" * 100)  # does not fit: rotates into term 1, cleaning term 2's partition
-    assert bytes(h.log.buffer[META_LENGTH + 2 * TL :]) == bytes(TL)
+    h.pub.offer(b"x" * 100)  # rotates into term 1; term 2's partition never held a term
+    assert h.log.buffer[META_LENGTH + 2 * TL] == 0xEE
 
 
 def test_many_rotations_with_random_sizes_and_random_poll_limits():

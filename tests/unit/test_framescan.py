@@ -1,0 +1,143 @@
+"""media.framescan: the numpy chain of frames agrees with a plain walk, or declines; it never
+returns a different answer, even when payloads hold bytes that look like frame headers."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from media import framescan
+from media.frames import DATA_HEADER
+
+_I32 = struct.Struct("<i")
+
+
+def _walk(buf, offset: int, length: int, min_frame: int = 1) -> int:
+    """The reference: bytes of whole frames from ``offset`` (first length below min_frame: 0)."""
+    i, end = offset, offset + length
+    while i + 4 <= end:
+        flen = _I32.unpack_from(buf, i)[0]
+        if flen < min_frame:
+            break
+        j = i + ((flen + 31) & ~31)
+        if j > end:
+            break
+        i = j
+    return i - offset
+
+
+def _build(sizes, term_offset: int, fakes: list[tuple[int, int, int]], tail_zero: int) -> bytearray:
+    """Frames of the given payload sizes starting at ``term_offset``; ``fakes`` plant header-like
+    words inside payloads: (frame index, slot in its payload, fake length)."""
+    out = bytearray()
+    starts = []
+    for n in sizes:
+        starts.append(len(out))
+        frame = bytearray((n + 32 + 31) & ~31)
+        DATA_HEADER.pack_into(frame, 0, n + 32, 0, 0xC0, 1, term_offset + len(out), 11, 22, 33, 0)
+        frame[32 : 32 + n] = bytes((k * 7 + 3) % 256 for k in range(n))
+        out += frame
+    for index, slot, fake_len in fakes:
+        if index >= len(starts):
+            continue
+        at = starts[index] + 32 + 32 * slot
+        end = starts[index] + ((sizes[index] + 32 + 31) & ~31)
+        if at + 12 <= end:
+            _I32.pack_into(out, at, fake_len)
+            _I32.pack_into(out, at + 8, term_offset + at)  # looks like a header at its own offset
+    out += bytes(tail_zero)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=120),
+    term_slot=st.integers(0, 1000),
+    fakes=st.lists(st.tuples(st.integers(0, 119), st.integers(0, 90), st.integers(-64, 4096)), max_size=4),
+    tail_zero=st.sampled_from([0, 32, 4096]),
+    cut=st.integers(0, 200_000),
+)
+def test_chain_agrees_with_a_walk_or_declines(sizes, term_slot, fakes, tail_zero, cut):
+    term_offset = term_slot * 32
+    buf = _build(sizes, term_offset, fakes, tail_zero)
+    length = min(len(buf), (cut // 32) * 32) or len(buf)
+    found = framescan.chain(buf, 0, length, term_offset)
+    if found is not None:
+        starts, end = found
+        assert end == _walk(buf, 0, length)
+        # the starts are the walk's frame starts
+        expected, i = [], 0
+        while i < end:
+            expected.append(i)
+            i += (_I32.unpack_from(buf, i)[0] + 31) & ~31
+        assert list(starts) == expected
+
+
+def test_a_clean_run_of_frames_is_proven_without_a_walk():
+    buf = _build([1000] * 200, 4096, [], 4096)
+    found = framescan.chain(buf, 0, len(buf), 4096)
+    assert found is not None and found[1] == 200 * 1056 and len(found[0]) == 200
+
+
+def test_a_fake_header_inside_a_payload_makes_it_decline():
+    buf = _build([1000] * 50, 0, [(10, 3, 64)], 0)
+    assert framescan.chain(buf, 0, len(buf), 0) is None
+
+
+def test_a_frame_cut_by_the_block_end_is_left_out():
+    buf = _build([1000] * 50, 0, [], 0)
+    found = framescan.chain(buf, 0, 10 * 1056 + 512, 0)
+    assert found is not None and found[1] == 10 * 1056
+
+
+def test_a_frame_under_way_at_the_edge_ends_the_chain():
+    buf = _build([500] * 40, 0, [], 8192)
+    edge = 40 * 544
+    DATA_HEADER.pack_into(buf, edge, 0, 0, 0xC0, 1, edge, 11, 22, 33, 0)  # header written, length not yet
+    buf[edge + 32 : edge + 200] = b"\x01" * 168
+    found = framescan.chain(buf, 0, len(buf), 0)
+    assert found is not None and found[1] == edge
+
+
+def test_stamp_writes_the_ids_into_every_frame():
+    buf = _build([100, 2000, 0, 700], 0, [], 0)
+    starts, end = framescan.chain(buf, 0, len(buf), 0)
+    framescan.stamp(buf, 0, starts, -5, 77, 123456)
+    for s in starts:
+        _len, _v, _f, _t, _off, sid, stream, term, _r = DATA_HEADER.unpack_from(buf, int(s))
+        assert (sid, stream, term) == (-5, 77, 123456)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 2000), min_size=40, max_size=300), zeros=st.integers(0, 3))
+def test_extend_follows_to_the_edge_like_a_walk(sizes, zeros):
+    buf = _build(sizes, 0, [], 32 * zeros + 70_000)
+    limit = len(buf)
+    at, done = framescan.extend(buf, 0, limit, 0, 0)
+    walked = _walk(buf, 0, limit)
+    assert done and at == walked
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 1376), min_size=1, max_size=150),
+    term_slot=st.integers(0, 1000),
+    fakes=st.lists(st.tuples(st.integers(0, 149), st.integers(0, 40), st.integers(-64, 1408)), max_size=4),
+    cut=st.integers(1, 250_000),
+)
+def test_last_boundary_is_the_walks_end_or_declines(sizes, term_slot, fakes, cut):
+    """Frames no longer than the MTU (1408): the cut found from the tail is the walk's."""
+    term_offset = term_slot * 32
+    buf = _build(sizes, term_offset, fakes, 0)
+    length = max(32, min(len(buf), (cut // 32) * 32))
+    end = framescan.last_boundary(buf, 0, length, term_offset, 1408)
+    if end is not None:
+        assert end == _walk(buf, 0, length)
+
+
+def test_last_boundary_finds_the_cut_of_a_clean_run():
+    buf = _build([1000] * 100, 0, [], 0)
+    assert framescan.last_boundary(buf, 0, 50 * 1056 + 704, 0, 1408) == 50 * 1056
+    assert framescan.last_boundary(buf, 0, 50 * 1056, 0, 1408) == 50 * 1056
