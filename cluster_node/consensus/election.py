@@ -488,10 +488,23 @@ class Election:
         if self.replay_id == NULL_VALUE:
             # The whole local log is replayed (the reference: "from logPosition to
             # appendPosition"): the live log continues where it ends, and the service must see
-            # every entry in order. By now the NewLeadershipTerm has shown our log to be a prefix
-            # of the leader's, and the leader's log was on a quorum before it led (LEADER_LOG_
-            # REPLICATION), so the replayed log is committed.
+            # every entry in order, and applies all of it: so all of it must be committed first.
+            # The NewLeadershipTerm showed our log to be a prefix of the leader's, which does not
+            # make it committed: the leader may still be in LEADER_LOG_REPLICATION (its log not
+            # yet on a quorum), or our tail may lie in the leader's own term, appended but never
+            # acknowledged by a quorum (a member restarting into an unchanged leadership). The
+            # reference replays it as committed; a later leader without it then truncates what
+            # this member applied (simulator seeds 795 and 9628). So, like the reference's
+            # FOLLOWER_LOG_REPLICATION, wait until the leader's commit position covers our log
+            # (our AppendPosition counts toward it); a leader that never gets there times out.
             target = m.append_position
+            if target > m.commit_position and (
+                self.leader_commit_position == NULL_POSITION or self.leader_commit_position < target
+            ):
+                if self._follower_timed_out(now_ns):
+                    self.handle_error(now_ns, "the leader did not commit our log during follower replay")
+                    return work + 1
+                return work
             if target > m.commit_position:
                 self.replay_id = m.start_replay(m.commit_position, target)
                 self.replay_to_position = target

@@ -209,6 +209,36 @@ def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     _no_violations(sim)
 
 
+def test_follower_restarting_into_the_same_leadership_applies_only_what_the_leader_committed() -> None:
+    """A follower holds entries the leader appended but could not commit (the other members stopped
+    hearing the leader). It restarts while that leader still leads the same term: it must not
+    replay (apply) its log before the leader's commit position covers it, since a later leader
+    without those entries truncates them (replaying the whole local log at once applied them as
+    committed: simulator seed 795)."""
+    sim = _sim(seed=23, member_count=5, clients=1, client_interval_ns=10 * MS)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    leader = sim.leader()
+    follower = (leader + 1) % 5
+    sim.client_leader[0] = leader
+    sim.client_last_reply_ns[0] = sim.now_ns + 10_000 * MS  # the client sticks with the leader
+    sim.run_for(100 * MS)
+    sim.partition({leader, follower}, one_way=True)  # the other three stop hearing them
+    sim.run_for(150 * MS)
+    commit = sim.core(leader).commit_position
+    assert sim.members[follower].archive.stop > commit, "the follower should hold an uncommitted tail"
+    sim.crash(follower)
+    sim.restart(follower)
+    assert sim.run_until(lambda: S.FOLLOWER_REPLAY in _states_entered(sim, follower), 1_000 * MS)
+    for _ in range(100):  # while the partition lasts, the follower never runs ahead of the leader
+        sim.run_for(5 * MS)
+        assert sim.core(follower).commit_position <= sim.core(leader).commit_position
+    assert S.FOLLOWER_CATCHUP_INIT not in _states_entered(sim, follower)  # still waiting to replay
+    sim.heal()
+    sim.client_last_reply_ns[0] = sim.now_ns
+    _stop_clients_and_converge(sim)
+    _no_violations(sim)
+
+
 def test_leader_steps_down_without_quorum_and_is_reelected_when_it_returns() -> None:
     sim = _sim(seed=13, member_count=3, clients=1, client_interval_ns=10 * MS)
     assert sim.run_until(sim.converged, 2_000 * MS)
