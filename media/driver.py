@@ -13,6 +13,14 @@ One driver per process (per node). It runs inside the caller's trio loop as a fe
   heartbeats and discovery, counters, delayed datagrams of the loss injector. It sleeps until
   the earliest deadline, so an idle driver costs a handful of wake-ups a second.
 
+The driver shares its process's trio loop, so when the process stalls (SIGSTOP, a blocking
+call, an overloaded machine) the driver stalls too, unlike a driver in a process of its own.
+Both ends guard against that: a sender that has not run for a while first reads the status
+messages waiting in its socket, then re-announces itself with a SETUP before sending anything new
+(media.sender, *stall*); a conductor that wakes up much later than it meant to gives every UDP
+image a fresh liveness clock before it checks liveness, so the datagrams waiting in the sockets
+are read before any publisher is declared gone (media.receiver, *a stall of our own*).
+
 The driver's state is touched from its trio thread only. UDP subscriptions are polled from that
 thread; a UDP publication may be *offered* from any thread of the process (the offer writes the
 log buffer and posts one wake-up into the trio loop, see ``_after_append``); an exclusive one from
@@ -65,6 +73,7 @@ _PREFIX = struct.Struct("<iBBH").unpack_from
 _SESSION_STREAM = struct.Struct("<ii").unpack_from
 _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
+_STALL_DRAIN_LIMIT = 4096  # datagrams read from a publication socket after a stall, at most
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,7 @@ class MediaDriver:
             receiver_timeout_ns=config.publication_connection_timeout_ns,
             retransmit_linger_ns=config.retransmit_linger_ns,
             timer_slack_ns=self._slack_ns,
+            image_liveness_timeout_ns=config.image_liveness_timeout_ns,
         )
         self._receiver_cfg = ReceiverConfig(
             initial_window=config.initial_window,
@@ -465,6 +475,18 @@ class MediaDriver:
         sc = self.system
         while True:
             now = time.monotonic_ns()
+            stalled = False
+            for np in self._net_pubs:
+                if np.core.stalled(now) and np.sock.fileno() >= 0:
+                    # The process did not run for a while (see media.sender, *stall*): what
+                    # waits in the socket was sent before the SETUP this stall is about to send,
+                    # so it is read first and cannot pass for that SETUP's answer.
+                    self._read_publication_socket(np, _STALL_DRAIN_LIMIT)
+                    stalled = True
+                    log.info("publication stalled, sending setup", session_id=np.pub.session_id,
+                             stream_id=np.pub.stream_id, silent_ms=(now - np.core.last_send_ns) // 1_000_000)
+            if stalled:
+                now = time.monotonic_ns()
             pending = False
             for np in list(self._net_pubs):
                 core = np.core
@@ -486,7 +508,7 @@ class MediaDriver:
                         sc.retransmits_sent.add(core.stats.retransmits - before_retransmits)
                     if core.stats.heartbeats != before_hb:
                         sc.heartbeats_sent.add(core.stats.heartbeats - before_hb)
-                if core.connected and core.sender_position < min(np.pub.position, core.flow_limit):
+                if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
                     pending = True
                 if np.closed_at_ns and core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
                     self._release_network_publication(np)
@@ -506,42 +528,50 @@ class MediaDriver:
 
     async def _publication_reader(self, np: _NetPublication) -> None:
         sock = np.sock
-        buf = self._recv_buf
-        sc = self.system
         try:
             while sock.fileno() >= 0:
                 await trio.lowlevel.wait_readable(sock)
-                for _ in range(_RECV_BATCH):
-                    try:
-                        n, addr = sock.recvfrom_into(buf)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:
-                        break
-                    sc.bytes_received.add(n)
-                    try:
-                        frame = frames.decode_untrusted(self._recv_view[:n])
-                    except FrameError as e:
-                        self._invalid(e, addr)
-                        continue
-                    now = time.monotonic_ns()
-                    if isinstance(frame, frames.StatusMessage):
-                        if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
-                            continue
-                        sc.status_messages_received.add(1)
-                        np.core.on_status(frame, addr, now)
-                    elif isinstance(frame, frames.Nak):
-                        if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
-                            continue
-                        sc.nak_messages_received.add(1)
-                        np.core.on_nak(frame, now, np.pub.position)
-                    elif isinstance(frame, frames.Rttm):
-                        continue
-                    else:
-                        self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
+                self._read_publication_socket(np, _RECV_BATCH)
                 self._wake_sender()
         except (trio.ClosedResourceError, OSError, ValueError):
             return  # the socket was closed under us: the publication or endpoint is gone
+
+    def _read_publication_socket(self, np: _NetPublication, limit: int) -> int:
+        """Read up to ``limit`` waiting datagrams (status messages, NAKs) without blocking."""
+        sock = np.sock
+        buf = self._recv_buf
+        sc = self.system
+        count = 0
+        while count < limit:
+            try:
+                n, addr = sock.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            count += 1
+            sc.bytes_received.add(n)
+            try:
+                frame = frames.decode_untrusted(self._recv_view[:n])
+            except FrameError as e:
+                self._invalid(e, addr)
+                continue
+            now = time.monotonic_ns()
+            if isinstance(frame, frames.StatusMessage):
+                if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                    continue
+                sc.status_messages_received.add(1)
+                np.core.on_status(frame, addr, now)
+            elif isinstance(frame, frames.Nak):
+                if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                    continue
+                sc.nak_messages_received.add(1)
+                np.core.on_nak(frame, now, np.pub.position)
+            elif isinstance(frame, frames.Rttm):
+                continue
+            else:
+                self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
+        return count
 
     def _invalid(self, error: Exception, addr) -> None:
         self.system.invalid_packets.add(1)
@@ -868,8 +898,14 @@ class MediaDriver:
 
     async def _conductor_loop(self) -> None:
         out: list = []
+        due = time.monotonic_ns()  # when this loop meant to run next
+        # Running this much later than planned means the process stalled (see media.receiver,
+        # "a stall of our own"): the images' silence over that time does not count.
+        stall_ns = self.config.image_liveness_timeout_ns // 4
         while True:
             now = time.monotonic_ns()
+            if now - due > stall_ns:
+                self._on_receiver_stall(now, now - due)
             deadline = now + 1_000_000_000
             # Delayed datagrams of the loss injector.
             while self._delayed and self._delayed[0][0] <= now:
@@ -909,9 +945,23 @@ class MediaDriver:
                     for counter, fn in ni.counters:
                         counter.set(fn())
             self._conductor_event = trio.Event()
-            wait_s = max(0, self._coalesce(deadline, now) - time.monotonic_ns()) / 1e9
+            due = self._coalesce(deadline, now)
+            wait_s = max(0, due - time.monotonic_ns()) / 1e9
             with trio.move_on_after(wait_s):
                 await self._conductor_event.wait()
+            if self._conductor_event.is_set():
+                due = min(due, time.monotonic_ns())  # woken early: on time by definition
+
+    def _on_receiver_stall(self, now: int, late_ns: int) -> None:
+        """The conductor ran ``late_ns`` after it meant to: give every UDP image a fresh liveness
+        clock, so what waits in the sockets is read before anyone is declared gone."""
+        count = 0
+        for group in self._all_groups():
+            for ni in group.images.values():
+                ni.core.on_local_stall(now)
+                count += 1
+        if count:
+            log.info("driver stalled, image liveness restarted", late_ms=late_ns // 1_000_000, images=count)
 
     # ------------------------------------------------------------------ life cycle
 

@@ -15,6 +15,14 @@ One :class:`ImageReceiverCore` per (session, stream) image decides:
 * **liveness and end of stream**: no frame for ``image_liveness_timeout_ns`` makes the image
   unavailable; a heartbeat with EOS marks the end position, and the image ends once the
   subscribers have consumed up to it.
+* **a stall of our own**: the driver runs inside its process's event loop, so a paused process
+  (SIGSTOP, a long blocking call, an overloaded machine) stops the receiver too, while the
+  publisher keeps sending into the socket. Silence measured across that pause says nothing about
+  the publisher, and dropping the image before reading what waits in the socket would lose it
+  (the publisher would re-create the image further on). So when the driver finds it ran late by
+  a good part of the liveness timeout, it calls :meth:`ImageReceiverCore.on_local_stall`, which
+  starts the liveness clock afresh; a publisher that is really gone is still noticed, one full
+  timeout after the stall.
 
 The shell writes accepted runs into the image's log buffer (``LogBuffer.insert``) and sends the
 control frames this core returns.
@@ -196,6 +204,11 @@ class ImageReceiverCore:
         """A SETUP for an image we have: the sender has not heard our status; answer soon."""
         self.last_packet_ns = now_ns
         self.last_status_ns = now_ns - self.config.status_interval_ns
+
+    def on_local_stall(self, now_ns: int) -> None:
+        """This process did not run for a while: the silence since the last frame does not count."""
+        if now_ns > self.last_packet_ns:
+            self.last_packet_ns = now_ns
 
     def on_consumed(self, position: int) -> None:
         """The slowest subscriber of this image is now at ``position``."""

@@ -18,6 +18,24 @@ messages and NAKs it has received and the time ``now_ns``:
 * **heartbeat**: when nothing was sent for ``heartbeat_interval_ns``, a header-only DATA frame with
   the sender position, so receivers see tail loss and know the publication is alive; with the EOS
   flag once the publication has closed and everything was sent.
+* **stall**: the driver runs inside its process's event loop, so when the process stops (a long
+  pause, SIGSTOP, an overloaded machine) the sender stops with it: no heartbeats, no data, and the
+  status messages pile up unread in its socket. When ``do_work`` runs again after such a silence
+  (longer than :attr:`SenderCore.stall_threshold_ns`, half the shortest of the image liveness,
+  connection and receiver timeouts, but at least two heartbeat intervals) two things follow:
+
+  - the receivers may have dropped the image for liveness meanwhile. Data sent for a dropped image
+    makes the receiver ask for a SETUP, and that SETUP would carry the sender position *after* the
+    data: the data would never be delivered. So before any new data the sender re-announces
+    itself with a SETUP at the sender position (what went out before the stall, not what was
+    appended during it) and holds new data until a status message read *after* that SETUP answers
+    it. A receiver that dropped the image creates it at that position, so what was appended during
+    the stall arrives in it; a receiver that kept its image only takes the SETUP as a sign of life.
+    (Stale status messages read before that SETUP was sent do not count as the answer.)
+  - the silence of the receivers during the stall says nothing about them: their status messages
+    are waiting in the socket. The connection and receiver clocks restart at ``now_ns`` instead of
+    expiring, so a stalled sender does not give up on receivers that are still there (a receiver
+    that is really gone is still dropped, a full timeout after the stall).
 
 The core returns *sends*: ``(kind, offset, length)`` slices of the log buffer or ready bytes, and
 the shell writes them to the socket for every destination.
@@ -58,6 +76,9 @@ class SenderConfig:
     timer_slack_ns: int = 0
     """A heartbeat this close to due goes out now, with whatever else is being sent: the driver
     wakes for several publications at once instead of once each (an idle driver's cost)."""
+    image_liveness_timeout_ns: int = 10_000_000_000
+    """How long the receivers keep an image without hearing from this sender (the driver passes
+    its own setting): a sender silent for a good part of it re-announces itself (see *stall*)."""
 
 
 @dataclass(slots=True)
@@ -71,6 +92,7 @@ class SenderStats:
     naks_received: int = 0
     naks_ignored: int = 0
     status_ignored: int = 0
+    stalls: int = 0
 
 
 class _Receiver:
@@ -115,6 +137,14 @@ class SenderCore:
         self.last_setup_ns = now_ns - config.setup_interval_ns
         self.last_send_ns = now_ns
         self.last_status_ns = now_ns
+        self.last_work_ns = now_ns
+        # Set by a stall: no new data until a status message read at or after this time answers
+        # the SETUP sent then (see the module docstring, *stall*); None when not holding.
+        self.resetup_since_ns: int | None = None
+        self.stall_threshold_ns = max(
+            min(config.image_liveness_timeout_ns, config.connection_timeout_ns, config.receiver_timeout_ns) // 2,
+            2 * config.heartbeat_interval_ns,
+        )
         self.end_position: int | None = None  # set when the publication closes
         self.eos_sent = False
         # Retransmits: position -> [length, due_ns or None once sent, linger_until_ns]
@@ -159,6 +189,10 @@ class SenderCore:
                 rcv.limit = limit
             rcv.last_seen_ns = now_ns
             rcv.address = address
+        if self.resetup_since_ns is not None:
+            if now_ns <= self.resetup_since_ns:
+                return  # read before the stall's SETUP went out: it cannot be the answer
+            self.resetup_since_ns = None
         self.setup_wanted = False
         self.connected = True
         self._recompute_limit()
@@ -212,6 +246,9 @@ class SenderCore:
         """
         cfg = self.config
         added = 0
+        if self.stalled(now_ns):
+            self._on_stall(now_ns)
+        self.last_work_ns = now_ns
         self._expire(now_ns)
         if (not self.connected or self.setup_wanted) and now_ns - self.last_setup_ns >= cfg.setup_interval_ns:
             term_offset = self.sender_position & (self.term_length - 1)
@@ -223,7 +260,8 @@ class SenderCore:
             self.stats.setups += 1
             added += 1
         if self.connected:
-            added += self._send_data(buffer, publisher_position, sends, now_ns)
+            if self.resetup_since_ns is None:
+                added += self._send_data(buffer, publisher_position, sends, now_ns)
             if self._retransmits:
                 added += self._send_retransmits(now_ns, buffer, sends)
         if (
@@ -242,6 +280,37 @@ class SenderCore:
             added += 1
         return added
 
+    @property
+    def sending_data(self) -> bool:
+        """Connected, and not holding data back until a stall's SETUP is answered."""
+        return self.connected and self.resetup_since_ns is None
+
+    def stalled(self, now_ns: int) -> bool:
+        """Whether ``do_work(now_ns)`` will treat the time since it last ran (or sent) as a stall.
+
+        The shell reads the status messages waiting in the socket *before* that call, so they are
+        known to be older than the SETUP the stall sends (see *stall*).
+        """
+        threshold = self.stall_threshold_ns
+        return now_ns - self.last_work_ns > threshold or now_ns - self.last_send_ns > threshold
+
+    def _on_stall(self, now_ns: int) -> None:
+        """This sender did not run (or send) for longer than the stall threshold.
+
+        Clocks that measure the receivers' silence restart now: their status messages are
+        probably unread in the socket. A connected sender re-announces itself with a SETUP at the
+        sender position and holds new data until that is answered (a closed one that has sent
+        its EOS does not: its receivers are meant to let the image go).
+        """
+        self.stats.stalls += 1
+        self.last_status_ns = now_ns
+        for rcv in self.receivers.values():
+            rcv.last_seen_ns = now_ns
+        if self.connected and not self.eos_sent:
+            self.setup_wanted = True
+            self.last_setup_ns = now_ns - self.config.setup_interval_ns  # at once, before any data
+            self.resetup_since_ns = now_ns
+
     def _heartbeat(self, eos: bool) -> bytes:
         p = self.sender_position
         return encode_heartbeat(p & (self.term_length - 1), self.session_id, self.stream_id, self.term_id_of(p), eos)
@@ -259,6 +328,7 @@ class SenderCore:
         if now_ns - self.last_status_ns > cfg.connection_timeout_ns:
             self.connected = False
             self.setup_wanted = True
+            self.resetup_since_ns = None  # the next status message connects, whatever it answers
             self.receivers.clear()
 
     def _chunk(self, buffer, position: int, limit: int) -> tuple[int, int, int]:

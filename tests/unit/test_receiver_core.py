@@ -333,6 +333,24 @@ def test_liveness():
     assert core.next_deadline_ns() <= T0 + 30 * MS + timeout + 1
 
 
+def test_a_stall_of_our_own_restarts_the_liveness_clock():
+    """The driver found it ran late (its process stalled): the silence over the stall does not
+    count, and the image lives a full timeout from then (media.receiver, a stall of our own)."""
+    core = make()
+    timeout = CFG.image_liveness_timeout_ns
+    frames(core, 0, 1, T0 + 5 * MS)
+    resumed = T0 + 5 * MS + 3 * timeout
+    assert not core.is_alive(resumed)
+    core.on_local_stall(resumed)
+    assert core.is_alive(resumed) and core.is_alive(resumed + timeout) and not core.is_alive(resumed + timeout + 1)
+    # What waited in the socket is then read, and the image goes on from where it was.
+    assert frames(core, 1, 2, resumed + MS) == (Accept.INSERT, F)
+    assert core.rebuild_position == 3 * F and core.is_alive(resumed + MS + timeout)
+    # The clock never goes back.
+    core.on_local_stall(resumed)
+    assert core.last_packet_ns == resumed + MS
+
+
 @pytest.mark.parametrize("deliver_first", [True, False])
 def test_end_of_stream(deliver_first):
     core = make()

@@ -155,6 +155,10 @@ def test_connection_times_out_without_status_messages():
     rig.publish(2)
     assert "data" in kinds(rig.work(T0 + MS))
     assert rig.core.next_deadline_ns() <= T0 + 500 * MS
+    # The driver runs the core at least every heartbeat interval; a longer gap would be a stall
+    # of the sender itself, which restarts the connection clock instead (tests further down).
+    for t in range(100, 500, 100):
+        rig.work(T0 + t * MS)
     rig.work(T0 + 500 * MS)
     assert rig.core.connected
     rig.publish(2)
@@ -570,3 +574,170 @@ def test_closed_publication_ignores_setup_requests():
     rig.status(0, 0, T0 + 3 * MS, rid=9, setup=True)
     out = rig.work(T0 + 300 * MS)
     assert not rig.core.setup_wanted and "setup" not in kinds(out)
+
+
+# ------------------------------------------------------------------------------ stall of the sender
+#
+# The driver runs in its process's event loop: when the process stops, the sender stops. After a
+# silence longer than the stall threshold the receivers may have dropped the image, and their
+# status messages are unread in the socket (see media.sender, *stall*).
+
+STALL_CFG = SenderConfig(
+    image_liveness_timeout_ns=1000 * MS, connection_timeout_ns=1000 * MS, receiver_timeout_ns=1000 * MS,
+    heartbeat_interval_ns=100 * MS, setup_interval_ns=100 * MS,
+)
+
+
+def _running(rig: Rig, start: int, end: int, step: int = 100 * MS) -> int:
+    """Run the core every ``step`` from ``start`` to ``end`` as the driver would, acknowledging
+    what it sent; return the last time used."""
+    now = start
+    while now <= end:
+        rig.status(rig.core.sender_position, TL // 2, now)
+        rig.work(now)
+        now += step
+    return now - step
+
+
+def test_stall_threshold_is_half_the_shortest_timeout_but_two_heartbeats_at_least():
+    assert SenderCore(
+        session_id=1, stream_id=1, initial_term_id=0, term_length=TL, mtu=MTU, start_position=0, now_ns=T0,
+        multi_destination=False, config=STALL_CFG,
+    ).stall_threshold_ns == 500 * MS
+    cfg = SenderConfig(image_liveness_timeout_ns=300 * MS, connection_timeout_ns=5000 * MS, heartbeat_interval_ns=100 * MS)
+    assert Rig(config=cfg).core.stall_threshold_ns == 200 * MS
+    assert Rig(config=SenderConfig()).core.stall_threshold_ns == 2500 * MS  # defaults: 10 s liveness, 5 s connection
+
+
+def test_a_stall_sends_setup_at_the_sender_position_and_holds_new_data_until_answered():
+    rig = Rig(config=STALL_CFG)
+    core = rig.core
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(3)
+    now = _running(rig, T0 + MS, T0 + 1000 * MS)
+    sent = core.sender_position
+    assert sent == 3 * 160 and core.stats.stalls == 0
+    # The process stops for 1.5 liveness timeouts; what the application offered meanwhile (or
+    # right after) is in the log buffer when the sender runs again.
+    rig.publish(2)
+    resumed = now + 1500 * MS
+    assert core.stalled(resumed) and not core.stalled(now + 100 * MS)
+    out = rig.work(resumed)
+    assert kinds(out) == ["setup", "hb"], "a SETUP before anything else, and no data"
+    setup = decode_untrusted(out[0])
+    assert core.position_of(setup.active_term_id, setup.term_offset) == sent, "the position before the stall"
+    hb = decode_untrusted(out[1])
+    assert core.position_of(hb.term_id, hb.term_offset) == sent
+    assert core.connected and core.setup_wanted and not core.sending_data and core.stats.stalls == 1
+    assert set(core.receivers) == {1}, "the stall did not make the sender give up on its receiver"
+    # Nothing goes out while the SETUP is unanswered, however often the core runs; the SETUP is
+    # repeated every setup interval.
+    assert rig.work(resumed + MS) == []
+    assert kinds(rig.work(resumed + 100 * MS)) == ["setup", "hb"]
+    assert core.sender_position == sent
+    # A status message read before the SETUP went out (stale, read at the same instant) is no answer.
+    rig.status(sent, TL // 2, resumed)
+    assert not core.sending_data
+    # The answer: the receiver's new image starts at ``sent``; what was appended flows into it.
+    rig.status(sent, TL // 2, resumed + 101 * MS)
+    assert core.sending_data and not core.setup_wanted
+    out = rig.work(resumed + 102 * MS)
+    assert kinds(out) == ["data"] and data_span(core, out[0]) == (sent, sent + 2 * 160)
+    assert rig.work(resumed + 103 * MS) == []
+
+
+def test_a_setup_request_during_the_hold_is_answered_and_the_hold_stays():
+    rig = Rig(config=STALL_CFG)
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(1)
+    now = _running(rig, T0 + MS, T0 + 300 * MS)
+    rig.publish(1)
+    resumed = now + 2000 * MS
+    assert kinds(rig.work(resumed)) == ["setup", "hb"]
+    # The receiver, image gone, saw the heartbeat and asks for a SETUP.
+    rig.status(0, 0, resumed + MS, rid=1, setup=True)
+    assert kinds(rig.work(resumed + MS)) == ["setup"]
+    assert not rig.core.sending_data
+    rig.status(160, TL // 2, resumed + 2 * MS)
+    assert [data_span(rig.core, d) for d in rig.work(resumed + 2 * MS)] == [(160, 320)]
+
+
+def test_a_stall_longer_than_the_connection_timeout_keeps_the_receivers():
+    cfg = SenderConfig(
+        image_liveness_timeout_ns=10_000 * MS, connection_timeout_ns=1000 * MS, receiver_timeout_ns=1000 * MS,
+        heartbeat_interval_ns=100 * MS,
+    )
+    rig = Rig(mdc=True, config=cfg)
+    core = rig.core
+    rig.work(T0)
+    rig.status(0, TL // 2, T0, rid=1, address="a")
+    rig.status(0, TL // 2, T0, rid=2, address="b")
+    resumed = T0 + 3000 * MS  # three connection timeouts without running
+    rig.work(resumed)
+    assert core.connected and set(core.receivers) == {1, 2}
+    assert core.last_status_ns == resumed
+    # Receiver 2's status messages were waiting in the socket; receiver 1 is really gone. The
+    # sender notices, one receiver timeout after the stall, running as usual.
+    t = resumed
+    while t < resumed + 1000 * MS:
+        t += 100 * MS
+        rig.status(0, TL // 2, t, rid=2, address="b")
+        rig.work(t)
+    assert set(core.receivers) == {1, 2}
+    t = resumed + 1000 * MS + 1
+    rig.status(0, TL // 2, t, rid=2, address="b")
+    rig.work(t)
+    assert set(core.receivers) == {2} and core.connected
+    # Nobody at all: the connection goes, a full timeout after the stall.
+    rig2 = Rig(config=cfg)
+    rig2.work(T0)
+    rig2.status(0, TL // 2, T0)
+    rig2.work(resumed)
+    assert rig2.core.connected
+    t = resumed
+    while t < resumed + 1000 * MS:
+        t += 100 * MS
+        rig2.work(t)
+    assert rig2.core.connected
+    rig2.work(resumed + 1000 * MS + 1)
+    assert not rig2.core.connected and rig2.core.receivers == {}
+
+
+def test_a_sender_that_runs_regularly_never_stalls():
+    rig = Rig(config=STALL_CFG)
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    now = T0
+    for i in range(300):  # 30 s, idle and busy in turns, the core run every heartbeat interval or so
+        now += 100 * MS + (i % 7) * 3 * MS
+        if i % 3 == 0:
+            rig.publish(2)
+        rig.status(rig.core.sender_position, TL // 2, now)
+        out = kinds(rig.work(now))
+        assert "setup" not in out
+    assert rig.core.stats.stalls == 0 and rig.core.sender_position == rig.pub.position
+
+
+def test_a_stall_before_connecting_changes_nothing():
+    rig = Rig(config=STALL_CFG)
+    rig.publish(2)
+    assert kinds(rig.work(T0)) == ["setup"]
+    out = rig.work(T0 + 5000 * MS)
+    assert "data" not in kinds(out) and "setup" in kinds(out)
+    assert rig.core.resetup_since_ns is None and not rig.core.connected
+    rig.status(0, TL // 2, T0 + 5001 * MS)
+    assert [data_span(rig.core, d) for d in rig.work(T0 + 5001 * MS)] == [(0, 320)]
+
+
+def test_a_closed_publication_that_sent_its_end_does_not_come_back_after_a_stall():
+    rig = Rig(config=STALL_CFG)
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(2)
+    rig.work(T0 + MS)
+    rig.core.close(rig.pub.position)
+    assert kinds(rig.work(T0 + 2 * MS)) == ["eos"]
+    out = rig.work(T0 + 3000 * MS)
+    assert kinds(out) == ["eos"] and not rig.core.setup_wanted
