@@ -634,7 +634,7 @@ class Archive:
                     if rs.stop_requested:
                         break
                     if work == 0:
-                        await sub.wait(0.1)
+                        await sub.wait(1.0)  # data, new images and stop all wake it
                     else:
                         await trio.lowlevel.checkpoint()
         finally:

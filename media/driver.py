@@ -407,6 +407,12 @@ class MediaDriver:
         np.pub.log.close()
         self.system.publications_active.add(-1)
 
+    def coalesce(self, deadline_ns: int, now_ns: int | None = None) -> int:
+        """``deadline_ns`` (monotonic) on this driver's timer grid, for the other duty cycles of
+        the process (the consensus agent's park): their timers then fire in the same wake-ups as
+        the driver's heartbeats and status messages."""
+        return self._coalesce(deadline_ns, time.monotonic_ns() if now_ns is None else now_ns)
+
     def _coalesce(self, deadline: int, now: int) -> int:
         """A far deadline rounded up to the slack grid (near ones, e.g. NAK delays, stay exact)."""
         slack = self._slack_ns

@@ -1448,6 +1448,9 @@ class ConsensusAgent:
             timeout_s = max(0.0, min(timeout_s, (nxt - time.time_ns()) / 1e9))  # deadlines are cluster time
         if self._replication is not None:
             timeout_s = min(timeout_s, 0.01)
+        # On the driver's timer grid: the node's periodic work (heartbeats, status messages,
+        # these duties) then falls in one wake-up instead of one each.
+        timeout_s = max(0.0, (self.driver.coalesce(now + int(timeout_s * 1e9), now) - now) / 1e9)
         wake = self._wake = trio.Event()
         ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
         for sub in (self._consensus_sub, self._follower_sub, ingress):
