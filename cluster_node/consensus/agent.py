@@ -43,7 +43,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import structlog
 import trio
 
@@ -344,6 +343,7 @@ class ConsensusAgent:
         self.module = ConsensusModule(
             cfg.member_id, members, settings, random.Random(), rl, self.node_state.candidate_term_id,
             self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
+            cluster_clock=lambda _monotonic_ns: time.time_ns(),
         )
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
@@ -489,11 +489,7 @@ class ConsensusAgent:
             if pub is not None:
                 pub.offer(CONSENSUS_CODEC.encode(e.message))
         elif t is fx.AppendLog:
-            message = e.message
-            if type(message) is codecs.NewLeadershipTermEvent:
-                # The core's clock is monotonic (election timing); the log carries cluster time.
-                message = msgspec.structs.replace(message, timestamp=time.time_ns())
-            self._appends.append((message, None))
+            self._appends.append((e.message, None))
             self._flush_appends()
         elif t is fx.PersistCandidateTerm:
             self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position, e.timestamp_ns // 1_000_000)

@@ -41,6 +41,7 @@ last recording.log TERM entry and its recorded position).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster_node import codecs
@@ -95,11 +96,18 @@ class ConsensusModule:
         append_position: int,
         now_ns: int,
         commit_position: int = 0,
+        cluster_clock: Callable[[int], int] | None = None,
     ) -> None:
         """``candidate_term_id`` comes from node-state.dat (NULL_VALUE when new);
         ``append_position`` is the log recording's stop position; ``commit_position`` the
-        recovery plan's committed position (a snapshot's position, else 0)."""
+        recovery plan's committed position (a snapshot's position, else 0).
+
+        ``cluster_clock(now_ns)``: the cluster time written into the log entries this core
+        appends (the shell injects the wall clock, epoch ns, so timestamps mean the same on every
+        member and after a restart; injected like ``rng``). By default it is ``now_ns``, the
+        monotonic time the core's timing uses (the simulator's clock)."""
         self.member_id = member_id
+        self.cluster_clock = cluster_clock if cluster_clock is not None else (lambda t: t)
         self.members = members
         self.member_by_id = {m.member_id: m for m in members}
         if member_id not in self.member_by_id:
@@ -463,7 +471,7 @@ class ConsensusModule:
                 codecs.NewLeadershipTermEvent(
                     self.leadership_term_id,
                     self.append_position,
-                    now_ns,
+                    self.cluster_clock(now_ns),
                     self.term_base_log_position,
                     self.member_id,
                     self.log_session_id,

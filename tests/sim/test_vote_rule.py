@@ -109,3 +109,18 @@ def test_follower_truncates_a_tail_the_new_leader_does_not_have() -> None:
     assert core.append_position == 1024
     assert core.recording_log.last_term().log_position == 1024
     assert core.election_state == S.INIT
+
+
+def test_the_new_leadership_term_event_carries_the_injected_cluster_time() -> None:
+    """The core times elections on its monotonic ``now_ns``; the entries it appends carry the
+    cluster time the shell injects (the node: the wall clock, epoch ns), by default ``now_ns``."""
+    def module(**kw):
+        return ConsensusModule(0, [ClusterMember(0)], SIM_SETTINGS, random.Random(1), RecordingLog(), -1, 0, 0,
+                               5_000, **kw)
+
+    for m, expected in ((module(), 5_000), (module(cluster_clock=lambda t: 1_700_000_000_000_000_000 + t),
+                                             1_700_000_000_000_000_000 + 5_000)):
+        m.drain_effects()
+        m.append_new_leadership_term_event(5_000)
+        (append,) = [e for e in m.drain_effects() if isinstance(e, fx.AppendLog)]
+        assert append.message.timestamp == expected
