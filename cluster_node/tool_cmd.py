@@ -769,9 +769,6 @@ _TOGGLE_TIMEOUT_S = 10.0
 """How long the leader may take to act on a toggle (it reads it every duty cycle)."""
 _SNAPSHOT_TIMEOUT_S = 30.0
 _TERMINATE_TIMEOUT_S = 60.0
-_REFUSAL_GRACE_S = 0.5
-"""After the leader released a SHUTDOWN/ABORT toggle while still ACTIVE: how long to watch for it
-to move on before calling it a refusal (a refusal leaves it ACTIVE for good)."""
 _ENTRY_GRACE_S = 1.0
 """After the leader released a SNAPSHOT toggle: how long to look for the new recording.log entry
 before calling the snapshot failed."""
@@ -974,32 +971,27 @@ def _terminate(ctx: click.Context, action: str, toggle: int, wait: bool, timeout
     deadline = time.monotonic() + timeout_s
     _, before = _latest_cm_snapshot(node.path)
     with _LiveControl(node) as live:
-        count_before = live.get("snapshot_count")
         live.request(toggle, action, _STATE_ACTIVE)
         left_active = False
 
         def taken() -> bool:
+            # The leader sets its new state before it releases the toggle (agent
+            # _on_control_toggle), so the state read after seeing the release is its decision:
+            # still ACTIVE means refused, anything else (or no counter: closing) means taken.
             nonlocal left_active
             if not _pid_alive(pid):
                 return True
-            if live.get("cm_state") != _STATE_ACTIVE:  # None: the counter is gone, the node is closing
-                left_active = True
-                return True
-            return live.get("control") != toggle
+            if live.get("control") == toggle:
+                return False
+            left_active = live.get("cm_state") != _STATE_ACTIVE
+            return True
 
         if not _wait_until(taken, min(_TOGGLE_TIMEOUT_S, timeout_s)):
             _fail(f"{action}: member {member} did not take the request within "
                   f"{min(_TOGGLE_TIMEOUT_S, timeout_s):g} s (its control toggle is still {name})")
         if not left_active and _pid_alive(pid):
-            # The toggle came back while the node is ACTIVE: a refusal stays so, an accepted
-            # request moves on at once (a new state, a snapshot counted, or an exit).
-            def moved() -> bool:
-                return (not _pid_alive(pid) or live.get("cm_state") != _STATE_ACTIVE
-                        or live.get("snapshot_count") != count_before)
-
-            if not _wait_until(moved, _REFUSAL_GRACE_S):
-                _fail(f"{name} was not applied: member {member} released the control toggle and stays ACTIVE "
-                      f"(see `tool errors`)")
+            _fail(f"{name} was not applied: member {member} released the control toggle and stays ACTIVE "
+                  f"(see `tool errors`)")
     click.echo(f"{name} applied successfully")
     if not wait:
         return
