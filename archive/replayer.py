@@ -130,9 +130,7 @@ class ReplaySession:
         self._view = memoryview(self._buffer)
         self._ints = self._view.cast("i")
         self._reader = SegmentReader(directory, descriptor)
-        self._ipc = publication.channel.is_ipc
         self.initial_term_id = descriptor.initial_term_id
-        self._max_frame = (max(descriptor.mtu_length, 64) + 31) & ~31
         self._stopped = False
         self._wake = trio.Event()
         self._wait_scope: trio.CancelScope | None = None
@@ -164,29 +162,19 @@ class ReplaySession:
                 self._wait_scope = None
 
     def _whole_frames(self, n: int, term_offset: int, term_id: int) -> int:
-        """Bytes of whole frames at the start of the read buffer (-1: no valid frame there).
-
-        To IPC the frames go as recorded: an IPC image's session and stream are its log
-        buffer's (media.subscription.Header), and the term ids already match (a replay keeps the
-        recording's positions and initial term id), so only the cut needs finding, from the
-        tail (framescan.last_boundary). To UDP each frame must carry the replay's session and
-        stream ids (receivers route by them): one pass finds the frames and writes them.
+        """Bytes of whole frames at the start of the read buffer (-1: no valid frame there), with
+        the replay's session, stream and term ids written into each of them on the way: a replay
+        is a publication of its own (a UDP receiver routes frames by those ids, and a recording
+        of the replay stream must hold frames of that stream). One pass: numpy's chain for large
+        reads (media.framescan), a Python walk otherwise or when it declines.
         """
         pub = self.publication
-        if n >= framescan.MIN_BLOCK:
-            if self._ipc:
-                end = framescan.last_boundary(self._view, 0, n, term_offset, self._max_frame)
-                if end:
-                    return end
-            else:
-                found = framescan.chain(self._view, 0, n, term_offset, 32)
-                if found is not None and found[1]:
-                    term_id = (term_id + 2**31) % 2**32 - 2**31
-                    framescan.stamp(self._view, 0, found[0], pub.session_id, pub.stream_id, term_id)
-                    return found[1]
-        if self._ipc:
-            return frame_aligned_length(self._ints, 0, n)
         term_id = (term_id + 2**31) % 2**32 - 2**31
+        if n >= framescan.MIN_BLOCK:
+            found = framescan.chain(self._view, 0, n, term_offset, 32)
+            if found is not None and found[1]:
+                framescan.stamp(self._view, 0, found[0], pub.session_id, pub.stream_id, term_id)
+                return found[1]
         return stamp_frames(self._ints, n, pub.session_id, pub.stream_id, term_id)
 
     async def run(self) -> None:
@@ -254,7 +242,7 @@ class ReplaySession:
                 )
             pause = _BACK_PRESSURE_PAUSE_S
             while not self._stopped:
-                result = pub.offer_block(view, 0, length, rewrite_ids=not self._ipc)
+                result = pub.offer_block(view, 0, length, rewrite_ids=False)
                 if result > 0:
                     position = result
                     self.position = position

@@ -25,7 +25,7 @@ not pay for it.
 
 from __future__ import annotations
 
-__all__ = ["MIN_BLOCK", "chain", "extend", "last_boundary", "stamp"]
+__all__ = ["MIN_BLOCK", "chain", "extend", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
@@ -144,35 +144,3 @@ def _ends_at_edge(buffer, offset: int) -> bool:
     np = _numpy()
     return int(np.frombuffer(buffer, dtype="<i4", count=1, offset=offset)[0]) <= 0
 
-
-def last_boundary(buffer, offset: int, length: int, term_offset: int, max_frame: int) -> int | None:
-    """Where the whole frames of ``buffer[offset:offset + length]`` end, found from the tail:
-    ``offset`` is a frame start, no frame is longer than ``max_frame`` (a multiple of 32; the
-    stream's MTU), and the block ends inside one term.
-
-    Every window of ``max_frame`` bytes holds a frame start, and a frame start is always a
-    candidate (a header at its own term offset). So if the candidates in the last window link
-    one to the next, the ones after the true start among them are all true, the last is a frame
-    start, and its end (or its start, when it runs past the block) is a frame boundary, found
-    without following the whole chain. None when that does not hold (the caller walks).
-    This proves where the block may be cut; it does not check the frames before the window.
-    """
-    np = _numpy()
-    window = min(length, 2 * max_frame)
-    if window < 64 or term_offset + length > (1 << 30):
-        return None
-    start = length - window
-    slots = window >> 5
-    words = np.frombuffer(buffer, dtype="<i4", count=slots * 8, offset=offset + start).reshape(slots, 8)
-    first = (term_offset + start) >> 5
-    cand = np.flatnonzero(words[:, 2] == _slot_offsets(np, term_offset + length)[first : first + slots])
-    if cand.size == 0:
-        return None
-    lens = words[cand, 0].astype(np.int64)
-    if int(lens.min()) < 32:
-        return None
-    nxt = cand + ((lens + 31) >> 5)
-    if cand.size > 1 and not np.array_equal(nxt[:-1], cand[1:]):
-        return None
-    last, end = int(cand[-1]), int(nxt[-1])
-    return start + ((end if end <= slots else last) << 5)

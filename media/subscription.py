@@ -53,10 +53,9 @@ BlockHandler = Callable[[memoryview, int, int, int], None]
 class Header:
     """The header of the message being handled. Valid only during the handler call.
 
-    ``session_id`` and ``stream_id`` are the image's: every frame of an image belongs to its
-    session and stream (a UDP receiver routes frames to images by them; an IPC log buffer file is
-    one session of one stream), so they are not read from the frame. An IPC replay therefore
-    does not rewrite them into each frame it copies (``archive.replayer``)."""
+    ``session_id`` and ``stream_id`` are the image's (every frame of an image belongs to its
+    session and stream: a UDP receiver routes frames to images by them, an IPC log buffer file is
+    one session of one stream), so they cost no read of the frame."""
 
     __slots__ = ("buffer", "offset", "position", "initial_term_id", "term_length", "session_id", "stream_id")
 

@@ -16,9 +16,9 @@ from media.driver import open_media_driver
 TERM = 64 * 1024
 
 
-async def _record(client, driver, stream_id, count, size=100):
+async def _record(client, driver, stream_id, count, size=100, term="64k"):
     await client.start_recording("aeron:ipc", stream_id)
-    pub = driver.add_publication("aeron:ipc?term-length=64k", stream_id)
+    pub = driver.add_publication(f"aeron:ipc?term-length={term}", stream_id)
     start = await client.wait_for_signal(signal_is(RecordingSignal.START), 10)
     with trio.fail_after(20):
         for i in range(count):
@@ -111,3 +111,43 @@ async def test_control_operations_and_bad_requests(tmp_path):
 def _sid(replay_session_id: int) -> int:
     low = replay_session_id & 0xFFFFFFFF
     return low - 2**32 if low & 0x80000000 else low
+
+
+@pytest.mark.parametrize("term", ["64k", "512k"])
+async def test_a_replay_is_a_stream_of_its_own_in_every_frame(tmp_path, term):
+    """Every replayed frame carries the replay's session and stream ids, whether the replay found
+    its frames by a walk (64 KiB terms: reads of a quarter term, 16 KiB) or with numpy (512 KiB
+    terms: 128 KiB reads): a recording of the replay stream must hold frames of that stream (crash
+    recovery checks it)."""
+    from media.frames import DATA_HEADER
+
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        async with open_archive(driver, ArchiveConfig(dir=tmp_path / "archive", segment_file_length=4 * 1024 * 1024)):
+            client = await ArchiveClient.connect(driver)
+            rid, pub = await _record(client, driver, 5, 20000, size=96, term=term)  # 128-byte frames
+            end = pub.position
+            sub = driver.add_subscription("aeron:ipc", 77)
+            replay_id = await client.start_replay(rid, 0, end, "aeron:ipc", 77)
+            sid = replay_id & 0xFFFFFFFF
+            sid = sid - 2**32 if sid & 0x80000000 else sid
+            seen = []
+
+            def on_block(buf, offset, length, position):
+                i = offset
+                while i < offset + length:
+                    flen, _v, _f, ftype, _toff, fsid, fstream, _term, _r = DATA_HEADER.unpack_from(buf, i)
+                    if ftype == 1:
+                        seen.append((fsid, fstream))
+                    i += (flen + 31) & ~31 if ftype == 1 else flen
+
+            received = 0
+            with trio.fail_after(20):
+                while received < end:
+                    image = sub.image_by_session_id(sid)
+                    n = image.block_poll(on_block, 1 << 20) if image is not None else 0
+                    received += n
+                    if not n:
+                        await sub.wait(0.05)
+            assert len(seen) == 20000
+            assert set(seen) == {(sid, 77)}
+            await client.close()

@@ -119,25 +119,3 @@ def test_extend_follows_to_the_edge_like_a_walk(sizes, zeros):
     walked = _walk(buf, 0, limit)
     assert done and at == walked
 
-
-@settings(max_examples=150, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 1376), min_size=1, max_size=150),
-    term_slot=st.integers(0, 1000),
-    fakes=st.lists(st.tuples(st.integers(0, 149), st.integers(0, 40), st.integers(-64, 1408)), max_size=4),
-    cut=st.integers(1, 250_000),
-)
-def test_last_boundary_is_the_walks_end_or_declines(sizes, term_slot, fakes, cut):
-    """Frames no longer than the MTU (1408): the cut found from the tail is the walk's."""
-    term_offset = term_slot * 32
-    buf = _build(sizes, term_offset, fakes, 0)
-    length = max(32, min(len(buf), (cut // 32) * 32))
-    end = framescan.last_boundary(buf, 0, length, term_offset, 1408)
-    if end is not None:
-        assert end == _walk(buf, 0, length)
-
-
-def test_last_boundary_finds_the_cut_of_a_clean_run():
-    buf = _build([1000] * 100, 0, [], 0)
-    assert framescan.last_boundary(buf, 0, 50 * 1056 + 704, 0, 1408) == 50 * 1056
-    assert framescan.last_boundary(buf, 0, 50 * 1056, 0, 1408) == 50 * 1056
