@@ -34,7 +34,11 @@ messages to the handler, sends keep-alives and watches the leader:
   be gone for good (the cluster restarted, or the event was lost): the client connects anew to
   whichever member leads now, and gets a new session (``on_reconnect`` tells the application).
   It keeps trying for ``reconnect_timeout``, then closes with ``error`` set.
-* **SessionEvent CLOSED**: the cluster closed the session; the client closes (as the reference).
+* **SessionEvent CLOSED**: closed by the service (SERVICE_ACTION), the client closes, as the
+  reference's does. Closed for TIMEOUT (the client was silent longer than the session timeout,
+  or a leader that restarted closed the sessions it inherited from the log), the client is still
+  here: it connects anew and gets a new session, as after a silent leader (the reference's
+  client closes here too, and every application has to reconnect by hand).
 
 ``offer`` never waits: it returns the new ingress position (> 0) or a negative
 ``media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
@@ -211,6 +215,7 @@ class ClusterClient:
         self.inbox_dropped = 0
         self.keep_alives_sent = 0
         self.reconnects = 0
+        self._reconnect_wanted = False
         self.new_leader_events = 0
 
     # ---------------------------------------------------------------- state
@@ -338,7 +343,15 @@ class ClusterClient:
             self.foreign_messages += 1
             return
         if event.code == EventCode.CLOSED:
-            self._close_locally(f"the cluster closed the session: {event.detail or 'no reason given'}")
+            if event.detail == "SERVICE_ACTION":
+                self._close_locally(f"the cluster closed the session: {event.detail}")
+            else:
+                # TIMEOUT: the cluster stopped counting on us (we were silent too long, or a
+                # leader that restarted closed the sessions it inherited from the log). We are
+                # here, so we open a new session, as after a silent leader.
+                log.warning("the cluster closed the session, reconnecting", session=self.cluster_session_id,
+                            detail=event.detail)
+                self._reconnect_wanted = True
         elif event.code == EventCode.ERROR:
             # e.g. a message with a stale term; the session goes on.
             self.egress_errors += 1
@@ -521,9 +534,10 @@ class ClusterClient:
         return self._connect_reply
 
     async def _reconnect(self) -> None:
-        """A new session after the leader went silent; closes the client if it cannot."""
+        """A new session after the leader went silent or the cluster timed ours out; closes the
+        client if it cannot."""
         old = self.cluster_session_id
-        log.warning("leader silent, reconnecting", session=old, leader=self.leader_member_id,
+        log.warning("reconnecting", session=old, leader=self.leader_member_id,
                     silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000)
         self._replace_ingress(None)
         self.cluster_session_id = NULL_VALUE
@@ -588,7 +602,8 @@ class ClusterClient:
             if self.do_work(now):
                 await trio.lowlevel.checkpoint()
                 continue
-            if self._leader_silent(now):
+            if self._leader_silent(now) or self._reconnect_wanted:
+                self._reconnect_wanted = False
                 await self._reconnect()
                 continue
             await self._egress.wait(min(_LIVENESS_CHECK_S, keep_alive_s))

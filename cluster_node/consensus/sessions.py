@@ -29,9 +29,10 @@ Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; a
   reason TIMEOUT and told CLOSED; activity is reset for every session after an election;
 * ingress and keep-alives carrying a leadership term other than the current one are dropped
   (the client has not seen the NewLeaderEvent yet);
-* after an election the new leader sends every open session a NewLeaderEvent; after a full
-  cluster restart (a startup election) sessions from before are closed (TIMEOUT) instead, since
-  their clients' egress is long gone;
+* after an election the new leader sends every open session a NewLeaderEvent; after a restart
+  of the leader (a startup election: the whole cluster, or the leader alone) sessions from before
+  are closed (TIMEOUT) instead, as the reference does, and their clients are told (SessionEvent
+  CLOSED) in case they are still there, so they reconnect;
 * rollback: a session whose open event is after the commit position when a new leadership is
   prepared never happened (it is dropped; the client times out or reconnects), and one whose
   close event is after the commit position is open again.
@@ -291,9 +292,12 @@ class ClusterSessions:
         if not is_leader:
             return
         if is_startup:
+            # Told (SessionEvent CLOSED, TIMEOUT): a client that is still there (this leader
+            # restarted alone and won the election) reconnects instead of offering into a session
+            # that no longer exists while the leader answers its ingress publication.
             for session in list(self.sessions.values()):
                 self._close(session, CloseReason.TIMEOUT, leadership_term_id, append_position, now_ns,
-                            tell_client=False)
+                            tell_client=True)
             return
         for session in self.sessions.values():
             self.effects.append(SendEgress(

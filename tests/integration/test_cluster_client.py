@@ -323,14 +323,28 @@ async def test_nobody_there_times_out() -> None:
     assert trio.current_time() - start < 3
 
 
-async def test_session_closed_by_the_cluster(fake) -> None:
+async def test_session_closed_by_the_service_closes_the_client(fake) -> None:
     async with open_cluster_client(client_config(fake.endpoints)) as client:
-        fake.close_session(client.cluster_session_id, "session timed out")
+        fake.close_session(client.cluster_session_id, "SERVICE_ACTION")
         await _until(lambda: client.is_closed)
-        assert "session timed out" in client.error
+        assert "SERVICE_ACTION" in client.error
         assert client.offer(b"x") == OfferResult.CLOSED
         with pytest.raises(ClientClosedError):
             await client.receive(1.0)
+
+
+async def test_session_timed_out_by_the_cluster_reconnects_with_a_new_session(fake) -> None:
+    """TIMEOUT: we were silent too long for the cluster, or a restarted leader closed the sessions
+    it inherited; we are still here, so a new session carries on."""
+    reconnected = []
+    async with open_cluster_client(client_config(fake.endpoints), on_reconnect=reconnected.append) as client:
+        old = client.cluster_session_id
+        fake.close_session(old, "TIMEOUT")
+        await _until(lambda: client.reconnects == 1 and client.cluster_session_id not in (old, -1))
+        assert not client.is_closed and reconnected == [client.cluster_session_id]
+        await _send_all(client, [b"after the timeout"])
+        got = await client.receive(5.0)
+        assert got is not None and got[0] == b"after the timeout"
 
 
 async def test_bad_egress_is_counted_and_dropped(fake) -> None:

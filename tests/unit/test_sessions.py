@@ -121,6 +121,9 @@ def test_after_a_full_restart_the_leader_closes_old_sessions():
                         append_position=1024, now_ns=5)
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, 41, 5, CloseReason.TIMEOUT)] and not s.sessions
+    # The client is told, in case it is still there (the leader alone restarted): it reconnects.
+    (ev,) = events(effects)
+    assert ev.code == EventCode.CLOSED and ev.detail == "TIMEOUT" and CloseEgress(41) in effects
 
 
 def test_rollback_forgets_uncommitted_opens_and_reopens_uncommitted_closes():
