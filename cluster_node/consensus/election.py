@@ -633,7 +633,7 @@ class Election:
             if msg.leadership_term_id > m.leadership_term_id:
                 self.handle_error(now_ns, "newer term seen in canvass")
                 return
-            m.send(member.member_id, m.new_leadership_term_for(msg.log_leadership_term_id, now_ns))
+            m.answer_canvass(member, msg.log_leadership_term_id, now_ns)
 
     def on_request_vote(self, msg: codecs.RequestVote, now_ns: int) -> None:
         m = self.m

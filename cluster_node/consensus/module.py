@@ -442,6 +442,18 @@ class ConsensusModule:
                 member.catchup_replay_from_position = NULL_POSITION
             self.send(member.member_id, codecs.StopCatchup(self.leadership_term_id, member.member_id))
 
+    def answer_canvass(self, member: ClusterMember, log_leadership_term_id: int, now_ns: int) -> None:
+        """Leader: ``member`` canvasses, so it is (re)starting its election, and a catchup replay
+        still running for it is stale: stop it (as the reference does) and answer with the
+        NewLeadershipTerm for its log. Without the stop, a replay that ended on its own (its
+        subscriber never came) left the member's catchup position set, and every CatchupPosition
+        the member sent again from that position was taken for the running replay: the member
+        retried catchup forever."""
+        if member.catchup_replay_from_position != NULL_POSITION:
+            self.emit(fx.StopCatchupReplay(member.member_id))
+            member.catchup_replay_from_position = NULL_POSITION
+        self.send(member.member_id, self.new_leadership_term_for(log_leadership_term_id, now_ns))
+
     def start_catchup(self, msg: codecs.CatchupPosition, now_ns: int) -> None:
         member = self.member_by_id.get(msg.follower_member_id)
         if (
@@ -595,10 +607,7 @@ class ConsensusModule:
                 if msg.leadership_term_id > self.leadership_term_id:
                     self.enter_election(now_ns, "newer term seen in canvass")
                 else:
-                    self.send(
-                        from_member_id,
-                        self.new_leadership_term_for(msg.log_leadership_term_id, now_ns),
-                    )
+                    self.answer_canvass(member, msg.log_leadership_term_id, now_ns)
         elif t is codecs.RequestVote:
             if election is not None:
                 election.on_request_vote(msg, now_ns)

@@ -124,3 +124,36 @@ def test_the_new_leadership_term_event_carries_the_injected_cluster_time() -> No
         m.append_new_leadership_term_event(5_000)
         (append,) = [e for e in m.drain_effects() if isinstance(e, fx.AppendLog)]
         assert append.message.timestamp == expected
+
+
+def test_a_member_that_canvasses_again_gets_a_new_catchup_replay_for_the_same_position() -> None:
+    """A catchup replay can end on its own (its subscriber never came); the member then times out,
+    canvasses and asks again from the same position. The canvass stops the stale replay, so the
+    repeated CatchupPosition starts a new one instead of being taken for the one still thought to
+    be running (found by the chaos test: a follower retried catchup for good)."""
+    from tests.support.sim import MS, SimConfig, Simulation
+
+    sim = Simulation(3, SimConfig(member_count=3, clients=1))
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    leader_id = sim.leader()
+    leader = sim.core(leader_id)
+    follower = next(i for i in range(3) if i != leader_id)
+    leader.drain_effects()
+    position = leader.term_base_log_position
+    now = sim.now_ns
+    ask = codecs.CatchupPosition(leader.leadership_term_id, position, follower, "catchup")
+
+    def started() -> int:
+        return sum(isinstance(e, fx.StartCatchupReplay) for e in leader.drain_effects())
+
+    leader.on_message(follower, ask, now)
+    assert started() == 1
+    leader.on_message(follower, ask, now)  # repeated while the replay runs: the same replay
+    assert started() == 0
+    leader.on_message(follower, codecs.CanvassPosition(leader.leadership_term_id, position,
+                                                       leader.leadership_term_id, follower,
+                                                       codecs.CONSENSUS_PROTOCOL_VERSION), now)
+    effects = leader.drain_effects()
+    assert any(isinstance(e, fx.StopCatchupReplay) and e.follower_member_id == follower for e in effects)
+    leader.on_message(follower, ask, now)
+    assert started() == 1
