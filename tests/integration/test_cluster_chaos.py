@@ -22,9 +22,11 @@ import trio
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
 from tests.support.cluster import TestCluster, open_kv_client
 
-pytestmark = pytest.mark.chaos
-
 SECONDS = float(os.environ.get("CLUSTER_CHAOS_SECONDS", "120"))
+
+# The suite's per-test timeout (300 s) would cut a long run short: the faults' duration plus
+# time to start, converge and verify.
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SECONDS + 300)]
 
 
 @pytest.fixture
