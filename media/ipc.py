@@ -98,6 +98,7 @@ class IpcTransport:
         self._pubs: list[ExclusivePublication] = []
         self._subs: list[_IpcSub] = []
         self._last_heartbeat_ns = 0
+        self._grace_until_ns = 0
         self._last_rescan_ns = 0
         self._pid = os.getpid()
         self._rng = random.Random()
@@ -138,7 +139,7 @@ class IpcTransport:
             now = time.monotonic_ns()
             lowest = None
             for slot, pid, pos, hb, _parked, _bell in lb.active_slots():
-                if now - hb > liveness or (pid != mypid and not pid_alive(pid)):
+                if (now - hb > liveness and self.peers_judgeable(now)) or (pid != mypid and not pid_alive(pid)):
                     lb.release_slot(slot)
                     continue
                 if lowest is None or pos < lowest:
@@ -320,10 +321,28 @@ class IpcTransport:
     def next_deadline_ns(self) -> int:
         return self._last_heartbeat_ns + self.heartbeat_interval_ns
 
+    def peers_judgeable(self, now_ns: int) -> bool:
+        """Whether a peer's old heartbeat may be taken to mean it is gone.
+
+        Not while this transport itself did not run for a while (a stall of its own process:
+        SIGSTOP, an overloaded machine), nor for one liveness timeout after such a stall: the
+        peer, often the other thread of the same stopped process, has not had the chance to
+        beat yet. Without this, whichever side ran first after a stall dropped the other: a
+        subscriber re-joined at the tail and skipped what was written meanwhile (a clustered
+        service then diverged from its log), a publisher freed a slot and stopped waiting for
+        its reader. A peer whose process is gone is still dropped at once (pid check)."""
+        if self._last_heartbeat_ns == 0:
+            return True  # no duty cycle yet: nothing says we stalled
+        return now_ns >= self._grace_until_ns and now_ns - self._last_heartbeat_ns <= self.liveness_ns // 2
+
     def do_work(self, now_ns: int) -> int:
         """Heartbeats, liveness and discovery; cheap enough to run every heartbeat interval."""
         if now_ns - self._last_heartbeat_ns < self.heartbeat_interval_ns:
             return 0
+        if self._last_heartbeat_ns and now_ns - self._last_heartbeat_ns > self.liveness_ns // 2:
+            self._grace_until_ns = now_ns + self.liveness_ns  # we stalled: peers get time to beat
+            log.info("ipc transport stalled, liveness judgements deferred",
+                     late_ms=(now_ns - self._last_heartbeat_ns) // 1_000_000)
         self._last_heartbeat_ns = now_ns
         work = 0
         for pub in self._pubs:
@@ -342,7 +361,7 @@ class IpcTransport:
                     work += 1
                     continue
                 pid = lb.publisher_pid
-                stale = now_ns - lb.publisher_heartbeat_ns > self.liveness_ns
+                stale = now_ns - lb.publisher_heartbeat_ns > self.liveness_ns and self.peers_judgeable(now_ns)
                 if stale or not pid_alive(pid):
                     if not image.has_data():
                         self._drop_image(state, key, st, unlink=True)

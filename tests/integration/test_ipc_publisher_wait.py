@@ -151,3 +151,39 @@ async def test_block_poll_takes_an_offered_block_whole_and_never_a_partial_frame
         assert image.block_poll(lambda b, o, n, p: blocks.append((p, n)), 1 << 20) == len(block2) - 320 + 64
         assert image.block_poll(lambda b, o, n, p: blocks.append((p, n)), 1 << 20) == 0
         assert [p for p, _ in blocks] == [0, len(block), len(block) + 320]
+
+
+async def test_a_transport_that_stalled_does_not_judge_its_peers_by_their_old_heartbeats(tmp_path):
+    """Both ends of an IPC stream in one process stop together (SIGSTOP, an overloaded machine).
+    Whichever transport runs first afterwards sees the other's heartbeat as old: it must not
+    drop the image (the reader would re-join at the tail and skip what was written meanwhile) or
+    free the reader's slot, until the other has had a liveness timeout to beat again."""
+    import time
+
+    from media.channel import parse
+    from media.ipc import IpcTransport
+
+    liveness = 2_000_000_000
+    sub_side = IpcTransport(tmp_path, image_liveness_timeout_ns=liveness, heartbeat_interval_ns=100_000_000)
+    pub_side = IpcTransport(tmp_path, image_liveness_timeout_ns=liveness, heartbeat_interval_ns=100_000_000)
+    sub = sub_side.add_subscription(parse("aeron:ipc"), 9)
+    pub = pub_side.add_publication(parse("aeron:ipc"), 9)
+    sub_side.rescan()
+    now = time.monotonic_ns()
+    pub_side.do_work(now)
+    sub_side.do_work(now)
+    assert len(sub.images) == 1 and pub.offer(b"before") > 0
+    sub.poll(lambda *a: None, 10)
+    image = sub.images[0]
+    later = now + 3 * liveness // 2  # both were stopped for 1.5 liveness timeouts
+    sub_side.do_work(later)  # the subscriber's side runs first: the publisher's beat is old
+    # (The old behaviour dropped the image and at once re-joined the stream at its tail: a new
+    # image, and whatever was written in between was never delivered.)
+    assert sub.images == (image,), "the image was dropped for a stall of our own"
+    assert not sub_side.peers_judgeable(later)
+    # A peer that stays silent a full liveness timeout after the stall is judged as before.
+    for t in range(later + 100_000_000, later + liveness + 300_000_000, 100_000_000):
+        sub_side.do_work(t)
+    assert image not in sub.images, "a publisher silent for a liveness timeout after the stall is gone"
+    pub.close()
+    sub.close()
