@@ -36,7 +36,7 @@ from archive.catalog import RecordingDescriptor
 from archive.storage import ArchiveStorageError, SegmentReader
 from media import framescan
 
-__all__ = ["ReplaySession", "ReplayState", "frame_aligned_length", "stamp_frames"]
+__all__ = ["ReplaySession", "ReplayState", "stamp_frames"]
 
 log = structlog.get_logger("archive.replayer")
 
@@ -52,42 +52,29 @@ class ReplayState(enum.Enum):
     DONE = "DONE"
 
 
-def frame_aligned_length(buffer, offset: int, length: int) -> int:
-    """Bytes of the whole frames at the start of ``buffer[offset:offset + length]`` (``offset``
-    and ``length`` multiples of 32; ``buffer`` bytes-like, or a memoryview cast to "i").
+def stamp_frames(ints: memoryview, length: int, session_id: int, stream_id: int, term_id: int) -> int:
+    """Bytes of the whole frames at the start of ``ints`` (an int32 view; ``length`` a multiple of
+    32), writing the replay publication's ``session_id``, ``stream_id`` and ``term_id`` into each
+    of them on the way (a block never crosses a term): the replay's one pass over its frames, so
+    ``offer_block`` can skip its own.
 
-    Returns -1 when a frame header there is impossible (length below the header): recorded
+    Returns -1 when the first frame header is impossible (length below the header): recorded
     bytes the recorder vouched for are corrupt.
     """
-    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
-    ints = view if view.format == "i" else view.cast("B").cast("i")
-    return _walk(ints, offset >> 2, (offset + length) >> 2, None, 0, 0)
-
-
-def stamp_frames(ints: memoryview, length: int, session_id: int, stream_id: int, term_id: int) -> int:
-    """:func:`frame_aligned_length` of ``ints`` (an int32 view) from 0, writing the replay
-    publication's ``session_id``, ``stream_id`` and ``term_id`` into each whole frame on the way
-    (a block never crosses a term): the replay's one pass over its frames, so ``offer_block`` can
-    skip its own."""
-    return _walk(ints, 0, length >> 2, session_id, stream_id, term_id)
-
-
-def _walk(ints, i: int, end_i: int, session_id: int | None, stream_id: int, term_id: int) -> int:
-    start = i
-    stamp = session_id is not None
+    i = 0
+    end_i = length >> 2
     while i + 8 <= end_i:
         flen = ints[i]
         if flen < 32:
-            return -1 if i == start else (i - start) << 2
+            return -1 if i == 0 else i << 2
         j = i + ((flen + 31) >> 5 << 3)
         if j > end_i:
             break
-        if stamp:
-            ints[i + 3] = session_id
-            ints[i + 4] = stream_id
-            ints[i + 5] = term_id
+        ints[i + 3] = session_id
+        ints[i + 4] = stream_id
+        ints[i + 5] = term_id
         i = j
-    return (i - start) << 2
+    return i << 2
 
 
 class ReplaySession:
@@ -130,7 +117,6 @@ class ReplaySession:
         self._view = memoryview(self._buffer)
         self._ints = self._view.cast("i")
         self._reader = SegmentReader(directory, descriptor)
-        self.initial_term_id = descriptor.initial_term_id
         self._stopped = False
         self._wake = trio.Event()
         self._wait_scope: trio.CancelScope | None = None
@@ -161,17 +147,18 @@ class ReplaySession:
             finally:
                 self._wait_scope = None
 
-    def _whole_frames(self, n: int, term_offset: int, term_id: int) -> int:
-        """Bytes of whole frames at the start of the read buffer (-1: no valid frame there), with
-        the replay's session, stream and term ids written into each of them on the way: a replay
-        is a publication of its own (a UDP receiver routes frames by those ids, and a recording
-        of the replay stream must hold frames of that stream). One pass: numpy's chain for large
-        reads (media.framescan), a Python walk otherwise or when it declines.
+    def _whole_frames(self, n: int, position: int) -> int:
+        """Bytes of whole frames at the start of the read buffer, read from ``position`` (-1: no
+        valid frame there), with the replay's session, stream and term ids written into each of
+        them on the way: a replay is a publication of its own (a UDP receiver routes frames by
+        those ids, and a recording of the replay stream must hold frames of that stream). One
+        pass: numpy's chain for large reads (media.framescan), a Python walk otherwise or when it
+        declines.
         """
         pub = self.publication
-        term_id = (term_id + 2**31) % 2**32 - 2**31
+        term_id = pub.log.term_id_of(position)
         if n >= framescan.MIN_BLOCK:
-            found = framescan.chain(self._view, 0, n, term_offset, 32)
+            found = framescan.chain(self._view, 0, n, position & (pub.term_length - 1), 32)
             if found is not None and found[1]:
                 framescan.stamp(self._view, 0, found[0], pub.session_id, pub.stream_id, term_id)
                 return found[1]
@@ -202,7 +189,6 @@ class ReplaySession:
         pub = self.publication
         term_mask = self.descriptor.term_buffer_length - 1
         term_length = self.descriptor.term_buffer_length
-        bits = term_length.bit_length() - 1
         reader = self._reader
         view = self._view
         position = self.position
@@ -230,7 +216,7 @@ class ReplaySession:
                 if pad > n and position + pad <= bound:
                     n = pad
                     reader.read_into(position, view, n)
-            length = self._whole_frames(n, position & term_mask, (self.initial_term_id + (position >> bits)))
+            length = self._whole_frames(n, position)
             if length == 0 and end == limit:
                 return  # the limit falls inside a frame: the replay ends at the last whole one
             if length == 0 and end == bound and self._limit_counter is not None:

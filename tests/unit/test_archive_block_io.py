@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from archive.replayer import frame_aligned_length
+from archive.replayer import stamp_frames
 from media.channel import parse
 from media.ipc import IpcTransport
 
@@ -50,7 +50,7 @@ def test_block_poll_hands_whole_frames_inside_one_term_and_padding_alone(tmp_pat
     assert max(length for _p, length, _t in blocks) <= 8192 + 1024
     pads = [b for b in blocks if b[2] == 0]
     assert pads and all((p + n) % TERM == 0 for p, n, _t in pads)
-    assert frame_aligned_length(bytes(stream), 0, len(stream)) == len(stream)
+    assert stamp_frames(memoryview(bytearray(stream)).cast("i"), len(stream), 0, 0, 0) == len(stream)
     transport.close()
 
 
