@@ -152,12 +152,18 @@ class IpcTransport:
             for bell in lb.take_parked():
                 ring(bell)
 
+        bell: list[Doorbell] = []  # made on the first wait: most publications never wait
+
+        def on_close(pub: ExclusivePublication) -> None:
+            for doorbell in bell:
+                doorbell.close()
+            self._close_publication(pub)
+
         cls = ExclusivePublication if exclusive else Publication
         pub = cls(
             log=lb, channel=channel, stream_id=stream_id, session_id=session_id, start_position=start,
-            limit_fn=limit_fn, ring_fn=ring_fn, on_close=self._close_publication,
+            limit_fn=limit_fn, ring_fn=ring_fn, on_close=on_close,
         )
-        bell: list[Doorbell] = []  # made on the first wait: most publications never wait
 
         async def wait_impl(timeout: float) -> None:
             if pub.closed:
@@ -179,7 +185,6 @@ class IpcTransport:
                 lb.unpark_publisher()
 
         pub._wait_impl = wait_impl
-        pub._doorbells = bell
         self._pubs.append(pub)
         # Tell the subscriptions already waiting for this stream.
         subs_dir = self._stream_dir(stream_id) / "subscribers"
@@ -195,8 +200,6 @@ class IpcTransport:
 
     def _close_publication(self, pub: ExclusivePublication) -> None:
         lb = pub.log
-        for bell in getattr(pub, "_doorbells", ()):
-            bell.close()
         lb.publisher_position = pub.position
         lb.end_of_stream_position = pub.position
         for bell in lb.take_parked():
