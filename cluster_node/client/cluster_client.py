@@ -75,6 +75,7 @@ from cluster_node.codecs import (
     SESSION_PREFIX_WORD,
     Challenge,
     CodecError,
+    CloseReason,
     EventCode,
     NewLeaderEvent,
     SessionCloseRequest,
@@ -343,7 +344,7 @@ class ClusterClient:
             self.foreign_messages += 1
             return
         if event.code == EventCode.CLOSED:
-            if event.detail == "SERVICE_ACTION":
+            if event.detail == CloseReason.SERVICE_ACTION.name:  # the sessions core sends the reason's name
                 self._close_locally(f"the cluster closed the session: {event.detail}")
             else:
                 # TIMEOUT: the cluster stopped counting on us (we were silent too long, or a
