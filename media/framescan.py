@@ -5,8 +5,16 @@ is inherently sequential, and a Python loop costs about half a microsecond per f
 frames then cap a block copy (the archive's recorder and replays) near 1-2 GB/s, well below
 what the file and memory copies around it can do.
 
+:func:`chain` first follows *runs of equal frames*: streams mostly carry messages of one size (a
+benchmark, a feed, a log of same-shaped commands), and if the frame at slot ``s`` is ``L`` bytes
+long, a walk visits ``s, s + L, s + 2L, ...`` for as long as the lengths there are ``L``. numpy
+gathers the length words at those predicted places in one step and finds the first that differs:
+exactly the walk's steps, reading one word per frame instead of every slot of the block (for
+1 KiB frames about 30 times fewer memory touches than the candidates below). A frame of another
+length starts a new run. Only when runs stay short (mixed sizes) does it switch to the candidates.
+
 A frame header also says where it is: its term offset field (bytes 8-12) equals the frame's own
-offset in its term. :func:`chain` uses that with numpy:
+offset in its term. For mixed sizes :func:`chain` uses that with numpy:
 
 1. *Candidates*: every 32-byte slot of the block whose term offset field equals its own term
    offset (one vectorised compare over the block).
@@ -29,6 +37,11 @@ __all__ = ["MIN_BLOCK", "chain", "extend", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
+
+_MAX_RUNS = 8
+_SHORT_RUN_SLOTS = 64
+"""After ``_MAX_RUNS`` runs averaging under ``_SHORT_RUN_SLOTS`` slots (2 KiB) each, :func:`chain`
+switches to candidates: each run costs a few numpy calls, the candidates one pass."""
 
 _np = None
 _SLOT_OFFSETS = None  # int32: 0, 32, 64, ... (term offsets of consecutive slots from 0)
@@ -67,6 +80,47 @@ def chain(buffer, offset: int, length: int, term_offset: int, min_frame: int = 1
     np = _numpy()
     slots = length >> 5
     if slots == 0 or term_offset + length > (1 << 30):
+        return None
+    ints = np.frombuffer(buffer, dtype="<i4", count=slots * 8, offset=offset)
+    parts = []
+    s = 0  # the slot of the next frame
+    runs = 0
+    while s < slots:
+        flen = int(ints[s << 3])
+        if flen < min_frame:
+            if s == 0:
+                return None  # no frame at the start: the caller's walk says what that means
+            break  # the edge
+        step = (flen + 31) >> 5
+        k = (slots - s) // step  # frames of this length that would fit in the rest of the block
+        if k == 0:
+            break  # this frame runs past the block
+        if runs >= _MAX_RUNS and s < runs * _SHORT_RUN_SLOTS:
+            # Runs stay short (mixed sizes): find the rest of the block's frames by candidates.
+            rest = _candidates(np, buffer, offset + (s << 5), (slots - s) << 5, term_offset + (s << 5), min_frame)
+            if rest is None:
+                return None
+            starts, end = rest
+            parts.append((starts >> 5) + s)
+            return np.concatenate(parts) << 5, (s << 5) + end
+        # A strided view: the length words where a walk would look if every frame were flen long.
+        lens = ints[s << 3 : (s + k * step) << 3 : step << 3]
+        differs = np.flatnonzero(lens != flen)
+        m = int(differs[0]) if differs.size else k  # frames s, s + step, ... of length flen
+        parts.append(np.arange(s, s + m * step, step, dtype=np.int64))
+        s += m * step
+        runs += 1
+    if not parts:
+        return np.empty(0, dtype=np.int64), 0  # the first frame alone is longer than the block
+    starts = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return starts << 5, s << 5
+
+
+def _candidates(np, buffer, offset: int, length: int, term_offset: int, min_frame: int):
+    """:func:`chain` for mixed frame sizes: every slot whose term offset field is its own term
+    offset is a candidate; the candidates must form the chain exactly (see the module docstring)."""
+    slots = length >> 5
+    if slots == 0:
         return None
     words = np.frombuffer(buffer, dtype="<i4", count=slots * 8, offset=offset).reshape(slots, 8)
     offsets = _slot_offsets(np, term_offset + length)
@@ -108,6 +162,15 @@ def stamp(buffer, offset: int, starts, session_id: int, stream_id: int, term_id:
         return
     end = int(starts[-1]) + 32
     words = np.frombuffer(buffer, dtype="<i4", count=end >> 2, offset=offset)
+    first = int(starts[0])
+    step = int(starts[1]) - first if starts.size > 1 else 32
+    if int(starts[-1]) - first == step * (starts.size - 1) and (starts.size < 3 or bool((np.diff(starts) == step).all())):
+        # One run of equal frames: strided views instead of index arrays.
+        a, b, w = first >> 2, end >> 2, step >> 2
+        words[a + 3 : b : w] = session_id
+        words[a + 4 : b : w] = stream_id
+        words[a + 5 : b : w] = term_id
+        return
     idx = starts >> 2
     words[idx + 3] = session_id
     words[idx + 4] = stream_id

@@ -40,6 +40,10 @@ _I64_PACK = struct.Struct("<q").pack_into
 _NO_LIMIT = 2**63 - 1
 
 
+_NUMPY_FRAME_LIMIT = 3072
+"""A block poll hands the frame walk to numpy after 32 frames shorter than this on average."""
+
+
 class StopPolling(Exception):
     """Raised by a fragment handler to end :meth:`Image.bounded_poll` after the fragment it was
     given (which counts as consumed): the reader must act before it sees anything later, as a
@@ -254,10 +258,11 @@ class Image:
             else:
                 i = (base + ((flen + 31) & ~31)) >> 2
             # Walk frame lengths only (a padding frame can only be a term's last frame, and its
-            # body is zeros, so it may end a block like any frame). After 32 small frames (under
-            # 512 bytes on average) with a large block still ahead, numpy follows the rest of the
-            # chain (media.framescan): it costs per 32-byte slot what the walk costs per frame
-            # every ~850 bytes, so it pays for small frames only.
+            # body is zeros, so it may end a block like any frame). After 32 frames of under
+            # 3 KiB on average with a large block still ahead, numpy follows the rest of the
+            # chain (media.framescan): it runs at about 3 GB/s whatever the frame size, while the
+            # walk costs about a microsecond per frame (1 GB/s for 1 KiB frames), so numpy pays
+            # up to frames of about 3 KiB (scripts/bench_archive.py's recording figures).
             end_i = (base + max(limit, (flen + 31) & ~31)) >> 2
             steps = 0
             while i < end_i:
@@ -269,7 +274,7 @@ class Image:
                     break
                 i = j
                 steps += 1
-                if steps == 32 and (end_i - i) << 2 >= framescan.MIN_BLOCK and (i << 2) - base < 32 * 512:
+                if steps == 32 and (end_i - i) << 2 >= framescan.MIN_BLOCK and (i << 2) - base < 32 * _NUMPY_FRAME_LIMIT:
                     at, done = framescan.extend(
                         buf, i << 2, end_i << 2, (i << 2) - base + (pos & (self.term_length - 1)), (i << 2) - base,
                     )

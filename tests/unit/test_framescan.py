@@ -53,7 +53,11 @@ def _build(sizes, term_offset: int, fakes: list[tuple[int, int, int]], tail_zero
 
 @settings(max_examples=150, deadline=None)
 @given(
-    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=120),
+    # Any sizes (mostly short runs: the candidates), or a few sizes repeated (runs).
+    sizes=st.one_of(
+        st.lists(st.integers(0, 3000), min_size=1, max_size=120),
+        st.lists(st.sampled_from([0, 40, 1000]), min_size=1, max_size=300),
+    ),
     term_slot=st.integers(0, 1000),
     fakes=st.lists(st.tuples(st.integers(0, 119), st.integers(0, 90), st.integers(-64, 4096)), max_size=4),
     tail_zero=st.sampled_from([0, 32, 4096]),
@@ -81,9 +85,31 @@ def test_a_clean_run_of_frames_is_proven_without_a_walk():
     assert found is not None and found[1] == 200 * 1056 and len(found[0]) == 200
 
 
-def test_a_fake_header_inside_a_payload_makes_it_decline():
-    buf = _build([1000] * 50, 0, [(10, 3, 64)], 0)
+def test_a_fake_header_inside_a_payload_makes_the_candidates_decline():
+    sizes = [100 + 37 * (k % 9) for k in range(200)]  # mixed sizes: runs stay short
+    buf = _build(sizes, 0, [(150, 1, 64)], 0)
     assert framescan.chain(buf, 0, len(buf), 0) is None
+
+
+def test_a_run_of_equal_frames_is_followed_by_length_whatever_its_payloads_hold():
+    buf = _build([1000] * 50, 0, [(10, 3, 64)], 0)  # a header-like word inside frame 10's payload
+    found = framescan.chain(buf, 0, len(buf), 0)
+    assert found is not None and found[1] == 50 * 1056 == _walk(buf, 0, len(buf))
+    assert list(found[0]) == [k * 1056 for k in range(50)]
+
+
+def test_runs_of_different_lengths_are_followed_one_after_another():
+    sizes = [1000] * 30 + [40] * 100 + [3000] * 5 + [1000] * 20
+    buf = _build(sizes, 64, [], 64)
+    found = framescan.chain(buf, 0, len(buf), 64)
+    assert found is not None and found[1] == _walk(buf, 0, len(buf))
+    assert len(found[0]) == len(sizes)
+
+
+def test_a_first_frame_longer_than_the_block_gives_no_frames():
+    buf = _build([5000], 0, [], 0)
+    found = framescan.chain(buf, 0, 1024, 0)
+    assert found is not None and found[1] == 0 and len(found[0]) == 0
 
 
 def test_a_frame_cut_by_the_block_end_is_left_out():
@@ -119,3 +145,14 @@ def test_extend_follows_to_the_edge_like_a_walk(sizes, zeros):
     walked = _walk(buf, 0, limit)
     assert done and at == walked
 
+
+
+def test_stamp_writes_the_ids_into_every_frame_of_a_run_and_nothing_between():
+    buf = _build([1000] * 40, 0, [], 0)
+    before = bytes(buf)
+    starts, end = framescan.chain(buf, 0, len(buf), 0)
+    framescan.stamp(buf, 0, starts, -5, 77, 123456)
+    for s in starts:
+        _len, _v, _f, _t, _off, sid, stream, term, _r = DATA_HEADER.unpack_from(buf, int(s))
+        assert (sid, stream, term) == (-5, 77, 123456)
+        assert buf[int(s) + 32 : int(s) + 1056] == before[int(s) + 32 : int(s) + 1056]
