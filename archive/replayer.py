@@ -35,12 +35,14 @@ import trio
 from archive.catalog import RecordingDescriptor
 from archive.storage import ArchiveStorageError, SegmentReader
 from media import framescan
+from media.frames import HEADER_LENGTH
 
 __all__ = ["ReplaySession", "ReplayState", "stamp_frames"]
 
 log = structlog.get_logger("archive.replayer")
 
 _I32 = struct.Struct("<i").unpack_from
+_IDS = struct.Struct("<iii").pack_into  # session id, stream id, term id at header offset 12
 _TYPE = struct.Struct("<H").unpack_from
 _BACK_PRESSURE_PAUSE_S = 0.0005
 _MAX_PAUSE_S = 0.01
@@ -116,6 +118,8 @@ class ReplaySession:
         self._buffer = bytearray(max(self._max_read, term // 8 + 64))
         self._view = memoryview(self._buffer)
         self._ints = self._view.cast("i")
+        self._head = memoryview(bytearray(HEADER_LENGTH))  # the first frame header of a block
+        self._zeros = memoryview(bytes(self._max_read))
         self._reader = SegmentReader(directory, descriptor)
         self._stopped = False
         self._wake = trio.Event()
@@ -191,9 +195,9 @@ class ReplaySession:
         term_length = self.descriptor.term_buffer_length
         reader = self._reader
         view = self._view
+        head = self._head
         position = self.position
         limit = self.limit_position
-        idle = 0.0
         while not self._stopped and position < limit:
             recorded, active = self._recorded()
             bound = min(limit, recorded)
@@ -210,40 +214,99 @@ class ReplaySession:
             term_end = (position & ~term_mask) + term_length
             end = min(bound, term_end, reader.segment_end(position), position + self._max_read)
             n = end - position
-            reader.read_into(position, view, n)
-            if _TYPE(view, 6)[0] == 0:  # a padding frame: read it whole (it ends the term)
-                pad = _I32(view, 0)[0]
-                if pad > n and position + pad <= bound:
-                    n = pad
-                    reader.read_into(position, view, n)
-            length = self._whole_frames(n, position)
+            reader.read_into(position, head, HEADER_LENGTH)
+            if _TYPE(head, 6)[0] == 0:
+                # A padding frame (it ends the term): its header alone, through the replay's own
+                # buffer (the body is zeros in the recording and in the log buffer alike).
+                pad = _I32(head, 0)[0]
+                n = pad if n < pad and position + pad <= bound else n
+                reader.read_into(position, view, n)
+                length = self._whole_frames(n, position)
+                if length > 0:
+                    result = await self._until_accepted(lambda: pub.offer_block(view, 0, length, rewrite_ids=False))
+                    if result is None:
+                        return
+                    position = self.position = result
+                    await trio.lowlevel.checkpoint()
+                    continue
+            else:
+                offset = await self._until_accepted(lambda: pub.claim_block(n))
+                if offset is None:
+                    return
+                length = self._read_frames_into(pub, offset, position, n)
+                if length > 0:
+                    position = self.position = pub.commit_block(length, _I32(head, 0)[0])
+                    await trio.lowlevel.checkpoint()
+                    continue
             if length == 0 and end == limit:
                 return  # the limit falls inside a frame: the replay ends at the last whole one
             if length == 0 and end == bound and self._limit_counter is not None:
                 await self._pause(_MAX_PAUSE_S)  # the limit counter points inside a frame
                 continue
-            if length <= 0:
-                raise ArchiveStorageError(
-                    f"recording {self.recording_id}: no valid frame at position {position} of its segment files"
-                )
-            pause = _BACK_PRESSURE_PAUSE_S
-            while not self._stopped:
-                result = pub.offer_block(view, 0, length, rewrite_ids=False)
-                if result > 0:
-                    position = result
-                    self.position = position
-                    idle = 0.0
-                    break
-                if result == -4 or result == -5:  # CLOSED, MAX_POSITION_EXCEEDED
-                    self.error = "replay publication closed"
-                    return
-                if result == -1:  # NOT_CONNECTED: the subscriber went away
-                    now = trio.current_time()
-                    if not idle:
-                        idle = now
-                    elif now - idle > self._connect_timeout_s:
-                        self.error = "the replay's subscriber went away"
-                        return
-                await self._wait_for_subscriber(pause)
-                pause = min(pause * 2, _MAX_PAUSE_S)
-            await trio.lowlevel.checkpoint()
+            raise ArchiveStorageError(
+                f"recording {self.recording_id}: no valid frame at position {position} of its segment files"
+            )
+
+    def _read_frames_into(self, pub, offset: int, position: int, n: int) -> int:
+        """Read ``n`` recorded bytes from ``position`` straight into the publication's claimed
+        region at ``offset`` and make its whole frames the replay's (ids written); return their
+        length (0: the first frame does not fit in ``n``; -1: no valid frame there).
+
+        The first frame's header goes to the replay's own ``head`` buffer, the rest into the log
+        buffer, in one read: the region's first word stays zero until the commit, so readers
+        never see the block half done. Whatever follows the whole frames (a frame cut by the
+        read) is zeroed again, as a log buffer beyond its tail must be.
+        """
+        head = self._head
+        buffer = pub.buffer
+        self._reader.read_split(position, head, buffer[offset + HEADER_LENGTH : offset + n])
+        first = _I32(head, 0)[0]
+        if first < HEADER_LENGTH:
+            buffer[offset + HEADER_LENGTH : offset + n] = self._zeros[: n - HEADER_LENGTH]
+            return -1
+        session_id, stream_id, term_id = pub.session_id, pub.stream_id, pub.log.term_id_of(position)
+        _IDS(head, 12, session_id, stream_id, term_id)
+        buffer[offset + 4 : offset + HEADER_LENGTH] = head[4:]
+        length = (first + 31) & ~31
+        if length > n:
+            length = 0
+        elif length < n:
+            rest = n - length
+            found = None
+            if rest >= framescan.MIN_BLOCK:
+                found = framescan.chain(buffer, offset + length, rest, (position + length) & (pub.term_length - 1), 32)
+            if found is not None and found[1]:
+                framescan.stamp(buffer, offset + length, found[0], session_id, stream_id, term_id)
+                length += found[1]
+            elif found is None:
+                ints = pub.buffer_ints[(offset + length) >> 2 : (offset + n) >> 2]
+                more = stamp_frames(ints, rest, session_id, stream_id, term_id)
+                length += max(0, more)  # a bad frame after good ones: the next read reports it
+        if length < n:
+            start = max(length, 4)  # 4: a first frame that does not fit leaves its header too
+            buffer[offset + start : offset + n] = self._zeros[: n - start]
+        return length
+
+    async def _until_accepted(self, attempt: Callable[[], int]) -> int | None:
+        """Call ``attempt`` (an offer or a claim) until it succeeds; its result, or None when the
+        replay must end (stopped, publication closed, subscriber gone for the connect timeout;
+        :attr:`error` says which)."""
+        pause = _BACK_PRESSURE_PAUSE_S
+        idle = 0.0
+        while not self._stopped:
+            result = attempt()
+            if result > 0:
+                return result
+            if result == -4 or result == -5:  # CLOSED, MAX_POSITION_EXCEEDED
+                self.error = "replay publication closed"
+                return None
+            if result == -1:  # NOT_CONNECTED: the subscriber went away
+                now = trio.current_time()
+                if not idle:
+                    idle = now
+                elif now - idle > self._connect_timeout_s:
+                    self.error = "the replay's subscriber went away"
+                    return None
+            await self._wait_for_subscriber(pause)
+            pause = min(pause * 2, _MAX_PAUSE_S)
+        return None

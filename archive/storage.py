@@ -300,6 +300,32 @@ class SegmentReader:
             got += n
         return length
 
+    def read_split(self, position: int, head: memoryview, rest: memoryview) -> None:
+        """Read ``len(head) + len(rest)`` bytes from ``position`` (inside one segment): the first
+        ``len(head)`` into ``head``, the others into ``rest``, in one system call. A replay reads
+        a block into a publication's log buffer this way with the first frame's length word kept
+        aside, so the block stays invisible until it is committed."""
+        base = self._base
+        if base < 0 or not base <= position < base + self.segment_length:
+            base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
+            self._open(base)
+        h, length = len(head), len(head) + len(rest)
+        if position - base + length > self.segment_length:
+            raise ArchiveStorageError(f"read of {length} bytes at {position} crosses a segment boundary")
+        got = os.preadv(self._fd, [head, rest], position - base)
+        while got < length:
+            if got < h:
+                n = os.preadv(self._fd, [head[got:], rest], position - base + got)
+            else:
+                n = os.preadv(self._fd, [rest[got - h :]], position - base + got)
+            if n <= 0:  # beyond the end of the file (a sparse hole): zeros
+                if got < h:
+                    head[got:] = bytes(h - got)
+                    got = h
+                rest[got - h :] = bytes(length - got)
+                break
+            got += n
+
     def read(self, position: int, length: int) -> bytes:
         buf = bytearray(length)
         self.read_into(position, memoryview(buf), length)

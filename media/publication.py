@@ -106,6 +106,7 @@ class ExclusivePublication:
         self._wake_offset = LogBuffer.WAKE_OFFSET
         self._wait_impl: Callable[[float], Awaitable[None]] | None = None  # set by the transport
         self._ints: memoryview | None = None  # int32 view of the log buffer, for offer_block
+        self._view: memoryview | None = None  # byte view of the log buffer, for claim_block
         self.closed = False
 
     # ------------------------------------------------------------------ state
@@ -320,6 +321,71 @@ class ExclusivePublication:
         if self._after_append is not None:
             self._after_append()
         return pos
+
+    def claim_block(self, length: int) -> int:
+        """Reserve the next ``length`` bytes of the log buffer for frames the caller writes in
+        place, so a replay can read a recording straight into the log buffer instead of through a
+        buffer of its own (one copy of every byte, not two).
+
+        The same rules as :meth:`offer_block`: ``length`` a multiple of 32 that fits in the
+        publication's term from its position (a full term is left for the next one first), and
+        inside its flow-control limit. Returns the byte offset of the region in :attr:`buffer`,
+        or a negative :class:`OfferResult` (nothing is reserved then).
+
+        The caller writes whole frames with this publication's ids at that offset, but never
+        the region's first four bytes: that word (the first frame's length) stays zero, so no
+        reader enters the region before :meth:`commit_block` writes it. Bytes of the region
+        beyond what is committed must be left zero: readers stop at a zero length.
+        """
+        pos = self._position
+        if pos - self._term_base == self.term_length:
+            if pos + length > self._limit:
+                code = self._refresh(pos + length)
+                if code:
+                    return code
+            self._term_base = pos
+            self._term_id = _wrap_i32(self._term_id + 1)
+            self._clean_after(pos)
+        term_offset = pos - self._term_base
+        if length <= 0 or length & 31 or term_offset + length > self.term_length:
+            raise ValueError(f"a claim of {length} bytes does not fit at term offset {term_offset}")
+        if pos + length > self._limit:
+            code = self._refresh(pos + length)
+            if code:
+                return code
+        return META_LENGTH + pos % self._capacity
+
+    def commit_block(self, length: int, first_length: int) -> int:
+        """Publish the first ``length`` bytes (whole frames) of the region :meth:`claim_block`
+        returned, by writing its first frame's length, ``first_length``; returns the new
+        position."""
+        buf = self._buffer
+        pos = self._position
+        _I32_PACK(buf, META_LENGTH + pos % self._capacity, first_length)
+        pos += length
+        self._position = pos
+        _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
+        if buf[self._wake_offset]:
+            self._ring_fn()
+        if self._after_append is not None:
+            self._after_append()
+        return pos
+
+    @property
+    def buffer_ints(self) -> memoryview:
+        """The log buffer as int32 words (index = byte offset / 4)."""
+        ints = self._ints
+        if ints is None:
+            ints = self._ints = memoryview(self._buffer).cast("B").cast("i")
+        return ints
+
+    @property
+    def buffer(self) -> memoryview:
+        """The whole log buffer (metadata page first), for :meth:`claim_block`'s writer."""
+        view = self._view
+        if view is None:
+            view = self._view = memoryview(self._buffer).cast("B")
+        return view
 
     # ------------------------------------------------------------------ waiting
 

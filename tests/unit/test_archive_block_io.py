@@ -92,3 +92,55 @@ def test_offer_block_keeps_positions_and_takes_the_publications_session(tmp_path
     with pytest.raises(ValueError):
         replay.offer_block(memoryview(first_block), 0, len(first_block))
     transport.close()
+
+
+def test_a_claimed_block_is_invisible_until_its_commit(tmp_path):
+    from media.frames import DATA_HEADER
+
+    transport, pub, sub = _pair(tmp_path, 4)
+    image = sub.images[0]
+    seen = []
+    offset = pub.claim_block(4096)
+    assert offset > 0
+    buf = pub.buffer
+    for k in range(4):  # four 1 KiB frames, written in place; the first length is held back
+        at = offset + k * 1024
+        DATA_HEADER.pack_into(buf, at, 0 if k == 0 else 1024, 0, 0xC0, 1, k * 1024, pub.session_id, 4, pub.term_id, 0)
+    assert image.poll(lambda b, o, n, h: seen.append(n), 10) == 0
+    assert image.block_poll(lambda b, o, n, p: seen.append(n), 1 << 20) == 0
+    assert pub.commit_block(4096, 1024) == 4096
+    assert image.poll(lambda b, o, n, h: seen.append(n), 10) == 4
+    assert seen == [992] * 4
+    transport.close()
+
+
+def test_a_claim_refuses_beyond_the_window_and_reserves_nothing(tmp_path):
+    transport, pub, sub = _pair(tmp_path, 5)
+    from media.publication import OfferResult
+
+    assert pub.claim_block(32 * 1024) > 0  # inside the window (half a term)
+    assert pub.claim_block(TERM) == OfferResult.BACK_PRESSURED
+    assert pub.position == 0
+    with pytest.raises(ValueError):
+        pub.claim_block(33)
+    transport.close()
+
+
+def test_read_split_reads_a_hole_past_the_end_of_file_as_zeros(tmp_path):
+    from archive.catalog import Catalog
+    from archive.storage import SegmentReader
+
+    cat = Catalog.create(4096)
+    rid = cat.add_recording(
+        control_session_id=0, correlation_id=0, start_timestamp=0, start_position=0, initial_term_id=0,
+        segment_file_length=4 * TERM, term_buffer_length=TERM, mtu_length=1408, session_id=1, stream_id=1,
+        stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="t",
+    )
+    (tmp_path / f"{rid}-0.rec").write_bytes(bytes(range(256)) * 4)  # 1 KiB, then a hole
+    reader = SegmentReader(tmp_path, cat.get(rid))
+    head, rest = memoryview(bytearray(32)), memoryview(bytearray(b"\xff" * 4064))
+    reader.read_split(0, head, rest)
+    assert bytes(head) == bytes(range(32))
+    assert bytes(rest[:992]) == (bytes(range(256)) * 4)[32:]
+    assert bytes(rest[992:]) == bytes(4064 - 992)
+    reader.close()
