@@ -35,6 +35,11 @@ _PACK_HEADER = DATA_HEADER.pack_into
 _I32_PACK = struct.Struct("<i").pack_into
 _I64_PACK = struct.Struct("<q").pack_into
 _BLOCK_FIRST = struct.Struct("<i4xi").unpack_from  # frame length, term offset
+_WAKE_OFFSET = LogBuffer.WAKE_OFFSET
+_SMALL_MAX = 256
+_SMALL_FRAME = [struct.Struct(f"<BBhiiiiq{n}s").pack_into for n in range(_SMALL_MAX + 1)]
+"""Packers of a frame's header after its length field plus an ``n``-byte payload, for offers of
+small ``bytes`` messages: one pack instead of a header pack and a payload copy."""
 _MAX_POSITION_TERMS = 2**31
 
 
@@ -105,8 +110,14 @@ class ExclusivePublication:
         self._on_close = on_close
         self._wake_offset = LogBuffer.WAKE_OFFSET
         self._wait_impl: Callable[[float], Awaitable[None]] | None = None  # set by the transport
-        self._ints: memoryview | None = None  # int32 view of the log buffer, for offer_block
+        self._ints = memoryview(log.buffer).cast("B").cast("i")  # the log buffer as int32 words
         self._view: memoryview | None = None  # byte view of the log buffer, for claim_block
+        # The fast path of offer(): a message that ends at or below _fast_end (the smaller of the
+        # flow-control limit and the current term's end) needs no other check; the slow path
+        # refreshes the limit, rotates terms and fragments, and moves _fast_end. _off_delta
+        # turns a position of the current term into its byte offset in the log buffer.
+        self._fast_end = start_position
+        self._off_delta = META_LENGTH + self._term_base % self._capacity - self._term_base
         self.closed = False
 
     # ------------------------------------------------------------------ state
@@ -140,6 +151,36 @@ class ExclusivePublication:
 
     def offer(self, payload, reserved_value: int = 0) -> int:
         """Append ``payload`` (any bytes-like object); the new stream position, or OfferResult < 0."""
+        n = len(payload)
+        pos = self._position
+        end = pos + ((n + 63) & ~31)
+        if end > self._fast_end or n > self.max_payload_length:
+            return self._offer_slow(payload, reserved_value)
+        buf = self._buffer
+        off = self._off_delta + pos
+        if n <= _SMALL_MAX and type(payload) is bytes:
+            # Header (without its length) and payload in one pack.
+            _SMALL_FRAME[n](
+                buf, off + 4, 0, 0xC0, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
+                reserved_value, payload,
+            )
+        else:
+            _PACK_HEADER(
+                buf, off, 0, 0, 0xC0, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
+                reserved_value,
+            )
+            buf[off + 32 : off + 32 + n] = payload
+        self._ints[off >> 2] = n + 32  # the length last: the frame is visible from here on
+        self._position = end
+        if buf[_WAKE_OFFSET]:
+            self._ring_fn()
+        if self._after_append is not None:
+            self._after_append()
+        return end
+
+    def _offer_slow(self, payload, reserved_value: int) -> int:
+        """:meth:`offer` when the message may not fit the cached limit or the term, or needs
+        fragments."""
         n = len(payload)
         if n > self.max_payload_length:
             return self._offer_fragmented(payload, reserved_value)
@@ -179,6 +220,7 @@ class ExclusivePublication:
         # The cached limit never passes the maximum position, so the fast path in offer()
         # cannot append beyond it without coming here and getting MAX_POSITION_EXCEEDED.
         self._limit = min(limit, self.max_position)
+        self._fast_end = min(self._limit, self._term_base + self.term_length)
         if needed > limit:
             return OfferResult.BACK_PRESSURED
         return 0
@@ -192,11 +234,17 @@ class ExclusivePublication:
                 return code
         if pos < next_term:
             self.log.write_padding(pos, self.session_id, self.stream_id)
-        self._term_base = next_term
-        self._term_id = _wrap_i32(self._term_id + 1)
-        self._clean_after(next_term)
+        self._enter_term(next_term)
         self._position = next_term
         return next_term
+
+    def _enter_term(self, base: int) -> None:
+        """Move to the next term, which starts at position ``base``."""
+        self._term_base = base
+        self._term_id = _wrap_i32(self._term_id + 1)
+        self._clean_after(base)
+        self._off_delta = META_LENGTH + base % self._capacity - base
+        self._fast_end = min(self._limit, base + self.term_length)
 
     def _clean_after(self, next_term: int) -> None:
         """Entering the term at ``next_term``: zero the partition after it, which last held the
@@ -274,9 +322,7 @@ class ExclusivePublication:
                 code = self._refresh(pos + length)
                 if code:
                     return code
-            self._term_base = pos
-            self._term_id = _wrap_i32(self._term_id + 1)
-            self._clean_after(pos)
+            self._enter_term(pos)
         term_offset = pos - self._term_base
         if length <= 0 or length & 31 or term_offset + length > self.term_length:
             raise ValueError(f"block of {length} bytes does not fit at term offset {term_offset}")
@@ -294,8 +340,6 @@ class ExclusivePublication:
         off = META_LENGTH + pos % self._capacity
         buf[off + 4 : off + length] = block[offset + 4 : offset + length]
         ints = self._ints
-        if ints is None:
-            ints = self._ints = memoryview(buf).cast("B").cast("i")
         session_id, stream_id, term_id = self.session_id, self.stream_id, self._term_id
         i = off >> 2
         end_i = (off + length) >> 2 if rewrite_ids else i
@@ -343,9 +387,7 @@ class ExclusivePublication:
                 code = self._refresh(pos + length)
                 if code:
                     return code
-            self._term_base = pos
-            self._term_id = _wrap_i32(self._term_id + 1)
-            self._clean_after(pos)
+            self._enter_term(pos)
         term_offset = pos - self._term_base
         if length <= 0 or length & 31 or term_offset + length > self.term_length:
             raise ValueError(f"a claim of {length} bytes does not fit at term offset {term_offset}")
@@ -374,10 +416,7 @@ class ExclusivePublication:
     @property
     def buffer_ints(self) -> memoryview:
         """The log buffer as int32 words (index = byte offset / 4)."""
-        ints = self._ints
-        if ints is None:
-            ints = self._ints = memoryview(self._buffer).cast("B").cast("i")
-        return ints
+        return self._ints
 
     @property
     def buffer(self) -> memoryview:
@@ -410,6 +449,13 @@ class ExclusivePublication:
             return
         self.closed = True
         self._limit = -1  # the next offer takes the slow path and sees CLOSED
+        self._fast_end = -1
+        for view in (self._ints, self._view):  # so the log buffer can be unmapped once drained
+            if view is not None:
+                try:
+                    view.release()
+                except BufferError:
+                    pass
         if self._on_close is not None:
             self._on_close(self)
 
