@@ -33,7 +33,7 @@ not pay for it.
 
 from __future__ import annotations
 
-__all__ = ["MIN_BLOCK", "chain", "extend", "stamp"]
+__all__ = ["MIN_BLOCK", "chain", "extend", "numpy_module", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
@@ -54,6 +54,11 @@ def _numpy():
 
         _np = numpy
     return _np
+
+
+def numpy_module():
+    """numpy, imported on first use (callers that work on :func:`chain`'s arrays)."""
+    return _numpy()
 
 
 def _slot_offsets(np, end: int):
@@ -192,7 +197,8 @@ def extend(buffer, start: int, end: int, term_offset: int, walked: int) -> tuple
         n = min(size, end - start)
         found = chain(buffer, start, n, term_offset)
         if found is None:
-            return start, False
+            # The previous region ended exactly at the edge, or numpy cannot prove this one.
+            return start, _ends_at_edge(buffer, start)
         got = found[1]
         start += got
         term_offset += got

@@ -156,3 +156,8 @@ def test_stamp_writes_the_ids_into_every_frame_of_a_run_and_nothing_between():
         _len, _v, _f, _t, _off, sid, stream, term, _r = DATA_HEADER.unpack_from(buf, int(s))
         assert (sid, stream, term) == (-5, 77, 123456)
         assert buf[int(s) + 32 : int(s) + 1056] == before[int(s) + 32 : int(s) + 1056]
+
+
+def test_extend_is_done_when_the_frames_end_exactly_where_a_region_ends():
+    buf = _build([992] * 32, 0, [], 70_000)  # 32 frames of 1 KiB: exactly the first 32 KiB region
+    assert framescan.extend(buf, 0, len(buf), 0, 0) == (32 * 1024, True)
