@@ -474,3 +474,35 @@ def test_valid_datagrams_are_accepted(datagram):
     decoded = decode_untrusted(datagram)
     if isinstance(decoded, DataHeader):
         _check_accepted_run(datagram, TL)
+
+
+# ------------------------------------------------------------------------ runs of equal frames
+
+
+def test_a_run_of_equal_frames_is_accepted_like_any_run():
+    run = run_of(640, [32] * 22)
+    r = check_data_run(run, len(run), TL)
+    assert (r.term_offset, r.length, r.covered) == (640, 22 * 64, 22 * 64)
+
+
+@pytest.mark.parametrize(
+    "field, offset, value, message",
+    [
+        ("term offset", 8, 999 * 32, "frame term offset"),
+        ("version", 4, 7, "frame version"),
+        ("type", 6, 0x77, "frame type"),
+        ("length", 0, 80, "frame"),  # a longer frame: the next header is read from a payload
+    ],
+)
+def test_one_bad_header_in_a_run_of_equal_frames_is_named_by_the_walk(field, offset, value, message):
+    run = bytearray(run_of(0, [32] * 22))
+    fmt = {"term offset": "<i", "version": "<B", "type": "<H", "length": "<i"}[field]
+    struct.pack_into(fmt, run, 64 * 9 + offset, value)
+    with pytest.raises(F.FrameError, match=message):
+        check_data_run(run, len(run), TL)
+
+
+def test_a_run_with_one_shorter_frame_of_the_same_alignment_is_still_whole():
+    run = bytearray(run_of(0, [32] * 22))
+    struct.pack_into("<i", run, 64 * 9, 40)  # 40 bytes, aligned to the same 64
+    assert check_data_run(run, len(run), TL).length == 22 * 64
