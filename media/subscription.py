@@ -159,8 +159,62 @@ class Image:
         return _I32(self._buffer, META_LENGTH + self._position % self._capacity)[0] != 0
 
     def poll(self, handler: FragmentHandler, fragment_limit: int) -> int:
-        """Deliver up to ``fragment_limit`` messages; return how many were delivered."""
-        return self.bounded_poll(handler, _NO_LIMIT, fragment_limit)
+        """Deliver up to ``fragment_limit`` messages; return how many were delivered.
+
+        The loop of :meth:`bounded_poll` without a limit, for unfragmented messages: the buffer
+        offset moves with the frames (wrapping at the end of the buffer) instead of being
+        computed from the position for each one; a fragment hands over to bounded_poll."""
+        if self.closed:
+            return 0
+        buf = self._buffer
+        view = self._view
+        header = self._header
+        pos = start = self._position
+        off = META_LENGTH + pos % self._capacity
+        wrap = META_LENGTH + self._capacity
+        count = flen = flags = ftype = 0
+        try:
+            while count < fragment_limit:
+                flen, _v, flags, ftype = _PREFIX(buf, off)
+                if flen <= 0:
+                    break
+                if flags & 0xC0 != 0xC0 or ftype == TYPE_PAD:
+                    if ftype == TYPE_PAD:
+                        pos += flen
+                        off += flen
+                        if off == wrap:
+                            off = META_LENGTH
+                        continue
+                    break  # a fragment: bounded_poll reassembles from here
+                aligned = (flen + 31) & ~31
+                pos += aligned
+                header.offset = off
+                header.position = pos
+                count += 1
+                handler(view, off + 32, flen - 32, header)
+                off += aligned
+                if off == wrap:
+                    off = META_LENGTH
+        except StopPolling:
+            pass
+        finally:
+            if pos != start:
+                self._commit_position(buf, pos)
+        if count < fragment_limit and not self.closed and flen > 0 and flags & 0xC0 != 0xC0 and ftype != TYPE_PAD:
+            return count + self.bounded_poll(handler, _NO_LIMIT, fragment_limit - count)
+        return count
+
+    def _commit_position(self, buf, pos: int) -> None:
+        """The image consumed up to ``pos``: publish it (IPC slot, waking a parked publisher) and
+        report progress."""
+        self._position = pos
+        if self._position_offset is not None:
+            _I64_PACK(buf, self._position_offset, pos)
+            if buf[_PUB_PARKED] and self._ring_publisher is not None:
+                self._ring_publisher()
+        if self._progress_fn is not None and pos - self._reported >= self._progress_threshold:
+            self._reported = pos
+            self._progress_fn(self)
 
     def bounded_poll(self, handler: FragmentHandler, limit_position: int, fragment_limit: int) -> int:
         """Like :meth:`poll`, but never consume a frame that ends after ``limit_position``.
@@ -213,14 +267,7 @@ class Image:
             pass
         finally:
             if pos != start:
-                self._position = pos
-                if self._position_offset is not None:
-                    _I64_PACK(buf, self._position_offset, pos)
-                    if buf[_PUB_PARKED] and self._ring_publisher is not None:
-                        self._ring_publisher()
-                if self._progress_fn is not None and pos - self._reported >= self._progress_threshold:
-                    self._reported = pos
-                    self._progress_fn(self)
+                self._commit_position(buf, pos)
         return count
 
     def block_poll(self, handler: "BlockHandler", block_length_limit: int) -> int:
@@ -286,14 +333,7 @@ class Image:
         return self._advance(buf, pos + length, length)
 
     def _advance(self, buf, pos: int, length: int) -> int:
-        self._position = pos
-        if self._position_offset is not None:
-            _I64_PACK(buf, self._position_offset, pos)
-            if buf[_PUB_PARKED] and self._ring_publisher is not None:
-                self._ring_publisher()
-        if self._progress_fn is not None and pos - self._reported >= self._progress_threshold:
-            self._reported = pos
-            self._progress_fn(self)
+        self._commit_position(buf, pos)
         return length
 
     def close(self) -> None:
