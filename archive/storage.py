@@ -56,6 +56,7 @@ from archive.segments import (
     segment_base_position,
     segment_file_name,
 )
+from media import framescan
 
 __all__ = [
     "CATALOG_FILE_NAME",
@@ -185,6 +186,9 @@ class SegmentWriter:
         self._base = -1
         self._size = 0
         self.bytes_written = 0
+        # The recording's block polls follow frame chains with numpy (media.framescan): import it
+        # now rather than inside the first block, where it would stall the recording ~0.3 s.
+        framescan.numpy_module()
 
     def _open(self, base: int) -> None:
         self.close()
