@@ -75,6 +75,10 @@ RECORDING_POSITION_TYPE_ID = 100
 MARK_FILE_NAME = "archive-mark.dat"
 _MAX_QUEUED_RESPONSES = 4096
 _PROTOCOL_VERSION = c.PROTOCOL_SEMANTIC_VERSION
+_IDLE_WAIT_S = 5.0
+"""How long an idle control or recording loop waits before it looks again on its own. Everything
+it waits for wakes it (data, images coming and going, stop), so this only bounds the cost of a
+wake-up lost to a race with a writer in another process; an idle archive wakes no more often."""
 E = c.ArchiveErrorCode
 
 
@@ -295,7 +299,9 @@ class Archive:
                         self._on_request_bytes(data, (id(sub), image_session_id))
                     pending.clear()
                 if n == 0:
-                    await sub.wait(0.5)
+                    # Requests, new clients and clients gone all wake it (the driver rings);
+                    # the timeout only covers a wake-up lost to a race with another process.
+                    await sub.wait(_IDLE_WAIT_S)
                 else:
                     await trio.lowlevel.checkpoint()
         finally:
@@ -634,7 +640,7 @@ class Archive:
                     if rs.stop_requested:
                         break
                     if work == 0:
-                        await sub.wait(1.0)  # data, new images and stop all wake it
+                        await sub.wait(_IDLE_WAIT_S)  # data, new images and stop all wake it
                     else:
                         await trio.lowlevel.checkpoint()
         finally:

@@ -107,6 +107,15 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
                 )
                 agent.service_bell = container.commit_doorbell.name
+                service_ended = trio.Event()
+
+                def on_service_exit() -> None:  # on the service thread, as it ends
+                    try:
+                        token.run_sync_soon(service_ended.set)
+                    except trio.RunFinishedError:
+                        pass
+
+                container.on_exit = on_service_exit
                 agent.wait_recording = _archive.wait_for_progress
                 container_holder.append(container)
                 async with trio.open_nursery() as nursery:
@@ -121,8 +130,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                     agent_done = trio.Event()
                     nursery.start_soon(run_agent)
-                    nursery.start_soon(_mark_file_activity, mark, cfg.timeouts.mark_file_update_interval_ns)
-                    nursery.start_soon(_watch_service, container, nursery)
+                    nursery.start_soon(_mark_file_activity, mark, cfg.timeouts.mark_file_update_interval_ns, driver)
+                    nursery.start_soon(_watch_service, container, service_ended)
                     if announce:
                         print(f"READY member={cfg.member_id} pid={os.getpid()}", flush=True)
                     log.info("node started", member_id=cfg.member_id, pid=os.getpid(), service=cfg.node.service)
@@ -155,19 +164,21 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         mark.close()
 
 
-async def _mark_file_activity(mark: MarkFile, interval_ns: int) -> None:
+async def _mark_file_activity(mark: MarkFile, interval_ns: int, driver) -> None:
+    """The mark file's liveness timestamp, on the driver's timer grid (it then shares a wake-up
+    with the driver's heartbeats instead of costing one of its own)."""
     while True:
         mark.update_activity(time.time_ns() // 1_000_000)
-        await trio.sleep(interval_ns / 1e9)
+        now = time.monotonic_ns()
+        await trio.sleep(max(0, driver.coalesce(now + interval_ns, now) - now) / 1e9)
 
 
-async def _watch_service(container: ServiceContainer, nursery: trio.Nursery) -> None:
-    """A service thread that dies takes the node down: its state would no longer follow the log."""
-    while True:
-        await trio.to_thread.run_sync(container.join, 1.0)
-        if not container.is_alive:
-            if container.error is not None:
-                log.error("service thread failed: stopping the node", error=repr(container.error))
-                print(f"error: the service failed: {container.error!r}", file=sys.stderr, flush=True)
-                os.kill(os.getpid(), signal.SIGTERM)
-            return
+async def _watch_service(container: ServiceContainer, ended: trio.Event) -> None:
+    """A service thread that dies takes the node down: its state would no longer follow the log.
+    The thread sets ``ended`` as it finishes (``ServiceContainer.on_exit``)."""
+    await ended.wait()
+    await trio.to_thread.run_sync(container.join, 5.0)
+    if container.error is not None:
+        log.error("service thread failed: stopping the node", error=repr(container.error))
+        print(f"error: the service failed: {container.error!r}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)

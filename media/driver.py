@@ -40,7 +40,7 @@ import struct
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -57,8 +57,9 @@ from media.channel import (
     parse,
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path
+from media.doorbell import NEW_PUBLICATION, Doorbell, ring
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
-from media.ipc import IpcTransport, pid_alive
+from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
 from media.publication import ExclusivePublication, OfferResult, Publication
@@ -74,6 +75,7 @@ _SESSION_STREAM = struct.Struct("<ii").unpack_from
 _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
 _STALL_DRAIN_LIMIT = 4096  # datagrams read from a publication socket after a stall, at most
+_IPC_RESCAN_INTERVAL_NS = 5_000_000_000
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,9 @@ class MediaDriver:
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
             heartbeat_interval_ns=max(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
             default_term_length=config.ipc_term_length,
+            # New publications ring their subscribers (see _add_ipc_subscription): the periodic
+            # directory scan is only a safety net.
+            rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS,
         )
         # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
         # idle driver wakes a few times per interval rather than once per publication and image.
@@ -238,6 +243,7 @@ class MediaDriver:
         self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
         self._sender_event = trio.Event()
         self._sender_parked = False
+        self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
@@ -281,11 +287,54 @@ class MediaDriver:
         self._check_open()
         uri = parse(channel) if isinstance(channel, str) else channel
         if uri.is_ipc:
-            sub = self.ipc.add_subscription(uri, stream_id, on_available=on_available, on_unavailable=on_unavailable)
+            sub = self._add_ipc_subscription(uri, stream_id, on_available, on_unavailable)
         else:
             sub = self._add_network_subscription(uri, stream_id, on_available, on_unavailable)
         self.system.subscriptions_active.add(1)
         self._poke_conductor()
+        return sub
+
+    def _add_ipc_subscription(self, uri: ChannelUri, stream_id: int, on_available, on_unavailable) -> Subscription:
+        """An IPC subscription whose :meth:`~media.subscription.Subscription.wait` lasts as long as
+        its caller asks.
+
+        The IPC transport's own wait is capped at half a second: it cannot tell when the
+        driver's conductor found or dropped an image, so it looks again. Here the subscription's
+        doorbell is ours, and the driver (same thread) rings it whenever it changes the
+        subscription's images; writers ring it after an append while it is parked, and a new
+        publication rings every subscriber of its stream. The timeout is the caller's safety net.
+        """
+        bell = Doorbell()
+        sub = self.ipc.add_subscription(uri, stream_id, doorbell=bell, on_available=on_available,
+                                        on_unavailable=on_unavailable)
+        waiting = [False]
+
+        async def wait_impl(timeout: float) -> None:
+            sub.set_parked(True)
+            try:
+                # Re-check once parked: an append made before the flags were set rang nobody.
+                if not sub.has_data():
+                    waiting[0] = True
+                    await bell.wait(timeout)
+            finally:
+                waiting[0] = False
+                sub.set_parked(False)
+            if NEW_PUBLICATION in bell.drain():
+                self.ipc.rescan()
+
+        def on_change() -> None:
+            if waiting[0]:
+                ring(bell.name)  # same thread: ends the wait without a system call
+
+        ipc_close = sub._close_impl
+
+        def close_impl(s: Subscription) -> None:
+            ipc_close(s)
+            bell.close()
+
+        sub._wait_impl = wait_impl
+        sub._close_impl = close_impl
+        sub.wake_hook = on_change
         return sub
 
     def _check_open(self) -> None:
@@ -527,6 +576,7 @@ class MediaDriver:
                     deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
             self._sender_event = trio.Event()
             self._sender_parked = True
+            self._sender_deadline_ns = deadline
             deadline = self._coalesce(deadline, now)
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()
@@ -538,7 +588,14 @@ class MediaDriver:
             while sock.fileno() >= 0:
                 await trio.lowlevel.wait_readable(sock)
                 self._read_publication_socket(np, _RECV_BATCH)
-                self._wake_sender()
+                # Status messages mostly change nothing the parked sender waits for (an idle
+                # publication gets one per receiver per status interval): wake it only for data
+                # they let through, or a duty they brought forward (a SETUP asked for, a NAK's
+                # retransmit).
+                core = np.core
+                if self._sender_parked and (core.sender_position < np.pub.position
+                                            or core.next_deadline_ns() < self._sender_deadline_ns):
+                    self._wake_sender()
         except (trio.ClosedResourceError, OSError, ValueError):
             return  # the socket was closed under us: the publication or endpoint is gone
 
@@ -697,7 +754,7 @@ class MediaDriver:
         buf = self._recv_buf
         view = self._recv_view
         sc = self.system
-        touched: set = set()
+        touched: dict = {}
         try:
             while sock.fileno() >= 0:
                 await trio.lowlevel.wait_readable(sock)
@@ -726,14 +783,19 @@ class MediaDriver:
         except (trio.ClosedResourceError, OSError, ValueError):
             return  # the socket was closed under us: the publication or endpoint is gone
 
-    def _after_receive(self, touched: set, now: int) -> None:
+    def _after_receive(self, touched: dict, now: int) -> None:
+        """Status messages and NAKs for the images a batch of datagrams touched, and a wake-up
+        for their subscribers when there is something for them (``touched[image]`` is True: data,
+        a SETUP, end of stream). A heartbeat alone wakes nobody: it brings nothing to read, and
+        an idle receiver gets one per publication per heartbeat interval."""
         if not touched:
             return
         out = self._ctrl_out
-        for ni in touched:
+        for ni, wake in touched.items():
             self._image_control(ni, now, out)
-            for image in ni.images:
-                image.subscription._wake()
+            if wake:
+                for image in ni.images:
+                    image.subscription._wake()
         touched.clear()
 
     def _image_control(self, ni: _NetImage, now: int, out: list, send_setup: bool = False) -> None:
@@ -753,7 +815,7 @@ class MediaDriver:
             if len(out) > naks:
                 self.system.status_messages_sent.add(len(out) - naks)
 
-    def _on_datagram(self, ep: _ReceiveEndpoint, view, n: int, addr, now: int, touched: set) -> None:
+    def _on_datagram(self, ep: _ReceiveEndpoint, view, n: int, addr, now: int, touched: dict) -> None:
         if n < 8:
             self._invalid(FrameError(f"datagram of {n} bytes"), addr)
             return
@@ -781,7 +843,10 @@ class MediaDriver:
                     if ni is not None:
                         ni.sources.setdefault(addr, ep)
                         ni.core.on_heartbeat(hb, now)
-                        touched.add(ni)
+                        if hb.is_eos:
+                            touched[ni] = True
+                        elif ni not in touched:
+                            touched[ni] = False
                     elif not hb.is_eos and group.session_id in (None, session_id):
                         self._ask_setup(ep, addr, session_id, stream_id, now)  # (not for ended streams)
                 return
@@ -809,7 +874,7 @@ class MediaDriver:
                     self.system.duplicate_frames.add(1)
                 else:
                     self.system.flow_control_over_runs.add(1)
-                touched.add(ni)
+                touched[ni] = True
             return
         try:
             frame = frames.decode_untrusted(view[:n])
@@ -829,7 +894,7 @@ class MediaDriver:
                 else:
                     ni.core.on_setup_again(now)
                 ni.sources.setdefault(addr, ep)
-                touched.add(ni)
+                touched[ni] = True
         elif ftype == TYPE_RTTM:
             if not frame.is_reply:
                 reply = frames.encode_rttm(frame.session_id, frame.stream_id, frame.echo_timestamp_ns, 0, ep.receiver_id, True)
@@ -922,7 +987,7 @@ class MediaDriver:
                         self._raw_send(sock, data, addr)
                 else:
                     ep, addr = target
-                    touched: set = set()
+                    touched: dict = {}
                     self._on_datagram(ep, memoryview(data), len(data), addr, now, touched)
                     self._after_receive(touched, now)
             if self._delayed:
@@ -950,12 +1015,11 @@ class MediaDriver:
                 for ni in group.images.values():
                     for counter, fn in ni.counters:
                         counter.set(fn())
-            self._conductor_event = trio.Event()
+            event = self._conductor_event = trio.Event()
             due = self._coalesce(deadline, now)
-            wait_s = max(0, due - time.monotonic_ns()) / 1e9
-            with trio.move_on_after(wait_s):
-                await self._conductor_event.wait()
-            if self._conductor_event.is_set():
+            with trio.move_on_after(max(0, due - time.monotonic_ns()) / 1e9):
+                await event.wait()
+            if event.is_set():
                 due = min(due, time.monotonic_ns())  # woken early: on time by definition
 
     def _on_receiver_stall(self, now: int, late_ns: int) -> None:

@@ -1434,19 +1434,21 @@ class ConsensusAgent:
         t = self.cfg.timeouts
         if m.election is None:
             # Settled: the core's next duty is a heartbeat (CommitPosition or AppendPosition) a
-            # heartbeat interval after the last; waking that late sends it at most one interval
-            # late, far inside the heartbeat timeout.
-            timeout_s = t.leader_heartbeat_interval_ns / 1e9
+            # heartbeat interval after the last, whatever woke us in between; its timeouts
+            # (leader silence, inactive followers) are far longer and checked on the way.
+            due = m.next_heartbeat_ns()
+            timeout_ns = t.leader_heartbeat_interval_ns if due is None else max(0, due - now)
         else:
-            timeout_s = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) / 2e9
+            timeout_ns = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) // 2
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
-            timeout_s = max(0.0, min(timeout_s, (nxt - time.time_ns()) / 1e9))  # deadlines are cluster time
+            timeout_ns = max(0, min(timeout_ns, nxt - time.time_ns()))  # deadlines are cluster time
         if self._replication is not None:
-            timeout_s = min(timeout_s, 0.01)
+            timeout_ns = min(timeout_ns, 10_000_000)
         # On the driver's timer grid: the node's periodic work (heartbeats, status messages,
         # these duties) then falls in one wake-up instead of one each.
-        timeout_s = max(0.0, (self.driver.coalesce(now + int(timeout_s * 1e9), now) - now) / 1e9)
+        deadline_ns = self.driver.coalesce(now + timeout_ns, now)
+        timeout_s = max(0.0, (deadline_ns - now) / 1e9)
         wake = self._wake = trio.Event()
         ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
         for sub in (self._consensus_sub, self._follower_sub, ingress):
@@ -1482,7 +1484,9 @@ class ConsensusAgent:
         """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
         sub = self._from_service
         while not self.stopping:
-            await sub.wait(1.0)
+            # Long: the duty cycle polls this stream on every pass (at least once per heartbeat
+            # interval), so a lost wake-up costs at most that; this wait only makes it sooner.
+            await sub.wait(10.0)
             if sub.has_data():
                 self._wake.set()
                 drained = self._service_drained = trio.Event()

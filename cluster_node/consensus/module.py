@@ -519,6 +519,17 @@ class ConsensusModule:
             return self._leader_work(now_ns)
         return self._follower_work(now_ns)
 
+    def next_heartbeat_ns(self) -> int | None:
+        """When :meth:`do_work` next sends a heartbeat of its own accord (a settled leader's
+        CommitPosition, a follower's AppendPosition); None in an election or when one is due
+        now. The shell parks until then, so the heartbeat keeps its interval exactly."""
+        if self.election is not None:
+            return None
+        last = self._time_of_last_commit_sent_ns if self.role == Role.LEADER else self._time_of_last_append_sent_ns
+        if last == NULL_VALUE:
+            return None
+        return last + self.settings.leader_heartbeat_interval_ns
+
     def _on_election_complete(self, now_ns: int) -> None:
         election = self.election
         assert election is not None

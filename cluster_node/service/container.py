@@ -27,7 +27,8 @@ state (``on_take_snapshot``), records it on stream 106 and acks with the recordi
 -1 when anything failed (the cluster goes on without that snapshot).
 
 The duty cycle never spins: when a pass does no work it parks until a doorbell rings or
-``idle_timeout_s`` passes.
+``idle_timeout_s`` passes (by default a third of the IPC liveness timeout, at most a second: the
+heartbeat of its IPC subscriber slots is the only thing it does on a timer).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ RECOVERY_STATE_TYPE_ID = 204
 """Counter type of the consensus module's RecoveryState for a starting service: registration id
 = the snapshot's log position, value = the service snapshot's recording id (-1: none)."""
 _FRAGMENT_LIMIT = 256
+_MAX_IDLE_TIMEOUT_S = 1.0
+_IPC_RESCAN_INTERVAL_NS = 5_000_000_000
+"""The IPC transport's look for new publications on its own: new ones ring the doorbell
+(NEW_PUBLICATION), so this is only a safety net and need not cost a directory scan a second."""
 
 
 class ServiceStartError(RuntimeError):
@@ -91,7 +96,7 @@ class ServiceContainer:
         role: Callable[[], int] | None = None,
         open_egress: Callable[[str, int], object] | None = None,
         service_id: int = 0,
-        idle_timeout_s: float = 0.5,
+        idle_timeout_s: float | None = None,
         liveness_timeout_ns: int = 10_000_000_000,
         snapshot_stream_id: int = SERVICE_SNAPSHOT_STREAM_ID,
     ) -> None:
@@ -102,7 +107,15 @@ class ServiceContainer:
         self._role = role
         self._open_egress = open_egress
         self.service_id = service_id
+        if idle_timeout_s is None:
+            # Everything the thread serves rings its doorbell (consensus messages, log data,
+            # commit advance, stop); what is left for the timeout is the IPC heartbeat of its
+            # subscriber slots, which the consensus module's publications judge against the
+            # liveness timeout: beat three times per timeout, at most once a second.
+            idle_timeout_s = min(_MAX_IDLE_TIMEOUT_S, liveness_timeout_ns / 3e9)
         self.idle_timeout_s = idle_timeout_s
+        self.on_exit: Callable[[], None] | None = None
+        """Called on the service thread as it ends (the node's watchdog: no polling for it)."""
         self.liveness_timeout_ns = liveness_timeout_ns
         self.snapshot_stream_id = snapshot_stream_id
         self.commit_doorbell = Doorbell()
@@ -126,7 +139,7 @@ class ServiceContainer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to end (it wakes within ``idle_timeout_s``)."""
+        """Ask the thread to end (its doorbell is rung: it wakes at once)."""
         self._stop.set()
         from media.doorbell import ring
 
@@ -150,6 +163,11 @@ class ServiceContainer:
             log.error("service thread failed", error=repr(e), exc_info=e)
         finally:
             self.commit_doorbell.close()
+            if self.on_exit is not None:
+                try:
+                    self.on_exit()
+                except Exception as e:  # noqa: BLE001 - the thread is ending either way
+                    log.warning("service exit callback failed", error=repr(e))
 
     # ------------------------------------------------------------------ egress
 
@@ -193,7 +211,8 @@ class ServiceContainer:
     # ------------------------------------------------------------------ duty cycle
 
     async def _run(self) -> None:
-        ipc = IpcTransport(self.driver_dir, image_liveness_timeout_ns=self.liveness_timeout_ns)
+        ipc = IpcTransport(self.driver_dir, image_liveness_timeout_ns=self.liveness_timeout_ns,
+                           rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS)
         to_cm = ipc.add_publication(parse(CONTROL_CHANNEL), SERVICE_TO_CONSENSUS_STREAM_ID)
         self._ipc = ipc
         from_cm = ipc.add_subscription(parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID,
