@@ -242,7 +242,9 @@ class MediaDriver:
         self._plain_groups: dict[tuple, _Group] = {}
         self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
         self._sender_event = trio.Event()
-        self._sender_parked = False
+        # Non-zero while the sender is parked: network publications call _after_append only
+        # then (their after_append_flag), see _sender_loop.
+        self._sender_parked = bytearray(1)
         self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
@@ -388,7 +390,7 @@ class MediaDriver:
         pub = cls(
             log=lb, channel=uri, stream_id=stream_id, session_id=session_id, start_position=start,
             limit_fn=limit_fn, after_append=self._after_append, on_close=self._close_network_publication,
-            registration_id=next(self._ids),
+            registration_id=next(self._ids), after_append_flag=self._sender_parked,
         )
         np = _NetPublication(pub, core, sock, dests)
         label = f"session={session_id} stream={stream_id} {uri}"
@@ -470,7 +472,8 @@ class MediaDriver:
         return -(-deadline // slack) * slack
 
     def _after_append(self) -> None:
-        """Wake the sender after an offer, from whichever thread offered.
+        """Wake the parked sender after an offer, from whichever thread offered (publications
+        call it only while the sender is parked).
 
         A UDP publication may be offered from another thread of the process (the clustered
         service thread sends egress this way): the log buffer write is the same, only the wake-up
@@ -492,9 +495,17 @@ class MediaDriver:
         self._wake_sender()
 
     def _wake_sender(self) -> None:
-        if self._sender_parked:
-            self._sender_parked = False
+        if self._sender_parked[0]:
+            self._sender_parked[0] = 0
             self._sender_event.set()
+
+    def _sends_pending(self) -> bool:
+        """Has some network publication data its sender may send now?"""
+        for np in self._net_pubs:
+            core = np.core
+            if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
+                return True
+        return False
 
     def _send(self, sock: socket.socket, data, addr) -> None:
         if self._loss_send is not None:
@@ -575,12 +586,19 @@ class MediaDriver:
                 if np.closed_at_ns:
                     deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
             self._sender_event = trio.Event()
-            self._sender_parked = True
+            self._sender_parked[0] = 1
+            # Offers skip the wake-up while the sender is not parked (the flag above); one made
+            # by another thread just before the flag was set is seen here instead (the GIL
+            # orders the two threads' steps, so either it sees the flag or this sees its data).
+            if self._sends_pending():
+                self._sender_parked[0] = 0
+                await trio.lowlevel.checkpoint()
+                continue
             self._sender_deadline_ns = deadline
             deadline = self._coalesce(deadline, now)
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()
-            self._sender_parked = False
+            self._sender_parked[0] = 0
 
     async def _publication_reader(self, np: _NetPublication) -> None:
         sock = np.sock
@@ -593,7 +611,7 @@ class MediaDriver:
                 # they let through, or a duty they brought forward (a SETUP asked for, a NAK's
                 # retransmit).
                 core = np.core
-                if self._sender_parked and (core.sender_position < np.pub.position
+                if self._sender_parked[0] and (core.sender_position < np.pub.position
                                             or core.next_deadline_ns() < self._sender_deadline_ns):
                     self._wake_sender()
         except (trio.ClosedResourceError, OSError, ValueError):

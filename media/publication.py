@@ -36,6 +36,8 @@ _I32_PACK = struct.Struct("<i").pack_into
 _I64_PACK = struct.Struct("<q").pack_into
 _BLOCK_FIRST = struct.Struct("<i4xi").unpack_from  # frame length, term offset
 _WAKE_OFFSET = LogBuffer.WAKE_OFFSET
+_ALWAYS = b"\x01"
+_NEVER = b"\x00"
 _SMALL_MAX = 256
 _SMALL_FRAME = [struct.Struct(f"<BBhiiiiq{n}s").pack_into for n in range(_SMALL_MAX + 1)]
 """Packers of a frame's header after its length field plus an ``n``-byte payload, for offers of
@@ -82,6 +84,7 @@ class ExclusivePublication:
         ring_fn: Callable[[], None] | None = None,
         on_close: Callable[["ExclusivePublication"], None] | None = None,
         registration_id: int = 0,
+        after_append_flag: bytearray | None = None,
     ) -> None:
         self.log = log
         self.channel = channel
@@ -106,6 +109,11 @@ class ExclusivePublication:
         self._term_id = _wrap_i32(self.initial_term_id + (start_position >> self._bits))
         self._limit_fn = limit_fn
         self._after_append = after_append
+        # after_append is called only while this byte is non-zero (the transport sets it while
+        # its sender is parked), so an offer to a running sender costs no call.
+        if after_append is None:
+            after_append_flag = _NEVER
+        self._append_flag = after_append_flag if after_append_flag is not None else _ALWAYS
         self._ring_fn = ring_fn
         self._on_close = on_close
         self._wake_offset = LogBuffer.WAKE_OFFSET
@@ -174,7 +182,7 @@ class ExclusivePublication:
         self._position = end
         if buf[_WAKE_OFFSET]:
             self._ring_fn()
-        if self._after_append is not None:
+        if self._append_flag[0]:
             self._after_append()
         return end
 
@@ -205,7 +213,7 @@ class ExclusivePublication:
         self._position = pos
         if buf[self._wake_offset]:
             self._ring_fn()
-        if self._after_append is not None:
+        if self._append_flag[0]:
             self._after_append()
         return pos
 
@@ -294,7 +302,7 @@ class ExclusivePublication:
         self._position = pos
         if buf[self._wake_offset]:
             self._ring_fn()
-        if self._after_append is not None:
+        if self._append_flag[0]:
             self._after_append()
         return pos
 
@@ -362,7 +370,7 @@ class ExclusivePublication:
         _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
         if buf[self._wake_offset]:
             self._ring_fn()
-        if self._after_append is not None:
+        if self._append_flag[0]:
             self._after_append()
         return pos
 
@@ -409,7 +417,7 @@ class ExclusivePublication:
         _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
         if buf[self._wake_offset]:
             self._ring_fn()
-        if self._after_append is not None:
+        if self._append_flag[0]:
             self._after_append()
         return pos
 
