@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""CPU per message of each process of a 3-node echo cluster at a fixed request rate.
+
+    .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR]
+
+Starts three ``cluster-node run`` processes (the echo service, demo timeouts, as
+``scripts/bench_cluster.py``), connects a client from this process and sends 32-byte messages
+at ``--rate`` per second for ``--seconds``. Prints, for every node and for the client, the CPU
+it used (user + system from ``/proc/<pid>/stat`` and ``os.times()``) as a share of one core and
+per message, and the round trip percentiles. With ``--spy DIR`` it also records each node with
+py-spy (raw collapsed stacks, ``DIR/node<N>.txt``; ``L`` marks the leader) over the same window.
+
+This answers "where does a request's CPU go" rather than "how fast": the latency and throughput
+figures are ``bench_cluster.py``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import trio  # noqa: E402
+
+import bench_cluster as bc  # noqa: E402
+from cluster_node.client import open_cluster_client  # noqa: E402
+from tests.support.cluster import TestCluster  # noqa: E402
+
+
+def _user_sys_ticks(pid: int) -> tuple[int, int]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None) -> None:
+    leader = cluster.start(timeout=60)
+    await trio.sleep(1.5)  # let the election's last messages settle
+    pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
+    echoes = bc.Echoes()
+    async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
+        await bc.latency(client, echoes, rate, 1.0)  # warm-up
+        spies = []
+        if spy_dir is not None:
+            py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+            for m, pid in pids.items():
+                out = spy_dir / f"node{m}{'L' if m == leader else ''}.txt"
+                spies.append(subprocess.Popen(
+                    [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                ))
+        before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        client_before = os.times()
+        lat = await bc.latency(client, echoes, rate, seconds)
+        client_after = os.times()
+        after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        for s in spies:
+            s.wait()
+    tck = os.sysconf("SC_CLK_TCK")
+    n = rate * seconds
+    print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
+    for m in pids:
+        user = (after[m][0] - before[m][0]) / tck
+        system = (after[m][1] - before[m][1]) / tck
+        role = "leader" if m == leader else "follower"
+        print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
+              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system),"
+              f" {(user + system) / n * 1e6:.0f} us of CPU per message")
+    used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
+    print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", type=int, default=200, help="messages per second (default 200)")
+    p.add_argument("--seconds", type=float, default=8.0, help="measured window (default 8)")
+    p.add_argument("--spy", metavar="DIR", help="also record each node with py-spy into DIR")
+    args = p.parse_args()
+    if args.rate <= 0 or args.seconds <= 0:
+        p.error("--rate and --seconds must be positive")
+    spy_dir = Path(args.spy) if args.spy else None
+    if spy_dir is not None:
+        spy_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cluster-cpu-") as tmp:
+        cluster = TestCluster(Path(tmp), 3, service="echo")
+        try:
+            trio.run(measure, cluster, args.rate, args.seconds, spy_dir)
+        finally:
+            cluster.close()
+
+
+if __name__ == "__main__":
+    main()
