@@ -323,30 +323,17 @@ class ExclusivePublication:
         and term ids into every frame (a replay does it during the walk it needs anyway), so the
         block is copied without a second pass over its frames.
         """
-        pos = self._position
-        if pos - self._term_base == self.term_length:
-            # The previous block filled its term: enter the next one.
-            if pos + length > self._limit:
-                code = self._refresh(pos + length)
-                if code:
-                    return code
-            self._enter_term(pos)
-        term_offset = pos - self._term_base
-        if length <= 0 or length & 31 or term_offset + length > self.term_length:
-            raise ValueError(f"block of {length} bytes does not fit at term offset {term_offset}")
-        if pos + length > self._limit:
-            code = self._refresh(pos + length)
-            if code:
-                return code
+        off = self.claim_block(length)
+        if off < 0:
+            return off
+        term_offset = self._position - self._term_base
         first_length, first_term_offset = _BLOCK_FIRST(block, offset)
         if first_term_offset != term_offset or first_length <= 0:
             raise ValueError(
                 f"block starts with a frame at term offset {first_term_offset} (length {first_length}),"
                 f" the publication is at term offset {term_offset}"
             )
-        buf = self._buffer
-        off = META_LENGTH + pos % self._capacity
-        buf[off + 4 : off + length] = block[offset + 4 : offset + length]
+        self._buffer[off + 4 : off + length] = block[offset + 4 : offset + length]
         ints = self._ints
         session_id, stream_id, term_id = self.session_id, self.stream_id, self._term_id
         i = off >> 2
@@ -362,17 +349,7 @@ class ExclusivePublication:
             flen = ints[i]
             if flen <= 0:
                 raise ValueError(f"block holds a frame of length {flen} at {(i << 2) - off}")
-        _I32_PACK(buf, off, first_length)
-        pos += length
-        self._position = pos
-        # Every frame below ``pos`` is complete: a reader's block poll may take them all without
-        # walking their lengths (a lower bound of the edge; the duty cycle refreshes it too).
-        _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
-        if buf[self._wake_offset]:
-            self._ring_fn()
-        if self._append_flag[0]:
-            self._after_append()
-        return pos
+        return self.commit_block(length, first_length)
 
     def claim_block(self, length: int) -> int:
         """Reserve the next ``length`` bytes of the log buffer for frames the caller writes in
@@ -398,7 +375,7 @@ class ExclusivePublication:
             self._enter_term(pos)
         term_offset = pos - self._term_base
         if length <= 0 or length & 31 or term_offset + length > self.term_length:
-            raise ValueError(f"a claim of {length} bytes does not fit at term offset {term_offset}")
+            raise ValueError(f"block of {length} bytes does not fit at term offset {term_offset}")
         if pos + length > self._limit:
             code = self._refresh(pos + length)
             if code:
@@ -414,6 +391,8 @@ class ExclusivePublication:
         _I32_PACK(buf, META_LENGTH + pos % self._capacity, first_length)
         pos += length
         self._position = pos
+        # Every frame below ``pos`` is complete: a reader's block poll may take them all without
+        # walking their lengths (a lower bound of the edge; the duty cycle refreshes it too).
         _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
         if buf[self._wake_offset]:
             self._ring_fn()
