@@ -216,8 +216,8 @@ class ReplaySession:
             n = end - position
             reader.read_into(position, head, HEADER_LENGTH)
             if _TYPE(head, 6)[0] == 0:
-                # A padding frame (it ends the term): its header alone, through the replay's own
-                # buffer (the body is zeros in the recording and in the log buffer alike).
+                # A padding frame (it ends the term; shorter than one of the stream's frames):
+                # read whole into the replay's own buffer and appended with offer_block.
                 pad = _I32(head, 0)[0]
                 n = pad if n < pad and position + pad <= bound else n
                 reader.read_into(position, view, n)
@@ -229,7 +229,10 @@ class ReplaySession:
                     position = self.position = result
                     await trio.lowlevel.checkpoint()
                     continue
+            elif n < HEADER_LENGTH:
+                length = 0  # a limit a few bytes past the last frame: nothing whole to send
             else:
+                n &= ~31  # a limit need not be frame aligned; a claim is (whole frames are)
                 offset = await self._until_accepted(lambda: pub.claim_block(n))
                 if offset is None:
                     return

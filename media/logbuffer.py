@@ -18,8 +18,9 @@ File layout (little-endian)::
       32  publisher pid                  i64
       40  publisher heartbeat (ns)       i64   CLOCK_MONOTONIC, shared by all processes
       48  end-of-stream position         i64   MAX_POSITION while the publication is open
-      56  publisher position             i64   every frame below it is complete (offer_block and the
-                                               owner's duty cycle write it; a lower bound of the edge)
+      56  publisher position             i64   every frame below it is complete (commit_block, which
+                                               offer_block ends with, and the owner's duty cycle
+                                               write it; a lower bound of the edge)
       64  wake flag                      i32   non-zero: some subscriber is parked
       68  publisher parked               i32   non-zero: the publisher waits for a subscriber to move
       72  start position                 i64   where the publication began
