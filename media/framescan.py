@@ -33,7 +33,7 @@ not pay for it.
 
 from __future__ import annotations
 
-__all__ = ["MIN_BLOCK", "chain", "extend", "numpy_module", "stamp"]
+__all__ = ["MIN_BLOCK", "chain", "extend", "loaded", "numpy_module", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
@@ -54,6 +54,11 @@ def _numpy():
 
         _np = numpy
     return _np
+
+
+def loaded() -> bool:
+    """Has this process imported numpy for framescan already?"""
+    return _np is not None
 
 
 def numpy_module():

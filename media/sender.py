@@ -64,7 +64,22 @@ __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _META = 4096  # media.logbuffer.META_LENGTH; the core does not import the mmap module
 _BATCH_MIN = 8
-"""With at least this many MTUs to send, datagrams are cut by numpy (:meth:`SenderCore._chunks`)."""
+"""With at least this many MTUs to send, datagrams are cut by numpy (:meth:`SenderCore._chunks`),
+in a process that has numpy loaded already (a node's archive loads it): a sender never imports
+it, which would stall the process and grow it by some 15 MB in the middle of its run."""
+_LENGTH_UNPACKERS: dict[tuple[int, int], object] = {}
+
+
+def _lengths_unpacker(aligned: int, count: int):
+    """``unpack_from`` of ``count`` frame length words ``aligned`` bytes apart (kept per shape;
+    few exist, a datagram is one MTU)."""
+    unpack = _LENGTH_UNPACKERS.get((aligned, count))
+    if unpack is None:
+        if len(_LENGTH_UNPACKERS) >= 1024:
+            _LENGTH_UNPACKERS.clear()
+        fmt = "<" + f"i{aligned - 4}x" * (count - 1) + "i"
+        unpack = _LENGTH_UNPACKERS[(aligned, count)] = struct.Struct(fmt).unpack_from
+    return unpack
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,13 +350,23 @@ class SenderCore:
             self.receivers.clear()
 
     def _chunk(self, buffer, position: int, limit: int) -> tuple[int, int, int]:
-        """Frames from ``position`` that fit one datagram: (buffer offset, bytes, term bytes covered)."""
-        tl = self.term_length
+        """Frames from ``position`` that fit one datagram: (buffer offset, bytes, term bytes covered).
+
+        Small frames of one length (the usual batch of small messages) are taken a datagram's
+        worth at a time: one unpack of the length words where a walk would look, accepted when
+        they all equal the first; the walk goes on from there (or from the start otherwise)."""
         term_end = ((position >> self.position_bits) + 1) << self.position_bits
         avail = min(limit, term_end) - position
         off = _META + position % self.capacity
         mtu = self.mtu
         length = 0
+        flen = _PREFIX(buffer, off)[0] if avail >= HEADER_LENGTH else 0
+        if flen >= HEADER_LENGTH:
+            aligned = (flen + 31) & ~31
+            # Short of the term's end: its last frame may be padding, which travels alone.
+            count = min(mtu, avail, term_end - position - 1) // aligned
+            if count >= 4 and _lengths_unpacker(aligned, count)(buffer, off).count(flen) == count:
+                length = count * aligned
         while length < avail:
             flen, _v, _f, ftype = _PREFIX(buffer, off + length)
             if flen <= 0:
@@ -354,7 +379,6 @@ class SenderCore:
             if length + aligned > mtu or length + aligned > avail:
                 break  # never split a frame, never pass the flow-control limit
             length += aligned
-        del tl
         return off, length, length
 
     def _chunks(self, buffer, position: int, end: int) -> list[tuple[int, int]] | None:
@@ -408,7 +432,7 @@ class SenderCore:
         budget = self.config.max_batch_bytes
         added = 0
         while position < limit and budget > 0:
-            if limit - position >= _BATCH_MIN * self.mtu:
+            if limit - position >= _BATCH_MIN * self.mtu and framescan.loaded():
                 term_end = ((position >> self.position_bits) + 1) << self.position_bits
                 batch = self._chunks(buffer, position, min(limit, term_end, position + budget))
                 if batch:

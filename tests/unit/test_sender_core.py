@@ -791,3 +791,44 @@ def test_sending_a_large_backlog_delivers_every_frame_once_in_order():
     assert covered == rig.core.sender_position == rig.pub.position
     data = b"".join(d for d in datagrams if d[6] != TYPE_PAD)
     assert len(data) == 1200 * 96 and [data[k * 96 + 32] for k in range(1200)] == [k & 0xFF for k in range(1200)]
+
+
+def _reference_datagrams(buffer, start_off: int, avail: int, mtu: int) -> list[int]:
+    """Datagram lengths as a plain walk packs them (whole frames, at most one MTU, padding alone)."""
+    out, at, end = [], start_off, start_off + avail
+    while at < end:
+        length = 0
+        while at + length < end:
+            flen = int.from_bytes(buffer[at + length : at + length + 4], "little", signed=True)
+            if flen <= 0:
+                break
+            if buffer[at + length + 6] == TYPE_PAD:
+                if length == 0:
+                    length = -flen  # header-only, covers flen
+                break
+            aligned = (flen + 31) & ~31
+            if length + aligned > mtu or at + length + aligned > end:
+                break
+            length += aligned
+        if length == 0:
+            break
+        out.append(length)
+        at += abs(length)
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[64] * 300, [40] * 50 + [10] * 50 + [40] * 200, [0] * 1200, [1000] * 60])
+def test_a_datagram_of_equal_small_frames_is_packed_as_the_walk_packs_it(sizes):
+    rig = Rig()
+    for n in sizes:  # up to the end of the first term, padding included
+        if rig.pub.position > TL - 2048 or rig.pub.offer(bytes(n)) < 0:
+            break
+    while rig.pub.position < TL:
+        assert rig.pub.offer(bytes(1300)) > 0  # fill to the term's end (padding or exactly)
+    buffer, got, position = rig.log.buffer, [], 0
+    while position < TL:
+        off, n, covered = rig.core._chunk(buffer, position, TL)
+        assert covered
+        got.append(n if n == covered else -covered)
+        position += covered
+    assert got == _reference_datagrams(buffer, 4096, TL, MTU)
