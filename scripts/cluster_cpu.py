@@ -2,6 +2,7 @@
 """CPU per message of each process of a 3-node echo cluster at a fixed request rate.
 
     .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR]
+    .venv/bin/python scripts/cluster_cpu.py --idle [--seconds 20]
 
 Starts three ``cluster-node run`` processes (the echo service, demo timeouts, as
 ``scripts/bench_cluster.py``), connects a client from this process and sends 32-byte messages
@@ -9,6 +10,10 @@ at ``--rate`` per second for ``--seconds``. Prints, for every node and for the c
 it used (user + system from ``/proc/<pid>/stat`` and ``os.times()``) as a share of one core and
 per message, and the round trip percentiles. With ``--spy DIR`` it also records each node with
 py-spy (raw collapsed stacks, ``DIR/node<N>.txt``; ``L`` marks the leader) over the same window.
+
+``--idle``: no client; the CPU each node uses while the cluster sits idle, over a longer window
+than ``bench_cluster.py``'s 3 s (an idle node uses a few ticks a second, so short windows are
+noisy).
 
 This answers "where does a request's CPU go" rather than "how fast": the latency and throughput
 figures are ``bench_cluster.py``'s.
@@ -39,6 +44,31 @@ def _user_sys_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, seconds: float, n: float) -> None:
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for m in pids:
+        user = (after[m][0] - before[m][0]) / tck
+        system = (after[m][1] - before[m][1]) / tck
+        total += user + system
+        role = "leader" if m == leader else "follower"
+        per_message = f", {(user + system) / n * 1e6:.0f} us of CPU per message" if n else ""
+        print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
+              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system){per_message}")
+    print(f"nodes in total: {total / seconds * 100:.1f} % of a core")
+
+
+async def measure_idle(cluster: TestCluster, seconds: float) -> None:
+    leader = cluster.start(timeout=60)
+    await trio.sleep(3.0)  # let the election's last messages settle
+    pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
+    before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+    await trio.sleep(seconds)
+    after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+    print(f"idle cluster over {seconds:.0f} s, leader member {leader}; load average {os.getloadavg()[0]:.2f}")
+    _report_nodes(pids, leader, before, after, seconds, 0)
+
+
 async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None) -> None:
     leader = cluster.start(timeout=60)
     await trio.sleep(1.5)  # let the election's last messages settle
@@ -62,16 +92,9 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
         after = {m: _user_sys_ticks(p) for m, p in pids.items()}
         for s in spies:
             s.wait()
-    tck = os.sysconf("SC_CLK_TCK")
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
-    for m in pids:
-        user = (after[m][0] - before[m][0]) / tck
-        system = (after[m][1] - before[m][1]) / tck
-        role = "leader" if m == leader else "follower"
-        print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
-              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system),"
-              f" {(user + system) / n * 1e6:.0f} us of CPU per message")
+    _report_nodes(pids, leader, before, after, seconds, n)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
 
@@ -81,7 +104,10 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=200, help="messages per second (default 200)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured window (default 8)")
     p.add_argument("--spy", metavar="DIR", help="also record each node with py-spy into DIR")
+    p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
     args = p.parse_args()
+    if args.idle and args.seconds == 8.0:
+        args.seconds = 20.0
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be positive")
     spy_dir = Path(args.spy) if args.spy else None
@@ -90,7 +116,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cluster-cpu-") as tmp:
         cluster = TestCluster(Path(tmp), 3, service="echo")
         try:
-            trio.run(measure, cluster, args.rate, args.seconds, spy_dir)
+            if args.idle:
+                trio.run(measure_idle, cluster, args.seconds)
+            else:
+                trio.run(measure, cluster, args.rate, args.seconds, spy_dir)
         finally:
             cluster.close()
 
