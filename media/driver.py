@@ -57,7 +57,6 @@ from media.channel import (
     parse,
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path
-from media.doorbell import NEW_PUBLICATION, Doorbell, ring
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
@@ -213,8 +212,8 @@ class MediaDriver:
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
             heartbeat_interval_ns=max(config.heartbeat_interval_ns, config.image_liveness_timeout_ns // 10),
             default_term_length=config.ipc_term_length,
-            # New publications ring their subscribers (see _add_ipc_subscription): the periodic
-            # directory scan is only a safety net.
+            # New publications ring their subscribers: the periodic directory scan is only a
+            # safety net.
             rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS,
         )
         # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
@@ -289,54 +288,14 @@ class MediaDriver:
         self._check_open()
         uri = parse(channel) if isinstance(channel, str) else channel
         if uri.is_ipc:
-            sub = self._add_ipc_subscription(uri, stream_id, on_available, on_unavailable)
+            # The conductor runs the IPC transport's duty cycle and its image changes ring the
+            # subscription, so a wait may last as long as its caller asks.
+            sub = self.ipc.add_subscription(uri, stream_id, max_wait_s=None, on_available=on_available,
+                                            on_unavailable=on_unavailable)
         else:
             sub = self._add_network_subscription(uri, stream_id, on_available, on_unavailable)
         self.system.subscriptions_active.add(1)
         self._poke_conductor()
-        return sub
-
-    def _add_ipc_subscription(self, uri: ChannelUri, stream_id: int, on_available, on_unavailable) -> Subscription:
-        """An IPC subscription whose :meth:`~media.subscription.Subscription.wait` lasts as long as
-        its caller asks.
-
-        The IPC transport's own wait is capped at half a second: it cannot tell when the
-        driver's conductor found or dropped an image, so it looks again. Here the subscription's
-        doorbell is ours, and the driver (same thread) rings it whenever it changes the
-        subscription's images; writers ring it after an append while it is parked, and a new
-        publication rings every subscriber of its stream. The timeout is the caller's safety net.
-        """
-        bell = Doorbell()
-        sub = self.ipc.add_subscription(uri, stream_id, doorbell=bell, on_available=on_available,
-                                        on_unavailable=on_unavailable)
-        waiting = [False]
-
-        async def wait_impl(timeout: float) -> None:
-            sub.set_parked(True)
-            try:
-                # Re-check once parked: an append made before the flags were set rang nobody.
-                if not sub.has_data():
-                    waiting[0] = True
-                    await bell.wait(timeout)
-            finally:
-                waiting[0] = False
-                sub.set_parked(False)
-            if NEW_PUBLICATION in bell.drain():
-                self.ipc.rescan()
-
-        def on_change() -> None:
-            if waiting[0]:
-                ring(bell.name)  # same thread: ends the wait without a system call
-
-        ipc_close = sub._close_impl
-
-        def close_impl(s: Subscription) -> None:
-            ipc_close(s)
-            bell.close()
-
-        sub._wait_impl = wait_impl
-        sub._close_impl = close_impl
-        sub.wake_hook = on_change
         return sub
 
     def _check_open(self) -> None:

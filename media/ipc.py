@@ -64,7 +64,7 @@ class _IpcImageState:
 
 
 class _IpcSub:
-    __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan", "own_doorbell")
+    __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan", "own_doorbell", "waiting")
 
     def __init__(self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path,
                  own_doorbell: bool = True) -> None:
@@ -75,6 +75,12 @@ class _IpcSub:
         self.images: dict[str, _IpcImageState] = {}
         self.rescan = True
         self.own_doorbell = own_doorbell
+        self.waiting = False  # in Subscription.wait: image changes ring the doorbell
+
+    def images_changed(self) -> None:
+        """Images came or went: end a wait in progress (same thread: no system call)."""
+        if self.waiting:
+            ring(self.doorbell.name)
 
 
 class IpcTransport:
@@ -213,7 +219,7 @@ class IpcTransport:
     # ------------------------------------------------------------------ subscriptions
 
     def add_subscription(self, channel: ChannelUri, stream_id: int, doorbell: Doorbell | None = None,
-                         **callbacks) -> Subscription:
+                         max_wait_s: float | None = 0.5, **callbacks) -> Subscription:
         """A subscription of ``stream_id`` (``session-id`` in the channel: that publication only).
 
         ``doorbell``: a doorbell shared with other subscriptions (and anything else the owner
@@ -221,6 +227,12 @@ class IpcTransport:
         it parks them with :meth:`Subscription.set_parked`, waits on the doorbell, and calls
         :meth:`rescan` when the doorbell's drain reports a new publication. Without it, the
         subscription has a doorbell of its own and :meth:`Subscription.wait` does all that.
+
+        ``max_wait_s``: the longest a :meth:`Subscription.wait` lasts, whatever its caller asks,
+        so that a caller whose own loop runs :meth:`do_work` (heartbeats, liveness, which add and
+        drop images) gets to run it. None: no cap, for a caller that runs :meth:`do_work`
+        elsewhere in the same thread (the media driver's conductor): image changes made there
+        ring the waiting subscription, and writers and new publications ring it anyway.
         """
         sub = Subscription(channel=channel, stream_id=stream_id, **callbacks)
         own = doorbell is None
@@ -243,9 +255,12 @@ class IpcTransport:
         async def wait_impl(timeout: float) -> None:
             park_impl(True)
             try:
+                # Re-check once parked: an append made before the flags were set rang nobody.
                 if not sub.has_data():
-                    await doorbell.wait(min(timeout, 0.5))
+                    state.waiting = True
+                    await doorbell.wait(timeout if max_wait_s is None else min(timeout, max_wait_s))
             finally:
+                state.waiting = False
                 park_impl(False)
             if NEW_PUBLICATION in doorbell.drain():
                 state.rescan = True
@@ -295,6 +310,7 @@ class IpcTransport:
             state.images[key] = _IpcImageState(image, slot)
             self.images_available += 1
             state.sub._add_image(image)
+            state.images_changed()
 
     def _close_subscription(self, state: _IpcSub) -> None:
         for st in state.images.values():
@@ -381,6 +397,7 @@ class IpcTransport:
             st.image.log.unlink()
         self.images_unavailable += 1
         state.sub._remove_image(st.image)
+        state.images_changed()
 
     def close(self) -> None:
         for pub in list(self._pubs):
