@@ -116,7 +116,6 @@ class ExclusivePublication:
         self._append_flag = after_append_flag if after_append_flag is not None else _ALWAYS
         self._ring_fn = ring_fn
         self._on_close = on_close
-        self._wake_offset = LogBuffer.WAKE_OFFSET
         self._wait_impl: Callable[[float], Awaitable[None]] | None = None  # set by the transport
         self._ints = memoryview(log.buffer).cast("B").cast("i")  # the log buffer as int32 words
         self._view: memoryview | None = None  # byte view of the log buffer, for claim_block
@@ -180,7 +179,7 @@ class ExclusivePublication:
             buf[off + 32 : off + 32 + n] = payload
         self._ints[off >> 2] = n + 32  # the length last: the frame is visible from here on
         self._position = end
-        if buf[_WAKE_OFFSET]:
+        if buf[_WAKE_OFFSET]:  # _notify, inlined: this is the hot path
             self._ring_fn()
         if self._append_flag[0]:
             self._after_append()
@@ -211,11 +210,15 @@ class ExclusivePublication:
         _I32_PACK(buf, off, n + 32)
         pos += aligned
         self._position = pos
-        if buf[self._wake_offset]:
+        self._notify(buf)
+        return pos
+
+    def _notify(self, buf) -> None:
+        """After an append: ring parked IPC readers, wake a parked UDP sender."""
+        if buf[_WAKE_OFFSET]:
             self._ring_fn()
         if self._append_flag[0]:
             self._after_append()
-        return pos
 
     def _refresh(self, needed: int) -> int:
         if self.closed:
@@ -300,10 +303,7 @@ class ExclusivePublication:
             sent += chunk
             flags = 0
         self._position = pos
-        if buf[self._wake_offset]:
-            self._ring_fn()
-        if self._append_flag[0]:
-            self._after_append()
+        self._notify(buf)
         return pos
 
     # ------------------------------------------------------------------ blocks of frames
@@ -380,7 +380,7 @@ class ExclusivePublication:
             code = self._refresh(pos + length)
             if code:
                 return code
-        return META_LENGTH + pos % self._capacity
+        return self._off_delta + pos
 
     def commit_block(self, length: int, first_length: int) -> int:
         """Publish the first ``length`` bytes (whole frames) of the region :meth:`claim_block`
@@ -394,10 +394,7 @@ class ExclusivePublication:
         # Every frame below ``pos`` is complete: a reader's block poll may take them all without
         # walking their lengths (a lower bound of the edge; the duty cycle refreshes it too).
         _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
-        if buf[self._wake_offset]:
-            self._ring_fn()
-        if self._append_flag[0]:
-            self._after_append()
+        self._notify(buf)
         return pos
 
     @property
@@ -457,3 +454,8 @@ class Publication(ExclusivePublication):
     def offer(self, payload, reserved_value: int = 0) -> int:
         with self._lock:
             return ExclusivePublication.offer(self, payload, reserved_value)
+
+    def close(self) -> None:
+        # Under the offers' lock: close releases the log buffer views an offer writes through.
+        with self._lock:
+            ExclusivePublication.close(self)
