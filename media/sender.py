@@ -46,7 +46,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from media import framescan
 from media.frames import (
     HEADER_LENGTH,
     Nak,
@@ -56,6 +55,7 @@ from media.frames import (
     compute_position,
     encode_heartbeat,
     encode_setup,
+    run_unpacker,
     term_id_at,
 )
 
@@ -63,23 +63,6 @@ __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _META = 4096  # media.logbuffer.META_LENGTH; the core does not import the mmap module
-_BATCH_MIN = 8
-"""With at least this many MTUs to send, datagrams are cut by numpy (:meth:`SenderCore._chunks`),
-in a process that has numpy loaded already (a node's archive loads it): a sender never imports
-it, which would stall the process and grow it by some 15 MB in the middle of its run."""
-_LENGTH_UNPACKERS: dict[tuple[int, int], object] = {}
-
-
-def _lengths_unpacker(aligned: int, count: int):
-    """``unpack_from`` of ``count`` frame length words ``aligned`` bytes apart (kept per shape;
-    few exist, a datagram is one MTU)."""
-    unpack = _LENGTH_UNPACKERS.get((aligned, count))
-    if unpack is None:
-        if len(_LENGTH_UNPACKERS) >= 1024:
-            _LENGTH_UNPACKERS.clear()
-        fmt = "<" + f"i{aligned - 4}x" * (count - 1) + "i"
-        unpack = _LENGTH_UNPACKERS[(aligned, count)] = struct.Struct(fmt).unpack_from
-    return unpack
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +348,7 @@ class SenderCore:
             aligned = (flen + 31) & ~31
             # Short of the term's end: its last frame may be padding, which travels alone.
             count = min(mtu, avail, term_end - position - 1) // aligned
-            if count >= 4 and _lengths_unpacker(aligned, count)(buffer, off).count(flen) == count:
+            if count >= 4 and run_unpacker("i", aligned, count)(buffer, off).count(flen) == count:
                 length = count * aligned
         while length < avail:
             flen, _v, _f, ftype = _PREFIX(buffer, off + length)
@@ -381,49 +364,6 @@ class SenderCore:
             length += aligned
         return off, length, length
 
-    def _chunks(self, buffer, position: int, end: int) -> list[tuple[int, int]] | None:
-        """Many datagrams at once, from ``position`` up to at most ``end`` (inside one term): the
-        frames are found by ``media.framescan`` and packed greedily, each datagram as many whole
-        frames as fit one MTU, exactly as :meth:`_chunk` would one by one. None when numpy cannot
-        prove the frames, or the region holds a padding frame (the per-datagram walk handles
-        those, and a term's last frame)."""
-        off = _META + position % self.capacity
-        found = framescan.chain(buffer, off, (end - position) & ~31, position & (self.term_length - 1))
-        if found is None or not found[1]:
-            return None
-        starts, length = found
-        np = framescan.numpy_module()
-        if buffer[off + int(starts[-1]) + 6] == TYPE_PAD:
-            if starts.size == 1:
-                return None
-            length = int(starts[-1])
-            starts = starts[:-1]
-        ends = np.empty(starts.size, dtype=np.int64)
-        ends[:-1] = starts[1:]
-        ends[-1] = length
-        mtu = self.mtu
-        first = int(ends[0])
-        if first * starts.size == length and (starts.size == 1 or bool((np.diff(ends) == first).all())):
-            # Frames of one length (the common case): every datagram holds the same number.
-            if first > mtu:
-                return None
-            size = (mtu // first) * first
-            full, rest = divmod(length, size)
-            out = [(off + k * size, size) for k in range(full)]
-            if rest:
-                out.append((off + full * size, rest))
-            return out
-        out = []
-        at = 0
-        while at < length:
-            i = int(np.searchsorted(ends, at + mtu, "right")) - 1
-            if i < 0 or int(ends[i]) <= at:
-                return out or None  # a frame longer than an MTU: not ours to cut
-            e = int(ends[i])
-            out.append((off + at, e - at))
-            at = e
-        return out
-
     def _send_data(self, buffer, publisher_position: int, sends: list, now_ns: int) -> int:
         limit = min(publisher_position, self.flow_limit)
         if self.end_position is not None:
@@ -432,18 +372,6 @@ class SenderCore:
         budget = self.config.max_batch_bytes
         added = 0
         while position < limit and budget > 0:
-            if limit - position >= _BATCH_MIN * self.mtu and framescan.loaded():
-                term_end = ((position >> self.position_bits) + 1) << self.position_bits
-                batch = self._chunks(buffer, position, min(limit, term_end, position + budget))
-                if batch:
-                    for off, length in batch:
-                        sends.append((off, length))
-                        position += length
-                        budget -= length
-                        self.stats.bytes += length
-                    added += len(batch)
-                    self.stats.datagrams += len(batch)
-                    continue
             off, length, covered = self._chunk(buffer, position, limit)
             if covered == 0:
                 break

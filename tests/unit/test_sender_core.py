@@ -743,39 +743,6 @@ def test_a_closed_publication_that_sent_its_end_does_not_come_back_after_a_stall
     assert kinds(out) == ["eos"] and not rig.core.setup_wanted
 
 
-def _walked_datagrams(core, buffer, position: int, end: int) -> list[tuple[int, int]]:
-    out = []
-    while position < end:
-        off, n, covered = core._chunk(buffer, position, end)
-        if covered == 0:
-            break
-        out.append((off, n))
-        position += covered
-    return out
-
-
-@pytest.mark.parametrize("sizes", [[32] * 3000, [1000] * 200, [0] * 5000, "mixed"])
-def test_datagrams_cut_by_numpy_are_the_ones_the_walk_cuts(sizes):
-    """The batched path (many MTUs to send) packs exactly the frames the per-datagram walk packs,
-    up to a term's padding frame, which it leaves to the walk."""
-    rng = random.Random(7)
-    if sizes == "mixed":
-        sizes = [rng.choice([0, 17, 100, 700, 1300]) for _ in range(2000)]
-    rig = Rig()
-    for i, n in enumerate(sizes):  # into the second term at most: the first stays intact
-        if rig.pub.position > TL or rig.pub.offer(bytes([i & 0xFF]) * n) < 0:
-            break
-    buffer, end = rig.log.buffer, min(rig.pub.position, TL)
-    batch = rig.core._chunks(buffer, 0, end)
-    assert batch
-    walked = _walked_datagrams(rig.core, buffer, 0, end)
-    assert batch == walked[: len(batch)]
-    covered = sum(n for _off, n in batch)
-    last_off = walked[-1][0]
-    pad_last = buffer[last_off + 6] == TYPE_PAD  # the term ends with padding: the batch stops before it
-    assert covered == (last_off - 4096 if pad_last else end)
-
-
 def test_sending_a_large_backlog_delivers_every_frame_once_in_order():
     rig = Rig()
     rig.publish(1200, 40)  # a term and a half
