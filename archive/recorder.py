@@ -22,6 +22,7 @@ from typing import Callable
 import structlog
 
 from archive.storage import SegmentWriter
+from media import framescan
 
 __all__ = ["RecordingSession", "RecordingState", "DEFAULT_BLOCK_LENGTH"]
 
@@ -70,6 +71,9 @@ class RecordingSession:
         self._block_length = block_length
         self._max_blocks = max_blocks_per_work
         self._write = writer.write_block
+        # Block polls follow frame chains with numpy (media.framescan): import it now rather than
+        # inside the first block, where it would stall the recording by some 0.2 s.
+        framescan.numpy_module()
         position_counter.set(self.position)
 
     def do_work(self) -> int:

@@ -151,22 +151,22 @@ class ReplaySession:
             finally:
                 self._wait_scope = None
 
-    def _whole_frames(self, n: int, position: int) -> int:
-        """Bytes of whole frames at the start of the read buffer, read from ``position`` (-1: no
-        valid frame there), with the replay's session, stream and term ids written into each of
-        them on the way: a replay is a publication of its own (a UDP receiver routes frames by
-        those ids, and a recording of the replay stream must hold frames of that stream). One
-        pass: numpy's chain for large reads (media.framescan), a Python walk otherwise or when it
-        declines.
+    def _whole_frames(self, buffer, ints, offset: int, n: int, position: int) -> int:
+        """Bytes of whole frames in ``buffer[offset:offset + n]`` (``ints``: the same buffer as
+        int32 words), read from ``position`` (-1: no valid frame there), with the replay's
+        session, stream and term ids written into each of them on the way: a replay is a
+        publication of its own (a UDP receiver routes frames by those ids, and a recording of the
+        replay stream must hold frames of that stream). One pass: numpy's chain for large reads
+        (media.framescan), a Python walk otherwise or when it declines.
         """
         pub = self.publication
         term_id = pub.log.term_id_of(position)
         if n >= framescan.MIN_BLOCK:
-            found = framescan.chain(self._view, 0, n, position & (pub.term_length - 1), 32)
+            found = framescan.chain(buffer, offset, n, position & (pub.term_length - 1), 32)
             if found is not None and found[1]:
-                framescan.stamp(self._view, 0, found[0], pub.session_id, pub.stream_id, term_id)
+                framescan.stamp(buffer, offset, found[0], pub.session_id, pub.stream_id, term_id)
                 return found[1]
-        return stamp_frames(self._ints, n, pub.session_id, pub.stream_id, term_id)
+        return stamp_frames(ints[offset >> 2 : (offset + n) >> 2], n, pub.session_id, pub.stream_id, term_id)
 
     async def run(self) -> None:
         pub = self.publication
@@ -221,7 +221,7 @@ class ReplaySession:
                 pad = _I32(head, 0)[0]
                 n = pad if n < pad and position + pad <= bound else n
                 reader.read_into(position, view, n)
-                length = self._whole_frames(n, position)
+                length = self._whole_frames(view, self._ints, 0, n, position)
                 if length > 0:
                     result = await self._until_accepted(lambda: pub.offer_block(view, 0, length, rewrite_ids=False))
                     if result is None:
@@ -267,24 +267,14 @@ class ReplaySession:
         if first < HEADER_LENGTH:
             buffer[offset + HEADER_LENGTH : offset + n] = self._zeros[: n - HEADER_LENGTH]
             return -1
-        session_id, stream_id, term_id = pub.session_id, pub.stream_id, pub.log.term_id_of(position)
-        _IDS(head, 12, session_id, stream_id, term_id)
+        _IDS(head, 12, pub.session_id, pub.stream_id, pub.log.term_id_of(position))
         buffer[offset + 4 : offset + HEADER_LENGTH] = head[4:]
         length = (first + 31) & ~31
         if length > n:
             length = 0
         elif length < n:
-            rest = n - length
-            found = None
-            if rest >= framescan.MIN_BLOCK:
-                found = framescan.chain(buffer, offset + length, rest, (position + length) & (pub.term_length - 1), 32)
-            if found is not None and found[1]:
-                framescan.stamp(buffer, offset + length, found[0], session_id, stream_id, term_id)
-                length += found[1]
-            elif found is None:
-                ints = pub.buffer_ints[(offset + length) >> 2 : (offset + n) >> 2]
-                more = stamp_frames(ints, rest, session_id, stream_id, term_id)
-                length += max(0, more)  # a bad frame after good ones: the next read reports it
+            more = self._whole_frames(buffer, pub.buffer_ints, offset + length, n - length, position + length)
+            length += max(0, more)  # a bad frame after good ones: the next read reports it
         if length < n:
             start = max(length, 4)  # 4: a first frame that does not fit leaves its header too
             buffer[offset + start : offset + n] = self._zeros[: n - start]

@@ -56,7 +56,6 @@ from archive.segments import (
     segment_base_position,
     segment_file_name,
 )
-from media import framescan
 
 __all__ = [
     "CATALOG_FILE_NAME",
@@ -186,9 +185,6 @@ class SegmentWriter:
         self._base = -1
         self._size = 0
         self.bytes_written = 0
-        # The recording's block polls follow frame chains with numpy (media.framescan): import it
-        # now rather than inside the first block, where it would stall the recording ~0.3 s.
-        framescan.numpy_module()
 
     def _open(self, base: int) -> None:
         self.close()
@@ -289,19 +285,7 @@ class SegmentReader:
 
         Bytes beyond the end of the file (a sparse hole) read as zeros. Returns ``length``.
         """
-        base = self._base
-        if base < 0 or not base <= position < base + self.segment_length:
-            base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
-            self._open(base)
-        if position - base + length > self.segment_length:
-            raise ArchiveStorageError(f"read of {length} bytes at {position} crosses a segment boundary")
-        got = os.preadv(self._fd, [buffer[:length]], position - base)
-        while got < length:
-            n = os.preadv(self._fd, [buffer[got:length]], position - base + got)
-            if n <= 0:
-                buffer[got:length] = bytes(length - got)
-                break
-            got += n
+        self._read_parts(position, [buffer[:length]])
         return length
 
     def read_split(self, position: int, head: memoryview, rest: memoryview) -> None:
@@ -309,26 +293,31 @@ class SegmentReader:
         ``len(head)`` into ``head``, the others into ``rest``, in one system call. A replay reads
         a block into a publication's log buffer this way with the first frame's length word kept
         aside, so the block stays invisible until it is committed."""
+        self._read_parts(position, [head, rest])
+
+    def _read_parts(self, position: int, parts: list) -> None:
+        """Fill ``parts`` (writable memoryviews, in order) from ``position`` with ``preadv``; a
+        short read goes on where it stopped, and bytes beyond the end of the file read as zeros."""
         base = self._base
         if base < 0 or not base <= position < base + self.segment_length:
             base = segment_base_position(self.start_position, position, self.term_length, self.segment_length)
             self._open(base)
-        h, length = len(head), len(head) + len(rest)
+        length = sum(len(p) for p in parts)
         if position - base + length > self.segment_length:
             raise ArchiveStorageError(f"read of {length} bytes at {position} crosses a segment boundary")
-        got = os.preadv(self._fd, [head, rest], position - base)
-        while got < length:
-            if got < h:
-                n = os.preadv(self._fd, [head[got:], rest], position - base + got)
-            else:
-                n = os.preadv(self._fd, [rest[got - h :]], position - base + got)
+        offset = position - base
+        while parts:
+            n = os.preadv(self._fd, parts, offset)
             if n <= 0:  # beyond the end of the file (a sparse hole): zeros
-                if got < h:
-                    head[got:] = bytes(h - got)
-                    got = h
-                rest[got - h :] = bytes(length - got)
-                break
-            got += n
+                for p in parts:
+                    p[:] = bytes(len(p))
+                return
+            offset += n
+            while parts and n >= len(parts[0]):
+                n -= len(parts[0])
+                parts = parts[1:]
+            if parts and n:
+                parts = [parts[0][n:], *parts[1:]]
 
     def read(self, position: int, length: int) -> bytes:
         buf = bytearray(length)

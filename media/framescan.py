@@ -33,7 +33,7 @@ not pay for it.
 
 from __future__ import annotations
 
-__all__ = ["MIN_BLOCK", "chain", "extend", "loaded", "numpy_module", "stamp"]
+__all__ = ["MIN_BLOCK", "chain", "extend", "numpy_module", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
@@ -56,13 +56,9 @@ def _numpy():
     return _np
 
 
-def loaded() -> bool:
-    """Has this process imported numpy for framescan already?"""
-    return _np is not None
-
-
 def numpy_module():
-    """numpy, imported on first use (callers that work on :func:`chain`'s arrays)."""
+    """numpy, imported now if it is not yet: a caller about to use :func:`chain` on a hot path
+    (a recording) calls this ahead, so the import does not stall its first block."""
     return _numpy()
 
 
