@@ -418,6 +418,19 @@ class Archive:
             return NULL_POSITION, False
         return d.stop_position if d.stop_position != NULL_POSITION else d.start_position, False
 
+    def record_now(self, recording_id: int) -> int:
+        """Write what the active recording ``recording_id`` has waiting, in the caller's step
+        (the reference's agent invoker); return the bytes written.
+
+        A duty cycle of the archive's own thread that has just appended to a recorded local
+        stream (the consensus agent and its log) gets the recording position, which gates its
+        commit, in the same pass instead of after a step of the recording task. The task still
+        owns everything else: new images, the end of an image, stop requests."""
+        session = self.active_recordings.get(recording_id)
+        if session is None or session.stop_requested or session.image.closed:
+            return 0
+        return session.do_work()
+
     def _on_progress(self, recording_id: int, position: int) -> None:
         event = self._progress.pop(recording_id, None)
         if event is not None:

@@ -117,6 +117,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                 container.on_exit = on_service_exit
                 agent.wait_recording = _archive.wait_for_progress
+                agent.record_now = _archive.record_now
                 container_holder.append(container)
                 async with trio.open_nursery() as nursery:
                     await agent.start(nursery)

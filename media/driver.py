@@ -21,6 +21,15 @@ messages waiting in its socket, then re-announces itself with a SETUP before sen
 image a fresh liveness clock before it checks liveness, so the datagrams waiting in the sockets
 are read before any publisher is declared gone (media.receiver, *a stall of our own*).
 
+**Sends held by a duty cycle** (the reference's agent invoker): a duty cycle of the driver's own
+thread (the consensus agent) may hold the sender's wake-ups over one pass of its work
+(:meth:`MediaDriver.hold_sends`) and send what the pass offered itself at the end
+(:meth:`MediaDriver.release_sends`), instead of waking the sender task for a step of its own after
+each offer. Offers from other tasks or threads still wake the sender; a publication that looks
+stalled is left to the sender task, which drains its socket first. A cross-thread offer (the
+service thread's egress) is likewise sent by the callback it posts into the trio loop, not by a
+sender step after it.
+
 The driver's state is touched from its trio thread only. UDP subscriptions are polled from that
 thread; a UDP publication may be *offered* from any thread of the process (the offer writes the
 log buffer and posts one wake-up into the trio loop, see ``_after_append``); an exclusive one from
@@ -248,6 +257,11 @@ class MediaDriver:
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
+        # The task holding sends over a pass of its duty cycle (hold_sends), and whether it
+        # offered to a network publication meanwhile.
+        self._send_holder: object | None = None
+        self._send_held = False
+        self._sends: list = []
         self._send_error_logged: dict[str, float] = {}
         self._conductor_event = trio.Event()
         self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
@@ -441,7 +455,10 @@ class MediaDriver:
         publication position when it runs, after they happened.
         """
         if threading.get_ident() == self._thread_id:
-            self._wake_sender()
+            if self._send_holder is not None and self._send_holder is trio.lowlevel.current_task():
+                self._send_held = True  # sent by release_sends at the end of the holder's pass
+            else:
+                self._wake_sender()
         elif not self._foreign_wake_pending and self._token is not None:
             self._foreign_wake_pending = True
             try:
@@ -450,8 +467,47 @@ class MediaDriver:
                 self._foreign_wake_pending = False
 
     def _foreign_wake(self) -> None:
+        # Cleared before the positions are read: an offer after this line posts a wake of its own.
         self._foreign_wake_pending = False
-        self._wake_sender()
+        if self._sender_parked[0] and not self._closed:
+            self._send_now(time.monotonic_ns())
+        else:
+            self._wake_sender()
+
+    def hold_sends(self) -> None:
+        """Hold the sender's wake-ups for offers made by the calling task (the driver's thread
+        only) until :meth:`release_sends`, which sends what they offered.
+
+        A duty cycle that offers to several network publications in one pass (the consensus
+        agent: the log to the followers, consensus messages) then sends them in the same pass
+        instead of waking the sender task for a step of its own. Offers from other tasks and
+        threads wake the sender as before, and the sender task keeps every duty that is not a
+        send of new data (heartbeats, setups, retransmits, stalls)."""
+        self._send_holder = trio.lowlevel.current_task()
+
+    def release_sends(self) -> int:
+        """End :meth:`hold_sends`: send what the holder offered meanwhile; return datagrams sent."""
+        self._send_holder = None
+        if not self._send_held:
+            return 0
+        self._send_held = False
+        if self._closed:
+            return 0
+        return self._send_now(time.monotonic_ns())
+
+    def _send_now(self, now: int) -> int:
+        """Send what the network publications have pending, in the caller's step. A publication
+        that looks stalled (see media.sender) is left to the sender task, woken for it."""
+        sent = 0
+        sends = self._sends
+        for np in self._net_pubs:
+            core = np.core
+            if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
+                if core.stalled(now):
+                    self._wake_sender()
+                    continue
+                sent += self._work_publication(np, now, sends)
+        return sent
 
     def _wake_sender(self) -> None:
         if self._sender_parked[0]:
@@ -497,7 +553,6 @@ class MediaDriver:
 
     async def _sender_loop(self) -> None:
         sends: list = []
-        sc = self.system
         while True:
             now = time.monotonic_ns()
             stalled = False
@@ -515,24 +570,7 @@ class MediaDriver:
             pending = False
             for np in list(self._net_pubs):
                 core = np.core
-                sends.clear()
-                before_retransmits = core.stats.retransmits
-                before_hb = core.stats.heartbeats
-                core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
-                view = np.view
-                sent_bytes = 0
-                for item, n in sends:
-                    data = view[item : item + n] if n else item
-                    sent_bytes += len(data)
-                    for dest in np.dests:
-                        self._send(np.sock, data, dest)
-                if sends:
-                    sc.datagrams_sent.add(len(sends) * max(1, len(np.dests)))
-                    sc.bytes_sent.add(sent_bytes * max(1, len(np.dests)))
-                    if core.stats.retransmits != before_retransmits:
-                        sc.retransmits_sent.add(core.stats.retransmits - before_retransmits)
-                    if core.stats.heartbeats != before_hb:
-                        sc.heartbeats_sent.add(core.stats.heartbeats - before_hb)
+                self._work_publication(np, now, sends)
                 if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
                     pending = True
                 if np.closed_at_ns and core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
@@ -558,6 +596,36 @@ class MediaDriver:
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()
             self._sender_parked[0] = 0
+
+    def _work_publication(self, np: _NetPublication, now: int, sends: list) -> int:
+        """One publication's sender duty: what its core says to send now, to every destination.
+        Returns the datagrams sent (per destination)."""
+        core = np.core
+        sends.clear()
+        stats = core.stats
+        before_retransmits = stats.retransmits
+        before_hb = stats.heartbeats
+        core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+        if not sends:
+            return 0
+        view = np.view
+        sent_bytes = 0
+        sock = np.sock
+        dests = np.dests
+        for item, n in sends:
+            data = view[item : item + n] if n else item
+            sent_bytes += len(data)
+            for dest in dests:
+                self._send(sock, data, dest)
+        sc = self.system
+        fanout = max(1, len(dests))
+        sc.datagrams_sent.add(len(sends) * fanout)
+        sc.bytes_sent.add(sent_bytes * fanout)
+        if stats.retransmits != before_retransmits:
+            sc.retransmits_sent.add(stats.retransmits - before_retransmits)
+        if stats.heartbeats != before_hb:
+            sc.heartbeats_sent.add(stats.heartbeats - before_hb)
+        return len(sends) * fanout
 
     async def _publication_reader(self, np: _NetPublication) -> None:
         sock = np.sock

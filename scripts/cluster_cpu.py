@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU per message of each process of a 3-node echo cluster at a fixed request rate.
 
-    .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR]
+    .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR] [--strace DIR]
     .venv/bin/python scripts/cluster_cpu.py --idle [--seconds 20]
 
 Starts three ``cluster-node run`` processes (the echo service, demo timeouts, as
@@ -10,6 +10,10 @@ at ``--rate`` per second for ``--seconds``. Prints, for every node and for the c
 it used (user + system from ``/proc/<pid>/stat`` and ``os.times()``) as a share of one core and
 per message, and the round trip percentiles. With ``--spy DIR`` it also records each node with
 py-spy (raw collapsed stacks, ``DIR/node<N>.txt``; ``L`` marks the leader) over the same window.
+With ``--strace DIR`` it counts each node's system calls over the window instead (``strace -c -f``,
+``DIR/node<N>.strace``), which tells the wake-ups (``epoll_wait``) and datagrams (``sendto``,
+``recvfrom``) per message; strace slows the nodes, so the CPU figures of such a run are not the
+plain ones.
 
 ``--idle``: no client; the CPU each node uses while the cluster sits idle, over a longer window
 than ``bench_cluster.py``'s 3 s (an idle node uses a few ticks a second, so short windows are
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,7 +74,8 @@ async def measure_idle(cluster: TestCluster, seconds: float) -> None:
     _report_nodes(pids, leader, before, after, seconds, 0)
 
 
-async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None) -> None:
+async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None,
+                  strace_dir: Path | None = None) -> None:
     leader = cluster.start(timeout=60)
     await trio.sleep(1.5)  # let the election's last messages settle
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
@@ -85,6 +91,13 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
                     [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 ))
+        tracers = []
+        if strace_dir is not None:
+            for m, pid in pids.items():
+                out = strace_dir / f"node{m}{'L' if m == leader else ''}.strace"
+                tracers.append(subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            await trio.sleep(0.5)  # strace attaches to every thread
         before = {m: _user_sys_ticks(p) for m, p in pids.items()}
         client_before = os.times()
         lat = await bc.latency(client, echoes, rate, seconds)
@@ -92,6 +105,9 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
         after = {m: _user_sys_ticks(p) for m, p in pids.items()}
         for s in spies:
             s.wait()
+        for t in tracers:
+            t.send_signal(signal.SIGINT)
+            t.wait()
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
     _report_nodes(pids, leader, before, after, seconds, n)
@@ -104,6 +120,7 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=200, help="messages per second (default 200)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured window (default 8)")
     p.add_argument("--spy", metavar="DIR", help="also record each node with py-spy into DIR")
+    p.add_argument("--strace", metavar="DIR", help="also count each node's system calls into DIR (strace -c)")
     p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
     args = p.parse_args()
     if args.idle and args.seconds == 8.0:
@@ -111,15 +128,19 @@ def main() -> None:
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be positive")
     spy_dir = Path(args.spy) if args.spy else None
-    if spy_dir is not None:
-        spy_dir.mkdir(parents=True, exist_ok=True)
+    strace_dir = Path(args.strace) if args.strace else None
+    for d in (spy_dir, strace_dir):
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
+    if strace_dir is not None and shutil.which("strace") is None:
+        p.error("--strace needs strace (apt-get install strace)")
     with tempfile.TemporaryDirectory(prefix="cluster-cpu-") as tmp:
         cluster = TestCluster(Path(tmp), 3, service="echo")
         try:
             if args.idle:
                 trio.run(measure_idle, cluster, args.seconds)
             else:
-                trio.run(measure, cluster, args.rate, args.seconds, spy_dir)
+                trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir)
         finally:
             cluster.close()
 

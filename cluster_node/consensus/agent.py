@@ -202,6 +202,10 @@ class ConsensusAgent:
         """``await wait_recording(recording_id, timeout_s, beyond)``: the local archive's progress
         hook, when the archive runs in this process (node.py sets it); the recording position
         counter itself has no doorbell."""
+        self.record_now = None
+        """``record_now(recording_id) -> bytes written``: the local archive's invoker (node.py
+        sets it). A pass that appended to the local log records it itself, so the recording
+        position (the append position, which gates the commit) moves in the same pass."""
         cl = config.cluster
         self.log_stream_id = cl.log_stream_id
         self.replay_stream_id = cl.replay_stream_id
@@ -1063,11 +1067,26 @@ class ConsensusAgent:
         return image.position if image is not None else NULL_POSITION
 
     async def run(self) -> None:
-        """The duty cycle, until :attr:`stopping`."""
+        """The duty cycle, until :attr:`stopping`.
+
+        One pass takes a message as far as this process can take it: a client's message goes
+        into the local log, is recorded (:attr:`record_now`) and sent to the followers; a
+        follower copies the log, records it and sends its AppendPosition; all in the same step.
+        What the pass offers to UDP publications is sent at its end by this task
+        (``driver.hold_sends``, media.driver *sends held by a duty cycle*) instead of by a step of
+        the sender task after each offer."""
+        driver = self.driver
+        try:
+            await self._run(driver)
+        finally:
+            driver.release_sends()
+
+    async def _run(self, driver) -> None:
         m = self.module
         join_resend_at = 0
         last_activity_ms = 0
         while not self.stopping:
+            driver.hold_sends()
             now = self._now = time.monotonic_ns()
             self._cluster_now = time.time_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
@@ -1110,6 +1129,10 @@ class ConsensusAgent:
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)
+            local = self.local
+            if (self.record_now is not None and local is not None
+                    and local.pub.position > self.last_recording_position):
+                self.record_now(self.recording_id)
             pos = self._recording_position()
             if pos is not None and pos != self.last_recording_position:
                 self.last_recording_position = pos
@@ -1125,6 +1148,7 @@ class ConsensusAgent:
             if now // 1_000_000 - last_activity_ms >= 1000:
                 last_activity_ms = now // 1_000_000
                 self.archive.poll()
+            work += driver.release_sends()
             local = self.local
             unrecorded = local is not None and local.pub.position > self.last_recording_position
             if work:

@@ -151,3 +151,24 @@ async def test_a_replay_is_a_stream_of_its_own_in_every_frame(tmp_path, term):
             assert len(seen) == 20000
             assert set(seen) == {(sid, 77)}
             await client.close()
+
+
+async def test_record_now_writes_what_the_image_has_in_the_callers_step(tmp_path):
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        config = ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)
+        async with open_archive(driver, config) as archive:
+            client = await ArchiveClient.connect(driver)
+            rid, pub = await _record(client, driver, 1, 10)
+            assert archive.record_now(rid) == 0  # nothing new
+            assert archive.record_now(rid + 1000) == 0  # not a recording: nothing, no error
+            assert pub.offer(b"x" * 100) > 0
+            # No yield between the offer and the check: only record_now can have written it.
+            assert archive.record_now(rid) == 160
+            assert archive.recorded_position(rid) == (pub.position, True)
+            await client.stop_recording("aeron:ipc", 1)
+            with trio.fail_after(10):
+                while archive.recorded_position(rid)[1]:
+                    await trio.sleep(0.01)
+            assert pub.offer(b"y" * 100) > 0
+            assert archive.record_now(rid) == 0  # stopped: no longer recorded
+            await client.close()

@@ -220,3 +220,57 @@ async def test_multi_destination_subscription_with_a_session_id_sees_only_that_s
         await _receive(sub, 1, got)
         assert got == [b"mine"] and [i.session_id for i in sub.images] == [77]
         assert not other.is_connected  # nobody answered the other session's SETUP
+
+
+async def test_sends_held_by_a_task_go_out_when_it_releases_them_and_other_tasks_are_not_held(tmp_path):
+    # Heartbeats every minute: nothing but an offer's own send can move the data.
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    minute = 60_000_000_000
+    slow = dict(
+        FAST, heartbeat_interval_ns=minute, status_message_timeout_ns=minute,
+        publication_connection_timeout_ns=minute, image_liveness_timeout_ns=minute,
+    )
+    async with open_media_driver(dir=tmp_path, **slow) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        other = driver.add_publication(channel, 10)
+        other_sub = driver.add_subscription(channel, 10)
+        await _until(lambda: pub.is_connected and other.is_connected)
+        got: list[bytes] = []
+        await _offer_all(pub, [b"warm"])
+        await _receive(sub, 1, got)
+        sent = driver.system.datagrams_sent
+
+        # Held: the sender task stays parked and nothing goes out until the release.
+        driver.hold_sends()
+        before = sent.get()
+        assert pub.offer(b"held") > 0
+        await _until(lambda: driver._sender_parked[0] == 1, 5.0)
+        await trio.sleep(0.05)
+        assert sent.get() == before
+        assert sub.poll(lambda *a: None, 10) == 0
+        assert driver.release_sends() >= 1
+        await _receive(sub, 2, got, timeout=5.0)
+        assert got == [b"warm", b"held"]
+        assert driver.release_sends() == 0  # nothing held any more
+
+        # Another task's offer is not held, and the sender it wakes sends what we held too.
+        driver.hold_sends()
+        assert pub.offer(b"held again") > 0
+        other_got: list[bytes] = []
+
+        async def offer_other() -> None:
+            await _offer_all(other, [b"other"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(offer_other)
+        await _receive(other_sub, 1, other_got, timeout=5.0)
+        await _receive(sub, 3, got, timeout=5.0)
+        assert other_got == [b"other"] and got[-1] == b"held again"
+        driver.release_sends()
+
+        # Released: the next offer wakes the sender as usual.
+        await _offer_all(pub, [b"after"])
+        await _receive(sub, 4, got, timeout=5.0)
+        assert got[-1] == b"after"
