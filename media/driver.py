@@ -605,7 +605,10 @@ class MediaDriver:
         stats = core.stats
         before_retransmits = stats.retransmits
         before_hb = stats.heartbeats
+        was_connected = core.connected
         core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+        if was_connected and not core.connected:
+            np.pub.forget_limit()  # no receivers: offers are NOT_CONNECTED from now on
         if not sends:
             return 0
         view = np.view

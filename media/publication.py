@@ -220,6 +220,13 @@ class ExclusivePublication:
         if self._append_flag[0]:
             self._after_append()
 
+    def forget_limit(self) -> None:
+        """Drop the cached limit: the next offer asks the transport again. The transport calls it
+        when the publication loses its receivers, so offers are refused with NOT_CONNECTED from
+        then on rather than accepted into a window that was granted while they were there."""
+        if not self.closed:
+            self._limit = self._fast_end = self._position
+
     def _refresh(self, needed: int) -> int:
         if self.closed:
             return OfferResult.CLOSED

@@ -476,8 +476,20 @@ class ConsensusAgent:
 
     # ------------------------------------------------------------------ effects
 
+    _SYNC_EFFECTS = frozenset({
+        fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
+        fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
+        fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
+        fx.CloseLogSubscription,
+    })
+    """Effects that never await: executed with this pass's sends still held."""
+
     async def _execute(self, effects) -> None:
         for e in effects:
+            if type(e) not in self._SYNC_EFFECTS:
+                # It may await the archive, whose requests this task offers: what the pass
+                # holds, those requests included, must not wait for the pass to end.
+                self.driver.release_sends()
             try:
                 await self._execute_one(e)
             except (ArchiveError, OSError, CodecError) as ex:
@@ -1125,6 +1137,7 @@ class ConsensusAgent:
             if self._service_acks:
                 work += self._service_ack_work()
             if self._snapshot is not None and self._snapshot.ack is not None:
+                driver.release_sends()  # it awaits the archive (see _execute)
                 await self._complete_snapshot()
                 work += 1
             if self._termination is not None:

@@ -13,6 +13,7 @@ import trio
 
 from media.channel import ChannelError
 from media.driver import open_media_driver
+from media.publication import OfferResult
 from media.frames import encode_data_header, encode_setup, Setup, TYPE_DATA
 from tests.support.procs import free_udp_port
 
@@ -274,3 +275,21 @@ async def test_sends_held_by_a_task_go_out_when_it_releases_them_and_other_tasks
         await _offer_all(pub, [b"after"])
         await _receive(sub, 4, got, timeout=5.0)
         assert got[-1] == b"after"
+
+
+async def test_offers_are_refused_not_connected_once_the_receivers_are_gone(tmp_path):
+    # A small message fits the window granted while the subscriber was there many times over:
+    # the publication must not keep accepting into it once its connection timed out.
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    quick = dict(FAST, publication_connection_timeout_ns=200_000_000, image_liveness_timeout_ns=200_000_000)
+    async with open_media_driver(dir=tmp_path, **quick) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        await _until(lambda: pub.is_connected)
+        got: list[bytes] = []
+        await _offer_all(pub, [b"first"])
+        await _receive(sub, 1, got)
+        sub.close()
+        await _until(lambda: not pub.is_connected, 5.0)
+        assert pub.offer(b"x") == OfferResult.NOT_CONNECTED
