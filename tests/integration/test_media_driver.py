@@ -26,6 +26,13 @@ FAST = dict(
     publication_connection_timeout_ns=1_000_000_000,
 )
 
+_MINUTE = 60_000_000_000
+SLOW = dict(
+    FAST, heartbeat_interval_ns=_MINUTE, status_message_timeout_ns=_MINUTE,
+    publication_connection_timeout_ns=_MINUTE, image_liveness_timeout_ns=_MINUTE,
+)
+"""Heartbeats and status messages once a minute: only an offer's own wake-up or send moves data."""
+
 
 async def _until(cond, timeout=10.0):
     with trio.fail_after(timeout):
@@ -175,12 +182,7 @@ async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_
     # data would sit in the buffer until the next heartbeat, far past the deadline below.
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
-    minute = 60_000_000_000
-    slow = dict(
-        FAST, heartbeat_interval_ns=minute, status_message_timeout_ns=minute,
-        publication_connection_timeout_ns=minute, image_liveness_timeout_ns=minute,
-    )
-    async with open_media_driver(dir=tmp_path, **slow) as driver:
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         sub = driver.add_subscription(channel, 9)
         pub = driver.add_publication(channel, 9, exclusive=False)
         await _until(lambda: pub.is_connected)
@@ -227,12 +229,7 @@ async def test_sends_held_by_a_task_go_out_when_it_releases_them_and_other_tasks
     # Heartbeats every minute: nothing but an offer's own send can move the data.
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
-    minute = 60_000_000_000
-    slow = dict(
-        FAST, heartbeat_interval_ns=minute, status_message_timeout_ns=minute,
-        publication_connection_timeout_ns=minute, image_liveness_timeout_ns=minute,
-    )
-    async with open_media_driver(dir=tmp_path, **slow) as driver:
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         sub = driver.add_subscription(channel, 9)
         pub = driver.add_publication(channel, 9)
         other = driver.add_publication(channel, 10)
