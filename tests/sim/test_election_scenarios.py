@@ -320,6 +320,27 @@ def test_followers_elect_at_once_when_the_leader_closes_gracefully() -> None:
     _no_violations(sim)
 
 
+def test_a_crashed_leader_is_left_out_of_the_vote_so_the_candidate_need_not_wait_for_it() -> None:
+    sim = _sim(seed=31, member_count=3)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    old = sim.leader()
+    sim.crash(old)
+    crashed_at = sim.now_ns
+    others = [i for i in range(3) if i != old]
+    assert sim.run_until(lambda: sim.leader() not in (None, old), 5_000 * MS)
+    assert all("leader heartbeat timeout" in _reasons(sim, i) for i in others)
+    new = sim.leader()
+    # Every vote that can come came: no waiting out the election timeout for the dead leader's.
+    assert "unanimous vote" in _reasons(sim, new) and "quorum vote" not in _reasons(sim, new)
+    ballot = max(t[5] for t in sim.transitions if t[0] == new and t[2] == S.CANDIDATE_BALLOT)
+    elected = max(t[5] for t in sim.transitions if t[0] == new and t[2] == S.LEADER_LOG_REPLICATION)
+    assert elected - ballot < sim.settings.election_timeout_ns
+    assert sim.now_ns - crashed_at < sim.settings.leader_heartbeat_timeout_ns + sim.settings.election_timeout_ns
+    sim.restart(old)
+    assert sim.run_until(sim.converged, 3_000 * MS)
+    _no_violations(sim)
+
+
 def test_same_seed_gives_the_same_trace() -> None:
     from tests.support.sim import random_config
 
