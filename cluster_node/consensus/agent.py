@@ -1477,6 +1477,13 @@ class ConsensusAgent:
             timeout_ns = t.leader_heartbeat_interval_ns if due is None else max(0, due - now)
         else:
             timeout_ns = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) // 2
+        # A nomination is due at its own random instant, which must not be rounded onto the
+        # timer grid below: every process shares that grid, so two members whose random delays
+        # fell into one slot would nominate together and split the vote.
+        nominate_at = None
+        election = m.election
+        if election is not None and election.state == ElectionState.NOMINATE:
+            nominate_at = election.nomination_deadline_ns
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
             timeout_ns = max(0, min(timeout_ns, nxt - time.time_ns()))  # deadlines are cluster time
@@ -1485,6 +1492,8 @@ class ConsensusAgent:
         # On the driver's timer grid: the node's periodic work (heartbeats, status messages,
         # these duties) then falls in one wake-up instead of one each.
         deadline_ns = self.driver.coalesce(now + timeout_ns, now)
+        if nominate_at is not None:
+            deadline_ns = min(deadline_ns, max(now, nominate_at))
         timeout_s = max(0.0, (deadline_ns - now) / 1e9)
         wake = self._wake = trio.Event()
         ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
