@@ -228,6 +228,7 @@ class MediaDriver:
         # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
         # idle driver wakes a few times per interval rather than once per publication and image.
         self._slack_ns = min(20_000_000, config.heartbeat_interval_ns // 5, config.status_message_timeout_ns // 5)
+        self._phase_ns = min(config.heartbeat_interval_ns, config.status_message_timeout_ns)
         self._sender_cfg = SenderConfig(
             setup_interval_ns=config.setup_interval_ns,
             heartbeat_interval_ns=config.heartbeat_interval_ns,
@@ -438,10 +439,20 @@ class MediaDriver:
         return self._coalesce(deadline_ns, time.monotonic_ns() if now_ns is None else now_ns)
 
     def _coalesce(self, deadline: int, now: int) -> int:
-        """A far deadline rounded up to the slack grid (near ones, e.g. NAK delays, stay exact)."""
+        """A far deadline rounded up to a grid (near ones, e.g. NAK delays, stay exact).
+
+        Deadlines half a heartbeat interval away or more (heartbeats, status messages, the
+        consensus module's heartbeats, liveness checks) go to a grid of the heartbeat interval,
+        the *phase grid*: it is the same in every process of the machine (CLOCK_MONOTONIC), so the
+        periodic work of every node falls into the same few wake-ups a second instead of being
+        spread over the slack grid by the phase each duty happened to start with. Nearer ones go
+        to the slack grid."""
         slack = self._slack_ns
         if slack <= 0 or deadline - now <= 2 * slack:
             return deadline
+        phase = self._phase_ns
+        if deadline - now >= phase >> 1:
+            return -(-deadline // phase) * phase
         return -(-deadline // slack) * slack
 
     def _after_append(self) -> None:

@@ -1484,14 +1484,16 @@ class ConsensusAgent:
         election = m.election
         if election is not None and election.state == ElectionState.NOMINATE:
             nominate_at = election.nomination_deadline_ns
+        # Settled, the heartbeat goes on the driver's timer grid (its heartbeats, status
+        # messages and this duty then fall in one wake-up); in an election the wait is exact:
+        # its steps are short and their timing decides how soon the cluster has a leader again.
+        deadline_ns = self.driver.coalesce(now + timeout_ns, now) if election is None else now + timeout_ns
+        # Exact, whatever the grid: the services' timers and a replication's progress.
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
-            timeout_ns = max(0, min(timeout_ns, nxt - time.time_ns()))  # deadlines are cluster time
+            deadline_ns = min(deadline_ns, now + max(0, nxt - time.time_ns()))  # deadlines are cluster time
         if self._replication is not None:
-            timeout_ns = min(timeout_ns, 10_000_000)
-        # On the driver's timer grid: the node's periodic work (heartbeats, status messages,
-        # these duties) then falls in one wake-up instead of one each.
-        deadline_ns = self.driver.coalesce(now + timeout_ns, now)
+            deadline_ns = min(deadline_ns, now + 10_000_000)
         if nominate_at is not None:
             deadline_ns = min(deadline_ns, max(now, nominate_at))
         timeout_s = max(0.0, (deadline_ns - now) / 1e9)
