@@ -487,8 +487,8 @@ class ConsensusAgent:
     async def _execute(self, effects) -> None:
         for e in effects:
             if type(e) not in self._SYNC_EFFECTS:
-                # It may await the archive, whose requests this task offers: what the pass
-                # holds, those requests included, must not wait for the pass to end.
+                # It may await (the archive, for a while): what the pass holds goes out first
+                # rather than wait for the pass to end.
                 self.driver.release_sends()
             try:
                 await self._execute_one(e)
