@@ -22,7 +22,8 @@ Three ``cluster-node run`` processes (configs generated with the demo timeouts: 
   restarted and must rejoin as a follower before the next round. Median of several rounds.
 
 Progress goes to stderr; the last line on stdout is one JSON object. ``--quick`` finishes
-within 60 s.
+within 60 s. ``--failovers N`` measures only N failover rounds, on a cluster whose log is empty
+(so a restarted member rejoins in a second or two), for the distribution of failover times.
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ async def run(args, cluster: TestCluster) -> dict:
     t = time.monotonic()
     leader = cluster.start(timeout=60)
     say(f"cluster up in {time.monotonic() - t:.1f}s, leader member {leader}")
+    if args.failovers:
+        # Failover rounds alone, on a cluster with an empty log (restarted members rejoin fast).
+        await trio.to_thread.run_sync(time.sleep, 1.0)
+        times = await failovers(cluster, args.failovers)
+        results["failover_ms"] = [round(x) for x in times]
+        results["failover_ms_median"] = round(statistics.median(times))
+        return results
     await trio.to_thread.run_sync(time.sleep, 1.0)  # let the election's last messages settle
     results["idle_cpu_percent"] = round(await trio.to_thread.run_sync(idle_cpu_percent, cluster, 3.0 if quick else 10.0), 2)
     say(f"idle cluster CPU: {results['idle_cpu_percent']}% of one core")
@@ -229,7 +237,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="short phases and 3 failovers, within 60 s")
     p.add_argument("--dir", help="directory for configs and node files (default: a temporary one, removed after)")
+    p.add_argument("--failovers", type=int, metavar="N",
+                   help="only measure N failover rounds (kill -9 of the leader, restart, rejoin), nothing else")
     args = p.parse_args()
+    if args.failovers is not None and args.failovers < 1:
+        p.error("--failovers must be at least 1")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         base = Path(args.dir) if args.dir else Path(tmp)
