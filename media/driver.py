@@ -438,7 +438,7 @@ class MediaDriver:
         the driver's heartbeats and status messages."""
         return self._coalesce(deadline_ns, time.monotonic_ns() if now_ns is None else now_ns)
 
-    def _coalesce(self, deadline: int, now: int) -> int:
+    def _coalesce(self, deadline: int, now: int, phase: bool = True) -> int:
         """A far deadline rounded up to a grid (near ones, e.g. NAK delays, stay exact).
 
         Deadlines half a heartbeat interval away or more (heartbeats, status messages, the
@@ -446,13 +446,14 @@ class MediaDriver:
         the *phase grid*: it is the same in every process of the machine (CLOCK_MONOTONIC), so the
         periodic work of every node falls into the same few wake-ups a second instead of being
         spread over the slack grid by the phase each duty happened to start with. Nearer ones go
-        to the slack grid."""
+        to the slack grid, and so do all with ``phase=False`` (a publication that is still
+        connecting retries its SETUP on the slack grid: the phase grid would slow the retries of
+        a connection the cluster is waiting for)."""
         slack = self._slack_ns
         if slack <= 0 or deadline - now <= 2 * slack:
             return deadline
-        phase = self._phase_ns
-        if deadline - now >= phase >> 1:
-            return -(-deadline // phase) * phase
+        if phase and deadline - now >= self._phase_ns >> 1:
+            return -(-deadline // self._phase_ns) * self._phase_ns
         return -(-deadline // slack) * slack
 
     def _after_append(self) -> None:
@@ -603,7 +604,8 @@ class MediaDriver:
                 await trio.lowlevel.checkpoint()
                 continue
             self._sender_deadline_ns = deadline
-            deadline = self._coalesce(deadline, now)
+            connecting = any(not np.core.connected or np.core.setup_wanted for np in self._net_pubs)
+            deadline = self._coalesce(deadline, now, phase=not connecting)
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()
             self._sender_parked[0] = 0
