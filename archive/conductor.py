@@ -427,7 +427,7 @@ class Archive:
         commit, in the same pass instead of after a step of the recording task. The task still
         owns everything else: new images, the end of an image, stop requests."""
         session = self.active_recordings.get(recording_id)
-        if session is None or session.stop_requested or session.image.closed:
+        if session is None or session.stop_requested or session.image_gone:
             return 0
         return session.do_work()
 

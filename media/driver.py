@@ -165,6 +165,11 @@ class _NetPublication:
         self.closed_at_ns = 0
         self.counters: list = []
 
+    def has_pending(self) -> bool:
+        """Data its sender may send now: connected, not held by a stall, inside flow control."""
+        core = self.core
+        return core.sending_data and core.sender_position < min(self.pub.position, core.flow_limit)
+
 
 class _NetImage:
     """One session's image behind a receive group: the shared log buffer and receiver core."""
@@ -513,9 +518,8 @@ class MediaDriver:
         sent = 0
         sends = self._sends
         for np in self._net_pubs:
-            core = np.core
-            if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
-                if core.stalled(now):
+            if np.has_pending():
+                if np.core.stalled(now):
                     self._wake_sender()
                     continue
                 sent += self._work_publication(np, now, sends)
@@ -528,11 +532,7 @@ class MediaDriver:
 
     def _sends_pending(self) -> bool:
         """Has some network publication data its sender may send now?"""
-        for np in self._net_pubs:
-            core = np.core
-            if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
-                return True
-        return False
+        return any(np.has_pending() for np in self._net_pubs)
 
     def _send(self, sock: socket.socket, data, addr) -> None:
         if self._loss_send is not None:
@@ -581,11 +581,10 @@ class MediaDriver:
                 now = time.monotonic_ns()
             pending = False
             for np in list(self._net_pubs):
-                core = np.core
                 self._work_publication(np, now, sends)
-                if core.sending_data and core.sender_position < min(np.pub.position, core.flow_limit):
+                if np.has_pending():
                     pending = True
-                if np.closed_at_ns and core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
+                if np.closed_at_ns and np.core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
                     self._release_network_publication(np)
             if pending:
                 await trio.lowlevel.checkpoint()
@@ -604,7 +603,7 @@ class MediaDriver:
                 await trio.lowlevel.checkpoint()
                 continue
             self._sender_deadline_ns = deadline
-            connecting = any(not np.core.connected or np.core.setup_wanted for np in self._net_pubs)
+            connecting = any(np.core.needs_setup for np in self._net_pubs)
             deadline = self._coalesce(deadline, now, phase=not connecting)
             with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
                 await self._sender_event.wait()

@@ -232,7 +232,7 @@ class SenderCore:
     def next_deadline_ns(self) -> int:
         cfg = self.config
         deadline = self.last_send_ns + cfg.heartbeat_interval_ns
-        if not self.connected or self.setup_wanted:
+        if self.needs_setup:
             deadline = min(deadline, self.last_setup_ns + cfg.setup_interval_ns)
         for _length, due, linger in self._retransmits.values():
             deadline = min(deadline, linger if due is None else due)
@@ -251,7 +251,7 @@ class SenderCore:
             self._on_stall(now_ns)
         self.last_work_ns = now_ns
         self._expire(now_ns)
-        if (not self.connected or self.setup_wanted) and now_ns - self.last_setup_ns >= cfg.setup_interval_ns:
+        if self.needs_setup and now_ns - self.last_setup_ns >= cfg.setup_interval_ns:
             term_offset = self.sender_position & (self.term_length - 1)
             sends.append((encode_setup(Setup(
                 term_offset, self.session_id, self.stream_id, self.initial_term_id,
@@ -280,6 +280,11 @@ class SenderCore:
             self.last_send_ns = now_ns
             added += 1
         return added
+
+    @property
+    def needs_setup(self) -> bool:
+        """Not connected, or asked for a SETUP: SETUPs go out every ``setup_interval_ns``."""
+        return not self.connected or self.setup_wanted
 
     @property
     def sending_data(self) -> bool:
