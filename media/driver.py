@@ -5,10 +5,12 @@ One driver per process (per node). It runs inside the caller's trio loop as a fe
 * **sender**: for every UDP publication, asks its :class:`~media.sender.SenderCore` what to send
   and writes it to the socket for each destination. Offers wake it; when nothing is left it parks
   until the next core deadline (heartbeat, setup, retransmit) or the next offer.
-* **one reader per socket**: a publication's socket receives status messages and NAKs; a
-  receive endpoint's socket receives SETUP, DATA and heartbeats for every image behind it.
-  Datagrams are read in batches without blocking, checked (``media.frames``), and anything bad is
-  counted as an invalid packet and dropped.
+* **receiver**: every socket of the driver is in one epoll set (``receive_fd``): a publication's
+  socket receives status messages and NAKs; a receive endpoint's socket receives SETUP, DATA and
+  heartbeats for every image behind it. One task waits on the set and, when it is readable, reads
+  every ready socket in one step (:meth:`MediaDriver.receive_work`): datagrams are read in
+  batches without blocking, checked (``media.frames``), and anything bad is counted as an invalid
+  packet and dropped.
 * **conductor**: status messages and NAKs that are due, image liveness and end of stream, IPC
   heartbeats and discovery, counters, delayed datagrams of the loss injector. It sleeps until
   the earliest deadline, so an idle driver costs a handful of wake-ups a second.
@@ -30,6 +32,16 @@ stalled is left to the sender task, which drains its socket first. A cross-threa
 service thread's egress) is likewise sent by the callback it posts into the trio loop, not by a
 sender step after it.
 
+**Receiving invoked by a duty cycle**: the same duty cycle may also take over the receiver
+(:meth:`MediaDriver.claim_receive`): it then calls :meth:`MediaDriver.receive_work` at the start of
+each pass and parks on ``receive_fd`` itself, so a datagram wakes the task that acts on it
+directly. Without the claim a datagram costs two task steps: the receiver's, which reads it, and
+the duty cycle's, woken by the receiver (on the 2-core VM a reader task handing over to another
+task costs a UDP echo about 50 µs more than one task reading and answering). While the claim is
+held the receiver task sleeps; a duty cycle must give the claim back
+(:meth:`MediaDriver.unclaim_receive`) before it awaits anything that may need a datagram read
+(an archive request, for instance), since nobody else reads the sockets meanwhile.
+
 The driver's state is touched from its trio thread only. UDP subscriptions are polled from that
 thread; a UDP publication may be *offered* from any thread of the process (the offer writes the
 log buffer and posts one wake-up into the trio loop, see ``_after_append``); an exclusive one from
@@ -44,6 +56,7 @@ import heapq
 import itertools
 import os
 import random
+import select
 import socket
 import struct
 import threading
@@ -84,6 +97,9 @@ _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
 _STALL_DRAIN_LIMIT = 4096  # datagrams read from a publication socket after a stall, at most
 _IPC_RESCAN_INTERVAL_NS = 5_000_000_000
+_DIRECT_SEND_GAP_NS = 50_000
+"""Offers to a parked, caught-up sender closer together than this are a burst, which the sender
+batches; a lone offer is sent at once by the offering task (``_after_append``)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +250,7 @@ class MediaDriver:
         # idle driver wakes a few times per interval rather than once per publication and image.
         self._slack_ns = min(20_000_000, config.heartbeat_interval_ns // 5, config.status_message_timeout_ns // 5)
         self._phase_ns = min(config.heartbeat_interval_ns, config.status_message_timeout_ns)
+        self.ipc.timer_slack_ns = self._slack_ns
         self._sender_cfg = SenderConfig(
             setup_interval_ns=config.setup_interval_ns,
             heartbeat_interval_ns=config.heartbeat_interval_ns,
@@ -260,6 +277,9 @@ class MediaDriver:
         # then (their after_append_flag), see _sender_loop.
         self._sender_parked = bytearray(1)
         self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
+        self._sender_caught_up = False  # the parked sender had sent all that was offered
+        self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
+        self._sender_scope: trio.CancelScope | None = None  # the parked sender's timeout
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
@@ -280,6 +300,14 @@ class MediaDriver:
         self._recv_buf = bytearray(_MAX_DATAGRAM)
         self._recv_view = memoryview(self._recv_buf)
         self._ctrl_out: list = []
+        self._touched: dict = {}  # images a batch of received datagrams touched (_after_receive)
+        # Receiving: every socket in one epoll set (level-triggered), read by one task or by the
+        # duty cycle that claimed it (claim_receive).
+        self._rx_epoll = select.epoll()
+        self._rx_handlers: dict[int, Callable[[], int]] = {}
+        self._rx_claimed_by: object | None = None
+        self._rx_scope: trio.CancelScope | None = None
+        self._rx_unclaimed: trio.Event | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -382,7 +410,7 @@ class MediaDriver:
         pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
         pub.sender_position = lambda core=core: core.sender_position  # type: ignore[attr-defined]
         self._net_pubs.append(np)
-        self._nursery.start_soon(self._publication_reader, np)
+        self._rx_register(sock, lambda np=np: self._on_publication_readable(np))
         self._wake_sender()
         log.debug("udp publication added", stream_id=stream_id, session_id=session_id, channel=str(uri))
         return pub
@@ -430,6 +458,7 @@ class MediaDriver:
 
     def _release_network_publication(self, np: _NetPublication) -> None:
         self._net_pubs.remove(np)
+        self._rx_unregister(np.sock)
         _close_socket(np.sock)
         for counter, _fn in np.counters:
             counter.close()
@@ -474,6 +503,26 @@ class MediaDriver:
         if threading.get_ident() == self._thread_id:
             if self._send_holder is not None and self._send_holder is trio.lowlevel.current_task():
                 self._send_held = True  # sent by release_sends at the end of the holder's pass
+            elif self._sender_caught_up and not self._closed:
+                # The sender parked with everything sent, so nothing else is in flight: a lone
+                # offer goes out now, in the offering task's step, rather than after a step of
+                # the sender task (a request/response pair pays that step on every message
+                # otherwise), and the sender stays parked. An offer that follows the last one
+                # sent this way within _DIRECT_SEND_GAP_NS is a burst: it wakes the sender and
+                # clears the flag, so the rest of the burst is batched into datagrams by the
+                # sender as before. A sender parked on flow control is only woken: a send here
+                # would find the window shut.
+                now = time.monotonic_ns()
+                if now - self._last_direct_send_ns >= _DIRECT_SEND_GAP_NS:
+                    self._last_direct_send_ns = now
+                    self._send_now(now)
+                    if not all(np.core.sender_position >= np.pub.position for np in self._net_pubs):
+                        self._sender_caught_up = False
+                        self._wake_sender()  # flow control held some back
+                    else:
+                        self._repark_sender(now)
+                else:
+                    self._wake_sender()
             else:
                 self._wake_sender()
         elif not self._foreign_wake_pending and self._token is not None:
@@ -589,11 +638,9 @@ class MediaDriver:
             if pending:
                 await trio.lowlevel.checkpoint()
                 continue
-            deadline = min((np.core.next_deadline_ns() for np in self._net_pubs), default=now + 1_000_000_000)
-            for np in self._net_pubs:
-                if np.closed_at_ns:
-                    deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
+            deadline = self._sender_duty_ns(now)
             self._sender_event = trio.Event()
+            self._sender_caught_up = all(np.core.sender_position >= np.pub.position for np in self._net_pubs)
             self._sender_parked[0] = 1
             # Offers skip the wake-up while the sender is not parked (the flag above); one made
             # by another thread just before the flag was set is seen here instead (the GIL
@@ -605,9 +652,33 @@ class MediaDriver:
             self._sender_deadline_ns = deadline
             connecting = any(np.core.needs_setup for np in self._net_pubs)
             deadline = self._coalesce(deadline, now, phase=not connecting)
-            with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9):
+            with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9) as scope:
+                self._sender_scope = scope
                 await self._sender_event.wait()
+            self._sender_scope = None
             self._sender_parked[0] = 0
+
+    def _sender_duty_ns(self, now: int) -> int:
+        """When the sender's next duty is due: the earliest core deadline (heartbeat, setup,
+        retransmit, ...) or end of a closed publication's linger."""
+        deadline = min((np.core.next_deadline_ns() for np in self._net_pubs), default=now + 1_000_000_000)
+        for np in self._net_pubs:
+            if np.closed_at_ns:
+                deadline = min(deadline, np.closed_at_ns + self.config.publication_linger_ns)
+        return deadline
+
+    def _repark_sender(self, now: int) -> None:
+        """After a send made for the parked sender (``_after_append``), move its wake-up to the
+        duty it would compute now: the deadline it parked with may have been for the very work
+        just done (a heartbeat), and waking for it would cost a step that finds nothing."""
+        scope = self._sender_scope
+        if scope is None:
+            return
+        deadline = self._sender_duty_ns(now)
+        self._sender_deadline_ns = deadline
+        connecting = any(np.core.needs_setup for np in self._net_pubs)
+        deadline = self._coalesce(deadline, now, phase=not connecting)
+        scope.deadline = trio.current_time() + max(0, deadline - now) / 1e9
 
     def _work_publication(self, np: _NetPublication, now: int, sends: list) -> int:
         """One publication's sender duty: what its core says to send now, to every destination.
@@ -642,22 +713,17 @@ class MediaDriver:
             sc.heartbeats_sent.add(stats.heartbeats - before_hb)
         return len(sends) * fanout
 
-    async def _publication_reader(self, np: _NetPublication) -> None:
-        sock = np.sock
-        try:
-            while sock.fileno() >= 0:
-                await trio.lowlevel.wait_readable(sock)
-                self._read_publication_socket(np, _RECV_BATCH)
-                # Status messages mostly change nothing the parked sender waits for (an idle
-                # publication gets one per receiver per status interval): wake it only for data
-                # they let through, or a duty they brought forward (a SETUP asked for, a NAK's
-                # retransmit).
-                core = np.core
-                if self._sender_parked[0] and (core.sender_position < np.pub.position
-                                            or core.next_deadline_ns() < self._sender_deadline_ns):
-                    self._wake_sender()
-        except (trio.ClosedResourceError, OSError, ValueError):
-            return  # the socket was closed under us: the publication or endpoint is gone
+    def _on_publication_readable(self, np: _NetPublication) -> int:
+        count = self._read_publication_socket(np, _RECV_BATCH)
+        # Status messages mostly change nothing the parked sender waits for (an idle
+        # publication gets one per receiver per status interval): wake it only for data
+        # they let through (unless a duty cycle holds it: it sends that itself at the end of
+        # its pass), or a duty they brought forward (a SETUP asked for, a NAK's retransmit).
+        core = np.core
+        if self._sender_parked[0] and ((core.sender_position < np.pub.position and not self._send_held)
+                                    or core.next_deadline_ns() < self._sender_deadline_ns):
+            self._wake_sender()
+        return count
 
     def _read_publication_socket(self, np: _NetPublication, limit: int) -> int:
         """Read up to ``limit`` waiting datagrams (status messages, NAKs) without blocking."""
@@ -709,7 +775,7 @@ class MediaDriver:
             sock = _udp_socket(addr, self.config.socket_buffer_bytes)
             ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63))
             self._endpoints[addr] = ep
-            self._nursery.start_soon(self._endpoint_reader, ep)
+            self._rx_register(sock, lambda ep=ep: self._read_endpoint(ep))
         return ep
 
     def _add_network_subscription(self, uri, stream_id, on_available, on_unavailable) -> Subscription:
@@ -739,7 +805,34 @@ class MediaDriver:
             for ni in group.images.values():
                 self._attach_image(ni, sub)
         sub._close_impl = lambda s, g=group: self._close_network_subscription(g, s)
+        sub._wait_impl = lambda timeout, s=sub: self._subscription_wait(s, timeout)
         return sub
+
+    async def _subscription_wait(self, sub: Subscription, timeout_s: float) -> None:
+        """``Subscription.wait`` of a UDP subscription: when no duty cycle reads the sockets
+        (:meth:`claim_receive`), the waiting task reads them itself while it waits, so the
+        datagram it waits for wakes it directly instead of through a step of the receiver task.
+        Otherwise (the consensus agent reads them, or another thread asks) it parks until the
+        reader wakes it."""
+        me = trio.lowlevel.current_task() if threading.get_ident() == self._thread_id else None
+        owner = self._rx_claimed_by
+        if me is None or self._closed or (owner is not None and owner is not me):
+            with trio.move_on_after(timeout_s):
+                await sub._lot.park()
+            return
+        if owner is None:
+            self.claim_receive()
+        try:
+            with trio.move_on_after(timeout_s):
+                while not (sub._changed or sub.has_data() or sub.closed):
+                    if self._rx_claimed_by is not me:
+                        await sub._lot.park()  # another task claimed the sockets: it wakes us
+                        break
+                    if await self.await_receive():
+                        self.receive_work()
+        finally:
+            if owner is None and self._rx_claimed_by is me:
+                self.unclaim_receive()
 
     def _sub_add_destination(self, group: _Group, destination: str) -> None:
         uri = parse(destination)
@@ -772,6 +865,7 @@ class MediaDriver:
             for k, v in list(self._endpoints.items()):
                 if v is ep:
                     del self._endpoints[k]
+            self._rx_unregister(ep.sock)
             _close_socket(ep.sock)
 
     def _close_network_subscription(self, group: _Group, sub: Subscription) -> None:
@@ -809,39 +903,129 @@ class MediaDriver:
     def _on_image_progress(self, image: Image) -> None:
         self._poke_conductor()
 
-    async def _endpoint_reader(self, ep: _ReceiveEndpoint) -> None:
+    def _read_endpoint(self, ep: _ReceiveEndpoint) -> int:
+        """Read up to a batch of the datagrams waiting at a receive endpoint, without blocking."""
         sock = ep.sock
         buf = self._recv_buf
         view = self._recv_view
         sc = self.system
-        touched: dict = {}
-        try:
-            while sock.fileno() >= 0:
-                await trio.lowlevel.wait_readable(sock)
-                now = time.monotonic_ns()
-                count = 0
-                for _ in range(_RECV_BATCH):
-                    try:
-                        n, addr = sock.recvfrom_into(buf)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:
-                        break
-                    count += 1
-                    sc.bytes_received.add(n)
-                    if self._loss_recv is not None:
-                        for due, d in self._loss_recv.on_datagram(now, bytes(view[:n])):
-                            if due <= now:
-                                self._on_datagram(ep, memoryview(d), len(d), addr, now, touched)
-                            else:
-                                heapq.heappush(self._delayed, (due, next(self._seq), "recv", d, (ep, addr)))
-                                self._poke_conductor()
+        touched = self._touched
+        now = time.monotonic_ns()
+        count = 0
+        for _ in range(_RECV_BATCH):
+            try:
+                n, addr = sock.recvfrom_into(buf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            count += 1
+            sc.bytes_received.add(n)
+            if self._loss_recv is not None:
+                for due, d in self._loss_recv.on_datagram(now, bytes(view[:n])):
+                    if due <= now:
+                        self._on_datagram(ep, memoryview(d), len(d), addr, now, touched)
                     else:
-                        self._on_datagram(ep, view, n, addr, now, touched)
-                sc.datagrams_received.add(count)
-                self._after_receive(touched, now)
+                        heapq.heappush(self._delayed, (due, next(self._seq), "recv", d, (ep, addr)))
+                        self._poke_conductor()
+            else:
+                self._on_datagram(ep, view, n, addr, now, touched)
+        sc.datagrams_received.add(count)
+        self._after_receive(touched, now)
+        return count
+
+    # ------------------------------------------------------------------ receiving
+
+    def _rx_register(self, sock: socket.socket, handler: Callable[[], int]) -> None:
+        fd = sock.fileno()
+        self._rx_handlers[fd] = handler
+        self._rx_epoll.register(fd, select.EPOLLIN)
+
+    def _rx_unregister(self, sock: socket.socket) -> None:
+        fd = sock.fileno()
+        if fd >= 0 and self._rx_handlers.pop(fd, None) is not None:
+            try:
+                self._rx_epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    @property
+    def receive_fd(self) -> int:
+        """The epoll set of every socket of the driver: readable when any of them is."""
+        return self._rx_epoll.fileno()
+
+    def receive_work(self) -> int:
+        """Read what waits in the driver's sockets, without blocking; return datagrams read.
+
+        Received data lands in the images and wakes their subscribers (or their ``wake_hook``)
+        as it always does; the caller of a claimed receive (:meth:`claim_receive`) polls its own
+        subscriptions after this, in the same pass."""
+        try:
+            events = self._rx_epoll.poll(0)
+        except (OSError, ValueError):
+            return 0  # closed
+        count = 0
+        handlers = self._rx_handlers
+        for fd, _mask in events:
+            # A handler may close sockets (an image that ends): theirs are gone from the map.
+            handler = handlers.get(fd)
+            if handler is not None:
+                count += handler()
+        return count
+
+    def claim_receive(self) -> int:
+        """Make the calling task (of the driver's thread) the driver's receiver until
+        :meth:`unclaim_receive`; return the fd it parks on (``receive_fd``).
+
+        The claimant calls :meth:`receive_work` in every pass and, when it parks, waits with
+        :meth:`await_receive` (among whatever else wakes it). Whoever waited on the sockets until
+        now (the receiver task, or a task in a UDP ``Subscription.wait``) stops at once (two
+        tasks cannot wait on one fd) and leaves the reading to the claimant."""
+        self._rx_claimed_by = trio.lowlevel.current_task()
+        scope = self._rx_scope
+        if scope is not None:
+            scope.cancel()  # its wait on the fd is withdrawn now, not at its next step
+        return self._rx_epoll.fileno()
+
+    @property
+    def receive_claimed(self) -> bool:
+        """Is a duty cycle reading the sockets (:meth:`claim_receive`) rather than the receiver task?"""
+        return self._rx_claimed_by is not None
+
+    def unclaim_receive(self) -> None:
+        """End the calling task's :meth:`claim_receive`: the receiver task reads the sockets
+        again. A task whose claim another one took over meanwhile changes nothing."""
+        if self._rx_claimed_by is None or self._rx_claimed_by is not trio.lowlevel.current_task():
+            return
+        self._rx_claimed_by = None
+        ev = self._rx_unclaimed
+        if ev is not None:
+            self._rx_unclaimed = None
+            ev.set()
+
+    async def await_receive(self) -> bool:
+        """Wait until a socket of the driver is readable; False when a claim by another task
+        took the sockets over meanwhile (the caller then leaves the reading to it)."""
+        with trio.CancelScope() as scope:
+            self._rx_scope = scope
+            try:
+                await trio.lowlevel.wait_readable(self._rx_epoll.fileno())
+            finally:
+                if self._rx_scope is scope:
+                    self._rx_scope = None
+        return not scope.cancelled_caught
+
+    async def _receiver_loop(self) -> None:
+        try:
+            while not self._closed:
+                if self._rx_claimed_by is not None:
+                    ev = self._rx_unclaimed = trio.Event()
+                    await ev.wait()
+                    continue
+                if await self.await_receive():
+                    self.receive_work()
         except (trio.ClosedResourceError, OSError, ValueError):
-            return  # the socket was closed under us: the publication or endpoint is gone
+            return  # the driver closed under us
 
     def _after_receive(self, touched: dict, now: int) -> None:
         """Status messages and NAKs for the images a batch of datagrams touched, and a wake-up
@@ -1102,6 +1286,7 @@ class MediaDriver:
             self._nursery = nursery
             nursery.start_soon(self._sender_loop)
             nursery.start_soon(self._conductor_loop)
+            nursery.start_soon(self._receiver_loop)
             task_status.started()
 
     def close(self) -> None:
@@ -1124,8 +1309,14 @@ class MediaDriver:
             for sub in list(group.subscriptions):
                 sub.close()
         for ep in list(self._endpoints.values()):
+            self._rx_unregister(ep.sock)
             _close_socket(ep.sock)
         self._endpoints.clear()
+        try:
+            trio.lowlevel.notify_closing(self._rx_epoll.fileno())
+        except RuntimeError:
+            pass  # not in a trio loop: nobody can be waiting on it
+        self._rx_epoll.close()
         self.ipc.close()
         self._closed = True
         self.system.close()

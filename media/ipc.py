@@ -95,10 +95,15 @@ class IpcTransport:
         rescan_interval_ns: int = 1_000_000_000,
         default_term_length: int = DEFAULT_IPC_TERM_LENGTH,
         on_image_count: Callable[[int], None] | None = None,
+        timer_slack_ns: int = 0,
     ) -> None:
         self.dir = Path(driver_dir) / "ipc"
         self.liveness_ns = image_liveness_timeout_ns
         self.heartbeat_interval_ns = heartbeat_interval_ns
+        self.timer_slack_ns = timer_slack_ns
+        """How early :meth:`do_work` may run its heartbeat duty: a caller that wakes on a timer
+        grid (the media driver's conductor) then does it in the wake-up just before its deadline
+        instead of waking again a few milliseconds later for it alone."""
         self.rescan_interval_ns = rescan_interval_ns
         self.default_term_length = default_term_length
         self._pubs: list[ExclusivePublication] = []
@@ -356,7 +361,7 @@ class IpcTransport:
 
     def do_work(self, now_ns: int) -> int:
         """Heartbeats, liveness and discovery; cheap enough to run every heartbeat interval."""
-        if now_ns - self._last_heartbeat_ns < self.heartbeat_interval_ns:
+        if now_ns - self._last_heartbeat_ns < self.heartbeat_interval_ns - self.timer_slack_ns:
             return 0
         if self._last_heartbeat_ns and now_ns - self._last_heartbeat_ns > self.liveness_ns // 2:
             self._grace_until_ns = now_ns + self.liveness_ns  # we stalled: peers get time to beat
