@@ -278,6 +278,8 @@ class ConsensusAgent:
         self.catchup_endpoint = ""
         self.stopping = False
         self._wake = trio.Event()
+        self._park_scope: trio.CancelScope | None = None
+        self._rx_fd: int | None = None  # the driver's receive fd while this agent reads it (run)
         self._service_drained = trio.Event()
         self.suspended = False
         self.errors = 0
@@ -485,17 +487,26 @@ class ConsensusAgent:
     """Effects that never await: executed with this pass's sends still held."""
 
     async def _execute(self, effects) -> None:
-        for e in effects:
-            if type(e) not in self._SYNC_EFFECTS:
-                # It may await (the archive, for a while): what the pass holds goes out first
-                # rather than wait for the pass to end.
-                self.driver.release_sends()
-            try:
-                await self._execute_one(e)
-            except (ArchiveError, OSError, CodecError) as ex:
-                self.errors += 1
-                self.counters["errors"].add(1)
-                log.error("effect failed", effect=type(e).__name__, error=str(ex))
+        unclaimed = False
+        try:
+            for e in effects:
+                if type(e) not in self._SYNC_EFFECTS:
+                    # It may await (the archive, for a while): what the pass holds goes out
+                    # first rather than wait for the pass to end, and the driver's receiver
+                    # reads the sockets meanwhile (what is awaited may need a datagram read).
+                    self.driver.release_sends()
+                    if not unclaimed and self._rx_fd is not None:
+                        self.driver.unclaim_receive()
+                        unclaimed = True
+                try:
+                    await self._execute_one(e)
+                except (ArchiveError, OSError, CodecError) as ex:
+                    self.errors += 1
+                    self.counters["errors"].add(1)
+                    log.error("effect failed", effect=type(e).__name__, error=str(ex))
+        finally:
+            if unclaimed:
+                self.driver.claim_receive()
 
     async def _execute_one(self, e) -> None:
         t = type(e)
@@ -1086,12 +1097,21 @@ class ConsensusAgent:
         follower copies the log, records it and sends its AppendPosition; all in the same step.
         What the pass offers to UDP publications is sent at its end by this task
         (``driver.hold_sends``, media.driver *sends held by a duty cycle*) instead of by a step of
-        the sender task after each offer."""
+        the sender task after each offer.
+
+        It also reads the driver's sockets itself (``driver.claim_receive``, media.driver
+        *receiving invoked by a duty cycle*): each pass starts with ``driver.receive_work`` and
+        :meth:`_park` waits on the driver's sockets, so a client's message, a follower's
+        AppendPosition or the leader's log wakes this task directly rather than through a step
+        of the driver's receiver task. The claim is handed back around anything that awaits
+        something else (:meth:`_execute`, :meth:`_complete_snapshot`)."""
         driver = self.driver
+        self._rx_fd = driver.claim_receive()
         try:
             await self._run(driver)
         finally:
             driver.release_sends()
+            driver.unclaim_receive()
 
     async def _run(self, driver) -> None:
         m = self.module
@@ -1099,6 +1119,7 @@ class ConsensusAgent:
         last_activity_ms = 0
         while not self.stopping:
             driver.hold_sends()
+            driver.receive_work()
             now = self._now = time.monotonic_ns()
             self._cluster_now = time.time_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
@@ -1138,7 +1159,11 @@ class ConsensusAgent:
                 work += self._service_ack_work()
             if self._snapshot is not None and self._snapshot.ack is not None:
                 driver.release_sends()  # it awaits the archive (see _execute)
-                await self._complete_snapshot()
+                driver.unclaim_receive()
+                try:
+                    await self._complete_snapshot()
+                finally:
+                    driver.claim_receive()
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)
@@ -1515,18 +1540,43 @@ class ConsensusAgent:
                     nursery.cancel_scope.cancel()
 
                 async def other_waiter() -> None:
-                    with trio.move_on_after(timeout_s):
-                        await wake.wait()
+                    await self._wait_input(timeout_s)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(replay_waiter)
                 nursery.start_soon(other_waiter)
             return
-        with trio.move_on_after(timeout_s):
-            await wake.wait()
+        await self._wait_input(timeout_s)
+
+    async def _wait_input(self, timeout_s: float) -> None:
+        """Wait until one of this agent's inputs has something (:meth:`_on_wake`: a subscription's
+        wake hook, the service's doorbell task) or the timeout passes.
+
+        This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
+        them ends the wait on ``receive_fd``, is read here, and the pass resumes only if it woke
+        one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
+        (the archive's) are handled by the read alone: a full pass for each would cost more
+        than the read and would move the agent's heartbeats off the driver's timer grid."""
+        wake = self._wake
+        with trio.move_on_after(timeout_s) as scope:
+            self._park_scope = scope
+            try:
+                if self._rx_fd is not None and self.driver.receive_claimed:
+                    driver = self.driver
+                    while not wake.is_set():
+                        if not await driver.await_receive():
+                            break  # another task claimed the sockets (not expected): run a pass
+                        driver.receive_work()
+                else:
+                    await wake.wait()
+            finally:
+                self._park_scope = None
 
     def _on_wake(self) -> None:
         self._wake.set()
+        scope = self._park_scope
+        if scope is not None:
+            scope.cancel()
 
     async def _service_waker(self) -> None:
         """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
@@ -1536,7 +1586,7 @@ class ConsensusAgent:
             # interval), so a lost wake-up costs at most that; this wait only makes it sooner.
             await sub.wait(10.0)
             if sub.has_data():
-                self._wake.set()
+                self._on_wake()
                 drained = self._service_drained = trio.Event()
                 await drained.wait()
 
