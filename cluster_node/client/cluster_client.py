@@ -596,18 +596,31 @@ class ClusterClient:
         )
 
     async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The client's duty cycle. It reads the driver's sockets itself while it waits for
+        egress (``MediaDriver.claim_receive``): a reply wakes this task directly instead of
+        through a step of the driver's receiver task. The claim is handed back while it
+        reconnects, which sleeps and awaits the publications' connections."""
         task_status.started()
         keep_alive_s = self._keep_alive_interval_ns / 1e9
-        while not self._closed:
-            now = time.monotonic_ns()
-            if self.do_work(now):
-                await trio.lowlevel.checkpoint()
-                continue
-            if self._leader_silent(now) or self._reconnect_wanted:
-                self._reconnect_wanted = False
-                await self._reconnect()
-                continue
-            await self._egress.wait(min(_LIVENESS_CHECK_S, keep_alive_s))
+        driver = self.driver
+        driver.claim_receive()
+        try:
+            while not self._closed:
+                now = time.monotonic_ns()
+                if self.do_work(now):
+                    await trio.lowlevel.checkpoint()
+                    continue
+                if self._leader_silent(now) or self._reconnect_wanted:
+                    self._reconnect_wanted = False
+                    driver.unclaim_receive()
+                    try:
+                        await self._reconnect()
+                    finally:
+                        driver.claim_receive()
+                    continue
+                await self._egress.wait(min(_LIVENESS_CHECK_S, keep_alive_s))
+        finally:
+            driver.unclaim_receive()
 
     # ---------------------------------------------------------------- closing
 
