@@ -5,8 +5,11 @@
 
 Measures, each between two processes on this machine:
 
-* UDP and IPC one-way throughput for 32-byte and 1 KiB messages (the subscriber's count divided
-  by the time from its first to its last message);
+* UDP and IPC one-way throughput for 32-byte and 1 KiB messages: the messages received divided
+  by the time from the publisher's first offer to the subscriber's last message (both processes
+  read CLOCK_MONOTONIC). Timing from the subscriber's first message instead would leave out
+  however long the publisher buffered before its first datagram left (a publisher offering in a
+  tight loop can fill half a term, 8 MiB here, before its sender runs);
 * UDP and IPC ping-pong round trips of 32-byte messages (HdrHistogram percentiles);
 * baselines with plain Python: a ``sendto``/``recv`` datagram rate and a trio UDP ping-pong;
 * the CPU an idle driver uses (a publication and a subscription connected, nothing sent),
@@ -68,7 +71,7 @@ def _tp_sub(conn, directory: str, channel: str, count: int) -> None:
                     last = time.perf_counter()
                 else:
                     await sub.wait(0.01)
-            conn.send((received, last - first))
+            conn.send((received, first, last))
 
     trio.run(main)
 
@@ -86,6 +89,7 @@ def _tp_pub(conn, directory: str, channel: str, count: int, size: int) -> None:
             msg = b"x" * size
             offer = pub.offer
             i = 0
+            conn.send(time.perf_counter())  # the first offer's time (CLOCK_MONOTONIC, as the subscriber's)
             while i < count:
                 if offer(msg) > 0:
                     i += 1
@@ -108,12 +112,15 @@ def throughput(ctx, channel: str, count: int, size: int, shared_dir: bool) -> fl
     assert a.recv() == "ready"
     pub = ctx.Process(target=_tp_pub, args=(d, pub_dir, channel, count, size))
     pub.start()
-    received, seconds = a.recv()
+    first_offer = c.recv()
+    received, _first, last = a.recv()
+    assert c.recv() == "offered"
     c.send("stop")
     sub.join(10)
     pub.join(10)
     if received < count:
         raise RuntimeError(f"throughput run on {channel} received {received} of {count}")
+    seconds = last - first_offer
     return received / seconds if seconds > 0 else float("nan")
 
 
