@@ -33,7 +33,7 @@ import trio
 
 from archive import codecs as c
 from archive.client import ArchiveClient, ArchiveError
-from media.channel import parse
+from media.channel import ChannelError, parse
 
 __all__ = ["ReplicationSession", "ReplicationState"]
 
@@ -139,7 +139,9 @@ class ReplicationSession:
                     session = archive.control_sessions.get(self.control_session_id)
                     if session is not None:
                         session.error(r.correlation_id, e.error_code, str(e))
-                except ArchiveError as e:
+                except (ArchiveError, ChannelError) as e:
+                    # ChannelError: a channel of ours that cannot be opened (its port taken by
+                    # another process, say) fails this replication, not the archive's process.
                     self.error = str(e)
                     log.warning("replication failed", replication_id=self.replication_id, error=str(e))
                     session = archive.control_sessions.get(self.control_session_id)

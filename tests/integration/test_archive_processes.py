@@ -406,3 +406,37 @@ async def test_replication_between_two_archive_processes_over_udp_with_5_percent
     finally:
         src.kill()
         dst.kill()
+
+
+async def test_a_replication_whose_channel_cannot_be_opened_fails_and_the_archive_goes_on(tmp_path):
+    """The destination's own replication channel names a port another socket holds: that
+    replication fails with an error response, and the archive process keeps serving (it used
+    to die of the bind error, taking its cluster node with it)."""
+    import socket
+
+    src_node, dst_node = tmp_path / "src", tmp_path / "dst"
+    src_port, dst_port, resp_port = (free_udp_port() for _ in range(3))
+    src = start_archive(src_node, "--control-port", str(src_port), name="src")
+    dst = start_archive(dst_node, "--control-port", str(dst_port), "--response-port", str(resp_port), name="dst")
+    src_control = f"aeron:udp?endpoint=127.0.0.1:{src_port}"
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        taken.bind(("127.0.0.1", 0))
+        busy_channel = f"aeron:udp?endpoint=127.0.0.1:{taken.getsockname()[1]}"
+        async with open_media_driver(dir=src_node / "driver", ipc_term_length=TERM) as src_driver, \
+                   open_media_driver(dir=dst_node / "driver", ipc_term_length=TERM) as dst_driver:
+            src_client = await ArchiveClient.connect(src_driver)
+            dst_client = await ArchiveClient.connect(dst_driver)
+            src_id, _stop = await _record_ipc(src_client, src_driver, 1020, [make_message(i, 64) for i in range(100)])
+            await dst_client.replicate(src_id, NULL_VALUE, src_control, replication_channel=busy_channel)
+            err = await dst_client.wait_for_async_response(lambda r: r.code == 1, 30)
+            assert "already in use" in err.error_message
+            assert dst.proc.poll() is None  # still running
+            assert await dst_client.list_recordings() == []  # and answering
+            await src_client.close()
+            await dst_client.close()
+        assert src.finish() == 0 and dst.finish() == 0
+    finally:
+        taken.close()
+        src.kill()
+        dst.kill()
