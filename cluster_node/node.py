@@ -26,7 +26,7 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
-from cluster_node.config import NodeConfig, free_udp_ports
+from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.service.api import load_service
@@ -66,9 +66,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     try:
         async with open_media_driver(**cfg.driver_kwargs()) as driver:
             # Where other archives answer this one and replay to it when it replicates: concrete
-            # ports, since the remote side must be told where to send.
+            # ports, since the remote side must be told where to send. They are bound only when a
+            # replication starts, maybe minutes from now, so they come from below the kernel's
+            # ephemeral range: one from it could meanwhile be handed to any socket bound to port
+            # 0 (a client, another node's publication), and the replication would find it taken.
             archive_host = me.archive.rpartition(":")[0]
-            response_port, replication_port = free_udp_ports(2, archive_host)
+            response_port, replication_port = free_fixed_udp_ports(2, archive_host)
             archive_cfg = ArchiveConfig(
                 dir=cfg.archive_dir,
                 control_channel=f"aeron:udp?endpoint={me.archive}",

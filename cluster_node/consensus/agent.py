@@ -63,7 +63,7 @@ from cluster_node.codecs import (
     CodecError,
     encode_session_message,
 )
-from cluster_node.config import NodeConfig, free_udp_ports
+from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
@@ -316,7 +316,9 @@ class ConsensusAgent:
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
-            catchup = f"{host}:{free_udp_ports(1, host)[0]}"
+            # Bound when a catchup starts, maybe much later: a port below the kernel's ephemeral
+            # range, which no bind(0) elsewhere can take meanwhile (see node.py).
+            catchup = f"{host}:{free_fixed_udp_ports(1, host)[0]}"
         self.catchup_endpoint = catchup
         members = [
             ClusterMember(m.id, m.ingress, m.consensus, m.log, catchup if m.id == me.id else m.catchup, m.archive)
