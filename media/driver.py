@@ -28,9 +28,15 @@ thread (the consensus agent) may hold the sender's wake-ups over one pass of its
 (:meth:`MediaDriver.hold_sends`) and send what the pass offered itself at the end
 (:meth:`MediaDriver.release_sends`), instead of waking the sender task for a step of its own after
 each offer. Offers from other tasks or threads still wake the sender; a publication that looks
-stalled is left to the sender task, which drains its socket first. A cross-thread offer (the
-service thread's egress) is likewise sent by the callback it posts into the trio loop, not by a
-sender step after it.
+stalled is left to the sender task, which drains its socket first.
+
+**Offers from another thread** (the service thread's egress): one made while the sender is parked
+is sent by the offering thread itself (``_foreign_send``), under the publication's lock, which
+every path of the driver's thread that touches that publication's sender core, socket or buffer
+view also takes; the counts it owes the system counters are added by the driver's thread (a
+counter has one writer). When that cannot be done (loss injection on, the publication stalled
+or closing, flow control holding data back) it posts one wake-up into the trio loop instead,
+whose callback sends.
 
 **Receiving invoked by a duty cycle**: the same duty cycle may also take over the receiver
 (:meth:`MediaDriver.claim_receive`): it then calls :meth:`MediaDriver.receive_work` at the start of
@@ -42,10 +48,10 @@ held the receiver task sleeps; a duty cycle must give the claim back
 (:meth:`MediaDriver.unclaim_receive`) before it awaits anything that may need a datagram read
 (an archive request, for instance), since nobody else reads the sockets meanwhile.
 
-The driver's state is touched from its trio thread only. UDP subscriptions are polled from that
-thread; a UDP publication may be *offered* from any thread of the process (the offer writes the
-log buffer and posts one wake-up into the trio loop, see ``_after_append``); an exclusive one from
-one thread at a time. IPC publications and subscriptions can be used from any thread or process
+The driver's state is touched from its trio thread only, except a UDP publication's sender
+state, which an offer from another thread may send under the publication's lock (above). UDP
+subscriptions are polled from that thread; a UDP publication may be *offered* from any thread of
+the process (see ``_after_append``); an exclusive one from one thread at a time. IPC publications and subscriptions can be used from any thread or process
 that maps the same driver directory.
 """
 
@@ -180,6 +186,13 @@ class _NetPublication:
         self.view = memoryview(pub.log.buffer)
         self.closed_at_ns = 0
         self.counters: list = []
+        # A publication may be offered, and then sent, from another thread (_foreign_send): its
+        # sender core, socket and buffer view are touched under this lock by both threads.
+        self.lock = threading.Lock()
+        self.released = False
+        # What another thread's sends owe the system counters (datagrams, bytes, retransmits,
+        # heartbeats): counters have a single writer, the driver's thread, which adds these.
+        self.owed = [0, 0, 0, 0]
 
     def has_pending(self) -> bool:
         """Data its sender may send now: connected, not held by a stall, inside flow control."""
@@ -394,12 +407,18 @@ class MediaDriver:
             return core.sender_position + window
 
         cls = ExclusivePublication if exclusive else Publication
+        shell: list[_NetPublication] = []
+
+        def after_append() -> None:
+            self._after_append(shell[0] if shell else None)
+
         pub = cls(
             log=lb, channel=uri, stream_id=stream_id, session_id=session_id, start_position=start,
-            limit_fn=limit_fn, after_append=self._after_append, on_close=self._close_network_publication,
+            limit_fn=limit_fn, after_append=after_append, on_close=self._close_network_publication,
             registration_id=next(self._ids), after_append_flag=self._sender_parked,
         )
         np = _NetPublication(pub, core, sock, dests)
+        shell.append(np)
         label = f"session={session_id} stream={stream_id} {uri}"
         np.counters = [
             (self.counters.allocate(f"pub-pos: {label}", CounterType.PUBLISHER_POS, pub.registration_id), lambda: pub.position),
@@ -422,10 +441,11 @@ class MediaDriver:
         if uri.endpoint is None:
             raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
         addr = _resolve(uri.endpoint)
-        if addr not in np.dests:
-            np.dests.append(addr)
-        np.core.setup_wanted = True
-        np.core.last_setup_ns = 0
+        with np.lock:
+            if addr not in np.dests:
+                np.dests.append(addr)
+            np.core.setup_wanted = True
+            np.core.last_setup_ns = 0
         self._wake_sender()
 
     def _remove_destination(self, np: _NetPublication, destination: str) -> None:
@@ -433,12 +453,13 @@ class MediaDriver:
         if uri.endpoint is None:
             raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
         addr = _resolve(uri.endpoint)
-        if addr in np.dests:
-            np.dests.remove(addr)
-        for rid, rcv in list(np.core.receivers.items()):
-            if rcv.address == addr:
-                del np.core.receivers[rid]
-        np.core._recompute_limit()
+        with np.lock:
+            if addr in np.dests:
+                np.dests.remove(addr)
+            for rid, rcv in list(np.core.receivers.items()):
+                if rcv.address == addr:
+                    del np.core.receivers[rid]
+            np.core._recompute_limit()
 
     def _close_network_publication(self, pub: ExclusivePublication) -> None:
         if threading.get_ident() != self._thread_id and self._token is not None:
@@ -450,21 +471,38 @@ class MediaDriver:
             return
         for np in self._net_pubs:
             if np.pub is pub:
-                np.core.close(pub.position)
-                np.closed_at_ns = time.monotonic_ns()
+                with np.lock:
+                    np.core.close(pub.position)
+                    np.closed_at_ns = time.monotonic_ns()
                 self._wake_sender()
                 self._poke_conductor()
                 return
 
     def _release_network_publication(self, np: _NetPublication) -> None:
         self._net_pubs.remove(np)
-        self._rx_unregister(np.sock)
-        _close_socket(np.sock)
+        with np.lock:
+            np.released = True
+            self._rx_unregister(np.sock)
+            _close_socket(np.sock)
+            np.view.release()
+            np.pub.log.close()
+        self._pay_owed(np)
         for counter, _fn in np.counters:
             counter.close()
-        np.view.release()
-        np.pub.log.close()
         self.system.publications_active.add(-1)
+
+    def _pay_owed(self, np: _NetPublication) -> None:
+        """Add what other threads' sends of this publication owe the system counters."""
+        if not any(np.owed):
+            return
+        with np.lock:
+            datagrams, sent_bytes, retransmits, heartbeats = np.owed
+            np.owed = [0, 0, 0, 0]
+        sc = self.system
+        sc.datagrams_sent.add(datagrams)
+        sc.bytes_sent.add(sent_bytes)
+        sc.retransmits_sent.add(retransmits)
+        sc.heartbeats_sent.add(heartbeats)
 
     def coalesce(self, deadline_ns: int, now_ns: int | None = None) -> int:
         """``deadline_ns`` (monotonic) on this driver's timer grid, for the other duty cycles of
@@ -490,13 +528,14 @@ class MediaDriver:
             return -(-deadline // self._phase_ns) * self._phase_ns
         return -(-deadline // slack) * slack
 
-    def _after_append(self) -> None:
+    def _after_append(self, np: _NetPublication | None = None) -> None:
         """Wake the parked sender after an offer, from whichever thread offered (publications
         call it only while the sender is parked).
 
         A UDP publication may be offered from another thread of the process (the clustered
-        service thread sends egress this way): the log buffer write is the same, only the wake-up
-        has to cross into the driver's trio loop. One cross-thread wake-up is in flight at a time;
+        service thread sends egress this way): the log buffer write is the same, and the offering
+        thread sends it itself when it can (:meth:`_foreign_send`); otherwise the wake-up has to
+        cross into the driver's trio loop. One cross-thread wake-up is in flight at a time;
         offers made while it is pending are covered by it, because the sender reads the
         publication position when it runs, after they happened.
         """
@@ -525,12 +564,29 @@ class MediaDriver:
                     self._wake_sender()
             else:
                 self._wake_sender()
+        elif np is not None and self._foreign_send(np):
+            pass
         elif not self._foreign_wake_pending and self._token is not None:
             self._foreign_wake_pending = True
             try:
                 self._token.run_sync_soon(self._foreign_wake)
             except trio.RunFinishedError:
                 self._foreign_wake_pending = False
+
+    def _foreign_send(self, np: _NetPublication) -> bool:
+        """An offer from another thread (the service's egress) to a parked sender: send it in
+        that thread, under the publication's lock, rather than wake the driver's thread for it
+        (the wake-up of a sleeping conductor thread is a good part of a cluster round trip).
+        False when the driver's thread must do it: the loss injector is on (its delay queue is
+        the driver thread's), the publication stalled or closed, or flow control held some of
+        the data back."""
+        if self._loss_send is not None or self._closed or np.closed_at_ns:
+            return False
+        now = time.monotonic_ns()
+        if np.core.stalled(now):
+            return False
+        self._work_publication(np, now, [], foreign=True)
+        return np.core.sender_position >= np.pub.position
 
     def _foreign_wake(self) -> None:
         # Cleared before the positions are read: an offer after this line posts a wake of its own.
@@ -680,38 +736,49 @@ class MediaDriver:
         deadline = self._coalesce(deadline, now, phase=not connecting)
         scope.deadline = trio.current_time() + max(0, deadline - now) / 1e9
 
-    def _work_publication(self, np: _NetPublication, now: int, sends: list) -> int:
+    def _work_publication(self, np: _NetPublication, now: int, sends: list, foreign: bool = False) -> int:
         """One publication's sender duty: what its core says to send now, to every destination.
-        Returns the datagrams sent (per destination)."""
-        core = np.core
-        sends.clear()
-        stats = core.stats
-        before_retransmits = stats.retransmits
-        before_hb = stats.heartbeats
-        was_connected = core.connected
-        core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
-        if was_connected and not core.connected:
-            np.pub.forget_limit()  # no receivers: offers are NOT_CONNECTED from now on
-        if not sends:
-            return 0
-        view = np.view
-        sent_bytes = 0
-        sock = np.sock
-        dests = np.dests
-        for item, n in sends:
-            data = view[item : item + n] if n else item
-            sent_bytes += len(data)
-            for dest in dests:
-                self._send(sock, data, dest)
+        Returns the datagrams sent (per destination). ``foreign``: called by another thread
+        (:meth:`_foreign_send`), whose counts are owed to the system counters."""
+        with np.lock:
+            if np.released:
+                return 0
+            core = np.core
+            sends.clear()
+            stats = core.stats
+            before_retransmits = stats.retransmits
+            before_hb = stats.heartbeats
+            was_connected = core.connected
+            core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+            if was_connected and not core.connected:
+                np.pub.forget_limit()  # no receivers: offers are NOT_CONNECTED from now on
+            if not sends:
+                return 0
+            view = np.view
+            sent_bytes = 0
+            sock = np.sock
+            dests = np.dests
+            for item, n in sends:
+                data = view[item : item + n] if n else item
+                sent_bytes += len(data)
+                for dest in dests:
+                    self._send(sock, data, dest)
+            fanout = max(1, len(dests))
+            counts = (len(sends) * fanout, sent_bytes * fanout, stats.retransmits - before_retransmits,
+                      stats.heartbeats - before_hb)
+            if foreign:
+                owed = np.owed
+                for i, n in enumerate(counts):
+                    owed[i] += n
+                return counts[0]
         sc = self.system
-        fanout = max(1, len(dests))
-        sc.datagrams_sent.add(len(sends) * fanout)
-        sc.bytes_sent.add(sent_bytes * fanout)
-        if stats.retransmits != before_retransmits:
-            sc.retransmits_sent.add(stats.retransmits - before_retransmits)
-        if stats.heartbeats != before_hb:
-            sc.heartbeats_sent.add(stats.heartbeats - before_hb)
-        return len(sends) * fanout
+        sc.datagrams_sent.add(counts[0])
+        sc.bytes_sent.add(counts[1])
+        if counts[2]:
+            sc.retransmits_sent.add(counts[2])
+        if counts[3]:
+            sc.heartbeats_sent.add(counts[3])
+        return counts[0]
 
     def _on_publication_readable(self, np: _NetPublication) -> int:
         count = self._read_publication_socket(np, _RECV_BATCH)
@@ -750,12 +817,14 @@ class MediaDriver:
                 if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
                     continue
                 sc.status_messages_received.add(1)
-                np.core.on_status(frame, addr, now)
+                with np.lock:
+                    np.core.on_status(frame, addr, now)
             elif isinstance(frame, frames.Nak):
                 if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
                     continue
                 sc.nak_messages_received.add(1)
-                np.core.on_nak(frame, now, np.pub.position)
+                with np.lock:
+                    np.core.on_nak(frame, now, np.pub.position)
             elif isinstance(frame, frames.Rttm):
                 continue
             else:
@@ -1253,6 +1322,7 @@ class MediaDriver:
             deadline = min(deadline, self.ipc.next_deadline_ns())
             # Counters: sampled positions.
             for np in self._net_pubs:
+                self._pay_owed(np)
                 for counter, fn in np.counters:
                     counter.set(fn())
             for group in self._all_groups():
@@ -1295,15 +1365,16 @@ class MediaDriver:
             return
         now = time.monotonic_ns()
         for np in list(self._net_pubs):
-            if not np.pub.closed:
-                np.pub.closed = True
-                np.core.close(np.pub.position)
-            sends: list = []
-            np.core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
-            for item, n in sends:
-                data = np.view[item : item + n] if n else item
-                for dest in np.dests:
-                    self._raw_send(np.sock, data, dest)
+            with np.lock:
+                if not np.pub.closed:
+                    np.pub.closed = True
+                    np.core.close(np.pub.position)
+                sends: list = []
+                np.core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
+                for item, n in sends:
+                    data = np.view[item : item + n] if n else item
+                    for dest in np.dests:
+                        self._raw_send(np.sock, data, dest)
             self._release_network_publication(np)
         for group in list(self._all_groups()):
             for sub in list(group.subscriptions):

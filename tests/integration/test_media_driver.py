@@ -209,6 +209,44 @@ async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_
         await _until(lambda: sub.image_count == 0, 10.0)
 
 
+async def test_a_lone_offer_from_another_thread_is_sent_by_that_thread(tmp_path):
+    # The service thread's egress: a reply offered while the driver's sender is parked goes out
+    # from the offering thread (under the publication's lock), not after a wake-up of the
+    # driver's thread; the datagrams it sent are still counted by the driver.
+    import threading
+
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9, exclusive=False)
+        await _until(lambda: pub.is_connected)
+        got: list[bytes] = []
+        senders: list[int] = []
+        raw_send = driver._raw_send
+
+        def recording_send(sock, data, addr):
+            senders.append(threading.get_ident())
+            raw_send(sock, data, addr)
+
+        driver._raw_send = recording_send
+        for i in range(3):
+            await _until(lambda: driver._sender_parked[0] == 1, 5.0)
+            before = driver.system.datagrams_sent.get()
+            senders.clear()
+            worker: list[int] = []
+
+            def offer_one() -> int:
+                worker.append(threading.get_ident())
+                return pub.offer(b"reply %d" % i)
+
+            assert await trio.to_thread.run_sync(offer_one) > 0
+            await _receive(sub, i + 1, got, timeout=5.0)
+            assert got[-1] == b"reply %d" % i
+            assert senders and set(senders) == {worker[0]}, (senders, worker, threading.get_ident())
+            await _until(lambda: driver.system.datagrams_sent.get() > before, 5.0)  # counted
+
+
 async def test_multi_destination_subscription_with_a_session_id_sees_only_that_session(tmp_path):
     port = free_udp_port()
     dest = f"aeron:udp?endpoint=127.0.0.1:{port}"
