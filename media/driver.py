@@ -5,7 +5,7 @@ One driver per process (per node). It runs inside the caller's trio loop as a fe
 * **sender**: for every UDP publication, asks its :class:`~media.sender.SenderCore` what to send
   and writes it to the socket for each destination. Offers wake it; when nothing is left it parks
   until the next core deadline (heartbeat, setup, retransmit) or the next offer.
-* **receiver**: every socket of the driver is in one epoll set (``receive_fd``): a publication's
+* **receiver**: every socket of the driver is in one epoll set: a publication's
   socket receives status messages and NAKs; a receive endpoint's socket receives SETUP, DATA and
   heartbeats for every image behind it. One task waits on the set and, when it is readable, reads
   every ready socket in one step (:meth:`MediaDriver.receive_work`): datagrams are read in
@@ -40,8 +40,8 @@ whose callback sends.
 
 **Receiving invoked by a duty cycle**: the same duty cycle may also take over the receiver
 (:meth:`MediaDriver.claim_receive`): it then calls :meth:`MediaDriver.receive_work` at the start of
-each pass and parks on ``receive_fd`` itself, so a datagram wakes the task that acts on it
-directly. Without the claim a datagram costs two task steps: the receiver's, which reads it, and
+each pass and parks on the epoll set itself (:meth:`MediaDriver.await_receive`), so a datagram
+wakes the task that acts on it directly. Without the claim a datagram costs two task steps: the receiver's, which reads it, and
 the duty cycle's, woken by the receiver (on the 2-core VM a reader task handing over to another
 task costs a UDP echo about 50 µs more than one task reading and answering). While the claim is
 held the receiver task sleeps; a duty cycle must give the claim back
@@ -1018,11 +1018,6 @@ class MediaDriver:
             except (OSError, ValueError):
                 pass
 
-    @property
-    def receive_fd(self) -> int:
-        """The epoll set of every socket of the driver: readable when any of them is."""
-        return self._rx_epoll.fileno()
-
     def receive_work(self) -> int:
         """Read what waits in the driver's sockets, without blocking; return datagrams read.
 
@@ -1042,9 +1037,9 @@ class MediaDriver:
                 count += handler()
         return count
 
-    def claim_receive(self) -> int:
+    def claim_receive(self) -> None:
         """Make the calling task (of the driver's thread) the driver's receiver until
-        :meth:`unclaim_receive`; return the fd it parks on (``receive_fd``).
+        :meth:`unclaim_receive`.
 
         The claimant calls :meth:`receive_work` in every pass and, when it parks, waits with
         :meth:`await_receive` (among whatever else wakes it). Whoever waited on the sockets until
@@ -1054,7 +1049,6 @@ class MediaDriver:
         scope = self._rx_scope
         if scope is not None:
             scope.cancel()  # its wait on the fd is withdrawn now, not at its next step
-        return self._rx_epoll.fileno()
 
     @property
     def receive_claimed(self) -> bool:

@@ -279,7 +279,7 @@ class ConsensusAgent:
         self.stopping = False
         self._wake = trio.Event()
         self._park_scope: trio.CancelScope | None = None
-        self._rx_fd: int | None = None  # the driver's receive fd while this agent reads it (run)
+        self._reads_sockets = False  # this agent reads the driver's sockets (run)
         self._service_drained = trio.Event()
         self.suspended = False
         self.errors = 0
@@ -497,7 +497,7 @@ class ConsensusAgent:
                     # first rather than wait for the pass to end, and the driver's receiver
                     # reads the sockets meanwhile (what is awaited may need a datagram read).
                     self.driver.release_sends()
-                    if not unclaimed and self._rx_fd is not None:
+                    if not unclaimed and self._reads_sockets:
                         self.driver.unclaim_receive()
                         unclaimed = True
                 try:
@@ -1108,7 +1108,8 @@ class ConsensusAgent:
         of the driver's receiver task. The claim is handed back around anything that awaits
         something else (:meth:`_execute`, :meth:`_complete_snapshot`)."""
         driver = self.driver
-        self._rx_fd = driver.claim_receive()
+        driver.claim_receive()
+        self._reads_sockets = True
         try:
             await self._run(driver)
         finally:
@@ -1555,7 +1556,7 @@ class ConsensusAgent:
         wake hook, the service's doorbell task) or the timeout passes.
 
         This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
-        them ends the wait on ``receive_fd``, is read here, and the pass resumes only if it woke
+        them ends the wait (``driver.await_receive``), is read here, and the pass resumes only if it woke
         one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
         (the archive's) are handled by the read alone: a full pass for each would cost more
         than the read and would move the agent's heartbeats off the driver's timer grid."""
@@ -1563,7 +1564,7 @@ class ConsensusAgent:
         with trio.move_on_after(timeout_s) as scope:
             self._park_scope = scope
             try:
-                if self._rx_fd is not None and self.driver.receive_claimed:
+                if self._reads_sockets and self.driver.receive_claimed:
                     driver = self.driver
                     while not wake.is_set():
                         if not await driver.await_receive():
