@@ -194,6 +194,11 @@ class _NetPublication:
         # heartbeats): counters have a single writer, the driver's thread, which adds these.
         self.owed = [0, 0, 0, 0]
 
+    @property
+    def all_sent(self) -> bool:
+        """Its sender has sent everything offered so far."""
+        return self.core.sender_position >= self.pub.position
+
     def has_pending(self) -> bool:
         """Data its sender may send now: connected, not held by a stall, inside flow control."""
         core = self.core
@@ -555,7 +560,7 @@ class MediaDriver:
                 if now - self._last_direct_send_ns >= _DIRECT_SEND_GAP_NS:
                     self._last_direct_send_ns = now
                     self._send_now(now)
-                    if not all(np.core.sender_position >= np.pub.position for np in self._net_pubs):
+                    if not self._all_sent():
                         self._sender_caught_up = False
                         self._wake_sender()  # flow control held some back
                     else:
@@ -586,7 +591,7 @@ class MediaDriver:
         if np.core.stalled(now):
             return False
         self._work_publication(np, now, [], foreign=True)
-        return np.core.sender_position >= np.pub.position
+        return np.all_sent
 
     def _foreign_wake(self) -> None:
         # Cleared before the positions are read: an offer after this line posts a wake of its own.
@@ -694,9 +699,8 @@ class MediaDriver:
             if pending:
                 await trio.lowlevel.checkpoint()
                 continue
-            deadline = self._sender_duty_ns(now)
             self._sender_event = trio.Event()
-            self._sender_caught_up = all(np.core.sender_position >= np.pub.position for np in self._net_pubs)
+            self._sender_caught_up = self._all_sent()
             self._sender_parked[0] = 1
             # Offers skip the wake-up while the sender is not parked (the flag above); one made
             # by another thread just before the flag was set is seen here instead (the GIL
@@ -705,14 +709,23 @@ class MediaDriver:
                 self._sender_parked[0] = 0
                 await trio.lowlevel.checkpoint()
                 continue
-            self._sender_deadline_ns = deadline
-            connecting = any(np.core.needs_setup for np in self._net_pubs)
-            deadline = self._coalesce(deadline, now, phase=not connecting)
-            with trio.move_on_after(max(0, deadline - time.monotonic_ns()) / 1e9) as scope:
+            wake_ns = self._sender_wake_ns(now)
+            with trio.move_on_after(max(0, wake_ns - time.monotonic_ns()) / 1e9) as scope:
                 self._sender_scope = scope
                 await self._sender_event.wait()
             self._sender_scope = None
             self._sender_parked[0] = 0
+
+    def _all_sent(self) -> bool:
+        return all(np.all_sent for np in self._net_pubs)
+
+    def _sender_wake_ns(self, now: int) -> int:
+        """When the parked sender should wake: its next duty (kept in ``_sender_deadline_ns``,
+        which status messages compare against), put on the timer grid; the slack grid only
+        while a publication is connecting (SETUP retries must not wait for the phase grid)."""
+        deadline = self._sender_deadline_ns = self._sender_duty_ns(now)
+        connecting = any(np.core.needs_setup for np in self._net_pubs)
+        return self._coalesce(deadline, now, phase=not connecting)
 
     def _sender_duty_ns(self, now: int) -> int:
         """When the sender's next duty is due: the earliest core deadline (heartbeat, setup,
@@ -730,11 +743,7 @@ class MediaDriver:
         scope = self._sender_scope
         if scope is None:
             return
-        deadline = self._sender_duty_ns(now)
-        self._sender_deadline_ns = deadline
-        connecting = any(np.core.needs_setup for np in self._net_pubs)
-        deadline = self._coalesce(deadline, now, phase=not connecting)
-        scope.deadline = trio.current_time() + max(0, deadline - now) / 1e9
+        scope.deadline = trio.current_time() + max(0, self._sender_wake_ns(now) - now) / 1e9
 
     def _work_publication(self, np: _NetPublication, now: int, sends: list, foreign: bool = False) -> int:
         """One publication's sender duty: what its core says to send now, to every destination.
