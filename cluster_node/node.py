@@ -106,6 +106,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     commit_position=agent.counters["commit-pos"].get,
                     role=agent.counters["role"].get,
                     open_egress=open_egress,
+                    hold_egress=driver.hold_sends, release_egress=driver.release_sends,
                     liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
                     snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
                 )

@@ -305,6 +305,9 @@ class MediaDriver:
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
+        # Other threads holding their sends over a batch (hold_sends): thread id -> publications
+        # offered to meanwhile.
+        self._foreign_holds: dict[int, set] = {}
         # The task holding sends over a pass of its duty cycle (hold_sends), and whether it
         # offered to a network publication meanwhile.
         self._send_holder: object | None = None
@@ -574,7 +577,15 @@ class MediaDriver:
                     self._wake_sender()
             else:
                 self._wake_sender()
-        elif np is not None and self._foreign_send(np):
+        else:
+            held = self._foreign_holds.get(threading.get_ident())
+            if held is not None and np is not None:
+                held.add(np)  # sent by release_sends at the end of the holder's batch
+            else:
+                self._foreign_after_append(np)
+
+    def _foreign_after_append(self, np: _NetPublication | None) -> None:
+        if np is not None and self._foreign_send(np):
             pass
         elif not self._foreign_wake_pending and self._token is not None:
             self._foreign_wake_pending = True
@@ -607,18 +618,35 @@ class MediaDriver:
             self._wake_sender()
 
     def hold_sends(self) -> None:
-        """Hold the sender's wake-ups for offers made by the calling task (the driver's thread
-        only) until :meth:`release_sends`, which sends what they offered.
+        """Hold the sender's wake-ups for offers made by the calling task until
+        :meth:`release_sends`, which sends what they offered.
 
         A duty cycle that offers to several network publications in one pass (the consensus
         agent: the log to the followers, consensus messages) then sends them in the same pass
         instead of waking the sender task for a step of its own. Offers from other tasks and
         threads wake the sender as before, and the sender task keeps every duty that is not a
-        send of new data (heartbeats, setups, retransmits, stalls)."""
+        send of new data (heartbeats, setups, retransmits, stalls).
+
+        Called from another thread (the service thread, around a batch of log entries whose
+        replies go out as egress), it holds that thread's sends instead: each offer to a parked
+        sender would otherwise go out at once as a datagram of its own (``_foreign_send``), one
+        system call per reply; released, each publication's pending data goes out together,
+        packed into as few datagrams as the MTU allows."""
+        if threading.get_ident() != self._thread_id:
+            self._foreign_holds.setdefault(threading.get_ident(), set())
+            return
         self._send_holder = trio.lowlevel.current_task()
 
     def release_sends(self) -> int:
-        """End :meth:`hold_sends`: send what the holder offered meanwhile; return datagrams sent."""
+        """End :meth:`hold_sends`: send what the holder offered meanwhile; return datagrams sent
+        (from another thread: the publications it sent or woke the sender for)."""
+        if threading.get_ident() != self._thread_id:
+            held = self._foreign_holds.pop(threading.get_ident(), None)
+            if not held:
+                return 0
+            for np in held:
+                self._foreign_after_append(np)
+            return len(held)
         self._send_holder = None
         if not self._send_held:
             return 0

@@ -95,6 +95,8 @@ class ServiceContainer:
         commit_position: Callable[[], int],
         role: Callable[[], int] | None = None,
         open_egress: Callable[[str, int], object] | None = None,
+        hold_egress: Callable[[], object] | None = None,
+        release_egress: Callable[[], object] | None = None,
         service_id: int = 0,
         idle_timeout_s: float | None = None,
         liveness_timeout_ns: int = 10_000_000_000,
@@ -106,6 +108,11 @@ class ServiceContainer:
         self._commit_position = commit_position
         self._role = role
         self._open_egress = open_egress
+        # Around each batch of log entries: the replies they make go out together when the
+        # batch ends (the driver's hold_sends/release_sends, from this thread) rather than as a
+        # datagram each.
+        self._hold_egress = hold_egress
+        self._release_egress = release_egress
         self.service_id = service_id
         if idle_timeout_s is None:
             # Everything the thread serves rings its doorbell (consensus messages, log data,
@@ -270,7 +277,14 @@ class ServiceContainer:
                         # replays only what an election established), whatever the counter says.
                         limit = join.max_log_position
                     agent.replaying = log_is_replay
-                    work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
+                    if self._hold_egress is not None:
+                        self._hold_egress()
+                        try:
+                            work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
+                        finally:
+                            self._release_egress()
+                    else:
+                        work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
                 if agent.snapshot_request is not None:
                     await self._take_snapshot(agent)
                     work += 1

@@ -247,6 +247,46 @@ async def test_a_lone_offer_from_another_thread_is_sent_by_that_thread(tmp_path)
             await _until(lambda: driver.system.datagrams_sent.get() > before, 5.0)  # counted
 
 
+async def test_offers_another_thread_holds_go_out_together_when_it_releases_them(tmp_path):
+    # The service thread around a batch of log entries: the replies it offers meanwhile are not
+    # sent one datagram each as they come, but together at the release, by that thread.
+    import threading
+
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9, exclusive=False)
+        await _until(lambda: pub.is_connected)
+        await _until(lambda: driver._sender_parked[0] == 1, 5.0)
+        senders: list[int] = []
+        raw_send = driver._raw_send
+
+        def recording_send(sock, data, addr):
+            senders.append(threading.get_ident())
+            raw_send(sock, data, addr)
+
+        driver._raw_send = recording_send
+        sent_while_held: list[int] = []
+
+        def batch() -> int:
+            driver.hold_sends()
+            for i in range(20):
+                assert pub.offer(b"reply %d" % i) > 0
+            sent_while_held.append(len(senders))
+            driver.release_sends()
+            return threading.get_ident()
+
+        worker = await trio.to_thread.run_sync(batch)
+        got: list[bytes] = []
+        await _receive(sub, 20, got, timeout=5.0)
+        assert got == [b"reply %d" % i for i in range(20)]
+        assert sent_while_held == [0]  # nothing left while held
+        assert senders and set(senders) == {worker}
+        assert len(senders) < 20  # packed into fewer datagrams than replies
+        assert not driver._foreign_holds  # released
+
+
 async def test_multi_destination_subscription_with_a_session_id_sees_only_that_session(tmp_path):
     port = free_udp_port()
     dest = f"aeron:udp?endpoint=127.0.0.1:{port}"
