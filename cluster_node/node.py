@@ -111,6 +111,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
                 )
                 agent.service_bell = container.commit_doorbell.name
+                agent.service_parked = container.is_parked
                 service_ended = trio.Event()
 
                 def on_service_exit() -> None:  # on the service thread, as it ends

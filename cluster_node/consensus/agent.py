@@ -198,6 +198,10 @@ class ConsensusAgent:
         self.driver = driver
         self.archive = archive
         self.service_bell = service_bell
+        self.service_parked = None
+        """``service_parked() -> bool``: whether the service thread is parked on its doorbell
+        (node.py sets it). A commit rings the doorbell only then: a busy service reads the
+        commit position anyway before it parks, and a ring is a system call per commit."""
         self.service_count = service_count
         self.wait_recording = None
         """``await wait_recording(recording_id, timeout_s, beyond)``: the local archive's progress
@@ -536,7 +540,9 @@ class ConsensusAgent:
             self.timers.on_commit(e.position)
             if m.role == Role.LEADER:
                 self.pending.on_commit(e.position)
-            ring(self.service_bell)
+            parked = self.service_parked
+            if parked is None or parked():
+                ring(self.service_bell)
         elif t is fx.RoleChanged:
             self.counters["role"].set(e.role)
             if e.role != Role.LEADER:
@@ -1042,7 +1048,12 @@ class ConsensusAgent:
                 self._local_reader_image = self._local_reader.image_by_session_id(self.local.session_id) \
                     if self.local else None
             if self._local_reader_image is not None:
-                work += self._copy(self._local_reader_image, self._mdc)
+                copied = self._copy(self._local_reader_image, self._mdc)
+                if copied:
+                    # Out to the followers now rather than at the end of the pass: they work on
+                    # it (on the other core) while this pass records it and does the rest.
+                    work += copied + self.driver.release_sends()
+                    self.driver.hold_sends()
         return work
 
     def _follower_work(self) -> int:

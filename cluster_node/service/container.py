@@ -112,6 +112,7 @@ class ServiceContainer:
         # batch ends (the driver's hold_sends/release_sends, from this thread) rather than as a
         # datagram each.
         self._hold_egress = hold_egress
+        self._parked = False
         self._release_egress = release_egress
         self.service_id = service_id
         if idle_timeout_s is None:
@@ -387,6 +388,10 @@ class ServiceContainer:
         per park cost about 7x the wait itself, once per log entry on every member)."""
         bell = self.commit_doorbell
         self._drain_bell()
+        # Parked from here: the consensus module rings for a commit only while this is set (it
+        # writes the commit position first and reads this flag after; the GIL orders the two
+        # threads' steps, so either it sees the flag or the read below sees its commit).
+        self._parked = True
         commit = self._commit_position()
         wait_log = log_sub is not None and image is not None and image.position < commit
         from_cm.set_parked(True)
@@ -400,10 +405,15 @@ class ServiceContainer:
                 return
             await bell.wait(self.idle_timeout_s)
         finally:
+            self._parked = False
             from_cm.set_parked(False)
             if wait_log:
                 log_sub.set_parked(False)
         self._drain_bell()
+
+    def is_parked(self) -> bool:
+        """Whether the service thread waits on its doorbell (see :meth:`_park`)."""
+        return self._parked
 
     def _drain_bell(self) -> None:
         if NEW_PUBLICATION in self.commit_doorbell.drain() and self._ipc is not None:
