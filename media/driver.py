@@ -86,7 +86,6 @@ from media.channel import (
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
-from media.alarm import Timers
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
@@ -298,10 +297,7 @@ class MediaDriver:
         self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
         self._sender_caught_up = False  # the parked sender had sent all that was offered
         self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
-        # The deadlines of the sender's and conductor's parks (media.alarm: an expiring cancel
-        # scope costs an idle wake-up about 100 us of CPU more), and of other duty cycles of this
-        # thread that ask (timers).
-        self.timers = Timers()
+        self._sender_scope: trio.CancelScope | None = None  # the parked sender's timeout
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
@@ -330,7 +326,6 @@ class MediaDriver:
         # duty cycle that claimed it (claim_receive).
         self._rx_epoll = select.epoll()
         self._rx_handlers: dict[int, Callable[[], int]] = {}
-        self._rx_register(self.timers.alarm, self.timers.fire)
         self._rx_claimed_by: object | None = None
         self._rx_scope: trio.CancelScope | None = None
         self._rx_unclaimed: trio.Event | None = None
@@ -743,7 +738,10 @@ class MediaDriver:
                 await trio.lowlevel.checkpoint()
                 continue
             wake_ns = self._sender_wake_ns(now)
-            await self.timers.sleep_until(self._sender_event, wake_ns)
+            with trio.move_on_after(max(0, wake_ns - time.monotonic_ns()) / 1e9) as scope:
+                self._sender_scope = scope
+                await self._sender_event.wait()
+            self._sender_scope = None
             self._sender_parked[0] = 0
 
     def _all_sent(self) -> bool:
@@ -770,8 +768,10 @@ class MediaDriver:
         """After a send made for the parked sender (``_after_append``), move its wake-up to the
         duty it would compute now: the deadline it parked with may have been for the very work
         just done (a heartbeat), and waking for it would cost a step that finds nothing."""
-        if self._sender_parked[0]:
-            self.timers.move(self._sender_event, self._sender_wake_ns(now))
+        scope = self._sender_scope
+        if scope is None:
+            return
+        scope.deadline = trio.current_time() + max(0, self._sender_wake_ns(now) - now) / 1e9
 
     def _work_publication(self, np: _NetPublication, now: int, sends: list, foreign: bool = False) -> int:
         """One publication's sender duty: what its core says to send now, to every destination.
@@ -1042,29 +1042,18 @@ class MediaDriver:
 
     # ------------------------------------------------------------------ receiving
 
-    def _rx_register(self, sock, handler: Callable[[], int]) -> None:
+    def _rx_register(self, sock: socket.socket, handler: Callable[[], int]) -> None:
         fd = sock.fileno()
         self._rx_handlers[fd] = handler
         self._rx_epoll.register(fd, select.EPOLLIN)
 
-    def _rx_unregister(self, sock) -> None:
+    def _rx_unregister(self, sock: socket.socket) -> None:
         fd = sock.fileno()
         if fd >= 0 and self._rx_handlers.pop(fd, None) is not None:
             try:
                 self._rx_epoll.unregister(fd)
             except (OSError, ValueError):
                 pass
-
-    def watch_receive(self, fileobj, handler: Callable[[], int]) -> None:
-        """Add a file descriptor of the caller's (``fileno()``) to the set the receiver waits on:
-        whoever runs :meth:`receive_work` calls ``handler`` when it is readable. A claimant of the
-        receive (:meth:`claim_receive`) thus waits for its own timer (a media.alarm.Alarm) in the
-        same wait as for datagrams, with no cancel scope. The handler must make the fd unreadable
-        (consume what made it readable) and return a count of work done (0 is fine)."""
-        self._rx_register(fileobj, handler)
-
-    def unwatch_receive(self, fileobj) -> None:
-        self._rx_unregister(fileobj)
 
     def receive_work(self) -> int:
         """Read what waits in the driver's sockets, without blocking; return datagrams read.
@@ -1373,7 +1362,8 @@ class MediaDriver:
                         counter.set(fn())
             event = self._conductor_event = trio.Event()
             due = self._coalesce(deadline, now)
-            await self.timers.sleep_until(event, due)
+            with trio.move_on_after(max(0, due - time.monotonic_ns()) / 1e9):
+                await event.wait()
             if event.is_set():
                 due = min(due, time.monotonic_ns())  # woken early: on time by definition
 
@@ -1429,7 +1419,6 @@ class MediaDriver:
         except RuntimeError:
             pass  # not in a trio loop: nobody can be waiting on it
         self._rx_epoll.close()
-        self.timers.close()
         self.ipc.close()
         self._closed = True
         self.system.close()

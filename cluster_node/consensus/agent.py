@@ -82,7 +82,6 @@ from cluster_node.consensus.snapshot import (
 from cluster_node.consensus.timers import Timers
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
-from media.alarm import Alarm
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
@@ -283,13 +282,8 @@ class ConsensusAgent:
         self.catchup_endpoint = ""
         self.stopping = False
         self._wake = trio.Event()
+        self._park_scope: trio.CancelScope | None = None
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
-        # While this agent reads the sockets its park is one wait on the driver's receive set,
-        # which also holds the driver's timers (its deadline) and this alarm, which other tasks
-        # of the thread ring to end the park early (media.alarm: no cancel scope either way).
-        self._alarm: Alarm | None = None
-        self._deadline_passed = False
-        self._awaiting_receive = False  # parked in driver.await_receive (see _on_wake)
         self._service_drained = trio.Event()
         self.suspended = False
         self.errors = 0
@@ -1125,8 +1119,6 @@ class ConsensusAgent:
         of the driver's receiver task. The claim is handed back around anything that awaits
         something else (:meth:`_execute`, :meth:`_complete_snapshot`)."""
         driver = self.driver
-        alarm = self._alarm = Alarm()
-        driver.watch_receive(alarm, self._on_alarm)
         driver.claim_receive()
         self._reads_sockets = True
         try:
@@ -1134,9 +1126,6 @@ class ConsensusAgent:
         finally:
             driver.release_sends()
             driver.unclaim_receive()
-            driver.unwatch_receive(alarm)
-            self._alarm = None
-            alarm.close()
 
     async def _run(self, driver) -> None:
         m = self.module
@@ -1547,7 +1536,6 @@ class ConsensusAgent:
         if nominate_at is not None:
             deadline_ns = min(deadline_ns, max(now, nominate_at))
         timeout_s = max(0.0, (deadline_ns - now) / 1e9)
-        deadline_ns = max(now, deadline_ns)
         wake = self._wake = trio.Event()
         ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
         for sub in (self._consensus_sub, self._follower_sub, ingress):
@@ -1566,15 +1554,15 @@ class ConsensusAgent:
                     nursery.cancel_scope.cancel()
 
                 async def other_waiter() -> None:
-                    await self._wait_input(timeout_s, deadline_ns)
+                    await self._wait_input(timeout_s)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(replay_waiter)
                 nursery.start_soon(other_waiter)
             return
-        await self._wait_input(timeout_s, deadline_ns)
+        await self._wait_input(timeout_s)
 
-    async def _wait_input(self, timeout_s: float, deadline_ns: int) -> None:
+    async def _wait_input(self, timeout_s: float) -> None:
         """Wait until one of this agent's inputs has something (:meth:`_on_wake`: a subscription's
         wake hook, the service's doorbell task) or the timeout passes.
 
@@ -1582,47 +1570,27 @@ class ConsensusAgent:
         them ends the wait (``driver.await_receive``), is read here, and the pass resumes only if it woke
         one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
         (the archive's) are handled by the read alone: a full pass for each would cost more
-        than the read and would move the agent's heartbeats off the driver's timer grid.
-
-        The deadline is kept by the driver's timers, whose alarm is in the same receive set, and
-        another task wakes the park by ringing this agent's alarm, also in that set: neither
-        costs a cancel scope (media.alarm), and a deadline shared with the driver's heartbeats
-        on the timer grid is one wake-up of the process."""
+        than the read and would move the agent's heartbeats off the driver's timer grid."""
         wake = self._wake
-        driver = self.driver
-        alarm = self._alarm
-        if alarm is not None and self._reads_sockets and driver.receive_claimed:
-            self._deadline_passed = False
-            driver.timers.schedule(self, deadline_ns, self._on_deadline)
+        with trio.move_on_after(timeout_s) as scope:
+            self._park_scope = scope
             try:
-                while not (wake.is_set() or self._deadline_passed):
-                    self._awaiting_receive = True
-                    try:
-                        received = await driver.await_receive()
-                    finally:
-                        self._awaiting_receive = False
-                    if not received:
-                        break  # another task claimed the sockets (not expected): run a pass
-                    driver.receive_work()
+                if self._reads_sockets and self.driver.receive_claimed:
+                    driver = self.driver
+                    while not wake.is_set():
+                        if not await driver.await_receive():
+                            break  # another task claimed the sockets (not expected): run a pass
+                        driver.receive_work()
+                else:
+                    await wake.wait()
             finally:
-                driver.timers.unschedule(self)
-            return
-        await driver.timers.sleep_until(wake, deadline_ns)
-
-    def _on_alarm(self) -> int:
-        self._alarm.clear()  # rung by _on_wake: the park loop sees the event
-        return 0
-
-    def _on_deadline(self) -> None:
-        self._deadline_passed = True
+                self._park_scope = None
 
     def _on_wake(self) -> None:
         self._wake.set()
-        if self._awaiting_receive:
-            # Another task of this thread (the service's waiter, the driver's conductor): end
-            # the park's wait on the receive set by firing the alarm in it. A wake-up from this
-            # agent's own receive_work needs nothing: the park loop checks the event.
-            self._alarm.ring()
+        scope = self._park_scope
+        if scope is not None:
+            scope.cancel()
 
     async def _service_waker(self) -> None:
         """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
