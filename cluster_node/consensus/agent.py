@@ -523,6 +523,10 @@ class ConsensusAgent:
             if unclaimed:
                 self.driver.claim_receive()
 
+    def _service_ring_allowed(self, now: int) -> bool:
+        """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
+        return self.module.role == Role.LEADER or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS
+
     def _ring_service(self) -> None:
         self._service_ring_due = False
         self._service_rung_ns = self._now
@@ -550,7 +554,7 @@ class ConsensusAgent:
                 self.pending.on_commit(e.position)
             parked = self.service_parked
             if parked is None or parked():
-                if m.role == Role.LEADER or self._now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS:
+                if self._service_ring_allowed(self._now):
                     self._ring_service()
                 else:
                     self._service_ring_due = True  # rung by a later pass or the park's deadline
@@ -1214,7 +1218,7 @@ class ConsensusAgent:
             if effects:
                 await self._execute(effects)
                 work += 1
-            if self._service_ring_due and (m.is_leader or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS):
+            if self._service_ring_due and self._service_ring_allowed(now):
                 self._ring_service()
             if now // 1_000_000 - last_activity_ms >= 1000:
                 last_activity_ms = now // 1_000_000

@@ -112,8 +112,8 @@ class ServiceContainer:
         # batch ends (the driver's hold_sends/release_sends, from this thread) rather than as a
         # datagram each.
         self._hold_egress = hold_egress
-        self._parked = False
         self._release_egress = release_egress
+        self._parked = False  # waiting on the doorbell (see _park, is_parked)
         self.service_id = service_id
         if idle_timeout_s is None:
             # Everything the thread serves rings its doorbell (consensus messages, log data,
@@ -278,14 +278,14 @@ class ServiceContainer:
                         # replays only what an election established), whatever the counter says.
                         limit = join.max_log_position
                     agent.replaying = log_is_replay
-                    if self._hold_egress is not None:
-                        self._hold_egress()
-                        try:
-                            work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
-                        finally:
-                            self._release_egress()
-                    else:
+                    hold = self._hold_egress
+                    if hold is not None:
+                        hold()
+                    try:
                         work += image.bounded_poll(agent.on_log_fragment, limit, _FRAGMENT_LIMIT)
+                    finally:
+                        if hold is not None:
+                            self._release_egress()
                 if agent.snapshot_request is not None:
                     await self._take_snapshot(agent)
                     work += 1
