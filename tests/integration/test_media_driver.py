@@ -209,6 +209,21 @@ async def test_udp_publication_offered_from_another_thread_wakes_the_sender(tmp_
         await _until(lambda: sub.image_count == 0, 10.0)
 
 
+def _record_sending_threads(driver) -> list[int]:
+    """From now on, the id of the thread that makes each of the driver's datagram sends."""
+    import threading
+
+    senders: list[int] = []
+    raw_send = driver._raw_send
+
+    def recording_send(sock, data, addr):
+        senders.append(threading.get_ident())
+        raw_send(sock, data, addr)
+
+    driver._raw_send = recording_send
+    return senders
+
+
 async def test_a_lone_offer_from_another_thread_is_sent_by_that_thread(tmp_path):
     # The service thread's egress: a reply offered while the driver's sender is parked goes out
     # from the offering thread (under the publication's lock), not after a wake-up of the
@@ -222,14 +237,7 @@ async def test_a_lone_offer_from_another_thread_is_sent_by_that_thread(tmp_path)
         pub = driver.add_publication(channel, 9, exclusive=False)
         await _until(lambda: pub.is_connected)
         got: list[bytes] = []
-        senders: list[int] = []
-        raw_send = driver._raw_send
-
-        def recording_send(sock, data, addr):
-            senders.append(threading.get_ident())
-            raw_send(sock, data, addr)
-
-        driver._raw_send = recording_send
+        senders = _record_sending_threads(driver)
         for i in range(3):
             await _until(lambda: driver._sender_parked[0] == 1, 5.0)
             before = driver.system.datagrams_sent.get()
@@ -259,14 +267,7 @@ async def test_offers_another_thread_holds_go_out_together_when_it_releases_them
         pub = driver.add_publication(channel, 9, exclusive=False)
         await _until(lambda: pub.is_connected)
         await _until(lambda: driver._sender_parked[0] == 1, 5.0)
-        senders: list[int] = []
-        raw_send = driver._raw_send
-
-        def recording_send(sock, data, addr):
-            senders.append(threading.get_ident())
-            raw_send(sock, data, addr)
-
-        driver._raw_send = recording_send
+        senders = _record_sending_threads(driver)
         sent_while_held: list[int] = []
 
         def batch() -> int:
