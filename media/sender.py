@@ -92,7 +92,8 @@ class SenderStats:
     status_received: int = 0
     naks_received: int = 0
     naks_ignored: int = 0
-    status_ignored: int = 0
+    status_ahead: int = 0
+    """Status messages reporting a position beyond the sender's (counted at the sender position)."""
     stalls: int = 0
 
 
@@ -175,11 +176,17 @@ class SenderCore:
             return
         consumed = self.position_of(sm.consumption_term_id, sm.consumption_term_offset)
         if consumed > self.sender_position:
-            # Nobody can have consumed what was never sent: a stale, forged or misrouted status
-            # message. Letting it raise the limit would run the sender past the receiver's window
-            # and out of the retransmit buffer, a stall that no NAK can repair.
-            self.stats.status_ignored += 1
-            return
+            # The receiver holds more than this sender sent. That is legitimate when its image
+            # also takes the stream from elsewhere: a multi-destination subscription that merges
+            # a replay of this stream (a cluster follower's catchup, replayed from an archive that
+            # records the stream ahead of this sender, e.g. after this process was stopped).
+            # It can also be stale, forged or misrouted. Either way it is an answer (connection,
+            # SETUP, liveness): ignoring it would leave a sender that stalled waiting forever for a
+            # receiver that can only ever report that position. But flow control counts it at the
+            # sender position: a limit raised from a position never sent would run the sender
+            # past the receivers' real windows and out of the retransmit buffer.
+            self.stats.status_ahead += 1
+            consumed = self.sender_position
         self.last_status_ns = now_ns
         limit = consumed + min(sm.receiver_window, self.term_length // 2)
         rcv = self.receivers.get(sm.receiver_id)

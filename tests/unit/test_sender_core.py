@@ -541,15 +541,44 @@ def test_setup_request_status_message_does_not_move_the_flow_limit():
         assert rig.core.setup_wanted
 
 
-def test_status_message_beyond_the_sender_position_is_ignored():
-    rig = Rig()
-    rig.work(T0)
-    rig.status(0, TL // 2, T0)
-    rig.publish(4)
-    rig.work(T0 + MS)
-    sent = rig.core.sender_position
-    rig.status(sent + 10 * TL, TL // 2, T0 + 2 * MS)  # nobody consumed what was never sent
-    assert rig.core.flow_limit == TL // 2 and rig.core.stats.status_ignored == 1
+def test_status_message_beyond_the_sender_position_counts_at_the_sender_position():
+    for mdc in (False, True):
+        rig = Rig(mdc=mdc)
+        rig.work(T0)
+        rig.status(0, TL // 4, T0)
+        rig.publish(4)
+        rig.work(T0 + MS)
+        sent = rig.core.sender_position
+        assert sent > 0
+        # Nobody consumed what this sender never sent: the limit does not follow that position.
+        rig.status(sent + 10 * TL, TL // 4, T0 + 2 * MS)
+        assert rig.core.flow_limit == sent + TL // 4 and rig.core.stats.status_ahead == 1
+        assert rig.core.receivers[1].last_seen_ns == T0 + 2 * MS
+
+
+def test_a_stalled_sender_is_answered_by_a_receiver_that_got_the_stream_ahead_of_it_elsewhere():
+    """A cluster follower's image merges the leader's live log with a catchup replay from the
+    leader's archive, which recorded the log further than the live sender got before its process
+    stopped. The follower's status messages then report a position beyond the sender's; they
+    still answer the stall's SETUP, and the sender resumes (what the receiver has is a duplicate
+    for it, the rest is new)."""
+    for mdc in (False, True):
+        rig = Rig(config=STALL_CFG, mdc=mdc)
+        core = rig.core
+        rig.work(T0)
+        rig.status(0, TL // 2, T0)
+        rig.publish(3)
+        now = _running(rig, T0 + MS, T0 + 1000 * MS)
+        sent = core.sender_position
+        rig.publish(4)
+        resumed = now + 1500 * MS
+        assert kinds(rig.work(resumed)) == ["setup", "hb"]
+        assert not core.sending_data
+        ahead = sent + 2 * 160  # two of the four messages came by the replay
+        rig.status(ahead, TL // 2, resumed + 101 * MS)
+        assert core.sending_data and not core.setup_wanted
+        out = rig.work(resumed + 102 * MS)
+        assert kinds(out) == ["data"] and data_span(core, out[0]) == (sent, sent + 4 * 160)
 
 
 def test_nak_at_time_zero_is_answered():
