@@ -771,7 +771,11 @@ class ConsensusAgent:
         if not self._joined(local):
             return 0
         work = self._copy(image, local.pub, to)
-        work += self._adapter_poll(to)
+        applied = self._adapter_poll(to)
+        if applied:
+            work += applied
+            # What the adapter applied is committed: the service may follow (module docstring).
+            self.module.on_replay_progress(replay_id, self._adapter_position())
         if local.pub.position >= to and self._adapter_position() >= to:
             self._replay = None
             sub.close()

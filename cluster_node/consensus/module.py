@@ -16,6 +16,7 @@ Inputs
 ``on_log_recording_stopped(position, now_ns)``         after ``StopLogRecording``
 ``on_log_image(join_position, now_ns)``                the follower's log image appeared
 ``on_log_end_of_stream(now_ns)``                       the leader closed the log gracefully
+``on_replay_progress(replay_id, position)``            a replay's entries applied up to here
 ``on_replay_done(replay_id, now_ns)``                  after ``StartReplay``
 ``on_replication_done(replication_id, now_ns)``        after ``StartReplication``
 ``on_replication_failed(replication_id, reason, now)``
@@ -740,6 +741,19 @@ class ConsensusModule:
         if self.election is None and self.role != Role.LEADER:
             self.graceful_closed_leader_id = self.leader_member_id
             self.enter_election(now_ns, "leader closed the log")
+
+    def on_replay_progress(self, replay_id: int, position: int) -> None:
+        """The log adapter applied the entries of replay ``replay_id`` up to ``position``.
+
+        An election replays only what it established as committed (a quorum holds the leader's
+        log; a follower's log under the leader's commit position), so the commit position
+        follows the replay as it is applied. The service, bounded by the commit position, then
+        never runs ahead of the consensus module, and a replay cut short by a new election
+        leaves the commit position exactly where both stopped applying: the next replay starts
+        there. (Advanced only at the end, it left the commit position at the replay's start, and
+        the next replay applied everything before the cut a second time.)"""
+        if replay_id == self.active_replay_id:
+            self.advance_commit_position(position)
 
     def on_replay_done(self, replay_id: int, now_ns: int) -> None:
         if replay_id == self.active_replay_id:

@@ -274,9 +274,9 @@ class ServiceContainer:
                     if join is not None and log_key[2] != join.log_session_id:
                         limit = min(limit, join.log_position)  # old image: up to the new log's start
                     elif join is not None and join.max_log_position != NULL_POSITION:
-                        # A replay: everything up to its end is committed (the consensus module
-                        # replays only what an election established), whatever the counter says.
-                        limit = join.max_log_position
+                        # A replay: the commit position follows what the consensus module has
+                        # applied of it, so a replay cut short leaves both at the same place.
+                        limit = min(limit, join.max_log_position)
                     agent.replaying = log_is_replay
                     hold = self._hold_egress
                     if hold is not None:

@@ -17,6 +17,8 @@ member's archive up to the common commit position, compared byte for byte).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -32,8 +34,11 @@ from tests.support.cluster import (
     Status,
     TestCluster,
     open_kv_client,
+    SLOW_PREFIX,
     read_digest_keys,
     read_digests,
+    slow_flag,
+    slow_seen,
 )
 
 HEARTBEAT_TIMEOUT_S = 2.0
@@ -463,3 +468,51 @@ async def test_second_node_on_the_same_directory_refuses_to_start(cluster: TestC
     assert len(lines) == 1 and lines[0].startswith("Error:") and str(node.dir) in lines[0], message
     assert "in use" in lines[0] or "running" in lines[0] or "already" in lines[0], message
     assert node.running, "the first node died\n" + cluster.diagnostics()
+
+
+@pytest.mark.slow
+async def test_follower_replay_cut_short_by_an_election_applies_nothing_twice(tmp_path) -> None:
+    """A restarted follower replays its log into its service; the leader goes silent halfway
+    (SIGSTOP), so the follower's election starts again and replays once more. What its service
+    and consensus module applied before the cut must not be applied a second time (the log
+    entries are kv APPENDs, which show a second application), and nothing may be skipped.
+
+    The follower's service is made slow during the replay (``__slow__`` entries, for that member
+    only), and a small log term keeps the replay from running far ahead of it, so the cut falls
+    inside the replay."""
+    with TestCluster(tmp_path, log_term_length=64 * 1024) as cluster:
+        leader = cluster.start()
+        follower = next(n.member_id for n in cluster.nodes if n.member_id != leader)
+        tokens = {f"t{i}": f"tok{i % 4}" for i in range(400)}
+        async with open_kv_client(cluster.client_config) as kv:
+            replies = await kv.pipeline([Append(kv.next_id(), key, f"{t};".encode()) for t, key in tokens.items()],
+                                        timeout=30)
+            assert all(r.status == Status.OK for r in replies.values())
+            await put_keys(kv, cluster, {f"{SLOW_PREFIX}{i}": b"" for i in range(1500)})
+            await put_keys(kv, cluster, {f"pad{i}": b"p" * 1024 for i in range(600)})
+            await cluster.await_for(lambda: cluster.caught_up([n.member_id for n in cluster.nodes]), 20, "caught up")
+
+            cluster.nodes[follower].kill()
+            slow_flag(cluster.digest_dir, follower).touch()
+            cluster.restart(follower)
+            await cluster.await_for(lambda: slow_seen(cluster.digest_dir, follower).exists(), 30,
+                                    f"member {follower} replaying its log slowly")
+            paused = cluster.nodes[leader].pid
+            os.kill(paused, signal.SIGSTOP)
+            try:
+                await cluster.await_for(
+                    lambda: any(e.get("reason") == "leader silent during follower replay"
+                                for e in cluster.nodes[follower].log_events()),
+                    15, f"member {follower}'s replay cut short by the silent leader")
+            finally:
+                slow_flag(cluster.digest_dir, follower).unlink()
+                os.kill(paused, signal.SIGCONT)
+            await cluster.await_leader(30)
+            got = await read_keys(kv, cluster, sorted(set(tokens.values())))
+            seen: dict[str, int] = {}
+            for value in got.values():
+                for t in (value or b"").decode().split(";"):
+                    if t:
+                        seen[t] = seen.get(t, 0) + 1
+            assert seen == {t: 1 for t in tokens}, f"tokens not applied exactly once: {seen}"
+            await assert_same_state(kv, cluster, "after-cut-replay")

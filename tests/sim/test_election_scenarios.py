@@ -181,6 +181,31 @@ def test_late_follower_in_the_same_term_replays_and_catches_up() -> None:
     _no_violations(sim)
 
 
+def test_a_follower_replay_cut_short_by_a_silent_leader_goes_on_where_it_stopped() -> None:
+    """A restarted follower replays its log slowly; the leader goes silent (paused) halfway, so
+    the follower's election starts again. What it applied of the cut replay is committed (the
+    commit position follows the replay), and the next replay starts exactly there: nothing
+    applied twice, nothing skipped (the simulator checks every replay's start against what the
+    member applied)."""
+    sim = _sim(seed=5, member_count=3, clients=1, client_interval_ns=5 * MS, replay_entry_ns=10 * MS)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    leader = sim.leader()
+    follower = next(i for i in range(3) if i != leader)
+    sim.run_for(600 * MS)
+    sim.clients_active = False
+    sim.run_for(100 * MS)
+    sim.crash(follower)
+    sim.restart(follower)
+    member = sim.members[follower]
+    assert sim.run_until(lambda: member.applied > 0, 3_000 * MS)
+    assert member.applied < member.archive.stop, "the replay should still be going"
+    sim.pause(leader, 1_500 * MS)
+    assert sim.run_until(lambda: "leader silent during follower replay" in _reasons(sim, follower), 2_000 * MS)
+    assert 0 < sim.core(follower).commit_position == member.applied < member.archive.stop
+    _stop_clients_and_converge(sim)
+    _no_violations(sim)
+
+
 def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     sim = _sim(seed=11, member_count=3, clients=1, client_interval_ns=10 * MS)
     assert sim.run_until(sim.converged, 2_000 * MS)

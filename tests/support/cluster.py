@@ -68,7 +68,7 @@ from cluster_node.service.examples.kv import (
     decode_reply,
     encode_request,
 )
-from media.counters import CountersError, CountersReader
+from media.counters import CounterType, CountersError, CountersReader
 
 ROOT = Path(__file__).resolve().parents[2]
 S = 1_000_000_000
@@ -340,7 +340,27 @@ class Node:
         else:
             status = f"exited rc={self.proc.returncode} (pid {self.pid})"
         c = self.counters()
-        return f"node {self.member_id}: {status}; counters {c}"
+        return f"node {self.member_id}: {status}; counters {c}" + self._log_stream_positions()
+
+    _STREAM_POSITION_TYPES = {
+        CounterType.PUBLISHER_POS: "pub-pos", CounterType.SENDER_POSITION: "snd-pos",
+        CounterType.SENDER_LIMIT: "snd-lmt", CounterType.RECEIVER_HWM: "rcv-hwm",
+        CounterType.RECEIVER_POS: "rcv-pos", CounterType.SUBSCRIBER_POSITION: "sub-pos",
+    }
+
+    def _log_stream_positions(self) -> str:
+        """The media positions of the replicated log's UDP stream on this member (where a
+        stalled log stands: sender behind, receivers waiting, ...)."""
+        if self._reader is None:
+            return ""
+        marker = f"stream={self.cfg.cluster.log_stream_id} "
+        try:
+            found = [(self._STREAM_POSITION_TYPES[i.type_id], i.value, i.label.split(" ")[1])
+                     for i in self._reader.counters() if i.type_id in self._STREAM_POSITION_TYPES
+                     and marker in i.label + " "]
+        except (CountersError, IndexError):
+            return ""
+        return "".join(f"\n    log {name} {value} {session}" for name, value, session in found)
 
 
 def _without_timestamp(line: str) -> str:
@@ -677,6 +697,18 @@ SERVICE_MESSAGE_PREFIX = "__svcmsg__"
 SERVICE_APPLIED_PREFIX = "__svc__"
 CLOSED_PREFIX = "__closed__"
 FAIL_SNAPSHOT_KEY = "__failsnapshot__"
+SLOW_PREFIX = "__slow__"
+SLOW_APPLY_S = 0.005
+
+
+def slow_flag(digest_dir: Path, member_id: int) -> Path:
+    """While this file exists, member ``member_id``'s service takes SLOW_APPLY_S over each
+    ``__slow__`` PUT it applies, and creates :func:`slow_seen` at the first."""
+    return Path(digest_dir) / f"slow-member{member_id}"
+
+
+def slow_seen(digest_dir: Path, member_id: int) -> Path:
+    return Path(digest_dir) / f"slow-member{member_id}.seen"
 
 
 class DigestKvService(KeyValueService):
@@ -691,7 +723,10 @@ class DigestKvService(KeyValueService):
     * a PUT of ``__svcmsg__<n>`` makes the service offer a service message (``Cluster.offer``)
       that appends one ``x`` to ``__svc__<n>`` when it comes back through the log;
     * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
-    * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises.
+    * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
+    * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
+      exists (a slow state machine for one member only, e.g. during its replay: the log
+      entries themselves are the same on every member).
     """
 
     def on_session_close(self, session, timestamp: int, close_reason) -> None:
@@ -721,6 +756,11 @@ class DigestKvService(KeyValueService):
             elif key.startswith(SERVICE_MESSAGE_PREFIX):
                 n = key[len(SERVICE_MESSAGE_PREFIX):]
                 self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{SERVICE_APPLIED_PREFIX}{n}", b"x"]))
+            elif key.startswith(SLOW_PREFIX):
+                directory = os.environ.get(DIGEST_DIR_ENV)
+                if directory and slow_flag(Path(directory), self.cluster.member_id).exists():
+                    slow_seen(Path(directory), self.cluster.member_id).touch()
+                    time.sleep(SLOW_APPLY_S)  # the slow state machine itself, not a wait
         if (isinstance(request, list) and len(request) == 3 and request[0] == 2
                 and isinstance(request[2], str) and request[2].startswith(DIGEST_PREFIX)):
             digest = state_digest(self.data)

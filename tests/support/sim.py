@@ -7,7 +7,8 @@ single blocked link), members crash (losing everything but node-state, recording
 the archive), sometimes in the middle of executing one step's effects, restart from what they
 persisted, or pause (SIGSTOP) and resume with stale beliefs. A leader's archive records its own
 publication a tick after sending it, so a crashing leader can lose a tail its followers hold;
-replication and catchup replays copy a few entries per tick. Clients submit messages to whoever
+replication and catchup replays copy a few entries per tick, and replays into the service may
+take time per entry (reporting their progress, so an election can cut one short). Clients submit messages to whoever
 they believe leads; the leader acknowledges them once committed.
 
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
@@ -160,6 +161,11 @@ class SimMember:
         self.unrecorded: list[tuple[int, int, int, object]] = []
         """Leader: entries published but not yet recorded by its own archive (lost on crash)."""
         self.last_commit = -1
+        self.applied = 0
+        """Where this process's log adapter and service have applied the log to: the commit
+        position as it advances, and a replay's progress (which the process reports to the
+        core, whatever the core makes of it)."""
+        self.active_replay: int | None = None
         self.pending_acks: list[tuple[int, int, bytes, int]] = []  # end, term, payload, client
 
 
@@ -186,6 +192,10 @@ class SimConfig:
     """A run that needs more events than this is stopped and reported (a message storm)."""
     chunk_entries: int = 1 << 30
     """Entries a replication or catchup replay copies per tick (the live log: everything)."""
+    replay_entry_ns: int = 0
+    """Time a replay into the service takes per entry, reported in steps of a quarter
+    (``on_replay_progress``), so that an election can cut a replay short; 0: each replay is
+    done 1 ms after it starts."""
 
 
 @dataclass
@@ -322,6 +332,8 @@ class Simulation:
         )
         m.reported_stop = m.archive.stop
         m.last_commit = m.core.commit_position
+        m.applied = m.core.commit_position
+        m.active_replay = None
         m.pending_acks = []
         self._record(f"start {member_id}")
         self._schedule(self.rng.randrange(self.config.tick_ns), _TICK, (member_id, m.incarnation))
@@ -584,7 +596,7 @@ class Simulation:
             m.reported_stop = m.archive.stop
             self._record(f"truncate {mid} {e.position}")
         elif t is fx.StartReplay:
-            self._schedule(1 * MS, _REPLAY_DONE, (mid, m.incarnation, e.replay_id))
+            self._start_replay(m, e)
         elif t is fx.StartReplication:
             m.replication = (
                 e.replication_id,
@@ -612,7 +624,9 @@ class Simulation:
                     )
                 self.leaders_by_term[e.leadership_term_id] = mid
                 self._record(f"leader {mid} term {e.leadership_term_id}")
-        # RoleChanged, ElectionComplete, RollbackUncommitted, StopReplay: nothing to do here.
+        elif t is fx.StopReplay:
+            m.active_replay = None
+        # RoleChanged, ElectionComplete, RollbackUncommitted: nothing to do here.
 
     def _append_log(self, m: SimMember, message: object) -> None:
         if m.publication_session is None or m.recording_session != m.publication_session:
@@ -640,6 +654,40 @@ class Simulation:
                 break
             a.append(end - start, term, key)
         m.unrecorded.clear()
+
+    def _start_replay(self, m: SimMember, e: fx.StartReplay) -> None:
+        if e.from_position != m.applied:
+            what = "applies entries a second time" if e.from_position < m.applied else "skips entries"
+            self.violation(f"member {m.member_id} replays from {e.from_position}, applied up to {m.applied}: {what}")
+        m.active_replay = e.replay_id
+        a = m.archive
+        i, j = a.index_at(e.from_position), a.index_at(e.to_position)
+        if i < 0 or j < 0 or j < i:
+            self.violation(f"member {m.member_id} replays [{e.from_position}, {e.to_position}), not entries")
+            return
+        per_entry = self.config.replay_entry_ns
+        if per_entry <= 0 or j == i:
+            self._schedule(1 * MS, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
+            return
+        step = max(1, (j - i + 3) // 4)
+        k = i
+        while k < j:
+            k = min(j, k + step)
+            position = a.ends[k - 1]
+            self._schedule((k - i) * per_entry, _REPLAY_PROGRESS, (m.member_id, m.incarnation, e.replay_id, position))
+        self._schedule((j - i) * per_entry + 1, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
+
+    def _on_replay_progress(self, member_id: int, incarnation: int, replay_id: int, position: int) -> None:
+        m = self.members[member_id]
+        if not m.alive or m.incarnation != incarnation:
+            return
+        if self._deferred(m, _REPLAY_PROGRESS, (member_id, incarnation, replay_id, position)):
+            return
+        if m.active_replay != replay_id:
+            return  # stopped (StopReplay): nothing more of it is applied
+        m.applied = max(m.applied, position)
+        m.core.on_replay_progress(replay_id, position)
+        self._run_core(m)
 
     def _on_replay_done(self, member_id: int, incarnation: int, replay_id: int) -> None:
         m = self.members[member_id]
@@ -688,6 +736,7 @@ class Simulation:
         if position != (ends[i - 1] if i > 0 else 0) and position != 0:
             self.violation(f"member {mid} commit position {position} is inside an entry")
         m.last_commit = position
+        m.applied = max(m.applied, position)
         self._record(f"c {mid} {position}")
 
     def _after_step(self, m: SimMember) -> None:
@@ -922,8 +971,9 @@ class Simulation:
 
 
 _TICK, _DELIVER, _REPLAY_DONE, _CLIENT, _INGRESS, _REDIRECT, _ACK = range(7)
-_FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP = range(7, 13)
+_FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP, _REPLAY_PROGRESS = range(7, 14)
 _DISPATCH = {
+    _REPLAY_PROGRESS: Simulation._on_replay_progress,
     _TICK: Simulation._on_tick,
     _DELIVER: Simulation._on_deliver,
     _REPLAY_DONE: Simulation._on_replay_done,
@@ -953,6 +1003,7 @@ def random_config(seed: int) -> SimConfig:
         fault_duration_ns=r.choice((2, 3, 4)) * S,
         mean_fault_interval_ns=r.choice((200, 400, 800)) * MS,
         chunk_entries=r.choice((2, 8, 1 << 30)),
+        replay_entry_ns=r.choice((0, 0, MS // 5, 5 * MS)),
     )
 
 
