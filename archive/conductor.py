@@ -429,6 +429,7 @@ class Archive:
         session = self.active_recordings.get(recording_id)
         if session is None or session.stop_requested or session.image_gone:
             return 0
+        session.invoked = True
         return session.do_work()
 
     def _on_progress(self, recording_id: int, position: int) -> None:
@@ -653,7 +654,12 @@ class Archive:
                     if rs.stop_requested:
                         break
                     if work == 0:
-                        await sub.wait(_IDLE_WAIT_S)  # data, new images and stop all wake it
+                        # Data, new images, end of stream and stop all wake it; the writer of
+                        # a stream recorded by its own duty cycle (record_now) need not ring for
+                        # each append (a wasted step of this task per log entry otherwise).
+                        sessions = rs.sessions
+                        sub.writers_ring = not sessions or not all(s.invoked for s in sessions.values())
+                        await sub.wait(_IDLE_WAIT_S)
                     else:
                         await trio.lowlevel.checkpoint()
         finally:

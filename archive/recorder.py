@@ -67,6 +67,9 @@ class RecordingSession:
         self.position = writer.position
         self.stop_requested = False
         self.error: str | None = None
+        self.invoked = False
+        """A duty cycle of this thread writes the recording itself after each append
+        (ArchiveConductor.record_now): the recording task need not be woken for its data."""
         self._on_progress = on_progress
         self._block_length = block_length
         self._max_blocks = max_blocks_per_work

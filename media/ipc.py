@@ -258,7 +258,9 @@ class IpcTransport:
         sub._park_impl = park_impl
 
         async def wait_impl(timeout: float) -> None:
-            park_impl(True)
+            park = sub.writers_ring
+            if park:
+                park_impl(True)
             try:
                 # Re-check once parked: an append made before the flags were set rang nobody.
                 if not sub.has_data():
@@ -266,7 +268,8 @@ class IpcTransport:
                     await doorbell.wait(timeout if max_wait_s is None else min(timeout, max_wait_s))
             finally:
                 state.waiting = False
-                park_impl(False)
+                if park:
+                    park_impl(False)
             if NEW_PUBLICATION in doorbell.drain():
                 state.rescan = True
                 self._scan(state, time.monotonic_ns())

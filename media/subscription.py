@@ -360,6 +360,12 @@ class Subscription:
         self._images: tuple[Image, ...] = ()
         self._round_robin = 0
         self.spin_before_park = 0
+        self.writers_ring = True
+        """IPC: whether :meth:`wait` marks the images parked, so that a writer rings the
+        doorbell after its next append. False for a reader whose writer makes it read in the
+        writer's own step instead (the archive's recorder of the consensus module's log, see
+        ``ArchiveConductor.record_now``): it then wakes for image changes, end of stream, a
+        close, or its timeout only."""
         self.closed = False
         # Set by the driver: how to park for this transport, and what to do on close.
         self._wait_impl: Callable[[float], object] | None = None

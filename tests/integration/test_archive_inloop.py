@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from archive.client import ArchiveClient, ArchiveError, signal_is
 from archive.codecs import ArchiveErrorCode, RecordingSignal
@@ -171,4 +172,36 @@ async def test_record_now_writes_what_the_image_has_in_the_callers_step(tmp_path
                     await trio.sleep(0.01)
             assert pub.offer(b"y" * 100) > 0
             assert archive.record_now(rid) == 0  # stopped: no longer recorded
+            await client.close()
+
+
+async def test_a_recording_written_by_record_now_is_not_rung_for_each_append_and_still_ends(tmp_path):
+    """Once a duty cycle writes a recording itself (record_now after each append), the recording
+    task stops marking its image parked, so the writer's appends ring nobody (a wasted step of
+    that task per log entry otherwise); end of stream still wakes it and ends the recording."""
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        config = ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)
+        async with open_archive(driver, config) as archive:
+            client = await ArchiveClient.connect(driver)
+            rid, pub = await _record(client, driver, 1, 10)
+            (rs,) = archive.recording_subscriptions.values()
+            assert rs.subscription.writers_ring  # nobody invokes it yet: appends ring it
+            assert pub.offer(b"x" * 100) > 0
+            assert archive.record_now(rid) == 160
+            with trio.fail_after(10):
+                # Its task idles again, now without parking the image.
+                while rs.subscription.writers_ring:
+                    await trio.sleep(0.005)
+                await trio.testing.wait_all_tasks_blocked()
+            parked = [s for s in pub.log.active_slots() if s[4]]
+            assert parked == []  # no parked reader: an append rings nobody
+            for _ in range(5):
+                assert pub.offer(b"y" * 100) > 0
+                assert archive.record_now(rid) == 160
+            assert archive.recorded_position(rid) == (pub.position, True)
+            pub.close()  # end of stream rings every reader, parked or not
+            with trio.fail_after(10):
+                while archive.recorded_position(rid)[1]:
+                    await trio.sleep(0.01)
+            assert archive.recorded_position(rid) == (pub.position, False)
             await client.close()
