@@ -24,8 +24,9 @@ Inputs
 =====================================================  ==========================================
 
 Leader work (election closed): commit position = min(own recorded position, the highest position
-a quorum reported *in this term*); ``CommitPosition`` to every follower when it advances and at
-least every ``leader_heartbeat_interval_ns``; step down ("inactive follower quorum") when fewer
+a quorum reported *in this term*); ``CommitPosition`` to every follower when it advances (at most
+every ``commit_broadcast_interval_ns``, a departure from the reference, which sends each advance)
+and at least every ``leader_heartbeat_interval_ns``; step down ("inactive follower quorum") when fewer
 than a quorum reported within ``leader_heartbeat_timeout_ns``. Answers ``CanvassPosition`` with a
 ``NewLeadershipTerm`` built for that member's log, starts catchup replays on ``CatchupPosition``
 and stops them with ``StopCatchup``.
@@ -89,6 +90,11 @@ class ConsensusSettings:
     """A catching-up follower adds the live log destination once within this many bytes of the
     leader's commit position (a quarter of the default 64 MiB log term)."""
     app_version: int = codecs.compose_semantic_version(0, 0, 1)
+    commit_broadcast_interval_ns: int = 10 * _MS
+    """A settled leader tells the followers of a new commit position at most this often (and at
+    once when it has not for this long). Clients hear from the leader's service, which follows
+    the leader's own commit at once; a follower's commit only moves its service, so telling it
+    of every entry cost each follower a wake-up per message for nothing. 0: every advance."""
 
 
 class ConsensusModule:
@@ -156,6 +162,7 @@ class ConsensusModule:
         self._time_of_last_append_sent_ns = NULL_VALUE
         # Leader state.
         self._time_of_last_commit_sent_ns = NULL_VALUE
+        self._last_commit_sent = NULL_POSITION
         self.safety_alerts: list[str] = []
         """Refused unsafe actions (truncating below commit). Always empty in a correct run."""
         self.terminating = False
@@ -535,9 +542,12 @@ class ConsensusModule:
         now. The shell parks until then, so the heartbeat keeps its interval exactly."""
         if self.election is not None:
             return None
-        last = self._time_of_last_commit_sent_ns if self.role == Role.LEADER else self._time_of_last_append_sent_ns
+        leader = self.role == Role.LEADER
+        last = self._time_of_last_commit_sent_ns if leader else self._time_of_last_append_sent_ns
         if last == NULL_VALUE:
             return None
+        if leader and self.commit_position > self._last_commit_sent:
+            return last + min(self.settings.commit_broadcast_interval_ns, self.settings.leader_heartbeat_interval_ns)
         return last + self.settings.leader_heartbeat_interval_ns
 
     def _on_election_complete(self, now_ns: int) -> None:
@@ -547,6 +557,7 @@ class ConsensusModule:
         self.graceful_closed_leader_id = NULL_VALUE
         self.time_of_last_leader_message_ns = now_ns
         self._time_of_last_commit_sent_ns = NULL_VALUE
+        self._last_commit_sent = NULL_POSITION
         self._time_of_last_append_sent_ns = NULL_VALUE
         self._last_append_sent_position = NULL_POSITION
         if self.role == Role.LEADER:
@@ -566,17 +577,22 @@ class ConsensusModule:
         work = 0
         self.this_member.log_position = self.append_position
         new_commit = min(quorum_position(self.members, self.leadership_term_id), self.append_position)
-        heartbeat_due = (
-            self._time_of_last_commit_sent_ns == NULL_VALUE
-            or now_ns - self._time_of_last_commit_sent_ns
-            >= self.settings.leader_heartbeat_interval_ns
-        )
-        if new_commit > self.commit_position or heartbeat_due:
+        if new_commit > self.commit_position:
             self.advance_commit_position(new_commit)
+            work += 1
+        last = self._time_of_last_commit_sent_ns
+        since = now_ns - last
+        if (
+            last == NULL_VALUE
+            or since >= self.settings.leader_heartbeat_interval_ns
+            or (self.commit_position > self._last_commit_sent
+                and since >= self.settings.commit_broadcast_interval_ns)
+        ):
             self.broadcast(
                 codecs.CommitPosition(self.leadership_term_id, self.commit_position, self.member_id)
             )
             self._time_of_last_commit_sent_ns = now_ns
+            self._last_commit_sent = self.commit_position
             work += 1
         if not self.terminating and not has_active_quorum(
             self.members, self.member_id, now_ns, self.settings.leader_heartbeat_timeout_ns

@@ -206,6 +206,43 @@ def test_a_follower_replay_cut_short_by_a_silent_leader_goes_on_where_it_stopped
     _no_violations(sim)
 
 
+def test_the_leader_tells_followers_of_commits_at_most_every_broadcast_interval() -> None:
+    """Clients write every 2 ms; the leader's own commit follows each entry, but it sends the
+    followers a CommitPosition at most every commit_broadcast_interval_ns (10 ms), and once the
+    writes stop every follower learns the final commit position within that interval."""
+    from dataclasses import replace
+
+    from cluster_node import codecs
+    from tests.support.sim import SIM_SETTINGS
+
+    settings = replace(SIM_SETTINGS, commit_broadcast_interval_ns=10 * MS)
+    sim = _sim(seed=3, member_count=3, clients=1, client_interval_ns=2 * MS, settings=settings)
+    assert sim.run_until(lambda: sim.leader() is not None and sim.core(sim.leader()).commit_position > 0, 2_000 * MS)
+    leader = sim.leader()
+    sent: list[int] = []
+    original = sim.send
+
+    def counting_send(src, dst, message):
+        if src == leader and type(message) is codecs.CommitPosition:
+            sent.append(sim.now_ns)
+        return original(src, dst, message)
+
+    sim.send = counting_send
+    commits_before = sim.core(leader).commit_position
+    sim.run_for(1_000 * MS)
+    assert sim.core(leader).commit_position > commits_before
+    per_follower = len(sent) // 2
+    assert 40 <= per_follower <= 101, per_follower  # about every 10 ms, never more often
+    gaps = [b - a for a, b in zip(sent[::2], sent[2::2])]
+    assert min(gaps) >= 10 * MS
+    sim.clients_active = False
+    sim.run_for(50 * MS)
+    final = sim.core(leader).commit_position
+    for i in range(3):
+        assert sim.core(i).commit_position == final
+    _no_violations(sim)
+
+
 def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     sim = _sim(seed=11, member_count=3, clients=1, client_interval_ns=10 * MS)
     assert sim.run_until(sim.converged, 2_000 * MS)
