@@ -37,5 +37,5 @@ def test_the_checks_catch_a_leader_that_counts_old_term_replicas(monkeypatch) ->
 
     monkeypatch.setattr(election, "quorum_position", any_term_quorum_position)
     monkeypatch.setattr(module, "quorum_position", any_term_quorum_position)
-    caught = [seed for seed in (39, 220, 254) if run_seed(seed, stress=True).violations]
+    caught = [seed for seed in (4, 130, 137) if run_seed(seed, stress=True).violations]
     assert caught, "the invariant checks missed a known unsafe commit rule"

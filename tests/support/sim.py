@@ -1024,6 +1024,8 @@ def stress_config(seed: int) -> SimConfig:
         mean_fault_interval_ns=r.choice((100, 250)) * MS,
         delay_max_ns=r.choice((15, 60)) * MS,
         client_interval_ns=20 * MS,
+        replay_entry_ns=r.choice((0, MS // 5, 5 * MS)),
+        settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
     )
 
 
