@@ -1101,8 +1101,12 @@ def generate_loopback_cluster(
     appointed_leader_id: int = -1,
     cluster_id: int = 0,
     snapshot_interval: int = 0,
+    hosts: typing.Sequence[str] | None = None,
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
+
+    ``hosts`` gives member i the address ``hosts[i]`` instead (members in network namespaces of
+    their own, as the partition tests run them); the client's egress stays on ``host``.
 
     With ``base_port`` the ports are fixed and readable (ingress base+i, consensus base+100+i,
     log base+200+i, archive base+300+i, client egress base+400); without it every port is a
@@ -1115,16 +1119,19 @@ def generate_loopback_cluster(
         ports = free_fixed_udp_ports(4 * nodes + 1, host)
     else:
         ports = [base_port + 100 * k + i for k in range(4) for i in range(nodes)] + [base_port + 400]
+    if hosts is not None and len(hosts) != nodes:
+        raise ConfigError(f"hosts: {len(hosts)} given for {nodes} nodes")
+    member_hosts = list(hosts) if hosts is not None else [host] * nodes
     members = tuple(
         ClusterMember(
             id=i,
-            ingress=f"{host}:{ports[i]}",
-            consensus=f"{host}:{ports[nodes + i]}",
-            log=f"{host}:{ports[2 * nodes + i]}",
-            catchup=f"{host}:0",
-            archive=f"{host}:{ports[3 * nodes + i]}",
+            ingress=f"{h}:{ports[i]}",
+            consensus=f"{h}:{ports[nodes + i]}",
+            log=f"{h}:{ports[2 * nodes + i]}",
+            catchup=f"{h}:0",
+            archive=f"{h}:{ports[3 * nodes + i]}",
         )
-        for i in range(nodes)
+        for i, h in enumerate(member_hosts)
     )
     cluster = ClusterSection(
         members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,

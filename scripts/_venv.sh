@@ -17,6 +17,16 @@ ensure_java() {
     fi
 }
 
+# The partition tests put members in network namespaces with iproute2's "ip" (as root); install
+# it when missing and we can. Without it (or without root) those tests are skipped and say why.
+ensure_iproute2() {
+    if command -v ip >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        return
+    fi
+    echo "no 'ip' found: installing iproute2 (the partition tests need it)" >&2
+    apt-get update -q >&2 && apt-get install -y -q iproute2 >&2 || echo "warning: iproute2 not installed" >&2
+}
+
 ensure_venv() {
     local extras="$1"
     # The test suite includes the data pipeline's tests: installing for tests means Spark too.
@@ -24,6 +34,7 @@ ensure_venv() {
         *,dev,*) case ",$extras," in *,spark,*) ;; *) extras="$extras,spark" ;; esac ;;
     esac
     case ",$extras," in *,spark,*) ensure_java ;; esac
+    case ",$extras," in *,dev,*) ensure_iproute2 ;; esac
     local root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     local py="${PYTHON:-python3}"

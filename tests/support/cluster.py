@@ -69,6 +69,7 @@ from cluster_node.service.examples.kv import (
     encode_request,
 )
 from media.counters import CounterType, CountersError, CountersReader
+from tests.support.netns import NetnsLan
 
 ROOT = Path(__file__).resolve().parents[2]
 S = 1_000_000_000
@@ -181,8 +182,10 @@ class Node:
         env = dict(os.environ, PYTHONPATH=str(ROOT), **{DIGEST_DIR_ENV: str(self.cluster.digest_dir)})
         env.pop("PYTHONSTARTUP", None)
         with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
+            netns = self.cluster.netns
+            prefix = netns.command_prefix(self.member_id) if netns is not None else []
             proc = subprocess.Popen(
-                [*_node_command(), "run", "--config", str(self.config_path), *extra_args],
+                [*prefix, *_node_command(), "run", "--config", str(self.config_path), *extra_args],
                 stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=env, cwd=ROOT,
             )
         self.cluster._all_procs.append(proc)
@@ -390,6 +393,7 @@ class TestCluster:
         *,
         service: str = "tests.support.cluster:DigestKvService",
         timeouts: TimeoutsSection = TEST_TIMEOUTS,
+        netns: "NetnsLan | None" = None,
         **generate_kwargs,
     ) -> None:
         self.base_dir = Path(base_dir)
@@ -398,6 +402,9 @@ class TestCluster:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.digest_dir.mkdir(parents=True, exist_ok=True)
         self._all_procs: list[subprocess.Popen] = []
+        self.netns = netns
+        if netns is not None:  # each member in a network namespace of its own (tests.support.netns)
+            generate_kwargs.update(hosts=netns.hosts, host=netns.bridge_host)
         config_paths, self.client_config_path = write_loopback_cluster(
             self.base_dir / "configs", nodes, self.base_dir / "cluster", service=service, timeouts=timeouts,
             **generate_kwargs,

@@ -268,6 +268,18 @@ def test_write_loopback_cluster(tmp_path: Path) -> None:
     assert load_client_config(client_path).client.egress_endpoint == "127.0.0.1:31400"
 
 
+def test_generated_cluster_with_a_host_per_member(tmp_path: Path) -> None:
+    hosts = ["10.9.0.1", "10.9.0.2", "10.9.0.3"]
+    nodes, client = generate_loopback_cluster(3, tmp_path / "c", base_port=32000, hosts=hosts, host="10.9.0.254")
+    for i, m in enumerate(nodes[0].cluster.members):
+        for name in ("ingress", "consensus", "log", "archive", "catchup"):
+            assert getattr(m, name).startswith(f"{hosts[i]}:"), (name, m)
+    assert client.client.egress_endpoint == "10.9.0.254:32400"
+    assert client.ingress_endpoints == {i: f"{h}:{32000 + i}" for i, h in enumerate(hosts)}
+    with pytest.raises(ConfigError, match="hosts: 2 given for 3 nodes"):
+        generate_loopback_cluster(3, tmp_path / "c", hosts=hosts[:2])
+
+
 def test_section_defaults_are_valid() -> None:
     # The structs' own defaults must pass validation (a default that contradicts another default
     # would make every minimal config fail).
