@@ -95,3 +95,33 @@ async def test_cut_off_follower_catches_up_after_the_heal(lan, tmp_path) -> None
                 writer.stop.set()
             await writer.verify()
             await assert_same_state(kv, cluster, "after-follower-partition")
+
+
+async def test_leader_that_hears_no_follower_while_they_hear_it_is_replaced(lan, tmp_path) -> None:
+    """One way: the followers' datagrams to the leader are dropped, the leader's to them arrive.
+    The leader, hearing no AppendPosition, steps down; the followers, who stop hearing it once it
+    does, elect one of themselves, and the client follows. The old leader cannot hear the new one
+    until the link mends; then it follows, and nothing acknowledged is lost or doubled."""
+    with TestCluster(tmp_path, netns=lan) as cluster:
+        old = cluster.start()
+        term = cluster.counters()[old].term
+        followers = [n.member_id for n in cluster.nodes if n.member_id != old]
+        async with open_kv_client(cluster.client_config) as kv:
+            writer = AppendWriter(kv, cluster)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.run)
+                await cluster.await_for(lambda: len(writer.acked) >= 200, 20, "200 writes acknowledged before the cut")
+                for f in followers:
+                    lan.block(f, old)
+                cut_at = time.monotonic()
+                new = await cluster.await_leader(20, min_term=term + 1, exclude=[old])
+                new_term = cluster.counters()[new].term
+                await cluster.await_for(lambda: writer.acked_since(cut_at) >= 200, 30,
+                                        "200 writes acknowledged by the new leader")
+                for f in followers:
+                    lan.unblock(f, old)
+                await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
+                                        f"member {old} follows member {new} in term {new_term}")
+                writer.stop.set()
+            await writer.verify()
+            await assert_same_state(kv, cluster, "after-one-way-partition")

@@ -11,6 +11,8 @@ client lives) and, for each member i, a network namespace with one end of a veth
 ``isolate(i)`` takes member i's bridge end of the pair down: its process keeps running, with its
 sockets, files and clock, but no datagram reaches it or leaves it (a symmetric partition, which a
 SIGSTOP cannot give: the cut-off member goes on with its own duties). ``heal(i)`` brings it back.
+``block(i, j)`` drops what member i sends to member j, one way (a blackhole route in i's
+namespace), and ``unblock(i, j)`` ends that.
 Node processes run under ``ip netns exec`` (:meth:`command_prefix`), which keeps their pid.
 
 Needs root and ``ip`` (iproute2) with network namespace and veth support: :func:`unavailable`
@@ -108,3 +110,11 @@ class NetnsLan:
 
     def heal(self, member_id: int) -> None:
         _ip("link", "set", self.host_ends[member_id], "up")
+
+    def block(self, src: int, dst: int) -> None:
+        """Drop what member ``src`` sends to member ``dst`` (one way: ``dst`` still reaches
+        ``src``), with a blackhole route in ``src``'s namespace."""
+        _ip("route", "add", "blackhole", f"{self.hosts[dst]}/32", netns=self.namespaces[src])
+
+    def unblock(self, src: int, dst: int) -> None:
+        _ip("route", "del", "blackhole", f"{self.hosts[dst]}/32", netns=self.namespaces[src])
