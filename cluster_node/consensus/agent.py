@@ -280,6 +280,7 @@ class ConsensusAgent:
         self._tasks: trio.Nursery | None = None
         self.last_recording_position = NULL_POSITION
         self._recording_progress_ns = 0
+        self._stall: tuple | None = None  # (positions, since ns, warned) of a log that stopped moving
         self._now = time.monotonic_ns()
         self._cluster_now = time.time_ns()
         """Cluster time: the leader's wall clock (epoch ns), written into the log as every entry's
@@ -1217,6 +1218,7 @@ class ConsensusAgent:
                 self.counters["append-pos"].set(pos)
                 m.on_recording_position(pos, now)
                 work += 1
+            self._check_log_stall(now)
             work += m.do_work(now)
             effects = m.drain_effects()
             if effects:
@@ -1243,6 +1245,41 @@ class ConsensusAgent:
                 await trio.sleep(0.001)  # the recorder is slow or not running: poll, gently
             else:
                 await self._park(now)
+
+    def _check_log_stall(self, now: int) -> None:
+        """A settled member's log that has stopped where it must move: log data the archive does
+        not record (the append position, and so the commit, then stand still), or, on a
+        follower, a log image out of step with the local log (never copied, so the follower
+        receives nothing more). Neither should happen; chaos runs showed a follower stuck in one
+        of them once, with the cause not yet found. When the positions have not moved for a
+        leader heartbeat timeout, the member logs a warning with them, and a follower leaves the
+        term for an election (ConsensusModule.on_log_stalled), which stops and restarts the log
+        subscription and recording. A leader only warns."""
+        m = self.module
+        local = self.local
+        what = None
+        if m.election is None and local is not None:
+            image = self._follower_image if m.role != Role.LEADER else None
+            if image is not None and image.position != local.pub.position:
+                what = "log image out of step with the local log"
+            elif local.pub.position > self.last_recording_position:
+                what = "log recording stalled"
+        if what is None:
+            self._stall = None
+            return
+        image = self._follower_image
+        positions = (what, local.pub.position, self.last_recording_position,
+                     image.position if image is not None else NULL_POSITION)
+        stall = self._stall
+        if stall is None or stall[0] != positions:
+            self._stall = (positions, now, False)
+            return
+        if stall[2] or now - stall[1] < self.cfg.timeouts.leader_heartbeat_timeout_ns:
+            return
+        self._stall = (positions, stall[1], True)
+        log.warning("log stalled", what=what, local_log_position=positions[1], recorded_position=positions[2],
+                    image_position=positions[3], role=Role(m.role).name, stalled_ms=(now - stall[1]) // 1_000_000)
+        m.on_log_stalled(now, what)
 
     # ------------------------------------------------------------------ cluster control
 

@@ -16,6 +16,7 @@ Inputs
 ``on_log_recording_stopped(position, now_ns)``         after ``StopLogRecording``
 ``on_log_image(join_position, now_ns)``                the follower's log image appeared
 ``on_log_end_of_stream(now_ns)``                       the leader closed the log gracefully
+``on_log_stalled(now_ns, reason)``                     the shell found the log stuck
 ``on_replay_progress(replay_id, position)``            a replay's entries applied up to here
 ``on_replay_done(replay_id, now_ns)``                  after ``StartReplay``
 ``on_replication_done(replication_id, now_ns)``        after ``StartReplication``
@@ -757,6 +758,14 @@ class ConsensusModule:
         if self.election is None and self.role != Role.LEADER:
             self.graceful_closed_leader_id = self.leader_member_id
             self.enter_election(now_ns, "leader closed the log")
+
+    def on_log_stalled(self, now_ns: int, reason: str) -> None:
+        """The shell found this member's log stuck while settled (ConsensusAgent's stall check:
+        an image out of step with the local log, or a recording that stopped). A follower leaves
+        the term for an election, which stops the log and builds it again from the leader; a
+        leader stays (its followers elect when it falls silent)."""
+        if self.election is None and self.role != Role.LEADER:
+            self.enter_election(now_ns, f"log stalled: {reason}")
 
     def on_replay_progress(self, replay_id: int, position: int) -> None:
         """The log adapter applied the entries of replay ``replay_id`` up to ``position``.

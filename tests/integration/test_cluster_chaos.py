@@ -7,6 +7,11 @@ Opt-in (the default suite deselects it): ``scripts/test --chaos`` or ``CLUSTER_C
 ``CLUSTER_CHAOS_SECONDS`` (default 120) sets how long the faults go on, ``CLUSTER_CHAOS_SEED``
 the schedule (a failure prints the seed that replays it, schedule-wise: the processes' own
 timing is not under the seed's control).
+
+``CLUSTER_CHAOS_NETNS=1`` runs the members in network namespaces of their own
+(tests/support/netns.py, root and iproute2) and adds network faults to the schedule: a member
+cut off while it runs (``cut``), and a one-way partition between a member and the others
+(``oneway``: what it sends to them is dropped, or what they send to it).
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
 from tests.support.cluster import TestCluster, open_kv_client
+from tests.support.netns import NetnsLan, unavailable
 
 SECONDS = float(os.environ.get("CLUSTER_CHAOS_SECONDS", "120"))
+NETNS = os.environ.get("CLUSTER_CHAOS_NETNS") == "1"
 
 # The suite's per-test timeout (300 s) would cut a long run short: the faults' duration plus
 # time to start, converge and verify.
@@ -30,15 +37,29 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(SECONDS + 300)]
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    with TestCluster(tmp_path) as c:
+def lan():
+    if not NETNS:
+        yield None
+        return
+    reason = unavailable()
+    if reason is not None:
+        pytest.fail(f"CLUSTER_CHAOS_NETNS=1 but network namespaces are not usable: {reason}")
+    with NetnsLan(3) as net:
+        yield net
+
+
+@pytest.fixture
+def cluster(tmp_path, lan):
+    with TestCluster(tmp_path, netns=lan) as c:
         yield c
 
 
-async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: TestCluster) -> None:
+async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: TestCluster, lan) -> None:
     seed = int(os.environ.get("CLUSTER_CHAOS_SEED", str(random.randrange(1 << 30))))
     rng = random.Random(seed)
-    print(f"chaos seed {seed} (CLUSTER_CHAOS_SEED={seed} replays the schedule), {SECONDS:g} s")
+    print(f"chaos seed {seed} (CLUSTER_CHAOS_SEED={seed} replays the schedule), {SECONDS:g} s"
+          + (", with network faults" if lan is not None else ""))
+    faults = ["kill", "kill", "stop", "term"] + (["cut", "oneway"] if lan is not None else [])
     cluster.start()
     history: list[str] = []
     async with open_kv_client(cluster.client_config) as kv:
@@ -51,12 +72,26 @@ async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: Te
                 target = rng.randrange(3)
                 node = cluster.nodes[target]
                 leader = cluster.leader()
-                fault = rng.choice(["kill", "kill", "stop", "term"])
+                fault = rng.choice(faults)
                 hold = rng.uniform(0.2, 4.0)
                 role = "leader" if target == leader else "follower"
-                history.append(f"{time.monotonic() - end + SECONDS:7.1f}s {fault} member {target} ({role}) for {hold:.1f}s")
+                others = [m for m in range(3) if m != target]
+                outgoing = fault == "oneway" and rng.random() < 0.5
+                what = f"{fault} ({'from' if outgoing else 'to'} it)" if fault == "oneway" else fault
+                history.append(f"{time.monotonic() - end + SECONDS:7.1f}s {what} member {target} ({role}) for {hold:.1f}s")
                 # The fault is held for ``hold`` seconds: that duration is the fault under test.
-                if fault == "stop":
+                if fault == "cut":
+                    lan.isolate(target)
+                    await trio.sleep(hold)
+                    lan.heal(target)
+                elif fault == "oneway":
+                    pairs = [(target, m) if outgoing else (m, target) for m in others]
+                    for src, dst in pairs:
+                        lan.block(src, dst)
+                    await trio.sleep(hold)
+                    for src, dst in pairs:
+                        lan.unblock(src, dst)
+                elif fault == "stop":
                     os.kill(node.pid, signal.SIGSTOP)
                     await trio.sleep(hold)
                     os.kill(node.pid, signal.SIGCONT)

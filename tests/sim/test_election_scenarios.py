@@ -243,6 +243,24 @@ def test_the_leader_tells_followers_of_commits_at_most_every_broadcast_interval(
     _no_violations(sim)
 
 
+def test_a_follower_whose_log_stalled_rebuilds_it_through_an_election_and_a_leader_stays() -> None:
+    """The shell reports a stuck log (ConsensusAgent's stall check): a follower leaves the term
+    and rejoins the same leader; a leader ignores it."""
+    sim = _sim(seed=13, member_count=3, clients=1)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    leader = sim.leader()
+    follower = next(i for i in range(3) if i != leader)
+    term = sim.core(leader).leadership_term_id
+    sim.core(leader).on_log_stalled(sim.now_ns, "log recording stalled")
+    assert sim.core(leader).election is None
+    sim.core(follower).on_log_stalled(sim.now_ns, "log image out of step with the local log")
+    sim._run_core(sim.members[follower])
+    assert "log stalled: log image out of step with the local log" in _reasons(sim, follower)
+    _stop_clients_and_converge(sim)
+    assert sim.leader() == leader and sim.core(follower).leadership_term_id == term
+    _no_violations(sim)
+
+
 def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     sim = _sim(seed=11, member_count=3, clients=1, client_interval_ns=10 * MS)
     assert sim.run_until(sim.converged, 2_000 * MS)
