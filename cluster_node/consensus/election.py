@@ -815,6 +815,13 @@ class Election:
             self.image_join_position = join_position
             # The image must start where the recording was extended, i.e. at our position now.
             self.image_join_ok = join_position == self.m.append_position
+        elif self.state in (S.FOLLOWER_CATCHUP, S.FOLLOWER_LOG_INIT, S.FOLLOWER_READY):
+            # The joined image ended and another one of the log's session took its place (the
+            # catchup replay's end of stream can end the image both destinations feed, and the
+            # live destination then starts a new one where the live log is). Unless it starts
+            # at our log's end it is never copied: this member would settle and receive nothing.
+            if join_position != self.m.append_position:
+                self.handle_error(now_ns, "log image replaced at another position")
 
     def on_replay_done(self, replay_id: int, now_ns: int) -> None:
         if replay_id == self.replay_id and self.state in (S.LEADER_REPLAY, S.FOLLOWER_REPLAY):

@@ -750,8 +750,13 @@ class ConsensusModule:
         self.refresh_this_member()
 
     def on_log_image(self, join_position: int, now_ns: int) -> None:
+        """A (new) image of the follower's log subscription, joined at ``join_position``."""
         if self.election is not None:
             self.election.on_log_image(join_position, now_ns)
+        elif self.role != Role.LEADER and join_position != self.append_position:
+            # Settled, the image was replaced by one that starts elsewhere (see
+            # Election.on_log_image): it would never be copied.
+            self.enter_election(now_ns, "log image replaced at another position")
 
     def on_log_end_of_stream(self, now_ns: int) -> None:
         """The leader closed its log publication in an orderly way: canvass without it."""

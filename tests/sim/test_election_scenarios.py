@@ -261,6 +261,26 @@ def test_a_follower_whose_log_stalled_rebuilds_it_through_an_election_and_a_lead
     _no_violations(sim)
 
 
+def test_a_follower_whose_log_image_is_replaced_at_another_position_leaves_the_term() -> None:
+    """The follower's log image ended and a new one of the same session appeared where the live
+    log is, not where the follower's log ends (seen after a catchup in chaos runs): it would
+    never be copied, so the follower must not stay settled on it. An image that starts at the
+    follower's log end is fine."""
+    sim = _sim(seed=17, member_count=3, clients=1)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    leader = sim.leader()
+    follower = next(i for i in range(3) if i != leader)
+    core = sim.core(follower)
+    core.on_log_image(core.append_position, sim.now_ns)
+    assert core.election is None
+    core.on_log_image(core.append_position + 768, sim.now_ns)
+    sim._run_core(sim.members[follower])
+    assert "log image replaced at another position" in _reasons(sim, follower)
+    _stop_clients_and_converge(sim)
+    assert sim.leader() == leader
+    _no_violations(sim)
+
+
 def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     sim = _sim(seed=11, member_count=3, clients=1, client_interval_ns=10 * MS)
     assert sim.run_until(sim.converged, 2_000 * MS)
