@@ -1250,11 +1250,13 @@ class ConsensusAgent:
         """A settled member's log that has stopped where it must move: log data the archive does
         not record (the append position, and so the commit, then stand still), or, on a
         follower, a log image out of step with the local log (never copied, so the follower
-        receives nothing more). Neither should happen; chaos runs showed a follower stuck in one
-        of them once, with the cause not yet found. When the positions have not moved for a
-        leader heartbeat timeout, the member logs a warning with them, and a follower leaves the
-        term for an election (ConsensusModule.on_log_stalled), which stops and restarts the log
-        subscription and recording. A leader only warns."""
+        receives nothing more). Neither should happen. The one case seen (chaos runs with
+        network faults: an image replaced during a catchup by one starting elsewhere) the
+        election now catches itself (Election.on_log_image); this check is the backstop for
+        anything else. When the positions have not moved for a leader heartbeat timeout, the
+        member logs a warning with them, and a follower leaves the term for an election
+        (ConsensusModule.on_log_stalled), which stops and restarts the log subscription and
+        recording. A leader only warns."""
         m = self.module
         local = self.local
         what = None
