@@ -563,12 +563,8 @@ def test_a_stalled_sender_is_answered_by_a_receiver_that_got_the_stream_ahead_of
     still answer the stall's SETUP, and the sender resumes (what the receiver has is a duplicate
     for it, the rest is new)."""
     for mdc in (False, True):
-        rig = Rig(config=STALL_CFG, mdc=mdc)
+        rig, now = _connected_and_running(3, T0 + 1000 * MS, mdc)
         core = rig.core
-        rig.work(T0)
-        rig.status(0, TL // 2, T0)
-        rig.publish(3)
-        now = _running(rig, T0 + MS, T0 + 1000 * MS)
         sent = core.sender_position
         rig.publish(4)
         resumed = now + 1500 * MS
@@ -628,6 +624,16 @@ def _running(rig: Rig, start: int, end: int, step: int = 100 * MS) -> int:
     return now - step
 
 
+def _connected_and_running(published: int, until: int, mdc: bool = False) -> tuple[Rig, int]:
+    """A stall-test sender: connected at T0, ``published`` messages offered, then run as the
+    driver would until ``until``; the rig and the last time used."""
+    rig = Rig(config=STALL_CFG, mdc=mdc)
+    rig.work(T0)
+    rig.status(0, TL // 2, T0)
+    rig.publish(published)
+    return rig, _running(rig, T0 + MS, until)
+
+
 def test_stall_threshold_is_half_the_shortest_timeout_but_two_heartbeats_at_least():
     assert SenderCore(
         session_id=1, stream_id=1, initial_term_id=0, term_length=TL, mtu=MTU, start_position=0, now_ns=T0,
@@ -639,12 +645,8 @@ def test_stall_threshold_is_half_the_shortest_timeout_but_two_heartbeats_at_leas
 
 
 def test_a_stall_sends_setup_at_the_sender_position_and_holds_new_data_until_answered():
-    rig = Rig(config=STALL_CFG)
+    rig, now = _connected_and_running(3, T0 + 1000 * MS)
     core = rig.core
-    rig.work(T0)
-    rig.status(0, TL // 2, T0)
-    rig.publish(3)
-    now = _running(rig, T0 + MS, T0 + 1000 * MS)
     sent = core.sender_position
     assert sent == 3 * 160 and core.stats.stalls == 0
     # The process stops for 1.5 liveness timeouts; what the application offered meanwhile (or
@@ -677,11 +679,7 @@ def test_a_stall_sends_setup_at_the_sender_position_and_holds_new_data_until_ans
 
 
 def test_a_setup_request_during_the_hold_is_answered_and_the_hold_stays():
-    rig = Rig(config=STALL_CFG)
-    rig.work(T0)
-    rig.status(0, TL // 2, T0)
-    rig.publish(1)
-    now = _running(rig, T0 + MS, T0 + 300 * MS)
+    rig, now = _connected_and_running(1, T0 + 300 * MS)
     rig.publish(1)
     resumed = now + 2000 * MS
     assert kinds(rig.work(resumed)) == ["setup", "hb"]
