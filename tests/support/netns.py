@@ -22,6 +22,7 @@ that runs do not collide.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -36,8 +37,9 @@ def _ip(*args: str, netns: str | None = None) -> None:
         raise RuntimeError(f"{' '.join(cmd)}: {proc.stderr.strip() or proc.returncode}")
 
 
+@functools.cache
 def unavailable() -> str | None:
-    """Why network namespaces cannot be used here, or None when they can."""
+    """Why network namespaces cannot be used here, or None when they can (probed once)."""
     if shutil.which("ip") is None:
         return "no 'ip' command (iproute2)"
     if os.geteuid() != 0:
