@@ -96,6 +96,10 @@ class ExclusivePublication:
         self.initial_term_id = log.initial_term_id
         self.max_payload_length = log.mtu - HEADER_LENGTH
         self.max_message_length = max_message_length(log.term_length)
+        self.max_block_length = log.term_length // 2
+        """The longest block :meth:`claim_block` / :meth:`offer_block` take: both transports'
+        flow-control windows are half a term, so a longer block would be refused for ever, even
+        with every reader caught up (a silent stall; it is a ValueError instead)."""
         self.start_position = start_position
         self.max_position = _MAX_POSITION_TERMS * log.term_length - 1
         self._buffer = log.buffer
@@ -364,15 +368,19 @@ class ExclusivePublication:
         buffer of its own (one copy of every byte, not two).
 
         The same rules as :meth:`offer_block`: ``length`` a multiple of 32 that fits in the
-        publication's term from its position (a full term is left for the next one first), and
-        inside its flow-control limit. Returns the byte offset of the region in :attr:`buffer`,
-        or a negative :class:`OfferResult` (nothing is reserved then).
+        publication's term from its position (a full term is left for the next one first), at
+        most :attr:`max_block_length`, and inside its flow-control limit. Returns the byte offset
+        of the region in :attr:`buffer`, or a negative :class:`OfferResult` (nothing is reserved
+        then).
 
         The caller writes whole frames with this publication's ids at that offset, but never
         the region's first four bytes: that word (the first frame's length) stays zero, so no
         reader enters the region before :meth:`commit_block` writes it. Bytes of the region
         beyond what is committed must be left zero: readers stop at a zero length.
         """
+        if length > self.max_block_length:
+            raise ValueError(f"block of {length} bytes is longer than the flow-control window"
+                             f" ({self.max_block_length} bytes) can ever admit")
         pos = self._position
         if pos - self._term_base == self.term_length:
             if pos + length > self._limit:

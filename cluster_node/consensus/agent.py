@@ -100,6 +100,8 @@ messages/s the followers' service threads woke for nearly every message). The le
 every commit: its service's replies are the clients' round trip."""
 _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
+"""The longest block a copy moves at once: a quarter of the log's term at most (see
+:meth:`ConsensusAgent._copy`)."""
 
 
 class CounterTypes:
@@ -835,12 +837,18 @@ class ConsensusAgent:
                 raise _Refused(r)
 
         work = 0
+        # A block must fit the destination's flow-control window (half a term) with its readers
+        # caught up, or it is refused for ever: with a short term (64 KiB), a term's last 32 KiB
+        # and its padding, received at once, made a block longer than the window and stalled the
+        # follower's log. A quarter of a term also lets the next block go in while the readers
+        # still read this one.
+        block = min(_BLOCK, pub.max_block_length >> 1)
         for _ in range(budget):
             room = limit - image.position
             if room <= 0:
                 break
             try:
-                n = image.block_poll(handler, min(_BLOCK, room))
+                n = image.block_poll(handler, min(block, room))
             except _Refused:
                 break
             if n <= 0:

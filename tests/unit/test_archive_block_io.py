@@ -119,10 +119,23 @@ def test_a_claim_refuses_beyond_the_window_and_reserves_nothing(tmp_path):
     from media.publication import OfferResult
 
     assert pub.claim_block(32 * 1024) > 0  # inside the window (half a term)
-    assert pub.claim_block(TERM) == OfferResult.BACK_PRESSURED
-    assert pub.position == 0
+    assert pub.offer(b"x" * 992) == 1024  # (the claim reserved nothing until its commit)
+    assert pub.claim_block(32 * 1024) == OfferResult.BACK_PRESSURED  # the reader is still at 0
+    assert pub.position == 1024
     with pytest.raises(ValueError):
         pub.claim_block(33)
+    transport.close()
+
+
+def test_a_block_longer_than_the_window_is_a_caller_error_not_a_stall(tmp_path):
+    """Half a term is the most any flow-control window admits: a longer block would be
+    refused for ever, even with every reader caught up, so it is refused loudly at once."""
+    transport, pub, sub = _pair(tmp_path, 6)
+    assert pub.max_block_length == TERM // 2
+    for length in (TERM // 2 + 32, TERM):
+        with pytest.raises(ValueError, match="window"):
+            pub.claim_block(length)
+    assert pub.claim_block(TERM // 2) > 0  # every reader at 0: exactly the window
     transport.close()
 
 
@@ -144,3 +157,44 @@ def test_read_split_reads_a_hole_past_the_end_of_file_as_zeros(tmp_path):
     assert bytes(rest[:992]) == (bytes(range(256)) * 4)[32:]
     assert bytes(rest[992:]) == bytes(4064 - 992)
     reader.close()
+
+
+def test_the_log_copy_moves_a_terms_tail_longer_than_the_window(tmp_path):
+    """A follower copies its leader's log image into its local log in blocks. With a 64 KiB
+    term, a term's last 32 KiB of frames and its padding can arrive before the copier runs:
+    copied as one block (33,056 bytes) it exceeded the local log's window (half a term) and the
+    follower's log stalled for good. The copy must move it all, readers keeping up."""
+    from types import SimpleNamespace
+
+    from cluster_node.consensus.agent import ConsensusAgent
+    from media.frames import DATA_HEADER, TYPE_PAD
+    from media.logbuffer import LogBuffer
+    from media.subscription import Image, Subscription
+
+    start = TERM - 33056  # 32 frames of 1 KiB, then 288 bytes of padding to the term's end
+    received = LogBuffer.create(None, TERM, 1408, 7, 99, 9, start)
+    frame = bytearray(1024)
+    for k in range(32):
+        DATA_HEADER.pack_into(frame, 0, 1024, 0, 0xC0, 1, start + k * 1024, 99, 9, 7, 0)
+        received.insert(start + k * 1024, frame, 1024)
+    pad = bytearray(32)
+    DATA_HEADER.pack_into(pad, 0, 288, 0, 0xC0, TYPE_PAD, TERM - 288, 99, 9, 7, 0)
+    received.insert(TERM - 288, pad, 32)
+    image = Image(log=received, subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
+                  join_position=start, source_identity="test")
+
+    transport = IpcTransport(tmp_path)
+    local = transport.add_publication(
+        parse(f"aeron:ipc?term-length=64k|session-id=5|init-term-id=7|term-id=7|term-offset={start}"), 9)
+    reader = transport.add_subscription(parse("aeron:ipc"), 9)
+    transport.do_work(time.monotonic_ns())
+    reader_image = reader.image_by_session_id(5)
+    agent = SimpleNamespace(_recording_progress_ns=0)
+    for _ in range(10):
+        ConsensusAgent._copy(agent, image, local)
+        while reader_image.block_poll(lambda *a: None, 1 << 20):
+            pass
+        if local.position == TERM:
+            break
+    assert (image.position, local.position, reader_image.position) == (TERM, TERM, TERM)
+    transport.close()
