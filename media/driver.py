@@ -84,7 +84,7 @@ from media.channel import (
     ChannelUri,
     parse,
 )
-from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path
+from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path, pid_alive
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
@@ -264,6 +264,19 @@ class MediaDriver:
             # safety net.
             rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS,
         )
+        removed, freed = self.ipc.remove_stale_files()
+        for path in self.dir.glob("counters-*.dat"):
+            # A client driver's own counters (see above), left by a process that is gone.
+            pid = path.name[len("counters-"):-len(".dat")]
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+                try:
+                    freed += path.stat().st_size
+                    path.unlink()
+                    removed += 1
+                except OSError:
+                    pass
+        if removed:
+            log.info("stale ipc files removed", directory=str(self.ipc.dir), files=removed, bytes=freed)
         # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
         # idle driver wakes a few times per interval rather than once per publication and image.
         self._slack_ns = min(20_000_000, config.heartbeat_interval_ns // 5, config.status_message_timeout_ns // 5)

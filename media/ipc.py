@@ -63,6 +63,14 @@ class _IpcImageState:
         self.gone_since_ns = 0
 
 
+def _doorbell_pid(name: str) -> int | None:
+    """The process id in a doorbell's name (``pyc-<pid>-...``, media.doorbell), or None."""
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] != "pyc" or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
 class _IpcSub:
     __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan", "own_doorbell", "waiting")
 
@@ -118,6 +126,65 @@ class IpcTransport:
 
     def _stream_dir(self, stream_id: int) -> Path:
         return self.dir / f"stream-{stream_id}"
+
+    def remove_stale_files(self, min_age_s: float = 10.0) -> tuple[int, int]:
+        """Remove what processes that died without closing (kill -9) left in the directory:
+        log buffers whose publisher process is gone, and subscriber markers of dead processes.
+        Returns ``(files removed, bytes of their size)``.
+
+        A publisher removes its log buffer when it closes; one killed cannot, and a node that
+        is killed and restarted in a loop would otherwise leave its local log buffers (up to
+        three terms each, a term of the cluster log being 64 MiB by default) behind every time.
+        Only files of dead processes go: a live publisher's buffer is never touched (one of this
+        process's beats), and readers that still map a removed buffer keep their map. Unreadable buffers and half-created
+        ones (``.tmp``, a crash during creation) go when older than ``min_age_s``, so a file
+        another process is creating at this moment is left alone."""
+        removed = freed = 0
+        if not self.dir.is_dir():
+            return 0, 0
+        now = time.time()
+        for stream_dir in self.dir.iterdir():
+            if not stream_dir.is_dir():
+                continue
+            for path in stream_dir.iterdir():
+                try:
+                    if path.name.endswith(".logbuffer"):
+                        try:
+                            lb = LogBuffer.open(path)
+                        except (LogBufferError, ValueError):
+                            stale = now - path.stat().st_mtime > min_age_s
+                        else:
+                            pid, beat = lb.publisher_pid, lb.publisher_heartbeat_ns
+                            lb.close()
+                            if pid == self._pid:
+                                # Ours, or an earlier process's that had our pid (a container
+                                # restarted gives its entry point the same pid): ours beat.
+                                age = time.monotonic_ns() - beat
+                                stale = age > self.liveness_ns or age < 0
+                            else:
+                                stale = not pid_alive(pid)
+                    elif path.name.endswith(".logbuffer.tmp"):
+                        stale = now - path.stat().st_mtime > min_age_s
+                    else:
+                        continue
+                    if stale:
+                        size = path.stat().st_size
+                        path.unlink()
+                        removed += 1
+                        freed += size
+                except OSError:
+                    continue  # gone meanwhile, or not ours to remove
+            markers = stream_dir / "subscribers"
+            if markers.is_dir():
+                for marker in markers.iterdir():
+                    pid = _doorbell_pid(marker.name)
+                    if pid is not None and pid != self._pid and not pid_alive(pid):
+                        try:
+                            marker.unlink()
+                            removed += 1
+                        except OSError:
+                            pass
+        return removed, freed
 
     # ------------------------------------------------------------------ publications
 

@@ -201,3 +201,48 @@ def test_closed_publication_ends_the_stream(tmp_path, media):
             sub.expect("EVENT unavailable", 8)
             assert time.monotonic() - started < 8
             assert pub.finish() == 0
+
+
+def test_a_new_driver_removes_the_ipc_log_buffers_of_killed_publishers(tmp_path):
+    """A publisher killed with SIGKILL cannot remove its log buffer; a node killed and restarted
+    in a loop would leave its local logs behind every time. The driver that starts on the
+    directory next removes those of dead processes, and only those (and the counters file the
+    dead one kept as a client of the directory)."""
+    from media.driver import DriverConfig, MediaDriver
+
+    d = tmp_path / "driver"
+    common = ["--dir", str(d), "--channel", "aeron:ipc", "--count", "10"]
+    with Peer(["pub", *common, "--stream", "7002"], "alive") as alive:
+        alive.expect("READY", 30)  # first: it owns the directory's counters.dat
+        with Peer(["pub", *common, "--stream", "7001"], "killed") as killed:
+            killed.expect("READY", 30)
+            killed_file = next((d / "ipc" / "stream-7001").glob("*.logbuffer"))
+            alive_file = next((d / "ipc" / "stream-7002").glob("*.logbuffer"))
+            killed_counters = d / f"counters-{killed.pid}.dat"
+            assert killed_counters.exists()
+            killed.kill()
+            killed.proc.wait(timeout=10)
+        assert killed_file.exists()
+        driver = MediaDriver(DriverConfig(dir=d))
+        try:
+            assert not killed_file.exists(), "the dead publisher's log buffer is still there"
+            assert not killed_counters.exists()
+            assert alive_file.exists(), "a live publisher's log buffer was removed"
+        finally:
+            driver.close()
+
+
+def test_a_log_buffer_with_our_pid_goes_only_when_its_heartbeat_stopped(tmp_path):
+    """A restarted container gives its entry point the same pid as before: a buffer with our
+    pid is an earlier process's when nobody beats in it any more."""
+    from media.channel import parse
+    from media.ipc import IpcTransport
+
+    transport = IpcTransport(tmp_path, image_liveness_timeout_ns=1_000_000_000)
+    pub = transport.add_publication(parse("aeron:ipc"), 9)
+    path = next((tmp_path / "ipc" / "stream-9").glob("*.logbuffer"))
+    assert transport.remove_stale_files() == (0, 0) and path.exists()
+    pub.log.publisher_heartbeat_ns = time.monotonic_ns() - 2_000_000_000
+    removed, freed = transport.remove_stale_files()
+    assert (removed, not path.exists()) == (1, True) and freed > 0
+    transport.close()
