@@ -63,13 +63,46 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
     print(f"nodes in total: {total / seconds * 100:.1f} % of a core")
 
 
-async def measure_idle(cluster: TestCluster, seconds: float) -> None:
+async def _start_observers(pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None,
+                           strace_dir: Path | None) -> tuple[list, list]:
+    """py-spy recorders and strace counters attached to every node for the measured window."""
+    spies = []
+    if spy_dir is not None:
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        for m, pid in pids.items():
+            out = spy_dir / f"node{m}{'L' if m == leader else ''}.txt"
+            spies.append(subprocess.Popen(
+                [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+    tracers = []
+    if strace_dir is not None:
+        for m, pid in pids.items():
+            out = strace_dir / f"node{m}{'L' if m == leader else ''}.strace"
+            tracers.append(subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        await trio.sleep(0.5)  # strace attaches to every thread
+    return spies, tracers
+
+
+def _stop_observers(spies: list, tracers: list) -> None:
+    for s in spies:
+        s.wait()
+    for t in tracers:
+        t.send_signal(signal.SIGINT)
+        t.wait()
+
+
+async def measure_idle(cluster: TestCluster, seconds: float, spy_dir: Path | None = None,
+                       strace_dir: Path | None = None) -> None:
     leader = cluster.start(timeout=60)
     await trio.sleep(3.0)  # let the election's last messages settle
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
+    spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
     before = {m: _user_sys_ticks(p) for m, p in pids.items()}
     await trio.sleep(seconds)
     after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+    _stop_observers(spies, tracers)
     print(f"idle cluster over {seconds:.0f} s, leader member {leader}; load average {os.getloadavg()[0]:.2f}")
     _report_nodes(pids, leader, before, after, seconds, 0)
 
@@ -82,32 +115,13 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     echoes = bc.Echoes()
     async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
         await bc.latency(client, echoes, rate, 1.0)  # warm-up
-        spies = []
-        if spy_dir is not None:
-            py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-            for m, pid in pids.items():
-                out = spy_dir / f"node{m}{'L' if m == leader else ''}.txt"
-                spies.append(subprocess.Popen(
-                    [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                ))
-        tracers = []
-        if strace_dir is not None:
-            for m, pid in pids.items():
-                out = strace_dir / f"node{m}{'L' if m == leader else ''}.strace"
-                tracers.append(subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
-                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            await trio.sleep(0.5)  # strace attaches to every thread
+        spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
         before = {m: _user_sys_ticks(p) for m, p in pids.items()}
         client_before = os.times()
         lat = await bc.latency(client, echoes, rate, seconds)
         client_after = os.times()
         after = {m: _user_sys_ticks(p) for m, p in pids.items()}
-        for s in spies:
-            s.wait()
-        for t in tracers:
-            t.send_signal(signal.SIGINT)
-            t.wait()
+        _stop_observers(spies, tracers)
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
     _report_nodes(pids, leader, before, after, seconds, n)
@@ -138,7 +152,7 @@ def main() -> None:
         cluster = TestCluster(Path(tmp), 3, service="echo")
         try:
             if args.idle:
-                trio.run(measure_idle, cluster, args.seconds)
+                trio.run(measure_idle, cluster, args.seconds, spy_dir, strace_dir)
             else:
                 trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir)
         finally:
