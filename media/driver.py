@@ -214,6 +214,7 @@ class _NetImage:
         self.group = group
         self.images: list[Image] = []
         self.sources: dict = {}  # address -> receive endpoint (where to send SM/NAK from)
+        self.ended_sources: set = set()  # addresses that sent an end of stream
         self.counters: list = []
 
 
@@ -976,6 +977,10 @@ class MediaDriver:
             for src, src_ep in list(ni.sources.items()):
                 if src_ep is ep:
                     del ni.sources[src]
+                    ni.ended_sources.discard(src)
+            if ni.ended_sources and ni.ended_sources.issuperset(ni.sources):
+                # The sources left had all ended the stream: it ends where the last one did.
+                ni.core.on_end_of_stream(ni.core.hwm_position)
         self._maybe_close_endpoint(ep)
 
     def _maybe_close_endpoint(self, ep: _ReceiveEndpoint) -> None:
@@ -1199,10 +1204,15 @@ class MediaDriver:
                     ni = group.images.get(session_id)
                     if ni is not None:
                         ni.sources.setdefault(addr, ep)
-                        ni.core.on_heartbeat(hb, now)
                         if hb.is_eos:
+                            ni.ended_sources.add(addr)
+                            # The image ends when every source has ended it: a catchup replay
+                            # merged with the live log stops while the live log goes on.
+                            ni.core.on_heartbeat(hb, now, eos=ni.ended_sources.issuperset(ni.sources))
                             touched[ni] = True
-                        elif ni not in touched:
+                            continue
+                        ni.core.on_heartbeat(hb, now)
+                        if ni not in touched:
                             touched[ni] = False
                     elif not hb.is_eos and group.session_id in (None, session_id):
                         self._ask_setup(ep, addr, session_id, stream_id, now)  # (not for ended streams)
@@ -1221,6 +1231,8 @@ class MediaDriver:
                         self._invalid(e, addr)
                         return
                 ni.sources.setdefault(addr, ep)
+                if ni.ended_sources:
+                    ni.ended_sources.discard(addr)  # (a source that ended and sends again)
                 action, position = ni.core.on_data(checked, now)
                 if action == Accept.INSERT:
                     ni.log.insert(position, view, n)

@@ -187,11 +187,13 @@ class ImageReceiverCore:
             return term << self.position_bits
         return None
 
-    def on_heartbeat(self, hb: Heartbeat, now_ns: int) -> None:
+    def on_heartbeat(self, hb: Heartbeat, now_ns: int, eos: bool | None = None) -> None:
+        """A heartbeat; ``eos`` overrides its end-of-stream flag (the driver passes False while
+        another source of a multi-source image has not ended: see :meth:`on_end_of_stream`)."""
         self.last_packet_ns = now_ns
         self.stats.heartbeats += 1
         position = self.position_of(hb.term_id, hb.term_offset)
-        if hb.is_eos and position >= self.hwm_position:
+        if (hb.is_eos if eos is None else eos) and position >= self.hwm_position:
             # An end of stream behind data already seen is one source of a multi-source image
             # ending (a catchup replay merged with the live log): the stream goes on.
             self.eos_position = position
@@ -199,6 +201,12 @@ class ImageReceiverCore:
             if position > self.hwm_position:
                 self.hwm_position = position
             self._update_gap(now_ns)
+
+    def on_end_of_stream(self, position: int) -> None:
+        """Every source of the image has now ended the stream (the last one that had not was
+        removed), the last of them at ``position`` or before."""
+        if self.eos_position is None:
+            self.eos_position = max(position, self.hwm_position)
 
     def on_setup_again(self, now_ns: int) -> None:
         """A SETUP for an image we have: the sender has not heard our status; answer soon."""

@@ -156,6 +156,44 @@ async def test_image_callbacks_and_end_of_stream(tmp_path):
         await _until(lambda: ("down", 77) in events, timeout=5)
 
 
+@pytest.mark.parametrize("remove_live", [False, True])
+async def test_a_multi_destination_image_ends_only_when_every_source_has_ended(tmp_path, remove_live):
+    """A follower's log image merges the live log and a catchup replay (two sources, one
+    session, the same positions). The replay ending must not end the image: the live log goes
+    on. It ends when the last source ends, or when the sources left have all ended after a
+    destination is removed."""
+    live_port, replay_port = free_udp_port(), free_udp_port()
+    events = []
+    start = "session-id=55|init-term-id=0|term-id=0|term-offset=0"
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription("aeron:udp?control-mode=manual|session-id=55", 6,
+                                      on_unavailable=lambda img: events.append("down"))
+        sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
+        sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{replay_port}")
+        live = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{live_port}|{start}", 6)
+        replay = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{replay_port}|{start}", 6)
+        await _until(lambda: live.is_connected and replay.is_connected and sub.image_count == 1)
+        got: list[bytes] = []
+        both = [b"m0", b"m1", b"m2"]
+        await _offer_all(replay, both)
+        await _offer_all(live, both)
+        await _receive(sub, 3, got)
+        await _until(lambda: live.is_connected)
+        replay.close()  # its end of stream is at the image's end: only one source ended
+        with trio.move_on_after(0.5):
+            await _until(lambda: bool(events), timeout=0.5)
+        assert events == [] and sub.image_count == 1, "the replay's end ended the merged image"
+        await _offer_all(live, [b"m3"])
+        await _receive(sub, 4, got)
+        assert got == [b"m0", b"m1", b"m2", b"m3"]
+        if remove_live:
+            # The sources left (the replay) have all ended: removing the live one ends it.
+            sub.remove_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
+        else:
+            live.close()  # the last source: now the image ends
+        await _until(lambda: events == ["down"], timeout=5)
+
+
 async def test_operator_errors_are_clear(tmp_path):
     async with open_media_driver(dir=tmp_path, **FAST) as driver:
         with pytest.raises(ChannelError, match="must start with 'aeron:'"):
