@@ -45,6 +45,7 @@ Python thread at a time, so false sharing buys nothing here and compact files ar
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import struct
@@ -261,23 +262,30 @@ class CountersManager:
             raise CountersError(f"max_counters must be in 1..{MAX_COUNTERS_LIMIT}, got {max_counters}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        owner = _read_owner_pid(path)
-        if owner is not None and owner != os.getpid() and pid_alive(owner):
-            raise CountersError(f"{path} is in use by live process pid {owner}; stop it or use another directory")
-
-        length = file_length(max_counters)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # The owner check and the replace under one lock: two processes starting on the same
+        # directory at once would otherwise both find no owner and both take the file (the
+        # first then writing counters nobody sees).
+        lock_fd = os.open(path.parent / ".counters.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.ftruncate(fd, length)  # zero-filled: every slot UNUSED, every value 0
-            map_ = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE)
-            _HEADER.pack_into(map_, 0, MAGIC, VERSION, max_counters, os.getpid(), time.time_ns() // 1_000_000)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            owner = _read_owner_pid(path)
+            if owner is not None and owner != os.getpid() and pid_alive(owner):
+                raise CountersError(f"{path} is in use by live process pid {owner}; stop it or use another directory")
+            length = file_length(max_counters)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, length)  # zero-filled: every slot UNUSED, every value 0
+                map_ = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE)
+                _HEADER.pack_into(map_, 0, MAGIC, VERSION, max_counters, os.getpid(), time.time_ns() // 1_000_000)
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(lock_fd)  # (closing releases the lock)
         return cls(path, map_, max_counters)
 
     def allocate(self, label: str, type_id: int, registration_id: int = 0) -> Counter:

@@ -254,3 +254,28 @@ def test_reader_in_another_process_sees_live_values(path, manager):
         child.wait(timeout=CHILD_TIMEOUT_S)
     assert seen == [[0, 4, 9, "hits", 2**62 + 3], [1, 13, 0, "late", -7]]
     assert child.returncode == 0
+
+
+def _race_to_own(path, start, done, results) -> None:
+    start.wait()
+    try:
+        CountersManager.create(path, 16)
+        results.put("owner")
+    except CountersError:
+        results.put("refused")
+    done.wait()  # stay alive until every process has tried: a live owner refuses the rest
+
+
+def test_processes_starting_at_once_on_one_directory_get_one_owner(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    start, done, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race_to_own, args=(tmp_path / "counters.dat", start, done, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    outcomes = sorted(results.get(timeout=30) for _ in range(n))
+    for p in procs:
+        p.join(timeout=30)
+    assert outcomes == ["owner"] + ["refused"] * (n - 1)
