@@ -890,7 +890,7 @@ class ConsensusAgent:
     async def _execute_sessions(self) -> None:
         for e in self.sessions.drain_effects():
             if type(e) is AppendSessionEvent:
-                self._appends.append((e.message, None))
+                self._appends.append((e.message, lambda position, e=e: self.sessions.on_event_appended(e, position)))
             elif type(e) is SendEgress:
                 pub = self._egress.get(e.cluster_session_id)
                 if pub is None:

@@ -64,6 +64,7 @@ __all__ = [
     "ClusterSession",
     "ClusterSessions",
     "AppendSessionEvent",
+    "NOT_IN_LOG",
     "SendEgress",
     "CloseEgress",
     "SessionSettings",
@@ -85,9 +86,11 @@ class SessionState(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class AppendSessionEvent:
-    """Leader: append ``message`` (SessionOpenEvent or SessionCloseEvent) to the log."""
+    """Leader: append ``message`` (SessionOpenEvent or SessionCloseEvent) to the log, then tell
+    :meth:`ClusterSessions.on_event_appended` the log position after it."""
 
     message: Any
+    session: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +126,17 @@ class ClusterSession:
     state: SessionState
     time_of_last_activity_ns: int
     opened_log_position: int = NULL_POSITION
+    """The log position just after the session's SessionOpenEvent (the reference's
+    ``openedLogPosition``): the open is committed once the commit position reaches it.
+    :data:`NOT_IN_LOG` while a leader's open waits to be appended."""
     closed_log_position: int = NULL_POSITION
+    """Likewise for its SessionCloseEvent, once a close is decided."""
     close_reason: CloseReason = CloseReason.CLIENT_ACTION
     encoded_principal: bytes = b""
+
+
+NOT_IN_LOG = 2**63 - 1
+"""A session event decided by the leader and not yet appended: beyond every commit position."""
 
 
 @dataclass(slots=True)
@@ -178,14 +189,14 @@ class ClusterSessions:
             return None
         session = ClusterSession(
             self.next_session_id, req.correlation_id, req.response_stream_id, req.response_channel,
-            SessionState.OPEN, now_ns, opened_log_position=append_position,
+            SessionState.OPEN, now_ns, opened_log_position=NOT_IN_LOG,
         )
         self.next_session_id += 1
         self.sessions[session.id] = session
         self.effects.append(AppendSessionEvent(SessionOpenEvent(
             leadership_term_id, req.correlation_id, session.id, now_ns,
             req.response_stream_id, req.response_channel,
-        )))
+        ), session))
         answer(EventCode.OK, "", session.id)
         return session
 
@@ -235,8 +246,8 @@ class ClusterSessions:
                now_ns: int, *, tell_client: bool) -> None:
         session.state = SessionState.CLOSING
         session.close_reason = reason
-        session.closed_log_position = append_position
-        self.effects.append(AppendSessionEvent(SessionCloseEvent(term_id, session.id, now_ns, reason)))
+        session.closed_log_position = NOT_IN_LOG
+        self.effects.append(AppendSessionEvent(SessionCloseEvent(term_id, session.id, now_ns, reason), session))
         if tell_client:
             self.effects.append(SendEgress(
                 session.id, session.response_channel, session.response_stream_id,
@@ -264,20 +275,34 @@ class ClusterSessions:
         self.sessions.pop(event.cluster_session_id, None)
         self.closed_uncommitted.pop(event.cluster_session_id, None)
 
+    def on_event_appended(self, effect: AppendSessionEvent, position: int) -> None:
+        """The leader appended ``effect``'s event; ``position`` is the log position after it."""
+        session = effect.session
+        if session is None:
+            return
+        if type(effect.message) is SessionOpenEvent:
+            session.opened_log_position = position
+        else:
+            session.closed_log_position = position
+
     def on_commit(self, commit_position: int) -> None:
         """Closes at or below the commit position are final."""
         if self.closed_uncommitted:
-            for sid in [sid for sid, s in self.closed_uncommitted.items() if s.closed_log_position < commit_position]:
+            for sid in [sid for sid, s in self.closed_uncommitted.items() if s.closed_log_position <= commit_position]:
                 del self.closed_uncommitted[sid]
 
     # ------------------------------------------------------------------ leadership changes
 
     def rollback(self, commit_position: int) -> None:
-        """A new leadership is prepared: undo session changes the log will not keep."""
-        for sid in [sid for sid, s in self.sessions.items() if s.opened_log_position >= commit_position]:
+        """A new leadership is prepared: undo session changes the log will not keep. An event
+        is kept when the commit position has reached the position after it (the log positions
+        of the sessions are those, whether the leader appended the event or a follower applied
+        it from the log: a follower that kept an open ending exactly at the commit position
+        must not drop it)."""
+        for sid in [sid for sid, s in self.sessions.items() if s.opened_log_position > commit_position]:
             del self.sessions[sid]
         for sid, s in list(self.closed_uncommitted.items()):
-            if s.closed_log_position >= commit_position and s.opened_log_position < commit_position:
+            if s.closed_log_position > commit_position and s.opened_log_position <= commit_position:
                 s.state = SessionState.OPEN
                 s.closed_log_position = NULL_POSITION
                 self.sessions[sid] = s

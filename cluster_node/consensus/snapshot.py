@@ -141,9 +141,9 @@ def _open_at(sessions, log_position: int) -> list:
     """Sessions open at ``log_position``: those open now, and those whose close was decided
     after it (a leader's service may close a session while the snapshot waits for its ack; the
     close event then lies after the snapshot and is replayed from the log)."""
-    out = [s for s in sessions.sessions.values() if s.opened_log_position < log_position]
+    out = [s for s in sessions.sessions.values() if s.opened_log_position <= log_position]
     out += [s for s in sessions.closed_uncommitted.values()
-            if s.closed_log_position >= log_position and s.opened_log_position < log_position]
+            if s.closed_log_position > log_position and s.opened_log_position <= log_position]
     return out
 
 

@@ -126,13 +126,48 @@ def test_after_a_full_restart_the_leader_closes_old_sessions():
     assert ev.code == EventCode.CLOSED and ev.detail == "TIMEOUT" and CloseEgress(41) in effects
 
 
+def log(s: ClusterSessions, end_position: int) -> None:
+    """The agent appends the leader's pending session events; the last ends at ``end_position``."""
+    effects = [e for e in s.drain_effects() if isinstance(e, AppendSessionEvent)]
+    for i, e in enumerate(effects):
+        s.on_event_appended(e, end_position - 96 * (len(effects) - 1 - i))
+
+
 def test_rollback_forgets_uncommitted_opens_and_reopens_uncommitted_closes():
     s = make()
     old = connect(s, pos=100)
+    log(s, 196)
     s.on_commit(200)
     s.on_close_request(3, old.id, 3, 300, 1)
+    log(s, 396)
     young = connect(s, corr=9, pos=400)
-    s.drain_effects()
+    log(s, 496)
     s.rollback(commit_position=250)
     assert list(s.sessions) == [old.id] and s.sessions[old.id].state.name == "OPEN"
     assert young.id not in s.sessions
+
+
+def test_an_event_ending_exactly_at_the_commit_position_is_committed():
+    """Positions are those after each event, on the leader and on followers alike: a follower
+    that applied an open ending at the commit position keeps the session through a rollback
+    (a chaos run lost a client's session that way: the next leader had never heard of it)."""
+    from cluster_node.codecs import SessionOpenEvent
+
+    follower = make()
+    follower.on_log_session_open(SessionOpenEvent(3, 9, 5, 0, 102, "aeron:udp?endpoint=127.0.0.1:9"), 1670880)
+    follower.rollback(commit_position=1670880)
+    assert list(follower.sessions) == [5]
+
+    leader = make()
+    session = connect(leader, pos=1000)
+    leader.rollback(commit_position=1000)  # its open was never appended: gone
+    assert not leader.sessions
+    session = connect(leader, corr=8, pos=1000)
+    log(leader, 1096)
+    leader.rollback(commit_position=1096)
+    assert list(leader.sessions) == [session.id]
+    leader.on_close_request(3, session.id, 3, 1096, 1)
+    log(leader, 1192)
+    leader.on_commit(1192)  # the close ends at the commit position: final
+    leader.rollback(commit_position=1192)
+    assert not leader.sessions

@@ -4,7 +4,7 @@ import pytest
 
 from cluster_node.codecs import ClientSession, SessionConnectRequest, compose_semantic_version
 from cluster_node.consensus.pending import PendingServiceMessages
-from cluster_node.consensus.sessions import ClusterSessions
+from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions
 from cluster_node.consensus.snapshot import (
     ServiceSnapshot,
     SnapshotError,
@@ -25,7 +25,9 @@ def _state():
         sessions.on_connect_request(
             SessionConnectRequest(10 + i, 102, CLIENT_PROTOCOL_VERSION, f"aeron:udp?endpoint=h:{i}"),
             is_leader=True, leader_member_id=0, leadership_term_id=4, append_position=100 * i, now_ns=5)
-    sessions.drain_effects()
+        for e in sessions.drain_effects():
+            if isinstance(e, AppendSessionEvent):
+                sessions.on_event_appended(e, 100 * i + 96)  # the agent appended the open
     timers = Timers()
     timers.schedule(7, 1_000)
     timers.schedule(3, 500)
