@@ -586,7 +586,7 @@ class ConsensusAgent:
             is_startup = self.elections_completed == 1
             self.sessions.on_new_leadership(
                 is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-                leader_member_id=e.leader_member_id, append_position=m.append_position, now_ns=time.time_ns())
+                leader_member_id=e.leader_member_id, now_ns=time.time_ns())
             await self._execute_sessions()
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
@@ -994,14 +994,14 @@ class ConsensusAgent:
         if t is codecs.SessionConnectRequest:
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.leader_member_id,
-                leadership_term_id=m.leadership_term_id, append_position=m.append_position, now_ns=self._cluster_now)
+                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
                 self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               m.append_position, self._cluster_now)
+                                               self._cluster_now)
 
     def _on_service(self, buf, offset, length, header) -> None:
         m = self.module
@@ -1020,7 +1020,7 @@ class ConsensusAgent:
             self.timers.cancel(msg.correlation_id)
         elif type(msg) is codecs.CloseSession:
             if m.is_leader:
-                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, m.append_position, self._cluster_now)
+                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
         elif type(msg) is codecs.ServiceAck:
             self._on_service_ack(msg)
 
@@ -1193,8 +1193,7 @@ class ConsensusAgent:
                 work += 1
             if m.is_leader:
                 work += self._leader_work(now)
-                if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, m.append_position,
-                                                                          self._cluster_now):
+                if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
                     work += 1
             else:
                 work += self._follower_work()

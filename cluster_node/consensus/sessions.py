@@ -164,7 +164,6 @@ class ClusterSessions:
         is_leader: bool,
         leader_member_id: int,
         leadership_term_id: int,
-        append_position: int,
         now_ns: int,
     ) -> ClusterSession | None:
         """A client asks to connect. Returns the new session when it was opened (leader)."""
@@ -217,33 +216,33 @@ class ClusterSessions:
         return self.on_ingress(leadership_term_id, cluster_session_id, current_term_id, now_ns)
 
     def on_close_request(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int,
-                         append_position: int, now_ns: int) -> bool:
+                         now_ns: int) -> bool:
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN or leadership_term_id != current_term_id:
             return False
-        self._close(session, CloseReason.CLIENT_ACTION, current_term_id, append_position, now_ns, tell_client=False)
+        self._close(session, CloseReason.CLIENT_ACTION, current_term_id, now_ns, tell_client=False)
         return True
 
-    def on_service_close(self, cluster_session_id: int, current_term_id: int, append_position: int, now_ns: int) -> bool:
+    def on_service_close(self, cluster_session_id: int, current_term_id: int, now_ns: int) -> bool:
         """The service asked to close a session (CloseSession on stream 105)."""
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN:
             return False
-        self._close(session, CloseReason.SERVICE_ACTION, current_term_id, append_position, now_ns, tell_client=True)
+        self._close(session, CloseReason.SERVICE_ACTION, current_term_id, now_ns, tell_client=True)
         return True
 
-    def check_timeouts(self, current_term_id: int, append_position: int, now_ns: int) -> int:
+    def check_timeouts(self, current_term_id: int, now_ns: int) -> int:
         """Leader: close sessions silent for longer than the session timeout."""
         timeout = self.settings.session_timeout_ns
         expired = [s for s in self.sessions.values()
                    if s.state == SessionState.OPEN and now_ns - s.time_of_last_activity_ns > timeout]
         for session in expired:
             self.timed_out += 1
-            self._close(session, CloseReason.TIMEOUT, current_term_id, append_position, now_ns, tell_client=True)
+            self._close(session, CloseReason.TIMEOUT, current_term_id, now_ns, tell_client=True)
         return len(expired)
 
-    def _close(self, session: ClusterSession, reason: CloseReason, term_id: int, append_position: int,
-               now_ns: int, *, tell_client: bool) -> None:
+    def _close(self, session: ClusterSession, reason: CloseReason, term_id: int, now_ns: int, *,
+               tell_client: bool) -> None:
         session.state = SessionState.CLOSING
         session.close_reason = reason
         session.closed_log_position = NOT_IN_LOG
@@ -309,7 +308,7 @@ class ClusterSessions:
         self.closed_uncommitted.clear()
 
     def on_new_leadership(self, *, is_leader: bool, is_startup: bool, leadership_term_id: int,
-                          leader_member_id: int, append_position: int, now_ns: int) -> None:
+                          leader_member_id: int, now_ns: int) -> None:
         """The election closed. The leader greets the sessions it inherited (or closes them after
         a full restart); every member restarts session timeouts."""
         for session in self.sessions.values():
@@ -321,8 +320,7 @@ class ClusterSessions:
             # restarted alone and won the election) reconnects instead of offering into a session
             # that no longer exists while the leader answers its ingress publication.
             for session in list(self.sessions.values()):
-                self._close(session, CloseReason.TIMEOUT, leadership_term_id, append_position, now_ns,
-                            tell_client=True)
+                self._close(session, CloseReason.TIMEOUT, leadership_term_id, now_ns, tell_client=True)
             return
         for session in self.sessions.values():
             self.effects.append(SendEgress(

@@ -29,10 +29,10 @@ def make(**kw) -> ClusterSessions:
     return ClusterSessions(member_id=1, ingress_endpoints=ENDPOINTS, settings=SessionSettings(**kw))
 
 
-def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0, pos=0):
+def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0):
     req = SessionConnectRequest(corr, 102, version, "aeron:udp?endpoint=127.0.0.1:9999")
     return s.on_connect_request(req, is_leader=leader, leader_member_id=1 if leader else 0,
-                                leadership_term_id=3, append_position=pos, now_ns=now)
+                                leadership_term_id=3, now_ns=now)
 
 
 def events(effects):
@@ -53,11 +53,15 @@ def test_follower_redirects_to_the_leader_with_every_ingress_endpoint():
 
 def test_leader_opens_a_session_logs_it_then_answers_ok():
     s = make()
-    session = connect(s, now=5, pos=640)
+    session = connect(s, now=5)
     effects = s.drain_effects()
     assert [type(e) for e in effects] == [AppendSessionEvent, SendEgress]
     (opened,) = appended(effects)
     assert opened == SessionOpenEvent(3, 7, session.id, 5, 102, "aeron:udp?endpoint=127.0.0.1:9999")
+    # Not in the log until the agent appends it; then at the position after the event.
+    assert session.opened_log_position > 2**62
+    s.on_event_appended(effects[0], 736)
+    assert session.opened_log_position == 736
     (ok,) = events(effects)
     assert ok.code == EventCode.OK and ok.cluster_session_id == session.id and ok.leadership_term_id == 3
     assert connect(s, corr=8).id == session.id + 1
@@ -84,7 +88,7 @@ def test_ingress_refreshes_activity_and_a_silent_session_times_out():
     assert s.on_ingress(3, a.id, 3, 9 * S)
     assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped
     assert s.stale_term_dropped == 1
-    assert s.check_timeouts(3, 4096, 11 * S) == 1  # b only
+    assert s.check_timeouts(3, 11 * S) == 1  # b only
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, b.id, 11 * S, CloseReason.TIMEOUT)]
     assert events(effects)[0].code == EventCode.CLOSED and CloseEgress(b.id) in effects
@@ -96,7 +100,7 @@ def test_client_close_is_logged_without_a_closed_event():
     s = make()
     a = connect(s)
     s.drain_effects()
-    assert s.on_close_request(3, a.id, 3, 512, 1)
+    assert s.on_close_request(3, a.id, 3, 1)
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, a.id, 1, CloseReason.CLIENT_ACTION)]
     assert events(effects) == []
@@ -109,7 +113,7 @@ def test_followers_learn_sessions_from_the_log_and_the_next_leader_greets_them()
     s.on_log_session_close(SessionCloseEvent(2, 41, 0, CloseReason.CLIENT_ACTION))
     assert list(s.sessions) == [42] and s.next_session_id == 43
     s.on_new_leadership(is_leader=True, is_startup=False, leadership_term_id=3, leader_member_id=1,
-                        append_position=1024, now_ns=5)
+                        now_ns=5)
     (ev,) = events(s.drain_effects())
     assert ev == NewLeaderEvent(3, 42, 1, ENDPOINTS)
 
@@ -118,7 +122,7 @@ def test_after_a_full_restart_the_leader_closes_old_sessions():
     s = make()
     s.on_log_session_open(SessionOpenEvent(2, 7, 41, 0, 102, "aeron:udp?endpoint=127.0.0.1:9999"), 128)
     s.on_new_leadership(is_leader=True, is_startup=True, leadership_term_id=3, leader_member_id=1,
-                        append_position=1024, now_ns=5)
+                        now_ns=5)
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, 41, 5, CloseReason.TIMEOUT)] and not s.sessions
     # The client is told, in case it is still there (the leader alone restarted): it reconnects.
@@ -135,12 +139,12 @@ def log(s: ClusterSessions, end_position: int) -> None:
 
 def test_rollback_forgets_uncommitted_opens_and_reopens_uncommitted_closes():
     s = make()
-    old = connect(s, pos=100)
+    old = connect(s)
     log(s, 196)
     s.on_commit(200)
-    s.on_close_request(3, old.id, 3, 300, 1)
+    s.on_close_request(3, old.id, 3, 1)
     log(s, 396)
-    young = connect(s, corr=9, pos=400)
+    young = connect(s, corr=9)
     log(s, 496)
     s.rollback(commit_position=250)
     assert list(s.sessions) == [old.id] and s.sessions[old.id].state.name == "OPEN"
@@ -159,14 +163,14 @@ def test_an_event_ending_exactly_at_the_commit_position_is_committed():
     assert list(follower.sessions) == [5]
 
     leader = make()
-    session = connect(leader, pos=1000)
+    session = connect(leader)
     leader.rollback(commit_position=1000)  # its open was never appended: gone
     assert not leader.sessions
-    session = connect(leader, corr=8, pos=1000)
+    session = connect(leader, corr=8)
     log(leader, 1096)
     leader.rollback(commit_position=1096)
     assert list(leader.sessions) == [session.id]
-    leader.on_close_request(3, session.id, 3, 1096, 1)
+    leader.on_close_request(3, session.id, 3, 1)
     log(leader, 1192)
     leader.on_commit(1192)  # the close ends at the commit position: final
     leader.rollback(commit_position=1192)
