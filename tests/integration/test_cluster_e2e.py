@@ -470,6 +470,27 @@ async def test_second_node_on_the_same_directory_refuses_to_start(cluster: TestC
     assert node.running, "the first node died\n" + cluster.diagnostics()
 
 
+async def test_many_short_terms_of_mixed_traffic_keep_every_member_in_step(tmp_path) -> None:
+    """A 64 KiB log term turns over every few hundred entries: mixed small and 1 KiB entries put
+    term ends, padding and full blocks in every possible place. Each member must keep up through
+    dozens of term rotations and end with the same state. (Coverage of rotation, not a detector
+    of one bug: the tail-longer-than-the-window stall hit about one round in twenty-five of this
+    traffic, and tests/unit/test_archive_block_io.py pins that one down.)"""
+    with TestCluster(tmp_path, log_term_length=64 * 1024) as cluster:
+        cluster.start()
+        async with open_kv_client(cluster.client_config) as kv:
+            for r in range(8):
+                replies = await kv.pipeline([Append(kv.next_id(), f"k{r}", f"{i};".encode()) for i in range(200)],
+                                            timeout=30)
+                assert all(reply.status == Status.OK for reply in replies.values())
+                await put_keys(kv, cluster, {f"s{r}_{i}": b"" for i in range(300)})
+                await put_keys(kv, cluster, {f"p{r}_{i}": b"p" * 1024 for i in range(200)})
+            await cluster.await_for(lambda: cluster.caught_up([n.member_id for n in cluster.nodes]), 20, "caught up")
+            terms = max(n.counters().commit for n in cluster.nodes) // (64 * 1024)
+            assert terms >= 30, f"only {terms} terms: the test no longer exercises term rotation"
+            await assert_same_state(kv, cluster, "short-terms")
+
+
 @pytest.mark.slow
 async def test_follower_replay_cut_short_by_an_election_applies_nothing_twice(tmp_path) -> None:
     """A restarted follower replays its log into its service; the leader goes silent halfway
