@@ -331,6 +331,8 @@ def check_data_run(buf, length: int, term_length: int) -> DataRun:
     flen = _flen
     if ftype == TYPE_DATA and version == VERSION and flen >= HEADER_LENGTH:
         aligned = (flen + 31) & ~31
+        if aligned == length:
+            return DataRun(term_offset, session_id, stream_id, term_id, flags, length, length)  # a lone frame
         count = length // aligned
         if count > 1 and count * aligned == length:
             # Frames of one length (small messages batched by the sender): all headers in one
