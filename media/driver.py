@@ -979,8 +979,8 @@ class MediaDriver:
                     del ni.sources[src]
                     ni.ended_sources.discard(src)
             if ni.ended_sources and ni.ended_sources.issuperset(ni.sources):
-                # The sources left had all ended the stream: it ends where the last one did.
-                ni.core.on_end_of_stream(ni.core.hwm_position)
+                # The sources left had all ended the stream: it ends after what was received.
+                ni.core.on_end_of_stream()
         self._maybe_close_endpoint(ep)
 
     def _maybe_close_endpoint(self, ep: _ReceiveEndpoint) -> None:

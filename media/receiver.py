@@ -202,11 +202,11 @@ class ImageReceiverCore:
                 self.hwm_position = position
             self._update_gap(now_ns)
 
-    def on_end_of_stream(self, position: int) -> None:
+    def on_end_of_stream(self) -> None:
         """Every source of the image has now ended the stream (the last one that had not was
-        removed), the last of them at ``position`` or before."""
+        removed): it ends after what was received."""
         if self.eos_position is None:
-            self.eos_position = max(position, self.hwm_position)
+            self.eos_position = self.hwm_position
 
     def on_setup_again(self, now_ns: int) -> None:
         """A SETUP for an image we have: the sender has not heard our status; answer soon."""
