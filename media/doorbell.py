@@ -24,7 +24,7 @@ import threading
 
 import trio
 
-__all__ = ["Doorbell", "ring", "DATA", "NEW_PUBLICATION"]
+__all__ = ["Doorbell", "ring", "doorbell_pid", "DATA", "NEW_PUBLICATION"]
 
 DATA = b"D"
 NEW_PUBLICATION = b"N"
@@ -44,6 +44,15 @@ def _sender() -> socket.socket:
         s.setblocking(False)
         _send_socket, _send_pid = s, os.getpid()
     return _send_socket
+
+
+def doorbell_pid(name: str) -> int | None:
+    """The id of the process that made a doorbell, from its name (``pyc-<pid>-<n>-<hex>``, see
+    :class:`Doorbell`), or None for a name not of that form."""
+    parts = name.split("-")
+    if len(parts) < 3 or parts[0] != "pyc" or not parts[1].isdigit():
+        return None
+    return int(parts[1])
 
 
 def ring(name: bytes, what: bytes = DATA) -> bool:
@@ -68,6 +77,7 @@ class Doorbell:
     """The receiving end: owned by one reader (a subscription)."""
 
     def __init__(self) -> None:
+        # (doorbell_pid reads the pid back: stale subscriber markers are those of dead processes)
         self.name = f"pyc-{os.getpid()}-{next(_counter)}-{os.urandom(3).hex()}".encode()
         assert len(self.name) <= 32
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

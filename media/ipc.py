@@ -30,7 +30,7 @@ import trio
 
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
-from media.doorbell import NEW_PUBLICATION, Doorbell, ring
+from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
 from media.frames import TYPE_PAD
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
 from media.publication import ExclusivePublication, OfferResult, Publication
@@ -61,14 +61,6 @@ class _IpcImageState:
         self.image = image
         self.slot = slot
         self.gone_since_ns = 0
-
-
-def _doorbell_pid(name: str) -> int | None:
-    """The process id in a doorbell's name (``pyc-<pid>-...``, media.doorbell), or None."""
-    parts = name.split("-")
-    if len(parts) < 3 or parts[0] != "pyc" or not parts[1].isdigit():
-        return None
-    return int(parts[1])
 
 
 class _IpcSub:
@@ -136,9 +128,9 @@ class IpcTransport:
         is killed and restarted in a loop would otherwise leave its local log buffers (up to
         three terms each, a term of the cluster log being 64 MiB by default) behind every time.
         Only files of dead processes go: a live publisher's buffer is never touched (one of this
-        process's beats), and readers that still map a removed buffer keep their map. Unreadable buffers and half-created
-        ones (``.tmp``, a crash during creation) go when older than ``min_age_s``, so a file
-        another process is creating at this moment is left alone."""
+        process's beats), and readers that still map a removed buffer keep their map. Unreadable
+        buffers and half-created ones (``.tmp``, a crash during creation) go when older than
+        ``min_age_s``, so a file another process is creating at this moment is left alone."""
         removed = freed = 0
         if not self.dir.is_dir():
             return 0, 0
@@ -177,7 +169,7 @@ class IpcTransport:
             markers = stream_dir / "subscribers"
             if markers.is_dir():
                 for marker in markers.iterdir():
-                    pid = _doorbell_pid(marker.name)
+                    pid = doorbell_pid(marker.name)
                     if pid is not None and pid != self._pid and not pid_alive(pid):
                         try:
                             marker.unlink()
