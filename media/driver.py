@@ -85,7 +85,7 @@ from media.channel import (
     parse,
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path, pid_alive
-from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
+from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
@@ -421,7 +421,7 @@ class MediaDriver:
             session_id=session_id, stream_id=stream_id, initial_term_id=initial_term_id, term_length=term_length,
             mtu=mtu, start_position=start, now_ns=now, multi_destination=mdc, config=self._sender_cfg,
         )
-        window = term_length // 2
+        window = term_window(term_length)
 
         def limit_fn(pub: ExclusivePublication) -> int:
             if not core.connected:

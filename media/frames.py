@@ -78,6 +78,7 @@ __all__ = [
     "term_id_at",
     "wrap_i32",
     "max_message_length",
+    "term_window",
 ]
 
 
@@ -151,6 +152,13 @@ def term_id_at(position: int, initial_term_id: int, position_bits: int) -> int:
 def max_message_length(term_length: int) -> int:
     """The largest message a publication accepts: min(term length / 8, 16 MiB)."""
     return min(term_length // 8, 16 * 1024 * 1024)
+
+
+def term_window(term_length: int) -> int:
+    """The most a publisher may run ahead of its slowest reader (IPC) or its sender (UDP), and
+    the most a receiver's window may grant: half a term, so a term is never written while it is
+    still being read. Also the longest block a publication can ever admit at once."""
+    return term_length // 2
 
 
 class DataHeader(NamedTuple):

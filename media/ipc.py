@@ -31,7 +31,7 @@ import trio
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
 from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
-from media.frames import TYPE_PAD
+from media.frames import TYPE_PAD, term_window
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription
@@ -201,7 +201,7 @@ class IpcTransport:
                 raise ValueError(f"IPC session {session_id} on stream {stream_id} is already published by pid {owner}")
         lb = LogBuffer.create(path, term_length, channel.mtu or DEFAULT_MTU, initial_term_id, session_id, stream_id, start)
         lb.publisher_heartbeat_ns = time.monotonic_ns()
-        window = term_length // 2
+        window = term_window(term_length)
         liveness = self.liveness_ns
         mypid = self._pid
 

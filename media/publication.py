@@ -26,7 +26,7 @@ from typing import Awaitable, Callable
 import trio
 
 from media.channel import ChannelUri
-from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length
+from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length, term_window
 from media.logbuffer import META_LENGTH, LogBuffer
 
 __all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Publication"]
@@ -96,10 +96,11 @@ class ExclusivePublication:
         self.initial_term_id = log.initial_term_id
         self.max_payload_length = log.mtu - HEADER_LENGTH
         self.max_message_length = max_message_length(log.term_length)
-        self.max_block_length = log.term_length // 2
+        self.max_block_length = term_window(log.term_length)
         """The longest block :meth:`claim_block` / :meth:`offer_block` take: both transports'
-        flow-control windows are half a term, so a longer block would be refused for ever, even
-        with every reader caught up (a silent stall; it is a ValueError instead)."""
+        flow-control windows are :func:`~media.frames.term_window`, so a longer block would be
+        refused for ever, even with every reader caught up (a silent stall; it is a ValueError
+        instead)."""
         self.start_position = start_position
         self.max_position = _MAX_POSITION_TERMS * log.term_length - 1
         self._buffer = log.buffer

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedDict
 
-from media.frames import DataRun, Heartbeat, compute_position, encode_nak, encode_status, term_id_at
+from media.frames import DataRun, Heartbeat, compute_position, encode_nak, encode_status, term_id_at, term_window
 
 __all__ = ["ReceiverConfig", "ImageReceiverCore", "Accept", "ReceiverStats"]
 
@@ -94,7 +94,7 @@ class ImageReceiverCore:
         self.mtu = mtu
         self.receiver_id = receiver_id
         self.config = config
-        self.window = min(config.initial_window, term_length // 2)
+        self.window = min(config.initial_window, term_window(term_length))
         self.join_position = self.position_of(active_term_id, term_offset)
         self.rebuild_position = self.join_position
         self.hwm_position = self.join_position

@@ -57,6 +57,7 @@ from media.frames import (
     encode_setup,
     run_unpacker,
     term_id_at,
+    term_window,
 )
 
 __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
@@ -188,7 +189,7 @@ class SenderCore:
             self.stats.status_ahead += 1
             consumed = self.sender_position
         self.last_status_ns = now_ns
-        limit = consumed + min(sm.receiver_window, self.term_length // 2)
+        limit = consumed + min(sm.receiver_window, term_window(self.term_length))
         rcv = self.receivers.get(sm.receiver_id)
         if rcv is None:
             self.receivers[sm.receiver_id] = _Receiver(limit, now_ns, address)
