@@ -31,6 +31,8 @@ Node file
     member_id = 0
     dir = "var/cluster/node0"        # relative paths are relative to the working directory
     service = "kv"                   # "echo", "kv", or "package.module:ClassName"
+    leader_cpus = [0]                # optional, Linux: CPUs while leading (members sharing
+    follower_cpus = [1]              # a machine; see cluster_node.affinity), and otherwise
 
     [cluster]
     # The reference's member format (ClusterMember.parse), members separated by "|":
@@ -83,6 +85,7 @@ from typing import Any
 
 import msgspec
 
+from cluster_node import affinity
 from media.channel import ChannelError, parse_endpoint
 
 __all__ = [
@@ -245,6 +248,11 @@ class NodeSection(_Section):
     service: str = "echo"
     """``echo``, ``kv`` or ``package.module:ClassName`` of a ClusteredService."""
     cluster_id: int = 0
+    leader_cpus: tuple[int, ...] = ()
+    """CPUs this member's threads run on while it leads; empty: wherever the OS puts them
+    (see :mod:`cluster_node.affinity` for why members sharing a machine want this)."""
+    follower_cpus: tuple[int, ...] = ()
+    """CPUs this member's threads run on while it follows or is a candidate."""
 
 
 class ClusterSection(_Section):
@@ -806,6 +814,19 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "node.service", "must not be empty")
     if not 0 <= n.cluster_id < 2**31:
         _fail(cfg, "node.cluster_id", f"must be from 0 to 2^31-1, got {n.cluster_id}")
+    for name in ("leader_cpus", "follower_cpus"):
+        cpus = getattr(n, name)
+        if not cpus:
+            continue
+        if not affinity.supported():
+            _fail(cfg, f"node.{name}", "CPU affinity needs Linux (os.sched_setaffinity); leave it empty here")
+        if len(set(cpus)) != len(cpus):
+            _fail(cfg, f"node.{name}", f"a CPU appears twice in {list(cpus)}")
+        allowed = affinity.available_cpus()
+        missing = sorted(c for c in cpus if c not in allowed)
+        if missing:
+            _fail(cfg, f"node.{name}", f"CPU {affinity.format_cpus(missing)} is not one this process may run on"
+                                       f" (it may run on {affinity.format_cpus(allowed)})")
 
     c = cfg.cluster
     if not c.members:
@@ -935,6 +956,8 @@ def _toml_value(name: str, value: Any) -> tuple[str, str]:
         return name, str(value)
     if isinstance(value, str):
         return name, '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return name, "[" + ", ".join(map(str, value)) + "]"
     raise TypeError(f"cannot write {name}={value!r} as TOML")
 
 
@@ -1102,6 +1125,8 @@ def generate_loopback_cluster(
     cluster_id: int = 0,
     snapshot_interval: int = 0,
     hosts: typing.Sequence[str] | None = None,
+    leader_cpus: tuple[int, ...] = (),
+    follower_cpus: tuple[int, ...] = (),
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1111,6 +1136,9 @@ def generate_loopback_cluster(
     With ``base_port`` the ports are fixed and readable (ingress base+i, consensus base+100+i,
     log base+200+i, archive base+300+i, client egress base+400); without it every port is a
     free UDP port below the ephemeral range. Catchup endpoints use port 0 (ephemeral), as in the reference.
+
+    ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
+    :func:`cluster_node.affinity.split_for_shared_machine`).
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1141,7 +1169,8 @@ def generate_loopback_cluster(
     for i in range(nodes):
         node_dir = base / f"node{i}"
         cfg = NodeConfig(
-            node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id),
+            node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id,
+                             leader_cpus=tuple(leader_cpus), follower_cpus=tuple(follower_cpus)),
             cluster=cluster,
             timeouts=timeouts,
             driver=driver,

@@ -63,6 +63,7 @@ from cluster_node.codecs import (
     CodecError,
     encode_session_message,
 )
+from cluster_node.affinity import RoleAffinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.election import ElectionState
@@ -204,6 +205,7 @@ class ConsensusAgent:
         self.cfg = config
         self.driver = driver
         self.archive = archive
+        self.affinity = RoleAffinity(config.node.leader_cpus, config.node.follower_cpus)
         self.service_bell = service_bell
         self.service_parked = None
         """``service_parked() -> bool``: whether the service thread is parked on its doorbell
@@ -563,6 +565,7 @@ class ConsensusAgent:
                     self._service_ring_due = True  # rung by a later pass or the park's deadline
         elif t is fx.RoleChanged:
             self.counters["role"].set(e.role)
+            self.affinity.apply(e.role == Role.LEADER)
             if e.role != Role.LEADER:
                 self.pending.become_follower()
         elif t is fx.ElectionStateChanged:
@@ -1153,6 +1156,7 @@ class ConsensusAgent:
         of the driver's receiver task. The claim is handed back around anything that awaits
         something else (:meth:`_execute`, :meth:`_complete_snapshot`)."""
         driver = self.driver
+        self.affinity.apply(self.module is not None and self.module.role == Role.LEADER)
         driver.claim_receive()
         self._reads_sockets = True
         try:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
+from cluster_node.affinity import parse_cpus
 from cluster_node.config import parse_client_config, client_config_to_toml
 from tests.support.cluster import (
     DIGEST_PREFIX,
@@ -468,6 +470,41 @@ async def test_second_node_on_the_same_directory_refuses_to_start(cluster: TestC
     assert len(lines) == 1 and lines[0].startswith("Error:") and str(node.dir) in lines[0], message
     assert "in use" in lines[0] or "running" in lines[0] or "already" in lines[0], message
     assert node.running, "the first node died\n" + cluster.diagnostics()
+
+
+def _thread_masks(pid: int) -> set[tuple[int, ...]]:
+    """The distinct CPU masks of a process's threads, from /proc."""
+    masks = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except FileNotFoundError:
+            continue  # a thread that just ended
+        line = next(x for x in text.splitlines() if x.startswith("Cpus_allowed_list:"))
+        masks.add(parse_cpus(line.split(":", 1)[1].strip()))
+    return masks
+
+
+async def test_members_run_on_the_cpus_of_their_role_and_move_when_the_leader_changes(tmp_path) -> None:
+    """leader_cpus / follower_cpus (what `cluster-node up` generates): every thread of the leader
+    on the leader's CPUs, every thread of a follower on the followers', and a new leader moves
+    to the leader's CPUs when it takes over."""
+    cpus = sorted(os.sched_getaffinity(0))
+    leader_cpus, follower_cpus = (cpus[0],), tuple(cpus[1:]) or (cpus[0],)
+    with TestCluster(tmp_path, leader_cpus=leader_cpus, follower_cpus=follower_cpus) as cluster:
+        leader = cluster.start()
+
+        def placed(expected_leader: int) -> bool:
+            return all(_thread_masks(n.pid) == {leader_cpus if n.member_id == expected_leader else follower_cpus}
+                       for n in cluster.nodes if n.running)
+
+        await cluster.await_for(lambda: placed(leader), 10, f"leader {leader} on CPUs {leader_cpus}, followers on {follower_cpus}")
+        term = cluster.counters()[leader].term
+        cluster.nodes[leader].kill()
+        new_leader = await cluster.await_leader(20, min_term=term + 1, exclude=[leader])
+        await cluster.await_for(lambda: placed(new_leader), 10, f"new leader {new_leader} on CPUs {leader_cpus}")
+        async with open_kv_client(cluster.client_config) as kv:
+            assert (await kv.put("k", b"v", timeout=CONNECT_TIMEOUT_S)).status == Status.OK
 
 
 async def test_many_short_terms_of_mixed_traffic_keep_every_member_in_step(tmp_path) -> None:

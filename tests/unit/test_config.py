@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -287,3 +288,35 @@ def test_section_defaults_are_valid() -> None:
     assert DriverSection().mtu == 1408
     assert ClusterSection(members=()).log_term_length == 64 * 1024 * 1024
     assert isinstance(ClientConfig, type)
+
+
+# ------------------------------------------------------------------------------ cpu affinity
+
+
+def test_cpu_sets_parse_validate_and_round_trip() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    cfg = parse_node_config(MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\nleader_cpus = [{cpu}]\nfollower_cpus = []'))
+    assert cfg.node.leader_cpus == (cpu,) and cfg.node.follower_cpus == ()
+    assert _same(parse_node_config(node_config_to_toml(cfg)), cfg)
+    assert f"leader_cpus = [{cpu}]" in node_config_to_toml(cfg)
+    assert parse_node_config(MINIMAL).node.leader_cpus == ()  # the default: the OS decides
+
+
+@pytest.mark.parametrize(
+    "line,expect",
+    [
+        ("leader_cpus = [4095]", "node.leader_cpus: CPU 4095 is not one this process may run on (it may run on "),
+        ("follower_cpus = [-1]", "node.follower_cpus: CPU -1 is not one this process may run on"),
+        ("follower_cpus = [CPU, CPU]", "node.follower_cpus: a CPU appears twice"),
+        ('leader_cpus = "0"', "node.leader_cpus"),
+    ],
+)
+def test_bad_cpu_sets_are_one_line_errors(line: str, expect: str) -> None:
+    line = line.replace("CPU", str(min(os.sched_getaffinity(0))))
+    assert expect in _error(MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\n{line}'))
+
+
+def test_generated_cluster_carries_cpu_sets(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    nodes, _ = generate_loopback_cluster(3, tmp_path, leader_cpus=(cpu,), follower_cpus=(cpu,))
+    assert all(n.node.leader_cpus == (cpu,) and n.node.follower_cpus == (cpu,) for n in nodes)
