@@ -7,7 +7,10 @@ others really elect a new leader. ``up`` only
 1. decides the configs: generated into ``--dir`` with a block of free ports below the kernel's
    ephemeral range (:func:`pick_base_port`), kept there so that a second ``up`` on the same
    directory restarts the same cluster with its state; or taken from ``--config-dir``
-   (e.g. ``configs/``);
+   (e.g. ``configs/``). Generated configs pin the members by role (``leader_cpus`` /
+   ``follower_cpus``: the leader on a CPU of its own, the followers on the others), because
+   members sharing a machine otherwise lose a fifth of their speed to the scheduler putting a
+   woken follower on the leader's CPU (:mod:`cluster_node.affinity`); ``--no-pin`` does not;
 2. checks that no member's port is taken, then starts the members; each one's stdout and stderr
    go to ``<node dir>/logs/console.log`` and its ``READY member=<id> pid=<pid>`` line there says
    it runs (a member that exits first is a start failure, reported with the file's last lines);
@@ -426,9 +429,20 @@ def _node_tomls(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool) -> ClusterPlan:
-    """Which configs to start (see the module docstring); raises ClickException on a mistake."""
+def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool,
+                 pin: bool = True) -> ClusterPlan:
+    """Which configs to start (see the module docstring); raises ClickException on a mistake.
+
+    ``pin``: generated configs give the members ``leader_cpus`` / ``follower_cpus``
+    (:func:`cluster_node.affinity.split_for_shared_machine`); ``False`` (``--no-pin``) leaves
+    them out, and refuses existing configs that pin."""
     from cluster_node.config import ConfigError, load_node_config
+
+    def check_unpinned(paths: list[Path], where: Path) -> None:
+        if not pin and any(c.node.leader_cpus or c.node.follower_cpus for c in _load_all(paths)):
+            raise click.ClickException(
+                f"--no-pin applies to generated configs; the configs in {where} set leader_cpus/follower_cpus"
+                " (remove them there, or use --fresh to generate new ones)")
 
     if config_dir is not None:
         if service is not None:
@@ -443,6 +457,7 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
             raise click.ClickException(f"--config-dir: no node<N>.toml files in {config_dir}")
         if nodes is not None and nodes != len(paths):
             raise click.ClickException(f"--nodes {nodes}, but {config_dir} holds {len(paths)} node configs")
+        check_unpinned(paths, config_dir)
         client = config_dir / "client.toml"
         return ClusterPlan(paths, client if client.is_file() else None, False, _service_of(paths))
 
@@ -463,12 +478,13 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
         if service is not None and service != have:
             raise click.ClickException(
                 f"{base_dir} holds a cluster running the {have!r} service; use --fresh to start over with {service!r}, or another --dir")
+        check_unpinned(existing, base_dir)
         client = base_dir / "client.toml"
         return ClusterPlan(existing, client if client.is_file() else None, False, have)
     n = 3 if nodes is None else nodes
     svc = service or "kv"
     try:
-        paths, client = write_cluster_configs(base_dir, n, svc)
+        paths, client = write_cluster_configs(base_dir, n, svc, pin=pin)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -525,15 +541,21 @@ def pick_base_port(nodes: int, host: str = "127.0.0.1", rng=None) -> int:
     raise click.ClickException(f"no free block of {4 * nodes} UDP ports on {host} between 21000 and {high + 500}")
 
 
-def write_cluster_configs(base_dir: Path, nodes: int, service: str) -> tuple[list[Path], Path]:
+def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = True) -> tuple[list[Path], Path]:
     """Generate and write ``node<i>.toml`` and ``client.toml`` into ``base_dir`` (node directories
-    ``base_dir/node<i>``, absolute, so the configs work from any working directory)."""
+    ``base_dir/node<i>``, absolute, so the configs work from any working directory).
+
+    ``pin``: every member gets ``leader_cpus`` / ``follower_cpus`` for this machine (all members
+    share it: see :mod:`cluster_node.affinity` for why the leader wants a CPU of its own)."""
     import msgspec
 
+    from cluster_node.affinity import split_for_shared_machine
     from cluster_node.config import client_config_to_toml, generate_loopback_cluster, node_config_to_toml
 
     base_port = pick_base_port(nodes)
-    configs, client = generate_loopback_cluster(nodes, base_dir.resolve(), service=service, base_port=base_port)
+    leader_cpus, follower_cpus = split_for_shared_machine() if pin and nodes > 1 else ((), ())
+    configs, client = generate_loopback_cluster(nodes, base_dir.resolve(), service=service, base_port=base_port,
+                                                leader_cpus=leader_cpus, follower_cpus=follower_cpus)
     # Many clients may run at once (a watch and a put): each picks its own egress port.
     client = msgspec.structs.replace(
         client, client=msgspec.structs.replace(client.client, egress_endpoint="127.0.0.1:0")).validate()
@@ -842,6 +864,9 @@ class _Screen:
 @click.option("--config-dir", type=click.Path(path_type=Path), default=None,
               help="Start the node<N>.toml configs of DIR (e.g. configs/) instead of generating them.")
 @click.option("--fresh", is_flag=True, help="Remove the configs and node directories of --dir first (new ports, empty state).")
+@click.option("--no-pin", is_flag=True,
+              help="Generated configs leave the members' CPUs to the OS (default: the leader gets a CPU of its own, "
+                   "the followers the others; see leader_cpus in cluster_node/config.py).")
 @click.option("--once", is_flag=True,
               help="For scripts: print the table once a leader is elected, then a line UP leader=... client=..., "
                    "then only event lines; keep running until SIGTERM/SIGINT.")
@@ -851,10 +876,10 @@ class _Screen:
               help="With --once: seconds for a leader to be elected before giving up.")
 @click.option("--stop-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds a member has to stop after SIGTERM before it is killed.")
-def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, once: bool,
-       start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
+def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, no_pin: bool,
+       once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
     """Start a local cluster (one process per member), show its members live, stop it on Ctrl-C."""
-    plan = plan_cluster(nodes, base_dir, service, config_dir, fresh)
+    plan = plan_cluster(nodes, base_dir, service, config_dir, fresh, pin=not no_pin)
     members = _members_from(plan.node_config_paths)
     interactive = sys.stdout.isatty() and not once
     client_path = plan.client_config_path.resolve() if plan.client_config_path is not None else None

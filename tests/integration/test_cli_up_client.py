@@ -192,6 +192,25 @@ def test_up_config_mistakes_are_one_line_errors(tmp_path):
     assert r.returncode == 1 and "'kv' service" in r.stderr and "--fresh" in r.stderr, r.stderr
 
 
+def test_up_pins_generated_members_by_role_unless_told_not_to(tmp_path):
+    from cluster_node.affinity import split_for_shared_machine
+    from cluster_node.config import load_node_config
+
+    leader_cpus, follower_cpus = split_for_shared_machine()
+    paths, _ = write_cluster_configs(tmp_path / "pinned", 3, "kv")
+    cfg = load_node_config(paths[0])
+    assert (cfg.node.leader_cpus, cfg.node.follower_cpus) == (leader_cpus, follower_cpus)
+    paths, _ = write_cluster_configs(tmp_path / "free", 3, "kv", pin=False)
+    cfg = load_node_config(paths[0])
+    assert (cfg.node.leader_cpus, cfg.node.follower_cpus) == ((), ())
+    if leader_cpus:
+        r = subprocess.run([str(CLI), "up", "--once", "--no-pin", "--dir", str(tmp_path / "pinned")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "--no-pin applies to generated configs" in r.stderr and "--fresh" in r.stderr, r.stderr
+        assert not (tmp_path / "pinned" / "node0" / "logs" / "console.log").exists()  # nothing was started
+
+
 def test_client_without_a_cluster_says_no_leader(tmp_path):
     ports = free_fixed_udp_ports(3, "127.0.0.1")
     cfg = ClientConfig(client=ClientSection(
