@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cluster benchmark: a 3-node loopback cluster running the echo service, measured from a client.
 
-    .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR]
+    .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR] [--no-pin]
 
 Three ``cluster-node run`` processes (configs generated with the demo timeouts: election timeout
 1 s, leader heartbeat timeout 2 s) and this process as the client, all on 127.0.0.1:
@@ -20,6 +20,11 @@ Three ``cluster-node run`` processes (configs generated with the demo timeouts: 
 * **failover** (``failover_ms_median``): kill -9 of the leader, then the time until one other
   member is leader with its election closed (read from the counters files); the killed member is
   restarted and must rejoin as a follower before the next round. Median of several rounds.
+
+The members run with ``leader_cpus`` / ``follower_cpus`` as ``cluster-node up`` gives them on
+this machine (``cluster_node.affinity.split_for_shared_machine``: on two CPUs the leader on one,
+the followers on the other); ``--no-pin`` leaves their placement to the OS. The client is never
+pinned. The JSON says which (``cpus``).
 
 Progress goes to stderr; the last line on stdout is one JSON object. ``--quick`` finishes
 within 60 s. ``--failovers N`` measures only N failover rounds, on a cluster whose log is empty
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
+from cluster_node.affinity import format_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
 from media.publication import OfferResult  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
@@ -239,13 +245,16 @@ def main() -> None:
     p.add_argument("--dir", help="directory for configs and node files (default: a temporary one, removed after)")
     p.add_argument("--failovers", type=int, metavar="N",
                    help="only measure N failover rounds (kill -9 of the leader, restart, rejoin), nothing else")
+    p.add_argument("--no-pin", action="store_true",
+                   help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)")
     args = p.parse_args()
     if args.failovers is not None and args.failovers < 1:
         p.error("--failovers must be at least 1")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         base = Path(args.dir) if args.dir else Path(tmp)
-        cluster = TestCluster(base, 3, service="echo")
+        leader_cpus, follower_cpus = ((), ()) if args.no_pin else split_for_shared_machine()
+        cluster = TestCluster(base, 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus)
         try:
             results = trio.run(run, args, cluster)
         finally:
@@ -258,6 +267,7 @@ def main() -> None:
         "failover_ms": results.get("failover_ms"),
         "idle_cpu_percent": results.get("idle_cpu_percent"),
         "leader_heartbeat_timeout_ms": cluster.timeouts.leader_heartbeat_timeout_ns // 1_000_000,
+        "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus)},
         "quick": args.quick,
         "seconds": round(time.monotonic() - t0, 1),
     }

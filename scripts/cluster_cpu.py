@@ -2,6 +2,7 @@
 """CPU per message of each process of a 3-node echo cluster at a fixed request rate.
 
     .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR] [--strace DIR]
+    .venv/bin/python scripts/cluster_cpu.py --max [--seconds 8] [--spy DIR]
     .venv/bin/python scripts/cluster_cpu.py --idle [--seconds 20]
 
 Starts three ``cluster-node run`` processes (the echo service, demo timeouts, as
@@ -14,6 +15,13 @@ With ``--strace DIR`` it counts each node's system calls over the window instead
 ``DIR/node<N>.strace``), which tells the wake-ups (``epoll_wait``) and datagrams (``sendto``,
 ``recvfrom``) per message; strace slows the nodes, so the CPU figures of such a run are not the
 plain ones.
+
+``--max``: the client offers as fast as the cluster echoes (``bench_cluster.py``'s throughput
+window) instead of at a rate, so the figures are the CPU per message at saturation; with
+``--spy`` the client (this process) is recorded too, as ``DIR/client.txt``.
+
+The members are pinned as ``cluster-node up`` pins them (``leader_cpus`` / ``follower_cpus``,
+see ``cluster_node.affinity``); ``--no-pin`` leaves them to the OS.
 
 ``--idle``: no client; the CPU each node uses while the cluster sits idle, over a longer window
 than ``bench_cluster.py``'s 3 s (an idle node uses a few ticks a second, so short windows are
@@ -40,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trio  # noqa: E402
 
 import bench_cluster as bc  # noqa: E402
+from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
 
@@ -70,7 +79,8 @@ async def _start_observers(pids: dict[int, int], leader: int, seconds: float, sp
     if spy_dir is not None:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         for m, pid in pids.items():
-            out = spy_dir / f"node{m}{'L' if m == leader else ''}.txt"
+            name = m if isinstance(m, str) else f"node{m}{'L' if m == leader else ''}"
+            out = spy_dir / f"{name}.txt"
             spies.append(subprocess.Popen(
                 [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -129,12 +139,48 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
 
 
+async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None,
+                      strace_dir: Path | None = None) -> None:
+    """As :func:`measure`, with the client offering as fast as the cluster echoes (the
+    throughput benchmark's window of 4,096 messages in flight): where the CPU goes at saturation."""
+    leader = cluster.start(timeout=60)
+    await trio.sleep(1.5)
+    pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
+    echoes = bc.Echoes()
+    async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
+        await bc.throughput(client, echoes, 32, 4096, 0.5, 1.0)  # warm-up
+        if spy_dir is not None:
+            pids_and_client = dict(pids)
+            pids_and_client["client"] = os.getpid()
+        else:
+            pids_and_client = pids
+        spies, tracers = await _start_observers(pids_and_client, leader, seconds, spy_dir, strace_dir)
+        before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        client_before = os.times()
+        received = echoes.received
+        rate = await bc.throughput(client, echoes, 32, 4096, 0.0, seconds)
+        client_after = os.times()
+        after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        n = echoes.received - received
+        _stop_observers(spies, tracers)
+    print(f"leader: member {leader}; {rate:,.0f} echoes/s of 32 B at saturation")
+    _report_nodes(pids, leader, before, after, seconds, n)
+    used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
+    print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", type=int, default=200, help="messages per second (default 200)")
     p.add_argument("--seconds", type=float, default=8.0, help="measured window (default 8)")
     p.add_argument("--spy", metavar="DIR", help="also record each node with py-spy into DIR")
     p.add_argument("--strace", metavar="DIR", help="also count each node's system calls into DIR (strace -c)")
+    p.add_argument("--max", action="store_true",
+                   help="offer as fast as the cluster echoes (a window of 4,096 in flight) instead of at --rate")
+    p.add_argument("--no-pin", action="store_true",
+                   help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)")
+    p.add_argument("--leader-cpus", metavar="LIST", help="leader_cpus instead of up's choice, e.g. 0 or 0-1")
+    p.add_argument("--follower-cpus", metavar="LIST", help="follower_cpus instead of up's choice, e.g. 1")
     p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
     args = p.parse_args()
     if args.idle and args.seconds == 8.0:
@@ -149,9 +195,17 @@ def main() -> None:
     if strace_dir is not None and shutil.which("strace") is None:
         p.error("--strace needs strace (apt-get install strace)")
     with tempfile.TemporaryDirectory(prefix="cluster-cpu-") as tmp:
-        cluster = TestCluster(Path(tmp), 3, service="echo")
+        leader_cpus, follower_cpus = ((), ()) if args.no_pin else split_for_shared_machine()
+        if args.leader_cpus is not None:
+            leader_cpus = parse_cpus(args.leader_cpus)
+        if args.follower_cpus is not None:
+            follower_cpus = parse_cpus(args.follower_cpus)
+        print(f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}")
+        cluster = TestCluster(Path(tmp), 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus)
         try:
-            if args.idle:
+            if args.max:
+                trio.run(measure_max, cluster, args.seconds, spy_dir, strace_dir)
+            elif args.idle:
                 trio.run(measure_idle, cluster, args.seconds, spy_dir, strace_dir)
             else:
                 trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir)
