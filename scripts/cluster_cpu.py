@@ -34,6 +34,7 @@ figures are ``bench_cluster.py``'s.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -58,9 +59,14 @@ def _user_sys_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+SUMMARY: dict = {}
+"""What the run measured, printed as one JSON object last (``scripts/ab`` shows last lines)."""
+
+
 def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, seconds: float, n: float) -> None:
     tck = os.sysconf("SC_CLK_TCK")
     total = 0.0
+    followers = []
     for m in pids:
         user = (after[m][0] - before[m][0]) / tck
         system = (after[m][1] - before[m][1]) / tck
@@ -69,6 +75,15 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
         per_message = f", {(user + system) / n * 1e6:.0f} us of CPU per message" if n else ""
         print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
               f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system){per_message}")
+        share = round((user + system) / seconds * 100, 1)
+        if m == leader:
+            SUMMARY["leader_pct"] = share
+        else:
+            followers.append(share)
+        if n:
+            SUMMARY[f"{role}{'' if m == leader else len(followers)}_us_per_msg"] = round((user + system) / n * 1e6)
+    SUMMARY["followers_pct"] = followers
+    SUMMARY["nodes_pct"] = round(total / seconds * 100, 1)
     print(f"nodes in total: {total / seconds * 100:.1f} % of a core")
 
 
@@ -134,9 +149,11 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
         _stop_observers(spies, tracers)
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
+    SUMMARY.update(rate=rate, p50_us=lat["p50"], p99_us=lat["p99"])
     _report_nodes(pids, leader, before, after, seconds, n)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
+    SUMMARY["client_us_per_msg"] = round(used / n * 1e6)
 
 
 async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None,
@@ -164,9 +181,11 @@ async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None
         n = echoes.received - received
         _stop_observers(spies, tracers)
     print(f"leader: member {leader}; {rate:,.0f} echoes/s of 32 B at saturation")
+    SUMMARY["msgs_per_s"] = round(rate)
     _report_nodes(pids, leader, before, after, seconds, n)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
+    SUMMARY["client_us_per_msg"] = round(used / n * 1e6)
 
 
 def main() -> None:
@@ -211,6 +230,8 @@ def main() -> None:
                 trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir)
         finally:
             cluster.close()
+    SUMMARY["cpus"] = {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus)}
+    print(json.dumps(SUMMARY))
 
 
 if __name__ == "__main__":
