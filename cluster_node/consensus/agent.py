@@ -206,6 +206,10 @@ class ConsensusAgent:
         self.driver = driver
         self.archive = archive
         self.affinity = RoleAffinity(config.node.leader_cpus, config.node.follower_cpus)
+        self._commit_spin_ns = config.timeouts.commit_spin_ns
+        self._commit_spin_until = 0
+        """Monotonic ns until which a leader with uncommitted log spins instead of sleeping
+        (:meth:`_spin_for_input`): ``commit_spin`` after its last new entry."""
         self.service_bell = service_bell
         self.service_parked = None
         """``service_parked() -> bool``: whether the service thread is parked on its doorbell
@@ -1228,6 +1232,8 @@ class ConsensusAgent:
                 self._recording_progress_ns = now
                 self.counters["append-pos"].set(pos)
                 m.on_recording_position(pos, now)
+                if m.is_leader:
+                    self._commit_spin_until = now + self._commit_spin_ns
                 work += 1
             self._check_log_stall(now)
             work += m.do_work(now)
@@ -1639,7 +1645,42 @@ class ConsensusAgent:
                 nursery.start_soon(replay_waiter)
                 nursery.start_soon(other_waiter)
             return
+        if now < self._commit_spin_until and m.is_leader and m.election is None and self._reads_sockets \
+                and self.driver.receive_claimed and self.local is not None \
+                and self.local.pub.position > m.commit_position:
+            if self._spin_for_input():
+                return
         await self._wait_input(timeout_s)
+
+    def _spin_for_input(self) -> bool:
+        """Poll the sockets until input for this agent arrives (True) or the commit spin ends
+        (``timeouts.commit_spin``; False).
+
+        A leader with log entries on their way to the followers expects their AppendPositions
+        within a round trip. Sleeping costs more than waiting awake: on the 2-core VM a process
+        woken from sleep pays some 50-130 µs before its first instruction, and the follower's
+        send wakes a halted CPU. Measured (``scripts/cluster_cpu.py``, 200 and 1,000 messages a
+        second): round trip p50 1,748 -> 1,419 µs at 200/s with the leader's CPU per message
+        *down* from 1,610 to 1,440 µs, and 1,234 / 1,107 -> 1,049 / 1,010 µs at 1,000/s. The
+        spin blocks this thread's trio loop, so it is short and bounded: the other duties here
+        (the driver's sender and conductor, the archive) wait at most ``commit_spin``; the
+        reading system call lets the service thread take the GIL."""
+        driver = self.driver
+        wake = self._wake
+        from_service = self._from_service
+        service_parked = self.service_parked
+        end = self._commit_spin_until
+        while True:
+            if service_parked is not None and not service_parked():
+                # The service thread has work: it wants this process's CPU (the leader's CPUs
+                # may be one) and the GIL more than this loop does. Measured: spinning past a
+                # busy service cost a tenth of the 1 KiB throughput.
+                return False
+            driver.receive_work()
+            if wake.is_set() or from_service.has_data():
+                return True
+            if time.monotonic_ns() >= end:
+                return False
 
     async def _wait_input(self, timeout_s: float) -> None:
         """Wait until one of this agent's inputs has something (:meth:`_on_wake`: a subscription's

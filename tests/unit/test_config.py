@@ -187,6 +187,8 @@ def test_bad_members_and_endpoints(old: str, new: str, expect: str) -> None:
         ('election_timeout_ns = "1s"', "timeouts.election_timeout_ns: expected an integer of nanoseconds"),
         ('election_timeout = "1s"\nelection_timeout_ns = 1', "given twice"),
         ('session_timeout = "0s"', "timeouts.session_timeout_ns: must be positive"),
+        ('commit_spin = "11ms"', "timeouts.commit_spin: must be from 0 to 10ms, got 11ms"),
+        ("commit_spin_ns = -1", "timeouts.commit_spin: must be from 0 to 10ms"),
     ],
 )
 def test_contradicting_timeouts(extra: str, expect: str) -> None:
@@ -320,3 +322,8 @@ def test_generated_cluster_carries_cpu_sets(tmp_path: Path) -> None:
     cpu = min(os.sched_getaffinity(0))
     nodes, _ = generate_loopback_cluster(3, tmp_path, leader_cpus=(cpu,), follower_cpus=(cpu,))
     assert all(n.node.leader_cpus == (cpu,) and n.node.follower_cpus == (cpu,) for n in nodes)
+
+
+def test_commit_spin_may_be_off() -> None:
+    assert parse_node_config(MINIMAL).timeouts.commit_spin_ns == 1_000_000
+    assert parse_node_config(MINIMAL + '\n[timeouts]\ncommit_spin = "0s"\n').timeouts.commit_spin_ns == 0
