@@ -81,7 +81,7 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
         else:
             followers.append(share)
         if n:
-            SUMMARY[f"{role}{'' if m == leader else len(followers)}_us_per_msg"] = round((user + system) / n * 1e6)
+            SUMMARY[f"{role}{'' if m == leader else len(followers)}_us_per_msg"] = round((user + system) / n * 1e6, 1)
     SUMMARY["followers_pct"] = followers
     SUMMARY["nodes_pct"] = round(total / seconds * 100, 1)
     print(f"nodes in total: {total / seconds * 100:.1f} % of a core")
@@ -153,7 +153,7 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     _report_nodes(pids, leader, before, after, seconds, n)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
-    SUMMARY["client_us_per_msg"] = round(used / n * 1e6)
+    SUMMARY["client_us_per_msg"] = round(used / n * 1e6, 1)
 
 
 async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None,
@@ -185,7 +185,7 @@ async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None
     _report_nodes(pids, leader, before, after, seconds, n)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
-    SUMMARY["client_us_per_msg"] = round(used / n * 1e6)
+    SUMMARY["client_us_per_msg"] = round(used / n * 1e6, 1)
 
 
 def main() -> None:
