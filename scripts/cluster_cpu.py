@@ -59,22 +59,39 @@ def _user_sys_ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]), int(fields[12])
 
 
+def _service_thread_ticks(pid: int) -> int:
+    """User + system ticks of a node's service thread (the one the OS knows as ``service``)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == "service":
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                return int(fields[11]) + int(fields[12])
+        except FileNotFoundError:
+            continue
+    return 0
+
+
 SUMMARY: dict = {}
 """What the run measured, printed as one JSON object last (``scripts/ab`` shows last lines)."""
 
 
 def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, seconds: float, n: float) -> None:
+    """``before``/``after``: per member (user ticks, system ticks, service thread ticks)."""
     tck = os.sysconf("SC_CLK_TCK")
     total = 0.0
     followers = []
     for m in pids:
         user = (after[m][0] - before[m][0]) / tck
         system = (after[m][1] - before[m][1]) / tck
+        service = (after[m][2] - before[m][2]) / tck
         total += user + system
         role = "leader" if m == leader else "follower"
         per_message = f", {(user + system) / n * 1e6:.0f} us of CPU per message" if n else ""
         print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
-              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system){per_message}")
+              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system;"
+              f" service thread {service / seconds * 100:.1f}){per_message}")
+        if m == leader:
+            SUMMARY["leader_service_thread_pct"] = round(service / seconds * 100, 1)
         share = round((user + system) / seconds * 100, 1)
         if m == leader:
             SUMMARY["leader_pct"] = share
@@ -124,9 +141,9 @@ async def measure_idle(cluster: TestCluster, seconds: float, spy_dir: Path | Non
     await trio.sleep(3.0)  # let the election's last messages settle
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
     spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
-    before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+    before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
     await trio.sleep(seconds)
-    after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+    after = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
     _stop_observers(spies, tracers)
     print(f"idle cluster over {seconds:.0f} s, leader member {leader}; load average {os.getloadavg()[0]:.2f}")
     _report_nodes(pids, leader, before, after, seconds, 0)
@@ -141,11 +158,11 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
         await bc.latency(client, echoes, rate, 1.0)  # warm-up
         spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
-        before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
         client_before = os.times()
         lat = await bc.latency(client, echoes, rate, seconds)
         client_after = os.times()
-        after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        after = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
         _stop_observers(spies, tracers)
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
@@ -172,12 +189,12 @@ async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None
         else:
             pids_and_client = pids
         spies, tracers = await _start_observers(pids_and_client, leader, seconds, spy_dir, strace_dir)
-        before = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
         client_before = os.times()
         received = echoes.received
         rate = await bc.throughput(client, echoes, 32, 4096, 0.0, seconds)
         client_after = os.times()
-        after = {m: _user_sys_ticks(p) for m, p in pids.items()}
+        after = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
         n = echoes.received - received
         _stop_observers(spies, tracers)
     print(f"leader: member {leader}; {rate:,.0f} echoes/s of 32 B at saturation")
