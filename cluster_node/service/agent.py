@@ -58,7 +58,9 @@ from cluster_node.codecs import (
     LOG_CODEC,
     NULL_VALUE,
     SERVICE_TO_CONSENSUS_CODEC,
+    SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
+    SESSION_PREFIX_WORD,
     CancelTimer,
     CloseReason,
     CloseSession,
@@ -77,6 +79,7 @@ from cluster_node.codecs import (
     TimerEvent,
     decode_session_message,
     encode_session_message,
+    unpack_session_header_from,
 )
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
 from media.subscription import StopPolling
@@ -225,11 +228,23 @@ class ServiceAgent:
 
     def on_log_fragment(self, buf, offset: int, length: int, header: Any) -> None:
         """One committed log message (a FragmentHandler for ``Image.bounded_poll``)."""
-        view = buf[offset : offset + length]
         position = header.position
+        if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
+            # The hot path, on every member for every client message: the header read in place
+            # (what decode_session_message checks, without building its objects); the payload is
+            # a slice of the log buffer, as decode_session_message gives it.
+            prefix, term_id, session_id, timestamp = unpack_session_header_from(buf, offset)
+            if prefix == SESSION_PREFIX_WORD and term_id >= NULL_VALUE:
+                self._log_position = position
+                self._time = timestamp
+                self.entries_applied += 1
+                self.service.on_session_message(self._sessions.get(session_id), timestamp,
+                                                buf[offset + SESSION_HEADER_LENGTH : offset + length])
+                return
+        view = buf[offset : offset + length]
         try:
             if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
-                hdr, payload = decode_session_message(view)
+                hdr, payload = decode_session_message(view)  # malformed or short: raises
                 self._log_position = position
                 self._time = hdr.timestamp
                 session = self._sessions.get(hdr.cluster_session_id)
