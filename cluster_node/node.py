@@ -92,7 +92,10 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                     def call() -> None:
                         try:
-                            done.set_result(driver.add_publication(channel, stream_id, exclusive=False))
+                            # Exclusive: only the service thread offers to it (the agent's
+                            # session events go out on publications of its own), so its offers
+                            # skip the shared publication's lock, once per reply.
+                            done.set_result(driver.add_publication(channel, stream_id, exclusive=True))
                         except BaseException as e:  # noqa: BLE001 - handed to the service thread
                             done.set_exception(e)
 

@@ -15,8 +15,8 @@ layer, as a separate process would:
   both IPC subscriptions share, so their writers ring it too while the thread is parked.
 
 Egress replies (leader only) go out on UDP publications that the node's driver creates on this
-thread's behalf (``open_egress(channel, stream_id)``); offering to them from this thread is
-supported by the driver.
+thread's behalf (``open_egress(channel, stream_id)``), exclusive to this thread (nothing else
+offers to them); offering to them from this thread is supported by the driver.
 
 Snapshots (``snapshot_io``): the thread has its own archive client on its IPC transport,
 connected when first needed. At start it reads the RecoveryState counter (type 204, this
@@ -212,7 +212,7 @@ class ServiceContainer:
                 pub.close()
 
     def _egress_offer(self, session: ClientSession, payload) -> int:
-        pub = self._egress_pub(session)
+        pub = self._egress.get(session.id) or self._egress_pub(session)
         if pub is None:
             return -1
         agent = self.agent
