@@ -50,6 +50,7 @@ from archive.storage import CATALOG_FILE_NAME, iter_frames
 from cluster_node.client import open_cluster_client
 from cluster_node.client.cluster_client import ClusterClient
 from cluster_node.config import (
+    DEMO_DRIVER,
     DEMO_TIMEOUTS,
     ClientConfig,
     NodeConfig,
@@ -405,6 +406,8 @@ class TestCluster:
         self.netns = netns
         if netns is not None:  # each member in a network namespace of its own (tests.support.netns)
             generate_kwargs.update(hosts=netns.hosts, host=netns.bridge_host)
+            # veth links have Ethernet's 1500-byte MTU: the reference's datagram size, as a LAN.
+            generate_kwargs.setdefault("driver", msgspec.structs.replace(DEMO_DRIVER, mtu=1408))
         config_paths, self.client_config_path = write_loopback_cluster(
             self.base_dir / "configs", nodes, self.base_dir / "cluster", service=service, timeouts=timeouts,
             **generate_kwargs,
