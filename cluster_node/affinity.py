@@ -9,9 +9,9 @@ on the guess that the sender is about to sleep. The leader is not about to sleep
 new entry to the first follower, that follower is woken onto the leader's CPU and preempts it,
 and the datagram to the second follower leaves only once the first follower has recorded the
 entry and answered. The other CPU meanwhile sits idle. Measured on the 2-core VM
-(``scripts/cluster_cpu.py``, 1,000 messages a second; throwaway timestamps at each send and
-receive): the gap between the leader's two sends of one entry had a median of 397 µs, and the
-first follower ran on the leader's CPU for nearly every message. Keeping the leader's threads on
+(``scripts/cluster_cpu.py --rate 100``, throwaway timestamps at each send and receive of every
+process): the gap between the leader's two sends of one entry had a median of 397 µs, the first
+follower running on the leader's CPU. Keeping the leader's threads on
 CPUs of their own and the followers' on the others removes that (see the README's figures).
 
 A member changes role at run time (elections), so the setting is per role: ``leader_cpus`` and

@@ -49,6 +49,7 @@ import trio
 from archive.client import ArchiveClient, ArchiveError, find_recording_position_counter
 from archive.codecs import RecordingSignal
 from cluster_node import codecs
+from cluster_node.affinity import RoleAffinity
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
     CONSENSUS_TO_SERVICE_CODEC,
@@ -63,7 +64,6 @@ from cluster_node.codecs import (
     CodecError,
     encode_session_message,
 )
-from cluster_node.affinity import RoleAffinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.election import ElectionState
@@ -1671,10 +1671,10 @@ class ConsensusAgent:
         A leader with log entries on their way to the followers expects their AppendPositions
         within a round trip. Sleeping costs more than waiting awake: on the 2-core VM a process
         woken from sleep pays some 50-130 µs before its first instruction, and the follower's
-        send wakes a halted CPU. Measured (``scripts/cluster_cpu.py``, 200 and 1,000 messages a
-        second): round trip p50 1,748 -> 1,419 µs at 200/s with the leader's CPU per message
-        *down* from 1,610 to 1,440 µs, and 1,234 / 1,107 -> 1,049 / 1,010 µs at 1,000/s. The
-        spin blocks this thread's trio loop, so it is short and bounded: the other duties here
+        send wakes a halted CPU. Measured (``scripts/ab --runs 2 HEAD -- scripts/cluster_cpu.py
+        --rate 1000``, members pinned): round trip p50 1,089 / 1,115 -> 1,015 / 1,029 µs, p99
+        2,000 / 1,993 -> 1,739 / 1,777 µs, the leader's CPU per message slightly *down* (778 /
+        782 -> 758 / 738 µs); at 200/s within the noise. The spin blocks this thread's trio loop, so it is short and bounded: the other duties here
         (the driver's sender and conductor, the archive) wait at most ``commit_spin``; the
         reading system call lets the service thread take the GIL."""
         driver = self.driver
