@@ -1674,9 +1674,10 @@ class ConsensusAgent:
         send wakes a halted CPU. Measured (``scripts/ab --runs 2 HEAD -- scripts/cluster_cpu.py
         --rate 1000``, members pinned): round trip p50 1,089 / 1,115 -> 1,015 / 1,029 µs, p99
         2,000 / 1,993 -> 1,739 / 1,777 µs, the leader's CPU per message slightly *down* (778 /
-        782 -> 758 / 738 µs); at 200/s within the noise. The spin blocks this thread's trio loop, so it is short and bounded: the other duties here
-        (the driver's sender and conductor, the archive) wait at most ``commit_spin``; the
-        reading system call lets the service thread take the GIL."""
+        782 -> 758 / 738 µs); at 200/s within the noise. The spin blocks this thread's trio
+        loop, so it is short and bounded: the other duties here (the driver's sender and
+        conductor, the archive) wait at most ``commit_spin``; the reading system call lets the
+        service thread take the GIL."""
         driver = self.driver
         wake = self._wake
         from_service = self._from_service

@@ -56,6 +56,7 @@ from cluster_node.codecs import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CONSENSUS_TO_SERVICE_CODEC,
     LOG_CODEC,
+    MAX_MESSAGE_LENGTH,
     NULL_VALUE,
     SERVICE_TO_CONSENSUS_CODEC,
     SESSION_HEADER_LENGTH,
@@ -234,7 +235,7 @@ class ServiceAgent:
             # (what decode_session_message checks, without building its objects); the payload is
             # a slice of the log buffer, as decode_session_message gives it.
             prefix, term_id, session_id, timestamp = unpack_session_header_from(buf, offset)
-            if prefix == SESSION_PREFIX_WORD and term_id >= NULL_VALUE:
+            if prefix == SESSION_PREFIX_WORD and term_id >= NULL_VALUE and length <= MAX_MESSAGE_LENGTH:
                 self._log_position = position
                 self._time = timestamp
                 self.entries_applied += 1
@@ -244,13 +245,9 @@ class ServiceAgent:
         view = buf[offset : offset + length]
         try:
             if length and view[0] == SESSION_MESSAGE_TEMPLATE_ID:
-                hdr, payload = decode_session_message(view)  # malformed or short: raises
-                self._log_position = position
-                self._time = hdr.timestamp
-                session = self._sessions.get(hdr.cluster_session_id)
-                self.entries_applied += 1
-                self.service.on_session_message(session, hdr.timestamp, payload)
-                return
+                # Refused above, so malformed: decode_session_message raises, naming the fault.
+                decode_session_message(view)
+                raise CodecError("malformed session message")
             msg = LOG_CODEC.decode(view)
         except CodecError as e:
             self._log_position = position

@@ -188,3 +188,26 @@ def test_malformed_log_entries_and_consensus_messages_are_counted_not_fatal():
     assert rig.service.calls[-1] == ("message", None, 2, b"ok")
     hdr, _ = decode_session_message(encode_session_message(0, -1, 2, b"ok"))
     assert hdr.timestamp == 2
+
+
+def test_malformed_session_messages_in_the_log_are_counted_and_never_applied():
+    """The hot path reads a session message's header in place; what it refuses (short, wrong
+    schema, reserved bytes set) is reported by decode_session_message, never applied."""
+    rig = Rig()
+    errors: list[str] = []
+    rig.agent._on_error = errors.append
+    rig.agent.start(None)
+    good = bytearray(encode_session_message(0, 7, 3, b"payload"))
+    short = bytes(good[:10])
+    wrong_schema = bytearray(good)
+    wrong_schema[2] ^= 0xFF
+    reserved_set = bytearray(good)
+    reserved_set[4] = 1
+    calls = len(rig.service.calls)
+    for entry in (short, bytes(wrong_schema), bytes(reserved_set)):
+        rig.log(entry)
+    assert rig.agent.malformed_entries == 3 and len(errors) == 3
+    assert all("malformed" in e for e in errors)
+    assert len(rig.service.calls) == calls  # nothing reached the service
+    rig.log(bytes(good))
+    assert rig.service.calls[-1] == ("message", None, 3, b"payload")
