@@ -309,6 +309,7 @@ class MediaDriver:
         # then (their after_append_flag), see _sender_loop.
         self._sender_parked = bytearray(1)
         self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
+        self._repark_margin_ns = config.heartbeat_interval_ns // 2  # see _repark_sender
         self._sender_caught_up = False  # the parked sender had sent all that was offered
         self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
         self._sender_scope: trio.CancelScope | None = None  # the parked sender's timeout
@@ -339,6 +340,7 @@ class MediaDriver:
         # Receiving: every socket in one epoll set (level-triggered), read by one task or by the
         # duty cycle that claimed it (claim_receive).
         self._rx_epoll = select.epoll()
+        self._rx_epoll_fd = self._rx_epoll.fileno()
         self._rx_handlers: dict[int, Callable[[], int]] = {}
         self._rx_claimed_by: object | None = None
         self._rx_scope: trio.CancelScope | None = None
@@ -781,9 +783,14 @@ class MediaDriver:
     def _repark_sender(self, now: int) -> None:
         """After a send made for the parked sender (``_after_append``), move its wake-up to the
         duty it would compute now: the deadline it parked with may have been for the very work
-        just done (a heartbeat), and waking for it would cost a step that finds nothing."""
+        just done (a heartbeat), and waking for it would cost a step that finds nothing.
+
+        A deadline still more than half a heartbeat interval away is left as it is: a send only
+        moves duties later, and a later send will move it in time. Moving a trio deadline costs
+        about as much as the send itself, so a request/response stream moves it at most a few
+        times per heartbeat interval instead of after every message."""
         scope = self._sender_scope
-        if scope is None:
+        if scope is None or self._sender_deadline_ns - now > self._repark_margin_ns:
             return
         scope.deadline = trio.current_time() + max(0, self._sender_wake_ns(now) - now) / 1e9
 
@@ -943,13 +950,14 @@ class MediaDriver:
         if owner is None:
             self.claim_receive()
         try:
-            with trio.move_on_after(timeout_s):
+            with trio.move_on_after(timeout_s) as scope:
                 while not (sub._changed or sub.has_data() or sub.closed):
                     if self._rx_claimed_by is not me:
                         await sub._lot.park()  # another task claimed the sockets: it wakes us
                         break
-                    if await self.await_receive():
-                        self.receive_work()
+                    # (A claim by another task cancels the scope: the wait ends early.)
+                    await self.await_receive_in(scope)
+                    self.receive_work()
         finally:
             if owner is None and self._rx_claimed_by is me:
                 self.unclaim_receive()
@@ -1127,11 +1135,27 @@ class MediaDriver:
         with trio.CancelScope() as scope:
             self._rx_scope = scope
             try:
-                await trio.lowlevel.wait_readable(self._rx_epoll.fileno())
+                await trio.lowlevel.wait_readable(self._rx_epoll_fd)
             finally:
                 if self._rx_scope is scope:
                     self._rx_scope = None
         return not scope.cancelled_caught
+
+    async def await_receive_in(self, scope: trio.CancelScope) -> None:
+        """:meth:`await_receive` for a caller that already waits inside a cancel scope of its
+        own (its timeout): a claim by another task cancels *that* scope, which ends the
+        caller's whole wait, instead of one opened here for each wait.
+
+        Entering and leaving a trio cancel scope costs some 5-10 µs on the 2-core VM, and a
+        duty cycle waiting for one reply at a time pays it on every message; the callers
+        (``Subscription.wait`` of a UDP subscription, the consensus agent's park) end their
+        wait on a claim by another task anyway."""
+        self._rx_scope = scope
+        try:
+            await trio.lowlevel.wait_readable(self._rx_epoll_fd)
+        finally:
+            if self._rx_scope is scope:
+                self._rx_scope = None
 
     async def _receiver_loop(self) -> None:
         try:

@@ -1700,7 +1700,7 @@ class ConsensusAgent:
         wake hook, the service's doorbell task) or the timeout passes.
 
         This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
-        them ends the wait (``driver.await_receive``), is read here, and the pass resumes only if it woke
+        them ends the wait (``driver.await_receive_in``), is read here, and the pass resumes only if it woke
         one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
         (the archive's) are handled by the read alone: a full pass for each would cost more
         than the read and would move the agent's heartbeats off the driver's timer grid."""
@@ -1711,8 +1711,8 @@ class ConsensusAgent:
                 if self._reads_sockets and self.driver.receive_claimed:
                     driver = self.driver
                     while not wake.is_set():
-                        if not await driver.await_receive():
-                            break  # another task claimed the sockets (not expected): run a pass
+                        # (A claim by another task, not expected, cancels the scope: a pass runs.)
+                        await driver.await_receive_in(scope)
                         driver.receive_work()
                 else:
                     await wake.wait()
