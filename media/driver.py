@@ -341,7 +341,7 @@ class MediaDriver:
         # duty cycle that claimed it (claim_receive).
         self._rx_epoll = select.epoll()
         self._rx_epoll_fd = self._rx_epoll.fileno()
-        self._rx_handlers: dict[int, Callable[[], int]] = {}
+        self._rx_handlers: dict[int, Callable[[int], int]] = {}
         self._rx_claimed_by: object | None = None
         self._rx_scope: trio.CancelScope | None = None
         self._rx_unclaimed: trio.Event | None = None
@@ -453,7 +453,7 @@ class MediaDriver:
         pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
         pub.sender_position = lambda core=core: core.sender_position  # type: ignore[attr-defined]
         self._net_pubs.append(np)
-        self._rx_register(sock, lambda np=np: self._on_publication_readable(np))
+        self._rx_register(sock, lambda limit, np=np: self._on_publication_readable(np, limit))
         self._wake_sender()
         log.debug("udp publication added", stream_id=stream_id, session_id=session_id, channel=str(uri))
         return pub
@@ -838,8 +838,8 @@ class MediaDriver:
             sc.heartbeats_sent.add(counts[3])
         return counts[0]
 
-    def _on_publication_readable(self, np: _NetPublication) -> int:
-        count = self._read_publication_socket(np, _RECV_BATCH)
+    def _on_publication_readable(self, np: _NetPublication, limit: int) -> int:
+        count = self._read_publication_socket(np, limit)
         # Status messages mostly change nothing the parked sender waits for (an idle
         # publication gets one per receiver per status interval): wake it only for data
         # they let through (unless a duty cycle holds it: it sends that itself at the end of
@@ -902,7 +902,7 @@ class MediaDriver:
             sock = _udp_socket(addr, self.config.socket_buffer_bytes)
             ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63))
             self._endpoints[addr] = ep
-            self._rx_register(sock, lambda ep=ep: self._read_endpoint(ep))
+            self._rx_register(sock, lambda limit, ep=ep: self._read_endpoint(ep, limit))
         return ep
 
     def _add_network_subscription(self, uri, stream_id, on_available, on_unavailable) -> Subscription:
@@ -1035,8 +1035,8 @@ class MediaDriver:
     def _on_image_progress(self, image: Image) -> None:
         self._poke_conductor()
 
-    def _read_endpoint(self, ep: _ReceiveEndpoint) -> int:
-        """Read up to a batch of the datagrams waiting at a receive endpoint, without blocking."""
+    def _read_endpoint(self, ep: _ReceiveEndpoint, limit: int) -> int:
+        """Read up to ``limit`` of the datagrams waiting at a receive endpoint, without blocking."""
         sock = ep.sock
         buf = self._recv_buf
         view = self._recv_view
@@ -1044,7 +1044,7 @@ class MediaDriver:
         touched = self._touched
         now = time.monotonic_ns()
         count = 0
-        for _ in range(_RECV_BATCH):
+        for _ in range(limit):
             try:
                 n, addr = sock.recvfrom_into(buf)
             except (BlockingIOError, InterruptedError):
@@ -1068,7 +1068,7 @@ class MediaDriver:
 
     # ------------------------------------------------------------------ receiving
 
-    def _rx_register(self, sock: socket.socket, handler: Callable[[], int]) -> None:
+    def _rx_register(self, sock: socket.socket, handler: Callable[[int], int]) -> None:
         fd = sock.fileno()
         self._rx_handlers[fd] = handler
         self._rx_epoll.register(fd, select.EPOLLIN)
@@ -1086,18 +1086,34 @@ class MediaDriver:
 
         Received data lands in the images and wakes their subscribers (or their ``wake_hook``)
         as it always does; the caller of a claimed receive (:meth:`claim_receive`) polls its own
-        subscriptions after this, in the same pass."""
+        subscriptions after this, in the same pass.
+
+        Two rounds: one datagram from each ready socket, then, for the sockets the set still
+        reports ready, batches read until the socket is empty. A lone datagram (a request, a
+        reply) thus costs one more ``epoll_wait`` instead of a ``recvfrom`` that fails with
+        EAGAIN: the raised BlockingIOError cost about 6 µs of a UDP echo's 64 µs from wake-up
+        to reply on the 2-core VM, the second poll under 1 µs."""
+        epoll = self._rx_epoll
         try:
-            events = self._rx_epoll.poll(0)
+            events = epoll.poll(0)
         except (OSError, ValueError):
             return 0  # closed
         count = 0
         handlers = self._rx_handlers
-        for fd, _mask in events:
-            # A handler may close sockets (an image that ends): theirs are gone from the map.
-            handler = handlers.get(fd)
-            if handler is not None:
-                count += handler()
+        limit = 1
+        while events:
+            for fd, _mask in events:
+                # A handler may close sockets (an image that ends): theirs are gone from the map.
+                handler = handlers.get(fd)
+                if handler is not None:
+                    count += handler(limit)
+            if limit != 1:
+                break
+            limit = _RECV_BATCH
+            try:
+                events = epoll.poll(0)
+            except (OSError, ValueError):
+                break  # a handler closed the driver
         return count
 
     def claim_receive(self) -> None:
