@@ -51,6 +51,7 @@ from media.frames import (
     Nak,
     Setup,
     StatusMessage,
+    TYPE_DATA,
     TYPE_PAD,
     compute_position,
     encode_heartbeat,
@@ -64,6 +65,9 @@ __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _META = 4096  # media.logbuffer.META_LENGTH; the core does not import the mmap module
+LONE_WORK_NS = 10_000_000
+""":meth:`SenderCore.send_lone` leaves the decision to :meth:`SenderCore.do_work` when that has not
+run for this long, so its expiries and stall checks keep their pace under lone sends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +251,38 @@ class SenderCore:
         if self.connected:
             deadline = min(deadline, self.last_status_ns + cfg.connection_timeout_ns)
         return deadline
+
+    def send_lone(self, buffer, publisher_position: int, now_ns: int) -> tuple[int, int] | None:
+        """:meth:`do_work` for its most common call: a connected sender, caught up, to which one
+        new data frame was offered, which flow control lets through, with nothing else due.
+
+        Returns that frame as ``(buffer offset, length)``, accounted as sent, or None, changing
+        nothing, when :meth:`do_work` must decide: something else may be due (a SETUP, a
+        retransmit, the end of the stream, a stall's re-announcement) or it has not run for
+        :data:`LONE_WORK_NS` (expiries and stall checks happen there). A request/response
+        stream sends each message this way, at about a third of the cost of :meth:`do_work`."""
+        position = self.sender_position
+        if (
+            publisher_position > self.flow_limit
+            or now_ns - self.last_work_ns > LONE_WORK_NS
+            or not self.connected
+            or self.setup_wanted
+            or self._retransmits
+            or self.resetup_since_ns is not None
+            or self.end_position is not None
+        ):
+            return None
+        off = _META + position % self.capacity
+        flen, _v, _f, ftype = _PREFIX(buffer, off)
+        length = (flen + 31) & ~31
+        if ftype != TYPE_DATA or flen < HEADER_LENGTH or position + length != publisher_position or length > self.mtu:
+            return None
+        self.sender_position = publisher_position
+        self.last_send_ns = now_ns
+        stats = self.stats
+        stats.datagrams += 1
+        stats.bytes += length
+        return off, length
 
     def do_work(self, now_ns: int, buffer, publisher_position: int, sends: list) -> int:
         """Append what to send now to ``sends`` and return how many entries were added.

@@ -826,3 +826,84 @@ def test_a_datagram_of_equal_small_frames_is_packed_as_the_walk_packs_it(sizes):
         got.append(n if n == covered else -covered)
         position += covered
     assert got == _reference_datagrams(buffer, 4096, TL, MTU)
+
+
+# ------------------------------------------------------------------------------- a lone frame
+
+
+def _lone(rig: Rig, now: int):
+    return rig.core.send_lone(rig.log.buffer, rig.pub.position, now)
+
+
+@pytest.mark.parametrize("payload_length", [0, 32, 100, 1000])
+def test_send_lone_sends_what_do_work_would_and_accounts_for_it(payload_length):
+    twin = _connected_with(3)
+    rig = _connected_with(3)
+    for i in range(5):
+        now = T0 + (2 + i) * MS
+        twin.publish(1, payload_length)
+        rig.publish(1, payload_length)
+        expected = twin.work(now)
+        got = _lone(rig, now)
+        assert got is not None
+        off, n = got
+        assert [bytes(rig.log.buffer[off : off + n])] == expected
+        assert rig.core.sender_position == twin.core.sender_position == rig.pub.position
+        assert rig.core.last_send_ns == now
+        assert (rig.core.stats.datagrams, rig.core.stats.bytes) == (twin.core.stats.datagrams, twin.core.stats.bytes)
+    # Nothing is owed afterwards: a full duty cycle finds nothing to send.
+    assert rig.work(T0 + 8 * MS) == []
+
+
+def test_send_lone_leaves_everything_else_to_do_work():
+    def unchanged(rig: Rig, now: int) -> None:
+        before = (rig.core.sender_position, rig.core.last_send_ns, rig.core.stats.datagrams)
+        assert _lone(rig, now) is None
+        assert (rig.core.sender_position, rig.core.last_send_ns, rig.core.stats.datagrams) == before
+
+    # Not connected yet.
+    rig = Rig()
+    rig.publish(1)
+    unchanged(rig, T0)
+    # Two frames pending (a burst: do_work batches them), or none.
+    rig = _connected_with(1)
+    unchanged(rig, T0 + 2 * MS)
+    rig.publish(2)
+    unchanged(rig, T0 + 2 * MS)
+    # Beyond the flow-control limit.
+    rig = Rig()
+    rig.work(T0)
+    rig.status(0, 160, T0)
+    rig.publish(1)
+    assert _lone(rig, T0 + MS) is not None
+    rig.publish(1)
+    unchanged(rig, T0 + MS)
+    # A retransmit waiting.
+    rig = _connected_with(4)
+    rig.nak(0, 160, T0 + 2 * MS)
+    rig.publish(1)
+    unchanged(rig, T0 + 2 * MS)
+    # A SETUP asked for.
+    rig = _connected_with(1)
+    rig.status(160, TL // 2, T0 + 2 * MS, setup=True)
+    rig.publish(1)
+    unchanged(rig, T0 + 2 * MS)
+    # A message larger than the MTU (fragments) or a frame after the term's padding.
+    rig = _connected_with(1)
+    rig.publish(1, MTU)
+    unchanged(rig, T0 + 2 * MS)
+    rig = Rig(start=TL - 64)
+    rig.work(T0)
+    rig.status(TL - 64, TL // 2, T0)
+    rig.publish(1, 64)  # pads the rest of the term, then starts the next
+    unchanged(rig, T0 + MS)
+    # The publication closed (its EOS is do_work's).
+    rig = _connected_with(1)
+    rig.publish(1)
+    rig.core.close(rig.pub.position)
+    unchanged(rig, T0 + 2 * MS)
+    # do_work has not run for a while: its expiries and stall checks come first.
+    rig = _connected_with(1)
+    rig.publish(1)
+    unchanged(rig, T0 + MS + 10 * MS + 1)
+    assert kinds(rig.work(T0 + MS + 10 * MS + 1)) == ["data"]
