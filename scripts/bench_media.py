@@ -137,6 +137,9 @@ def _echo(conn, directory: str, in_channel: str, out_channel: str) -> None:
             sub = driver.add_subscription(in_channel, 11)
             pub = driver.add_publication(out_channel, 12)
             conn.send("ready")
+            # Read the sockets in this task, as the cluster's consensus agent and client do
+            # (MediaDriver.claim_receive): a datagram wakes the task that answers it.
+            driver.claim_receive()
 
             def handler(buf, offset, length, header):
                 while pub.offer(buf[offset : offset + length]) < 0:
@@ -167,6 +170,7 @@ def _ping(conn, directory: str, out_channel: str, in_channel: str, count: int, w
                 await trio.sleep(0.001)
             hist = HdrHistogram(1, 10_000_000, 3)
             got = 0
+            driver.claim_receive()  # (as the echo does)
 
             def handler(buf, offset, length, header):
                 nonlocal got

@@ -298,6 +298,7 @@ class ConsensusAgent:
         self.stopping = False
         self._wake = trio.Event()
         self._park_scope: trio.CancelScope | None = None
+        self._parked_on_driver = False  # in _wait_input's driver.park loop
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
         # A follower's commits ring its service thread at most every _FOLLOWER_SERVICE_RING_NS.
         self._service_ring_due = False
@@ -1700,27 +1701,40 @@ class ConsensusAgent:
         wake hook, the service's doorbell task) or the timeout passes.
 
         This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
-        them ends the wait (``driver.await_receive_in``), is read here, and the pass resumes only if it woke
+        them ends the wait (``driver.park``), is read here, and the pass resumes only if it woke
         one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
         (the archive's) are handled by the read alone: a full pass for each would cost more
-        than the read and would move the agent's heartbeats off the driver's timer grid."""
+        than the read and would move the agent's heartbeats off the driver's timer grid. The
+        driver's park has no trio cancel scope (see ``MediaDriver.park``); :meth:`_on_wake`
+        rings it instead."""
         wake = self._wake
+        driver = self.driver
+        owner = driver.receive_claimant
+        if self._reads_sockets and owner is not None:
+            # (The claimant is this task, or this task's child while a replay runs.)
+            deadline = time.monotonic_ns() + int(timeout_s * 1e9)
+            self._parked_on_driver = True
+            try:
+                while not wake.is_set() and time.monotonic_ns() < deadline:
+                    await driver.park(deadline)
+                    if driver.receive_claimant is not owner:
+                        break  # another task claimed the sockets (not expected): run a pass
+                    driver.receive_work()
+            finally:
+                self._parked_on_driver = False
+            return
         with trio.move_on_after(timeout_s) as scope:
             self._park_scope = scope
             try:
-                if self._reads_sockets and self.driver.receive_claimed:
-                    driver = self.driver
-                    while not wake.is_set():
-                        # (A claim by another task, not expected, cancels the scope: a pass runs.)
-                        await driver.await_receive_in(scope)
-                        driver.receive_work()
-                else:
-                    await wake.wait()
+                await wake.wait()
             finally:
                 self._park_scope = None
 
     def _on_wake(self) -> None:
         self._wake.set()
+        if self._parked_on_driver:
+            self.driver.wake_parked()  # (nothing when this agent is the caller: it is not parked)
+            return
         scope = self._park_scope
         if scope is not None:
             scope.cancel()

@@ -407,3 +407,106 @@ async def test_offers_are_refused_not_connected_once_the_receivers_are_gone(tmp_
         sub.close()
         await _until(lambda: not pub.is_connected, 5.0)
         assert pub.offer(b"x") == OfferResult.NOT_CONNECTED
+
+
+async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
+    """Park as a claimant does (park, then receive_work) until the deadline or ``stop()``;
+    return how many parks it took."""
+    parks = 0
+    while time.monotonic_ns() < deadline_ns and not stop():
+        await driver.park(deadline_ns)
+        parks += 1
+        driver.receive_work()
+    return parks
+
+
+async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path):
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    ms = 1_000_000
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        await _until(lambda: pub.is_connected and sub.is_connected)
+        driver.claim_receive()
+        assert driver.receive_claimant is trio.lowlevel.current_task()
+
+        # The deadline: not before it, and not much after (one park, or a few if something
+        # else was readable meanwhile).
+        start = time.monotonic_ns()
+        parks = await _park_until(driver, start + 50 * ms)
+        elapsed = time.monotonic_ns() - start
+        assert 50 * ms <= elapsed < 1000 * ms and parks <= 3
+        # A later deadline than the one the timer holds, then an earlier one.
+        start = time.monotonic_ns()
+        await _park_until(driver, start + 80 * ms)
+        assert time.monotonic_ns() - start >= 80 * ms
+
+        # A datagram ends a long park at once.
+        got: list[bytes] = []
+
+        def handler(buf, offset, length, header):
+            got.append(bytes(buf[offset : offset + length]))
+
+        async def offer_soon():
+            await trio.sleep(0.02)
+            assert pub.offer(b"ping") > 0
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(offer_soon)
+            start = time.monotonic_ns()
+            await _park_until(driver, start + 10_000 * ms, lambda: sub.poll(handler, 10) > 0)
+        assert got == [b"ping"] and time.monotonic_ns() - start < 5_000 * ms
+
+        # The wake-up of another task ends it, and is used up: the next park waits its time.
+        woken = False
+
+        async def ring_soon():
+            nonlocal woken
+            await trio.sleep(0.02)
+            woken = True
+            driver.wake_parked()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ring_soon)
+            start = time.monotonic_ns()
+            await _park_until(driver, start + 10_000 * ms, lambda: woken)
+        assert woken and time.monotonic_ns() - start < 5_000 * ms
+        # An earlier deadline than the 10 s the timer still holds.
+        start = time.monotonic_ns()
+        parks = await _park_until(driver, start + 30 * ms)
+        assert 30 * ms <= time.monotonic_ns() - start < 5_000 * ms and parks <= 3
+        driver.wake_parked()  # nobody parked: nothing rung, nothing left to wake the next park
+        start = time.monotonic_ns()
+        await _park_until(driver, start + 30 * ms)
+        assert time.monotonic_ns() - start >= 30 * ms
+        driver.unclaim_receive()
+
+
+async def test_a_claim_by_another_task_ends_the_parked_claimants_wait(tmp_path):
+    ms = 1_000_000
+    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+        left_at = None
+        first_task = None
+
+        async def first():
+            nonlocal left_at, first_task
+            first_task = trio.lowlevel.current_task()
+            driver.claim_receive()
+            deadline = time.monotonic_ns() + 10_000 * ms
+            while driver.receive_claimant is first_task and time.monotonic_ns() < deadline:
+                await driver.park(deadline)
+                driver.receive_work()
+            left_at = time.monotonic_ns()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await _until(lambda: driver._parked)
+            start = time.monotonic_ns()
+            driver.claim_receive()  # rings the first claimant
+            # ... and this task's park works at once, the first one's wait on the fd withdrawn.
+            parks = await _park_until(driver, time.monotonic_ns() + 30 * ms)
+            assert parks >= 1
+        assert left_at is not None and left_at - start < 5_000 * ms
+        assert driver.receive_claimant is trio.lowlevel.current_task()
+        driver.unclaim_receive()
