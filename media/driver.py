@@ -597,8 +597,7 @@ class MediaDriver:
                 now = time.monotonic_ns()
                 if now - self._last_direct_send_ns >= _DIRECT_SEND_GAP_NS:
                     self._last_direct_send_ns = now
-                    if np is None or not self._send_lone(np, now):
-                        self._send_now(now)
+                    self._send_now(now)
                     if not self._all_sent():
                         self._sender_caught_up = False
                         self._wake_sender()  # flow control held some back
@@ -635,6 +634,8 @@ class MediaDriver:
         if self._loss_send is not None or self._closed or np.closed_at_ns:
             return False
         now = time.monotonic_ns()
+        if self._send_lone(np, now, foreign=True):
+            return np.all_sent
         if np.core.stalled(now):
             return False
         self._work_publication(np, now, [], foreign=True)
@@ -686,10 +687,11 @@ class MediaDriver:
             return 0
         return self._send_now(time.monotonic_ns())
 
-    def _send_lone(self, np: _NetPublication, now: int) -> bool:
+    def _send_lone(self, np: _NetPublication, now: int, foreign: bool = False) -> bool:
         """Send the one frame just offered to ``np`` if its core says it is all there is to do
         (:meth:`SenderCore.send_lone`); False, having sent nothing, otherwise. Its cost, not the
-        system call's, was most of a UDP echo's time from the offer to ``sendto``."""
+        system call's, was most of a UDP echo's time from the offer to ``sendto``. ``foreign``:
+        called by another thread (:meth:`_foreign_send`), whose counts are owed."""
         if self._loss_send is not None:
             return False
         with np.lock:
@@ -703,7 +705,12 @@ class MediaDriver:
             sock = np.sock
             for dest in np.dests:
                 self._raw_send(sock, data, dest)
-        fanout = len(np.dests)
+            fanout = len(np.dests)
+            if foreign:
+                owed = np.owed
+                owed[0] += fanout
+                owed[1] += n * fanout
+                return True
         sc = self.system
         sc.datagrams_sent.add(fanout)
         sc.bytes_sent.add(n * fanout)
@@ -716,6 +723,9 @@ class MediaDriver:
         sends = self._sends
         for np in self._net_pubs:
             if np.has_pending():
+                if self._send_lone(np, now):
+                    sent += len(np.dests)
+                    continue
                 if np.core.stalled(now):
                     self._wake_sender()
                     continue
