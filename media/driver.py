@@ -1100,6 +1100,7 @@ class MediaDriver:
         touched = self._touched
         now = time.monotonic_ns()
         count = 0
+        nbytes = 0
         for _ in range(limit):
             try:
                 n, addr = sock.recvfrom_into(buf)
@@ -1108,7 +1109,7 @@ class MediaDriver:
             except OSError:
                 break
             count += 1
-            sc.bytes_received.add(n)
+            nbytes += n
             if self._loss_recv is not None:
                 for due, d in self._loss_recv.on_datagram(now, bytes(view[:n])):
                     if due <= now:
@@ -1118,7 +1119,9 @@ class MediaDriver:
                         self._poke_conductor()
             else:
                 self._on_datagram(ep, view, n, addr, now, touched)
-        sc.datagrams_received.add(count)
+        if count:
+            sc.datagrams_received.add(count)
+            sc.bytes_received.add(nbytes)
         self._after_receive(touched, now)
         return count
 
@@ -1317,8 +1320,9 @@ class MediaDriver:
 
     def _image_control(self, ni: _NetImage, now: int, out: list, send_setup: bool = False) -> None:
         core = ni.core
-        if ni.images:
-            core.on_consumed(min(image.position for image in ni.images))
+        images = ni.images
+        if images:
+            core.on_consumed(images[0].position if len(images) == 1 else min(image.position for image in images))
         out.clear()
         before_naks = core.stats.naks
         core.do_work(now, out, send_setup)

@@ -127,7 +127,10 @@ class ImageReceiverCore:
         :meth:`needs_clean` to learn whether a partition must be zeroed.
         """
         self.last_packet_ns = now_ns
-        position = self.position_of(run.term_id, run.term_offset)
+        terms = run.term_id - self.initial_term_id
+        if not -0x80000000 <= terms <= 0x7FFFFFFF:
+            terms = (terms + 0x80000000) % 0x100000000 - 0x80000000  # term ids wrap (compute_position)
+        position = (terms << self.position_bits) + run.term_offset
         end = position + run.covered
         if end <= self.rebuild_position:
             self.stats.duplicates += 1
@@ -158,7 +161,10 @@ class ImageReceiverCore:
             self.hwm_position = end
             if self.eos_position is not None and end > self.eos_position:
                 self.eos_position = None  # another source carries the stream past that end
-        self._update_gap(now_ns)
+        if self.hwm_position <= self.rebuild_position:
+            self.gap_start = -1  # no gap (_update_gap's first case: in-order data, the usual)
+        else:
+            self._update_gap(now_ns)
         return Accept.INSERT, position
 
     def _add_range(self, start: int, end: int) -> None:
