@@ -58,6 +58,7 @@ that maps the same driver directory.
 from __future__ import annotations
 
 import errno
+import functools
 import heapq
 import itertools
 import os
@@ -99,6 +100,7 @@ __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
 log = structlog.get_logger("media.driver")
 _PREFIX = struct.Struct("<iBBH").unpack_from
+_check_data_run = frames.check_data_run
 _SESSION_STREAM = struct.Struct("<ii").unpack_from
 _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
@@ -473,7 +475,7 @@ class MediaDriver:
         pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
         pub.sender_position = lambda core=core: core.sender_position  # type: ignore[attr-defined]
         self._net_pubs.append(np)
-        self._rx_register(sock, lambda limit, np=np: self._on_publication_readable(np, limit))
+        self._rx_register(sock, functools.partial(self._on_publication_readable, np))  # (partial: no Python frame)
         self._wake_sender()
         log.debug("udp publication added", stream_id=stream_id, session_id=session_id, channel=str(uri))
         return pub
@@ -956,7 +958,7 @@ class MediaDriver:
             sock = _udp_socket(addr, self.config.socket_buffer_bytes)
             ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63))
             self._endpoints[addr] = ep
-            self._rx_register(sock, lambda limit, ep=ep: self._read_endpoint(ep, limit))
+            self._rx_register(sock, functools.partial(self._read_endpoint, ep))
         return ep
 
     def _add_network_subscription(self, uri, stream_id, on_available, on_unavailable) -> Subscription:
@@ -1412,7 +1414,7 @@ class MediaDriver:
                     continue
                 if checked is None:
                     try:
-                        checked = frames.check_data_run(view, n, ni.core.term_length)
+                        checked = _check_data_run(view, n, ni.core.term_length)
                     except FrameError as e:
                         self._invalid(e, addr)
                         return
