@@ -62,3 +62,35 @@ async def test_a_ring_while_nobody_waits_is_kept_for_the_next_wait():
     finally:
         bell.close()
     assert not ring(bell.name)  # closed: gone from the registry and the namespace
+
+
+async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_holds():
+    import time
+
+    bell = Doorbell()
+    try:
+        start = time.monotonic()
+        with trio.fail_after(5):
+            while time.monotonic() - start < 0.05:  # (a wait may end early: callers re-check)
+                await bell.wait(0.05)
+        assert time.monotonic() - start < 2
+        # A long wait, ended by a ring, then a short one: the short timeout is kept, not the
+        # long one the timer still holds.
+        async with trio.open_nursery() as nursery:
+            async def waiter():
+                await bell.wait(30)
+
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert ring(bell.name)
+        start = time.monotonic()
+        with trio.fail_after(5):
+            await bell.wait(0.03)
+        assert time.monotonic() - start < 2
+        assert bell.drain() == DATA
+        # A ring while nobody waits is not lost and ends the next wait at once.
+        assert ring(bell.name)
+        with trio.fail_after(5):
+            await bell.wait(30)
+    finally:
+        bell.close()
