@@ -1220,13 +1220,17 @@ class MediaDriver:
         """Wait until a socket of the driver is readable; False when a claim by another task
         took the sockets over meanwhile (the caller then leaves the reading to it)."""
         with trio.CancelScope() as scope:
-            self._rx_scope = scope
-            try:
-                await trio.lowlevel.wait_readable(self._rx_epoll_fd)
-            finally:
-                if self._rx_scope is scope:
-                    self._rx_scope = None
+            await self._wait_readable_in(scope)
         return not scope.cancelled_caught
+
+    async def _wait_readable_in(self, scope: trio.CancelScope) -> None:
+        """Wait on the epoll set inside ``scope``, which a claim by another task cancels."""
+        self._rx_scope = scope
+        try:
+            await trio.lowlevel.wait_readable(self._rx_epoll_fd)
+        finally:
+            if self._rx_scope is scope:
+                self._rx_scope = None
 
     @property
     def receive_claimant(self) -> object | None:
@@ -1248,23 +1252,17 @@ class MediaDriver:
         if self._control_pending:
             self._flush_control()
         timer = self._park_timer
-        if timer is None:
-            now = time.monotonic_ns()
-            if deadline_ns <= now:
-                return
-            with trio.move_on_after((deadline_ns - now) / 1e9) as scope:
-                self._rx_scope = scope
-                try:
-                    await trio.lowlevel.wait_readable(self._rx_epoll_fd)
-                finally:
-                    if self._rx_scope is scope:
-                        self._rx_scope = None
-            return
-        if deadline_ns < self._park_armed_ns:
-            timer.arm_at(deadline_ns)
-            self._park_armed_ns = deadline_ns
         self._parked = True
         try:
+            if timer is None:
+                left = deadline_ns - time.monotonic_ns()
+                if left > 0:
+                    with trio.move_on_after(left / 1e9) as scope:
+                        await self._wait_readable_in(scope)  # (wake_parked cancels the scope)
+                return
+            if deadline_ns < self._park_armed_ns:
+                timer.arm_at(deadline_ns)
+                self._park_armed_ns = deadline_ns
             await trio.lowlevel.wait_readable(self._rx_epoll_fd)
         except trio.BusyResourceError:
             # The task that held the claim before (rung by claim_receive) has not left its

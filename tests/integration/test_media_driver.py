@@ -420,7 +420,10 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
     return parks
 
 
-async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path):
+@pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
+async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
+    if not timerfd:
+        monkeypatch.setattr("media.driver.open_timerfd", lambda: None)  # as where Linux has none
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     ms = 1_000_000
@@ -428,6 +431,7 @@ async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and
         sub = driver.add_subscription(channel, 9)
         pub = driver.add_publication(channel, 9)
         await _until(lambda: pub.is_connected and sub.is_connected)
+        assert (driver._park_timer is not None) == timerfd
         driver.claim_receive()
         assert driver.receive_claimant is trio.lowlevel.current_task()
 

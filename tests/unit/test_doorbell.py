@@ -6,7 +6,17 @@ import threading
 import trio
 import trio.testing
 
+import pytest
+
 from media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
+
+
+@pytest.fixture(autouse=True, params=["timerfd", "cancel-scope-fallback"])
+def wait_kind(request, monkeypatch):
+    """Every test runs with the timerfd wait and with the cancel-scope wait of systems without it."""
+    if request.param != "timerfd":
+        monkeypatch.setattr("media.doorbell.open_timerfd", lambda: None)
+    return request.param
 
 
 async def test_same_thread_ring_ends_the_wait_and_drain_reports_it():
@@ -64,10 +74,11 @@ async def test_a_ring_while_nobody_waits_is_kept_for_the_next_wait():
     assert not ring(bell.name)  # closed: gone from the registry and the namespace
 
 
-async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_holds():
+async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_holds(wait_kind):
     import time
 
     bell = Doorbell()
+    assert (bell._ep is not None) == (wait_kind == "timerfd")
     try:
         start = time.monotonic()
         with trio.fail_after(5):
