@@ -73,16 +73,26 @@ def ring(name: bytes, what: bytes = DATA) -> bool:
     if not name:
         return False
     local = _local.get(name)
-    if local is not None and local._waiting_thread == threading.get_ident():
-        local._local_rings += what
-        local._waiting_thread = None
+    if local is not None:
+        if local._waiting_thread == threading.get_ident():
+            local._local_rings += what
+            local._waiting_thread = None
+            if local._ep is not None:
+                if not local._rung:
+                    local._rung = True
+                    os.eventfd_write(local._efd, 1)
+            else:
+                local._scope.cancel()
+            return True
         if local._ep is not None:
-            if not local._rung:
-                local._rung = True
+            # Another thread of this process (the consensus agent ringing its service thread):
+            # the eventfd, one 8-byte write, instead of a send to the socket's abstract name.
+            local._thread_rings.append(what)  # (list.append: atomic under the GIL)
+            try:
                 os.eventfd_write(local._efd, 1)
-        else:
-            local._scope.cancel()
-        return True
+                return True
+            except OSError:
+                return False  # closed meanwhile
     try:
         with _send_lock:
             _sender().sendto(what, b"\0" + name)
@@ -111,6 +121,7 @@ class Doorbell:
         self._efd = -1
         self._armed_ns = _NEVER  # when the timerfd expires; _NEVER: disarmed or drained
         self._rung = False  # the eventfd holds a same-thread ring
+        self._thread_rings: list[bytes] = []  # rings from other threads of this process (eventfd)
         if self._timer is not None and hasattr(os, "eventfd"):
             self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._ep = select.epoll()
@@ -122,12 +133,46 @@ class Doorbell:
         _local[self.name] = self
 
     def drain(self) -> bytes:
-        """Read every pending ring; return the distinct message bytes seen."""
+        """Read every pending ring; return the distinct message bytes seen.
+
+        With the epoll set, what is ready is asked of the set first, so an empty socket or
+        eventfd is not read (a read that fails with EAGAIN raises, at some µs a time)."""
         seen = b""
         if self._local_rings:
             for b in set(self._local_rings):
                 seen += bytes([b])
             self._local_rings = b""
+        ep = self._ep
+        if ep is not None:
+            rings, self._thread_rings = self._thread_rings, []
+            for what in rings:
+                if what not in seen:
+                    seen += what
+            sock_fd = self._sock.fileno()
+            for _ in range(64):
+                progressed = False
+                for fd, _mask in ep.poll(0):
+                    if fd == self._efd:
+                        try:
+                            os.eventfd_read(fd)
+                        except (BlockingIOError, InterruptedError):
+                            pass
+                        self._rung = False
+                        rings, self._thread_rings = self._thread_rings, []
+                        for what in rings:
+                            if what not in seen:
+                                seen += what
+                    elif fd == sock_fd:
+                        try:
+                            data = self._sock.recv(64)
+                        except (BlockingIOError, InterruptedError, OSError):
+                            continue
+                        progressed = True
+                        if data and data[:1] not in seen:
+                            seen += data[:1]
+                if not progressed:
+                    return seen
+            return seen
         while True:
             try:
                 data = self._sock.recv(64)

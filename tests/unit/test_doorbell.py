@@ -1,5 +1,6 @@
 """Doorbells: rings from the waiter's own thread end its wait without the socket; rings from
-another thread go through the socket; both are seen by drain()."""
+another thread of the process go through the eventfd (or the socket, without one); rings from
+another process through the socket; all are seen by drain()."""
 
 import threading
 
@@ -40,7 +41,7 @@ async def test_same_thread_ring_ends_the_wait_and_drain_reports_it():
         bell.close()
 
 
-async def test_ring_from_another_thread_uses_the_socket():
+async def test_ring_from_another_thread_ends_the_wait():
     bell = Doorbell()
     try:
         async with trio.open_nursery() as nursery:
@@ -103,5 +104,28 @@ async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_ho
         assert ring(bell.name)
         with trio.fail_after(5):
             await bell.wait(30)
+    finally:
+        bell.close()
+
+
+async def test_a_ring_from_another_process_comes_through_the_socket():
+    from media import doorbell
+
+    bell = Doorbell()
+    try:
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def waiter():
+                await bell.wait(30)
+                done.set()
+
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            doorbell._sender().sendto(NEW_PUBLICATION, b"\0" + bell.name)  # what another process sends
+            with trio.fail_after(5):
+                await done.wait()
+        assert bell.drain() == NEW_PUBLICATION
+        assert bell.drain() == b""
     finally:
         bell.close()
