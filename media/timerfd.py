@@ -46,13 +46,16 @@ def _load():
     if _libc is None:
         if not sys.platform.startswith("linux"):
             return None
-        name = ctypes.util.find_library("c")
-        if name is None:
-            return None
-        try:
-            lib = ctypes.PyDLL(name, use_errno=True)
-            create, settime = lib.timerfd_create, lib.timerfd_settime
-        except (OSError, AttributeError):
+        lib = None
+        # The process's own symbols hold libc's; find_library runs ldconfig, so it is the fallback.
+        for find in (lambda: None, lambda: ctypes.util.find_library("c")):
+            try:
+                lib = ctypes.PyDLL(find(), use_errno=True)
+                create, settime = lib.timerfd_create, lib.timerfd_settime
+                break
+            except (OSError, AttributeError, TypeError):
+                lib = None
+        if lib is None:
             return None
         create.argtypes = [ctypes.c_int, ctypes.c_int]
         create.restype = ctypes.c_int
