@@ -144,10 +144,6 @@ class Doorbell:
             self._local_rings = b""
         ep = self._ep
         if ep is not None:
-            rings, self._thread_rings = self._thread_rings, []
-            for what in rings:
-                if what not in seen:
-                    seen += what
             sock_fd = self._sock.fileno()
             for _ in range(64):
                 progressed = False
@@ -158,10 +154,6 @@ class Doorbell:
                         except (BlockingIOError, InterruptedError):
                             pass
                         self._rung = False
-                        rings, self._thread_rings = self._thread_rings, []
-                        for what in rings:
-                            if what not in seen:
-                                seen += what
                     elif fd == sock_fd:
                         try:
                             data = self._sock.recv(64)
@@ -171,7 +163,14 @@ class Doorbell:
                         if data and data[:1] not in seen:
                             seen += data[:1]
                 if not progressed:
-                    return seen
+                    break
+            # Rings from other threads: each is appended before its eventfd write, so every write
+            # read above (or by wait) has its ring in the list by now; a later one leaves the
+            # eventfd readable for the next wait.
+            rings, self._thread_rings = self._thread_rings, []
+            for what in rings:
+                if what not in seen:
+                    seen += what
             return seen
         while True:
             try:
