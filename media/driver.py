@@ -1155,8 +1155,8 @@ class MediaDriver:
         Two rounds: one datagram from each ready socket, then, for the sockets the set still
         reports ready, batches read until the socket is empty. A lone datagram (a request, a
         reply) thus costs one more ``epoll_wait`` instead of a ``recvfrom`` that fails with
-        EAGAIN: the raised BlockingIOError cost about 6 µs of a UDP echo's 64 µs from wake-up
-        to reply on the 2-core VM, the second poll under 1 µs."""
+        EAGAIN: on the 2-core VM the raised BlockingIOError took about 7.7 µs of an instrumented
+        UDP echo's 77 µs from wake-up to reply, an empty poll 0.4-0.8 µs."""
         if self._control_pending:
             self._flush_control()
         epoll = self._rx_epoll
