@@ -219,6 +219,11 @@ class ConsensusModule:
     def emit(self, effect: fx.Effect) -> None:
         self._effects.append(effect)
 
+    @property
+    def has_effects(self) -> bool:
+        """Effects wait for :meth:`drain_effects`."""
+        return bool(self._effects)
+
     def drain_effects(self) -> list[fx.Effect]:
         """Effects produced since the last call, in the order they must be executed."""
         out = self._effects
