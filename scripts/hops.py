@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Where a round trip goes: the median of each hop of the echo cluster's round trip at a fixed rate.
+
+    .venv/bin/python scripts/hops.py [--rate 1000] [--seconds 4] [--keep DIR]
+
+Starts the 3-node echo cluster as ``scripts/cluster_cpu.py`` does (members pinned as ``cluster-node
+up`` pins them), with every node process started through this script, which wraps three methods
+before it runs ``cluster-node``: the media driver's ``sendto`` and datagram handler, and the
+consensus agent's ring of its service thread. Each records a CLOCK_MONOTONIC timestamp (one clock
+for the whole machine) in memory; the records are written at exit. The client (this process) is
+wrapped alike. Each round trip is then followed through the processes:
+
+    client send -> leader read          the leader's wake-up (or its commit spin)
+    leader read -> log send             the ingress message appended and sent to the followers
+    log send -> follower read           the first follower's wake-up
+    follower read -> append send        receive, record, AppendPosition
+    append send -> leader read
+    leader read -> ring                 commit, and the ring of the service thread
+    ring -> egress send                 the service thread's wake-up and the echo
+    egress send -> client read          the client's wake-up
+
+The committing follower is the one whose AppendPosition reached the leader first. The wrappers
+cost a few µs per event, so the total runs above ``scripts/bench_cluster.py``'s p50; the hops'
+shares are the point. With ``--keep DIR`` the raw records stay in DIR (one file per process).
+
+The recognition of datagrams leans on the echo cluster's shapes: the client's 32-byte messages
+make 96-byte frames (and log frames of 96 bytes or more), an AppendPosition frame is 64 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import bisect
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+_DIR_ENV = "HOPS_TRACE_DIR"
+_MESSAGE_FRAME = 96
+_APPEND_FRAME = 64
+
+
+def install(out_dir: str):
+    """Wrap the driver's send and receive and the agent's service ring; write the records at exit.
+    Returns the function that writes them."""
+    from cluster_node.consensus import agent as agent_mod
+    from media import driver as driver_mod
+
+    records: list[tuple] = []
+    ports: dict[int, int] = {}
+    clock = time.monotonic_ns
+
+    def local_port(sock) -> int:
+        fd = sock.fileno()
+        port = ports.get(fd)
+        if port is None:
+            port = ports[fd] = sock.getsockname()[1]
+        return port
+
+    raw_send = driver_mod.MediaDriver._raw_send
+
+    def traced_send(self, sock, data, addr):
+        thread = "s" if threading.current_thread().name == "service" else "m"
+        records.append((clock(), "send", len(data), addr[1] if isinstance(addr, tuple) else 0, local_port(sock), thread))
+        return raw_send(self, sock, data, addr)
+
+    on_datagram = driver_mod.MediaDriver._on_datagram
+
+    def traced_datagram(self, ep, view, n, addr, now, touched):
+        records.append((clock(), "recv", n, addr[1], local_port(ep.sock), "m"))
+        return on_datagram(self, ep, view, n, addr, now, touched)
+
+    ring = agent_mod.ConsensusAgent._ring_service
+
+    def traced_ring(self):
+        records.append((clock(), "ring", 0, 0, 0, "m"))
+        return ring(self)
+
+    driver_mod.MediaDriver._raw_send = traced_send
+    driver_mod.MediaDriver._on_datagram = traced_datagram
+    agent_mod.ConsensusAgent._ring_service = traced_ring
+
+    def dump() -> None:
+        with open(Path(out_dir) / f"{os.getpid()}.txt", "w") as f:
+            for r in records:
+                f.write(" ".join(map(str, r)) + "\n")
+
+    atexit.register(dump)
+    return dump
+
+
+def _load(path: Path) -> list[tuple]:
+    out = []
+    for line in path.read_text().splitlines():
+        t, kind, n, peer, local, thread = line.split()
+        out.append((int(t), kind, int(n), int(peer), int(local), thread))
+    return out
+
+
+def _after(times: list[int], t: int | None) -> int | None:
+    if t is None:
+        return None
+    i = bisect.bisect_left(times, t)
+    return times[i] if i < len(times) else None
+
+
+HOPS = ["client send -> leader read", "leader read -> log send", "log send -> follower read",
+        "follower read -> append send", "append send -> leader read", "leader read -> ring",
+        "ring -> egress send", "egress send -> client read", "round trip"]
+
+
+def analyse(trace_dir: Path, client_pid: int) -> dict[str, list[float]]:
+    """Per-hop durations (µs) of every round trip in the middle 60 % of the run."""
+    procs = {int(p.stem): _load(p) for p in trace_dir.glob("*.txt")}
+    client = procs.pop(client_pid)
+    leader = max(procs, key=lambda p: sum(1 for r in procs[p] if r[1] == "ring"))
+    followers = [p for p in procs if p != leader]
+
+    def times(recs, pred):
+        return sorted(r[0] for r in recs if pred(r))
+
+    sends = [r for r in client if r[1] == "send" and r[2] == _MESSAGE_FRAME]
+    if not sends:
+        raise SystemExit("no client messages recorded")
+    # (The client's first message may go to a follower, which redirects it.)
+    ingress_port, client_port = Counter((r[3], r[4]) for r in sends).most_common(1)[0][0]
+    sends = [r for r in sends if r[3] == ingress_port]
+    c_send = [r[0] for r in sends]
+    c_recv = times(client, lambda r: r[1] == "recv" and r[2] >= _MESSAGE_FRAME)
+    L = procs[leader]
+    l_ingress = times(L, lambda r: r[1] == "recv" and r[3] == client_port)
+    l_log = times(L, lambda r: r[1] == "send" and r[5] == "m" and r[2] >= _MESSAGE_FRAME and r[3] != client_port)
+    l_ring = times(L, lambda r: r[1] == "ring")
+    l_egress = times(L, lambda r: r[1] == "send" and r[5] == "s")
+    f_recv = {f: times(procs[f], lambda r: r[1] == "recv" and r[2] >= _MESSAGE_FRAME) for f in followers}
+    f_append = {f: times(procs[f], lambda r: r[1] == "send" and r[2] == _APPEND_FRAME) for f in followers}
+    # The leader's reads of each follower's AppendPositions: by the port they were sent from.
+    l_append = {}
+    for f in followers:
+        sources = {r[4] for r in procs[f] if r[1] == "send" and r[2] == _APPEND_FRAME}
+        l_append[f] = times(L, lambda r: r[1] == "recv" and r[2] == _APPEND_FRAME and r[3] in sources)
+    hops: dict[str, list[float]] = {h: [] for h in HOPS}
+    n = len(c_send)
+    for t0 in c_send[n // 5 : n * 4 // 5]:
+        a = _after(l_ingress, t0)
+        b = _after(l_log, a)
+        best = None
+        for f in followers:
+            c = _after(f_recv[f], b)
+            d = _after(f_append[f], c)
+            e = _after(l_append[f], d)
+            if e is not None and (best is None or e < best[2]):
+                best = (c, d, e)
+        if best is None:
+            continue
+        c, d, e = best
+        g = _after(l_ring, e)
+        h = _after(l_egress, g)
+        z = _after(c_recv, h)
+        if None in (a, b, g, h, z) or z - t0 > 20_000_000:
+            continue
+        for name, v in zip(HOPS, (a - t0, b - a, c - b, d - c, e - d, g - e, h - g, z - h, z - t0)):
+            hops[name].append(v / 1000)
+    return hops
+
+
+async def _drive(cluster, rate: int, seconds: float) -> None:
+    import trio
+
+    import bench_cluster as bc
+    from cluster_node.client import open_cluster_client
+
+    cluster.start(timeout=60)
+    await trio.sleep(1.5)  # the election's last messages
+    echoes = bc.Echoes()
+    async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
+        await bc.latency(client, echoes, rate, seconds)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", type=int, default=1000, help="messages per second (default 1000)")
+    p.add_argument("--seconds", type=float, default=4.0, help="length of the run (default 4)")
+    p.add_argument("--keep", metavar="DIR", help="write the raw records to DIR and keep them")
+    args = p.parse_args()
+    if args.rate <= 0 or args.seconds <= 0:
+        p.error("--rate and --seconds must be positive")
+    import trio
+
+    from cluster_node.affinity import split_for_shared_machine
+    from cluster_node.logsetup import configure
+
+    configure(level="warning")  # the client's connection events would bury the table
+    from tests.support.cluster import TestCluster
+
+    with tempfile.TemporaryDirectory(prefix="hops-") as tmp:
+        trace_dir = Path(args.keep) if args.keep else Path(tmp) / "trace"
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        for old in trace_dir.glob("*.txt"):
+            old.unlink()
+        os.environ[_DIR_ENV] = str(trace_dir)
+        os.environ["CLUSTER_TEST_NODE_SCRIPT"] = str(Path(__file__).resolve())
+        dump = install(str(trace_dir))
+        leader_cpus, follower_cpus = split_for_shared_machine()
+        cluster = TestCluster(Path(tmp) / "cluster", 3, service="echo", leader_cpus=leader_cpus,
+                              follower_cpus=follower_cpus)
+        try:
+            trio.run(_drive, cluster, args.rate, args.seconds)
+        finally:
+            cluster.close()
+        dump()  # this process's records, now
+        atexit.unregister(dump)
+        hops = analyse(trace_dir, os.getpid())
+    count = len(hops["round trip"])
+    if not count:
+        raise SystemExit("no round trip could be followed through the records")
+    print(f"{count} round trips at {args.rate}/s; µs: median (quartiles)")
+    for name in HOPS:
+        v = sorted(hops[name])
+        print(f"  {name:30s} {statistics.median(v):7.0f}  ({v[len(v) // 4]:.0f}-{v[len(v) * 3 // 4]:.0f})")
+
+
+if __name__ == "__main__":
+    if os.environ.get(_DIR_ENV) and sys.argv[1:2] == ["run"]:
+        # A node of the traced cluster (the tests' cluster helper starts it through this script).
+        install(os.environ[_DIR_ENV])
+        from cluster_node.cli import main as node_main
+
+        sys.argv[0] = "cluster-node"
+        sys.exit(node_main())
+    main()

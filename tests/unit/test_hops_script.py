@@ -1,0 +1,84 @@
+"""scripts/hops.py: following a round trip through the processes' records, and its wrappers."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import hops  # noqa: E402
+
+CLIENT, LEADER, F1, F2 = 100, 200, 300, 400
+INGRESS, CLIENT_OUT, CLIENT_EGRESS = 5000, 5001, 5002
+LOG1, LOG2, CONSENSUS = 6001, 6002, 7000
+
+
+def _write(d: Path, pid: int, rows: list[tuple]) -> None:
+    (d / f"{pid}.txt").write_text("".join(" ".join(map(str, r)) + "\n" for r in sorted(rows)))
+
+
+def _round_trip(t: int) -> dict[int, list[tuple]]:
+    """One message sent at ``t`` ns; every hop takes a different number of microseconds."""
+    us = 1000
+    return {
+        CLIENT: [(t, "send", 96, INGRESS, CLIENT_OUT, "m"), (t + 900 * us, "recv", 96, 9000, CLIENT_EGRESS, "m")],
+        LEADER: [
+            (t + 100 * us, "recv", 96, CLIENT_OUT, INGRESS, "m"),
+            (t + 150 * us, "send", 96, LOG1, 8000, "m"),
+            (t + 160 * us, "send", 96, LOG2, 8000, "m"),
+            (t + 500 * us, "recv", 64, 3333, CONSENSUS, "m"),  # F2's answer, first
+            (t + 520 * us, "recv", 64, 4444, CONSENSUS, "m"),
+            (t + 600 * us, "ring", 0, 0, 0, "m"),
+            (t + 700 * us, "send", 96, CLIENT_EGRESS, 9000, "s"),
+        ],
+        F1: [(t + 300 * us, "recv", 96, 8000, LOG1, "m"), (t + 490 * us, "send", 64, CONSENSUS, 4444, "m")],
+        F2: [(t + 250 * us, "recv", 96, 8000, LOG2, "m"), (t + 450 * us, "send", 64, CONSENSUS, 3333, "m")],
+    }
+
+
+def test_analyse_follows_each_round_trip_through_the_committing_follower(tmp_path: Path) -> None:
+    rows: dict[int, list[tuple]] = {p: [] for p in (CLIENT, LEADER, F1, F2)}
+    for i in range(10):
+        for pid, r in _round_trip(1_000_000_000 + i * 2_000_000).items():
+            rows[pid] += r
+    for pid, r in rows.items():
+        _write(tmp_path, pid, r)
+    got = hops.analyse(tmp_path, CLIENT)
+    assert {k: set(v) for k, v in got.items()} == {
+        "client send -> leader read": {100.0},
+        "leader read -> log send": {50.0},
+        "log send -> follower read": {100.0},  # F2 answered first: its read, 250 - 150
+        "follower read -> append send": {200.0},
+        "append send -> leader read": {50.0},
+        "leader read -> ring": {100.0},
+        "ring -> egress send": {100.0},
+        "egress send -> client read": {200.0},
+        "round trip": {900.0},
+    }
+    assert len(got["round trip"]) == 6  # the middle 60 % of ten
+
+
+def test_analyse_without_client_messages_says_so(tmp_path: Path) -> None:
+    for pid in (CLIENT, LEADER, F1, F2):
+        _write(tmp_path, pid, [])
+    with pytest.raises(SystemExit, match="no client messages"):
+        hops.analyse(tmp_path, CLIENT)
+
+
+def test_install_wraps_the_methods_it_names(tmp_path: Path) -> None:
+    """The wrapped methods exist (a rename elsewhere would otherwise break the script only)."""
+    from cluster_node.consensus.agent import ConsensusAgent
+    from media.driver import MediaDriver
+
+    before = (MediaDriver._raw_send, MediaDriver._on_datagram, ConsensusAgent._ring_service)
+    try:
+        dump = hops.install(str(tmp_path))
+        assert MediaDriver._raw_send is not before[0]
+        assert MediaDriver._on_datagram is not before[1]
+        assert ConsensusAgent._ring_service is not before[2]
+        dump()
+        import atexit
+        atexit.unregister(dump)
+    finally:
+        MediaDriver._raw_send, MediaDriver._on_datagram, ConsensusAgent._ring_service = before
+    assert [p.name for p in tmp_path.iterdir()] and all(p.read_text() == "" for p in tmp_path.iterdir())
