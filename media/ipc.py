@@ -448,7 +448,7 @@ class IpcTransport:
                     continue
                 pid = lb.publisher_pid
                 stale = now_ns - lb.publisher_heartbeat_ns > self.liveness_ns and self.peers_judgeable(now_ns)
-                if stale or not pid_alive(pid):
+                if stale or (pid != self._pid and not pid_alive(pid)):  # (ours lives: no system call)
                     if not image.has_data():
                         self._drop_image(state, key, st, unlink=True)
                         work += 1
