@@ -1266,8 +1266,15 @@ class ConsensusAgent:
                 # A settled pass that did work usually leaves nothing behind it: going straight to
                 # the park (which returns at once when input is waiting) saves the empty pass that
                 # would otherwise follow every message and every heartbeat wake-up. Other tasks of
-                # this loop still get their turn: a park that did not wait yields here.
-                if not (self._quiet_after_work(unrecorded) and await self._park(now)):
+                # this loop still get their turn, once per pass: before a commit spin (while the
+                # entries are on their way: the answer is then handled the moment it is read),
+                # otherwise after a park that did not wait.
+                if not self._quiet_after_work(unrecorded):
+                    await trio.lowlevel.checkpoint()
+                elif self._commit_spin_due(now):
+                    await trio.lowlevel.checkpoint()
+                    await self._park(now)
+                elif not await self._park(now):
                     await trio.lowlevel.checkpoint()
             elif unrecorded and self.wait_recording is not None:
                 # Log data the archive has not recorded yet, and the append position (which
@@ -1680,12 +1687,18 @@ class ConsensusAgent:
                 nursery.start_soon(replay_waiter)
                 nursery.start_soon(other_waiter)
             return True
-        if now < self._commit_spin_until and m.is_leader and m.election is None and self._reads_sockets \
-                and self.driver.receive_claimed and self.local is not None \
-                and self.local.pub.position > m.commit_position:
-            if self._spin_for_input():
-                return False
+        if self._commit_spin_due(now) and self._spin_for_input():
+            return False
         return await self._wait_input(timeout_s)
+
+    def _commit_spin_due(self, now: int) -> bool:
+        """Will :meth:`_park` poll for the followers' answer (:meth:`_spin_for_input`) rather
+        than sleep: a settled leader with entries not yet committed, within ``commit_spin`` of
+        the last one sent."""
+        m = self.module
+        return (now < self._commit_spin_until and m.is_leader and m.election is None and self._reads_sockets
+                and self.driver.receive_claimed and self.local is not None
+                and self.local.pub.position > m.commit_position)
 
     def _spin_for_input(self) -> bool:
         """Poll the sockets until input for this agent arrives (True) or the commit spin ends
