@@ -228,6 +228,9 @@ def main() -> None:
     for name in HOPS:
         v = sorted(hops[name])
         print(f"  {name:30s} {statistics.median(v):7.0f}  ({v[len(v) // 4]:.0f}-{v[len(v) * 3 // 4]:.0f})")
+    from calibration import calibration
+
+    print(f"calibration: {calibration()}")
 
 
 if __name__ == "__main__":
