@@ -23,8 +23,10 @@ The committing follower is the one whose AppendPosition reached the leader first
 cost a few µs per event, so the total runs above ``scripts/bench_cluster.py``'s p50; the hops'
 shares are the point. With ``--keep DIR`` the raw records stay in DIR (one file per process).
 
-The recognition of datagrams leans on the echo cluster's shapes: the client's 32-byte messages
-make 96-byte frames (and log frames of 96 bytes or more), an AppendPosition frame is 64 bytes.
+The datagrams are told apart by their lengths, computed from the codecs: a client message of 32
+bytes makes a frame of 96 (log frames carry one or more: 96 bytes or more), an AppendPosition
+one of 64. (The leader's CommitPositions have that length too; only the leader's reads of the
+followers' sending ports count as AppendPositions.)
 """
 
 from __future__ import annotations
@@ -46,8 +48,21 @@ sys.path.insert(0, str(_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 _DIR_ENV = "HOPS_TRACE_DIR"
-_MESSAGE_FRAME = 96
-_APPEND_FRAME = 64
+_PAYLOAD = 32
+"""The payload of the client's messages (``bench_cluster.latency``'s default)."""
+
+
+def _frame_lengths() -> tuple[int, int]:
+    """On the wire: a client message of ``_PAYLOAD`` bytes, and an AppendPosition."""
+    from cluster_node.codecs import CONSENSUS_CODEC, AppendPosition, encode_session_message
+    from media.frames import HEADER_LENGTH, align
+
+    message = align(HEADER_LENGTH + len(encode_session_message(0, 0, 0, bytes(_PAYLOAD))))
+    append = align(HEADER_LENGTH + len(CONSENSUS_CODEC.encode(AppendPosition(0, 0, 0))))
+    return message, append
+
+
+_MESSAGE_FRAME, _APPEND_FRAME = _frame_lengths()
 
 
 def install(out_dir: str):
