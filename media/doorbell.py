@@ -34,12 +34,11 @@ import time
 
 import trio
 
-from media.timerfd import open_timerfd
+from media.timerfd import NEVER, open_timer_and_eventfd, read_eventfd
 
 __all__ = ["Doorbell", "ring", "doorbell_pid", "DATA", "NEW_PUBLICATION"]
 
 DATA = b"D"
-_NEVER = 1 << 62
 NEW_PUBLICATION = b"N"
 _counter = itertools.count()
 _send_lock = threading.Lock()
@@ -117,19 +116,16 @@ class Doorbell:
         # The scope-free wait (see the module docstring): an epoll set of the socket, a timerfd
         # and an eventfd; None where timerfd or eventfd is missing.
         self._ep: select.epoll | None = None
-        self._timer = open_timerfd()
+        self._timer = None
         self._efd = -1
-        self._armed_ns = _NEVER  # when the timerfd expires; _NEVER: disarmed or drained
         self._rung = False  # the eventfd holds a same-thread ring
         self._thread_rings: list[bytes] = []  # rings from other threads of this process (eventfd)
-        if self._timer is not None and hasattr(os, "eventfd"):
-            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        fds = open_timer_and_eventfd()
+        if fds is not None:
+            self._timer, self._efd = fds
             self._ep = select.epoll()
             for fd in (self._sock.fileno(), self._timer.fd, self._efd):
                 self._ep.register(fd, select.EPOLLIN)
-        elif self._timer is not None:
-            self._timer.close()
-            self._timer = None
         _local[self.name] = self
 
     def drain(self) -> bytes:
@@ -149,10 +145,7 @@ class Doorbell:
                 progressed = False
                 for fd, _mask in ep.poll(0):
                     if fd == self._efd:
-                        try:
-                            os.eventfd_read(fd)
-                        except (BlockingIOError, InterruptedError):
-                            pass
+                        read_eventfd(fd)
                         self._rung = False
                     elif fd == sock_fd:
                         try:
@@ -187,10 +180,8 @@ class Doorbell:
         the wait may also end early)."""
         ep = self._ep
         if ep is not None:
-            deadline = time.monotonic_ns() + int(timeout_s * 1e9) if timeout_s < 1e6 else _NEVER - 1
-            if deadline < self._armed_ns:
-                self._timer.arm_at(deadline)
-                self._armed_ns = deadline
+            timer = self._timer
+            timer.arm_before(time.monotonic_ns() + int(timeout_s * 1e9) if timeout_s < 1e6 else NEVER - 1)
             self._waiting_thread = threading.get_ident()
             try:
                 await trio.lowlevel.wait_readable(ep.fileno())
@@ -198,13 +189,9 @@ class Doorbell:
                 self._waiting_thread = None
                 if self._rung:
                     self._rung = False
-                    try:
-                        os.eventfd_read(self._efd)
-                    except (BlockingIOError, InterruptedError):
-                        pass
-                if time.monotonic_ns() >= self._armed_ns:
-                    self._timer.drain()
-                    self._armed_ns = _NEVER
+                    read_eventfd(self._efd)
+                if time.monotonic_ns() >= timer.armed_ns:
+                    timer.drain()
             return
         with trio.move_on_after(timeout_s) as scope:
             self._scope = scope

@@ -94,7 +94,7 @@ from media.publication import ExclusivePublication, OfferResult, Publication
 from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
-from media.timerfd import open_timerfd
+from media.timerfd import open_timer_and_eventfd, read_eventfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
@@ -106,7 +106,6 @@ _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
 _STALL_DRAIN_LIMIT = 4096  # datagrams read from a publication socket after a stall, at most
 _IPC_RESCAN_INTERVAL_NS = 5_000_000_000
-_NEVER = 1 << 62
 _DIRECT_SEND_GAP_NS = 50_000
 """Offers to a parked, caught-up sender closer together than this are a burst, which the sender
 batches; a lone offer is sent at once by the offering task (``_after_append``)."""
@@ -352,19 +351,13 @@ class MediaDriver:
         self._rx_unclaimed: trio.Event | None = None
         # The claimant's park (park, wake_parked): a timerfd for its timeout and an eventfd for
         # wake-ups from other tasks, both in the epoll set, so the park needs no cancel scope.
-        self._park_timer = open_timerfd()
-        self._park_bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if hasattr(os, "eventfd") else -1
-        if self._park_timer is None or self._park_bell < 0:
-            if self._park_timer is not None:
-                self._park_timer.close()
-                self._park_timer = None
-            if self._park_bell >= 0:
-                os.close(self._park_bell)
-                self._park_bell = -1
-        else:
+        self._park_timer = None
+        self._park_bell = -1
+        fds = open_timer_and_eventfd()
+        if fds is not None:
+            self._park_timer, self._park_bell = fds
             self._rx_register_fd(self._park_timer.fd, self._on_park_timer)
             self._rx_register_fd(self._park_bell, self._on_park_bell)
-        self._park_armed_ns = _NEVER  # when the timerfd expires; _NEVER: disarmed or drained
         self._parked = False  # a task is in park()'s wait
         self._park_rung = False  # the eventfd holds a wake-up not yet drained
 
@@ -1260,9 +1253,7 @@ class MediaDriver:
                     with trio.move_on_after(left / 1e9) as scope:
                         await self._wait_readable_in(scope)  # (wake_parked cancels the scope)
                 return
-            if deadline_ns < self._park_armed_ns:
-                timer.arm_at(deadline_ns)
-                self._park_armed_ns = deadline_ns
+            timer.arm_before(deadline_ns)
             await trio.lowlevel.wait_readable(self._rx_epoll_fd)
         except trio.BusyResourceError:
             # The task that held the claim before (rung by claim_receive) has not left its
@@ -1286,14 +1277,10 @@ class MediaDriver:
 
     def _on_park_timer(self, _limit: int) -> int:
         self._park_timer.drain()
-        self._park_armed_ns = _NEVER
         return 0
 
     def _on_park_bell(self, _limit: int) -> int:
-        try:
-            os.eventfd_read(self._park_bell)
-        except (BlockingIOError, InterruptedError):
-            pass
+        read_eventfd(self._park_bell)
         self._park_rung = False
         return 0
 

@@ -22,7 +22,10 @@ import ctypes.util
 import os
 import sys
 
-__all__ = ["TimerFd", "open_timerfd"]
+__all__ = ["NEVER", "TimerFd", "open_timerfd", "open_timer_and_eventfd", "read_eventfd"]
+
+NEVER = 1 << 62
+"""A deadline that never comes (``TimerFd.armed_ns`` of a timer disarmed or drained)."""
 
 _CLOCK_MONOTONIC = 1
 _TFD_TIMER_ABSTIME = 1
@@ -67,13 +70,20 @@ def _load():
 
 class TimerFd:
     """One non-blocking timerfd. :meth:`arm_at` sets its single expiry (an absolute
-    ``time.monotonic_ns()`` value: the same clock); it is readable from then until :meth:`drain`."""
+    ``time.monotonic_ns()`` value: the same clock); it is readable from then until :meth:`drain`.
+
+    Its users (``MediaDriver.park``, ``Doorbell.wait``) give each wait a deadline but move the
+    timer only for an earlier one (:meth:`arm_before`): a later deadline lets the armed one
+    expire, and the wait it ends early just waits again, which costs less than a system call
+    per wait."""
 
     def __init__(self, fd: int, settime) -> None:
         self.fd = fd
         self._settime = settime
         self._spec = _Itimerspec()
         self._spec_ref = ctypes.byref(self._spec)
+        self.armed_ns = NEVER
+        """When the timer expires; NEVER when disarmed or drained."""
 
     def arm_at(self, deadline_ns: int) -> None:
         """Expire at ``deadline_ns`` (monotonic). A deadline already past expires at once (the
@@ -86,13 +96,16 @@ class TimerFd:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
 
-    def disarm(self) -> None:
-        value = self._spec.it_value
-        value.tv_sec = value.tv_nsec = 0
-        self._settime(self.fd, _TFD_TIMER_ABSTIME, self._spec_ref, None)
+    def arm_before(self, deadline_ns: int) -> None:
+        """Expire by ``deadline_ns``: :meth:`arm_at` when it is earlier than the armed expiry."""
+        if deadline_ns < self.armed_ns:
+            self.arm_at(deadline_ns)
+            self.armed_ns = deadline_ns
 
     def drain(self) -> bool:
-        """Read the expiry count, if any: True when the timer had expired."""
+        """Read the expiry count, if any: True when the timer had expired. Either way the timer
+        counts as disarmed after (the next :meth:`arm_before` arms it)."""
+        self.armed_ns = NEVER
         try:
             os.read(self.fd, 8)
         except (BlockingIOError, InterruptedError):
@@ -114,3 +127,24 @@ def open_timerfd() -> TimerFd | None:
     if fd < 0:
         return None
     return TimerFd(fd, lib.timerfd_settime)
+
+
+def open_timer_and_eventfd() -> tuple[TimerFd, int] | None:
+    """A timerfd and a non-blocking eventfd, for a wait on an epoll set that needs a timeout and a
+    wake-up from other tasks or threads; None where either is missing (the caller falls back to
+    a trio cancel scope)."""
+    timer = open_timerfd()
+    if timer is None:
+        return None
+    if not hasattr(os, "eventfd"):
+        timer.close()
+        return None
+    return timer, os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+def read_eventfd(fd: int) -> None:
+    """Reset an eventfd (nothing when it was not readable)."""
+    try:
+        os.eventfd_read(fd)
+    except (BlockingIOError, InterruptedError):
+        pass

@@ -423,7 +423,7 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 @pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
 async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
     if not timerfd:
-        monkeypatch.setattr("media.driver.open_timerfd", lambda: None)  # as where Linux has none
+        monkeypatch.setattr("media.driver.open_timer_and_eventfd", lambda: None)  # as where Linux has none
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     ms = 1_000_000

@@ -16,7 +16,7 @@ from media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
 def wait_kind(request, monkeypatch):
     """Every test runs with the timerfd wait and with the cancel-scope wait of systems without it."""
     if request.param != "timerfd":
-        monkeypatch.setattr("media.doorbell.open_timerfd", lambda: None)
+        monkeypatch.setattr("media.doorbell.open_timer_and_eventfd", lambda: None)
     return request.param
 
 
