@@ -94,7 +94,7 @@ from media.publication import ExclusivePublication, OfferResult, Publication
 from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
-from media.timerfd import open_timer_and_eventfd, read_eventfd
+from media.timerfd import NEVER, open_timer_and_eventfd, read_eventfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
@@ -327,6 +327,15 @@ class MediaDriver:
         self._send_holder: object | None = None
         self._send_held = False
         self._sends: list = []
+        self._sender_sends: list = []  # (the sender pass's own)
+        # Timed duties held by a duty cycle (claim_receive with duties): the holder, and when the
+        # parked conductor and sender want their next timed pass (NEVER: not delegated).
+        self._duties_by: object | None = None
+        self._conductor_due_ns = 0  # when the conductor's next pass is due
+        self._conductor_timed_ns = NEVER
+        self._sender_timed_ns = NEVER
+        self._timed_ns = NEVER  # the earlier of the two
+        self._ctrl_scratch: list = []
         self._send_error_logged: dict[str, float] = {}
         self._conductor_event = trio.Event()
         self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
@@ -767,29 +776,14 @@ class MediaDriver:
                     log.warning("send failed", error=str(e), address=key, errors=self.system.errors.get())
 
     async def _sender_loop(self) -> None:
-        sends: list = []
+        """The sender's duty (:meth:`_sender_pass`): while data is pending, pass after pass;
+        parked, on its own timer (heartbeats, SETUP retries, retransmits, linger) or, while a
+        duty cycle holds the driver's timed duties (:meth:`claim_receive` with ``duties``), on
+        that cycle's: it runs the timed pass in its own step (:meth:`_timed_duties`) and wakes
+        this task only for what that pass leaves pending. Offers wake it as before."""
         while True:
             now = time.monotonic_ns()
-            stalled = False
-            for np in self._net_pubs:
-                if np.core.stalled(now) and np.sock.fileno() >= 0:
-                    # The process did not run for a while (see media.sender, *stall*): what
-                    # waits in the socket was sent before the SETUP this stall is about to send,
-                    # so it is read first and cannot pass for that SETUP's answer.
-                    self._read_publication_socket(np, _STALL_DRAIN_LIMIT)
-                    stalled = True
-                    log.info("publication stalled, sending setup", session_id=np.pub.session_id,
-                             stream_id=np.pub.stream_id, silent_ms=(now - np.core.last_send_ns) // 1_000_000)
-            if stalled:
-                now = time.monotonic_ns()
-            pending = False
-            for np in list(self._net_pubs):
-                self._work_publication(np, now, sends)
-                if np.has_pending():
-                    pending = True
-                if np.closed_at_ns and np.core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
-                    self._release_network_publication(np)
-            if pending:
+            if self._sender_pass(now):
                 await trio.lowlevel.checkpoint()
                 continue
             self._sender_event = trio.Event()
@@ -803,11 +797,45 @@ class MediaDriver:
                 await trio.lowlevel.checkpoint()
                 continue
             wake_ns = self._sender_wake_ns(now)
-            with trio.move_on_after(max(0, wake_ns - time.monotonic_ns()) / 1e9) as scope:
-                self._sender_scope = scope
-                await self._sender_event.wait()
-            self._sender_scope = None
+            if self._duties_by is not None:
+                self._sender_timed_ns = wake_ns
+                self._timed_changed()
+                try:
+                    await self._sender_event.wait()
+                finally:
+                    self._sender_timed_ns = NEVER
+                    self._timed_changed()
+            else:
+                with trio.move_on_after(max(0, wake_ns - time.monotonic_ns()) / 1e9) as scope:
+                    self._sender_scope = scope
+                    await self._sender_event.wait()
+                self._sender_scope = None
             self._sender_parked[0] = 0
+
+    def _sender_pass(self, now: int) -> bool:
+        """Every network publication's sender duty; releases those closed and lingered out.
+        True when some still has data its sender may send now."""
+        sends = self._sender_sends
+        stalled = False
+        for np in self._net_pubs:
+            if np.core.stalled(now) and np.sock.fileno() >= 0:
+                # The process did not run for a while (see media.sender, *stall*): what
+                # waits in the socket was sent before the SETUP this stall is about to send,
+                # so it is read first and cannot pass for that SETUP's answer.
+                self._read_publication_socket(np, _STALL_DRAIN_LIMIT)
+                stalled = True
+                log.info("publication stalled, sending setup", session_id=np.pub.session_id,
+                         stream_id=np.pub.stream_id, silent_ms=(now - np.core.last_send_ns) // 1_000_000)
+        if stalled:
+            now = time.monotonic_ns()
+        pending = False
+        for np in list(self._net_pubs):
+            self._work_publication(np, now, sends)
+            if np.has_pending():
+                pending = True
+            if np.closed_at_ns and np.core.eos_sent and now - np.closed_at_ns >= self.config.publication_linger_ns:
+                self._release_network_publication(np)
+        return pending
 
     def _all_sent(self) -> bool:
         return all(np.all_sent for np in self._net_pubs)
@@ -838,8 +866,14 @@ class MediaDriver:
         moves duties later, and a later send will move it in time. Moving a trio deadline costs
         about as much as the send itself, so a request/response stream moves it at most a few
         times per heartbeat interval instead of after every message."""
+        if self._sender_deadline_ns - now > self._repark_margin_ns:
+            return
+        if self._sender_timed_ns != NEVER:
+            self._sender_timed_ns = self._sender_wake_ns(now)  # (its holder's park follows)
+            self._timed_changed()
+            return
         scope = self._sender_scope
-        if scope is None or self._sender_deadline_ns - now > self._repark_margin_ns:
+        if scope is None:
             return
         scope.deadline = trio.current_time() + max(0, self._sender_wake_ns(now) - now) / 1e9
 
@@ -1173,9 +1207,13 @@ class MediaDriver:
                 events = epoll.poll(0)
             except (OSError, ValueError):
                 break  # a handler closed the driver
+        if self._timed_ns != NEVER:
+            now = time.monotonic_ns()
+            if now >= self._timed_ns:
+                self._timed_duties(now)
         return count
 
-    def claim_receive(self) -> None:
+    def claim_receive(self, duties: bool = False) -> None:
         """Make the calling task (of the driver's thread) the driver's receiver until
         :meth:`unclaim_receive`.
 
@@ -1184,13 +1222,57 @@ class MediaDriver:
         UDP ``Subscription.wait``) stops and leaves the reading to the claimant: the receiver
         task's wait is withdrawn at once (two tasks cannot wait on one fd); a task in
         :meth:`park` is rung and leaves at its next step (:meth:`park` of the new claimant
-        yields to it until then)."""
-        self._rx_claimed_by = trio.lowlevel.current_task()
+        yields to it until then).
+
+        With ``duties`` the claimant also takes the driver's *timed duties*: the conductor's
+        and the parked sender's periodic passes (status messages, liveness, heartbeats, SETUP
+        retries) run in the claimant's step, from :meth:`receive_work`, when due, and
+        :meth:`park` wakes for them. An idle node then wakes once per timer tick with one task
+        step instead of one step per loop: a step woken by a trio timeout (a cancel scope's
+        deadline, delivered as ``Cancelled`` through the sleeping task's stack) cost about
+        100 µs of CPU on the 2-core VM, and a cold idle wake-up runs every line at about half
+        speed (see ``timed_duties`` in the README's figures). The loops still run their own
+        passes when poked (a new image, an offer, data let through by flow control)."""
+        me = trio.lowlevel.current_task()
+        self._rx_claimed_by = me
         scope = self._rx_scope
         if scope is not None:
             scope.cancel()  # its wait on the fd is withdrawn now, not at its next step
         if self._parked:
             self.wake_parked()
+        self._hand_duties(me if duties and self._park_timer is not None else None)
+
+    def _hand_duties(self, holder: object | None) -> None:
+        """Give the timed duties to ``holder`` (None: the loops' own timers)."""
+        if holder is self._duties_by:
+            return
+        self._duties_by = holder
+        # The parked loops re-park at once, on the new holder's steps or their own timers.
+        self._conductor_event.set()
+        self._wake_sender()
+
+    def _timed_changed(self) -> None:
+        self._timed_ns = t = min(self._conductor_timed_ns, self._sender_timed_ns)
+        if self._parked and t != NEVER and self._park_timer is not None:
+            self._park_timer.arm_before(t)  # the holder is parked: it wakes in time for it
+
+    def _timed_duties(self, now: int) -> None:
+        """The timed passes of the conductor and the parked sender that are due, in the
+        holder's step (see :meth:`claim_receive`). What the sender's pass leaves pending goes
+        to the sender task, woken for it."""
+        if self._closed:
+            return
+        if now >= self._conductor_timed_ns:
+            self._conductor_pass(now)
+            self._conductor_timed_ns = self._conductor_due_ns
+        if now >= self._sender_timed_ns:
+            if self._sender_pass(now) or self._sends_pending():
+                self._sender_timed_ns = NEVER
+                self._wake_sender()
+            else:
+                self._sender_caught_up = self._all_sent()
+                self._sender_timed_ns = self._sender_wake_ns(now)
+        self._timed_changed()
 
     @property
     def receive_claimed(self) -> bool:
@@ -1203,6 +1285,7 @@ class MediaDriver:
         if self._rx_claimed_by is None or self._rx_claimed_by is not trio.lowlevel.current_task():
             return
         self._rx_claimed_by = None
+        self._hand_duties(None)
         self._flush_control()
         ev = self._rx_unclaimed
         if ev is not None:
@@ -1253,7 +1336,7 @@ class MediaDriver:
                     with trio.move_on_after(left / 1e9) as scope:
                         await self._wait_readable_in(scope)  # (wake_parked cancels the scope)
                 return
-            timer.arm_before(deadline_ns)
+            timer.arm_before(min(deadline_ns, self._timed_ns))
             await trio.lowlevel.wait_readable(self._rx_epoll_fd)
         except trio.BusyResourceError:
             # The task that held the claim before (rung by claim_receive) has not left its
@@ -1511,60 +1594,78 @@ class MediaDriver:
                 yield group
 
     async def _conductor_loop(self) -> None:
-        out: list = []
-        due = time.monotonic_ns()  # when this loop meant to run next
-        # Running this much later than planned means the process stalled (see media.receiver,
-        # "a stall of our own"): the images' silence over that time does not count.
-        stall_ns = self.config.image_liveness_timeout_ns // 4
+        """The conductor's duty (:meth:`_conductor_pass`) on its own timer, or, while a duty
+        cycle holds the driver's timed duties (:meth:`claim_receive` with ``duties``), only when
+        poked: the holder runs the timed passes in its own step (:meth:`_timed_duties`)."""
+        self._conductor_due_ns = time.monotonic_ns()
         while True:
             now = time.monotonic_ns()
-            if now - due > stall_ns:
-                self._on_receiver_stall(now, now - due)
-            deadline = now + 1_000_000_000
-            # Delayed datagrams of the loss injector.
-            while self._delayed and self._delayed[0][0] <= now:
-                _due, _seq, kind, data, target = heapq.heappop(self._delayed)
-                if kind == "send":
-                    sock, addr = target
-                    if sock.fileno() >= 0:
-                        self._raw_send(sock, data, addr)
-                else:
-                    ep, addr = target
-                    touched: dict = {}
-                    self._on_datagram(ep, memoryview(data), len(data), addr, now, touched)
-                    self._after_receive(touched, now)
-            if self._delayed:
-                deadline = min(deadline, self._delayed[0][0])
-            # Receivers: status messages, NAKs, liveness, end of stream.
-            for group in list(self._all_groups()):
-                for ni in list(group.images.values()):
-                    core = ni.core
-                    if not core.is_alive(now):
-                        self._drop_image(ni)
-                        continue
-                    self._image_control(ni, now, out)
-                    if core.is_end_of_stream():
-                        self._drop_image(ni)
-                        continue
-                    deadline = min(deadline, core.next_deadline_ns())
-            # IPC heartbeats and discovery.
-            self.ipc.do_work(now)
-            deadline = min(deadline, self.ipc.next_deadline_ns())
-            # Counters: sampled positions.
-            for np in self._net_pubs:
-                self._pay_owed(np)
-                for counter, fn in np.counters:
-                    counter.set(fn())
-            for group in self._all_groups():
-                for ni in group.images.values():
-                    for counter, fn in ni.counters:
-                        counter.set(fn())
+            self._conductor_pass(now)
             event = self._conductor_event = trio.Event()
-            due = self._coalesce(deadline, now)
-            with trio.move_on_after(max(0, due - time.monotonic_ns()) / 1e9):
-                await event.wait()
+            if self._duties_by is not None:
+                self._conductor_timed_ns = self._conductor_due_ns
+                self._timed_changed()
+                try:
+                    await event.wait()
+                finally:
+                    self._conductor_timed_ns = NEVER
+                    self._timed_changed()
+            else:
+                with trio.move_on_after(max(0, self._conductor_due_ns - time.monotonic_ns()) / 1e9):
+                    await event.wait()
             if event.is_set():
-                due = min(due, time.monotonic_ns())  # woken early: on time by definition
+                # woken early: on time by definition
+                self._conductor_due_ns = min(self._conductor_due_ns, time.monotonic_ns())
+
+    def _conductor_pass(self, now: int) -> None:
+        """Receivers' status messages, NAKs, liveness and end of stream; IPC heartbeats and
+        discovery; sampled counters; the loss injector's delayed datagrams. Sets
+        ``_conductor_due_ns``, when the next pass is due."""
+        out = self._ctrl_scratch
+        # Running this much later than planned means the process stalled (see media.receiver,
+        # "a stall of our own"): the images' silence over that time does not count.
+        if now - self._conductor_due_ns > self.config.image_liveness_timeout_ns // 4:
+            self._on_receiver_stall(now, now - self._conductor_due_ns)
+        deadline = now + 1_000_000_000
+        # Delayed datagrams of the loss injector.
+        while self._delayed and self._delayed[0][0] <= now:
+            _due, _seq, kind, data, target = heapq.heappop(self._delayed)
+            if kind == "send":
+                sock, addr = target
+                if sock.fileno() >= 0:
+                    self._raw_send(sock, data, addr)
+            else:
+                ep, addr = target
+                touched: dict = {}
+                self._on_datagram(ep, memoryview(data), len(data), addr, now, touched)
+                self._after_receive(touched, now)
+        if self._delayed:
+            deadline = min(deadline, self._delayed[0][0])
+        # Receivers: status messages, NAKs, liveness, end of stream.
+        for group in list(self._all_groups()):
+            for ni in list(group.images.values()):
+                core = ni.core
+                if not core.is_alive(now):
+                    self._drop_image(ni)
+                    continue
+                self._image_control(ni, now, out)
+                if core.is_end_of_stream():
+                    self._drop_image(ni)
+                    continue
+                deadline = min(deadline, core.next_deadline_ns())
+        # IPC heartbeats and discovery.
+        self.ipc.do_work(now)
+        deadline = min(deadline, self.ipc.next_deadline_ns())
+        # Counters: sampled positions.
+        for np in self._net_pubs:
+            self._pay_owed(np)
+            for counter, fn in np.counters:
+                counter.set(fn())
+        for group in self._all_groups():
+            for ni in group.images.values():
+                for counter, fn in ni.counters:
+                    counter.set(fn())
+        self._conductor_due_ns = self._coalesce(deadline, now)
 
     def _on_receiver_stall(self, now: int, late_ns: int) -> None:
         """The conductor ran ``late_ns`` after it meant to: give every UDP image a fresh liveness

@@ -603,7 +603,7 @@ class ClusterClient:
         task_status.started()
         keep_alive_s = self._keep_alive_interval_ns / 1e9
         driver = self.driver
-        driver.claim_receive()
+        driver.claim_receive(duties=True)
         try:
             while not self._closed:
                 now = time.monotonic_ns()
@@ -616,7 +616,7 @@ class ClusterClient:
                     try:
                         await self._reconnect()
                     finally:
-                        driver.claim_receive()
+                        driver.claim_receive(duties=True)
                     continue
                 await self._egress.wait(min(_LIVENESS_CHECK_S, keep_alive_s))
         finally:

@@ -531,7 +531,7 @@ class ConsensusAgent:
                     log.error("effect failed", effect=type(e).__name__, error=str(ex))
         finally:
             if unclaimed:
-                self.driver.claim_receive()
+                self.driver.claim_receive(duties=True)
 
     def _service_ring_allowed(self, now: int) -> bool:
         """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
@@ -1174,7 +1174,7 @@ class ConsensusAgent:
         something else (:meth:`_execute`, :meth:`_complete_snapshot`)."""
         driver = self.driver
         self.affinity.apply(self.module is not None and self.module.role == Role.LEADER)
-        driver.claim_receive()
+        driver.claim_receive(duties=True)
         self._reads_sockets = True
         try:
             await self._run(driver)
@@ -1231,7 +1231,7 @@ class ConsensusAgent:
                 try:
                     await self._complete_snapshot()
                 finally:
-                    driver.claim_receive()
+                    driver.claim_receive(duties=True)
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)

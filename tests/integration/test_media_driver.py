@@ -514,3 +514,78 @@ async def test_a_claim_by_another_task_ends_the_parked_claimants_wait(tmp_path):
         assert left_at is not None and left_at - start < 5_000 * ms
         assert driver.receive_claimant is trio.lowlevel.current_task()
         driver.unclaim_receive()
+
+
+class _StepCounter(trio.abc.Instrument):
+    """Task steps by coroutine name."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+
+    def before_task_step(self, task) -> None:
+        name = task.coro.cr_code.co_name if hasattr(task.coro, "cr_code") else task.name
+        self.steps[name] = self.steps.get(name, 0) + 1
+
+
+async def test_a_claimant_holding_the_timed_duties_runs_heartbeats_and_status_messages_in_its_own_steps(tmp_path):
+    """claim_receive(duties=True): while the claimant parks and reads, the idle publication's
+    heartbeats and the image's status messages go on, sent from the claimant's steps; the
+    sender and conductor tasks stay parked. Given back, the loops keep time themselves again."""
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    ms = 1_000_000
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        await _until(lambda: pub.is_connected and sub.is_connected)
+        counter = _StepCounter()
+        trio.lowlevel.add_instrument(counter)
+        try:
+            driver.claim_receive(duties=True)
+            # Each loop may wake once more on the timer it parked with, then hands its timing over.
+            await _park_until(driver, time.monotonic_ns() + 100 * ms)
+            steps = dict(counter.steps)
+            heartbeats = driver.system.heartbeats_sent.get()
+            status = driver.system.status_messages_sent.get()
+            await _park_until(driver, time.monotonic_ns() + 400 * ms)
+            # 20 ms intervals on a 40 ms grid: some ten of each in 400 ms.
+            assert driver.system.heartbeats_sent.get() - heartbeats >= 4
+            assert driver.system.status_messages_sent.get() - status >= 4
+            assert counter.steps.get("_sender_loop", 0) == steps.get("_sender_loop", 0)
+            assert counter.steps.get("_conductor_loop", 0) == steps.get("_conductor_loop", 0)
+            assert pub.is_connected and sub.is_connected
+
+            driver.unclaim_receive()
+            steps = dict(counter.steps)
+            heartbeats = driver.system.heartbeats_sent.get()
+            status = driver.system.status_messages_sent.get()
+            await trio.sleep(0.4)  # the receiver task reads; the loops run on their own timers
+            assert driver.system.heartbeats_sent.get() - heartbeats >= 4
+            assert driver.system.status_messages_sent.get() - status >= 4
+            assert counter.steps.get("_sender_loop", 0) - steps.get("_sender_loop", 0) >= 4
+            assert counter.steps.get("_conductor_loop", 0) - steps.get("_conductor_loop", 0) >= 4
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+
+
+async def test_a_claim_without_duties_leaves_the_loops_their_own_timers(tmp_path):
+    port = free_udp_port()
+    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
+    async with open_media_driver(dir=tmp_path, **FAST) as driver:
+        sub = driver.add_subscription(channel, 9)
+        pub = driver.add_publication(channel, 9)
+        await _until(lambda: pub.is_connected and sub.is_connected)
+        counter = _StepCounter()
+        trio.lowlevel.add_instrument(counter)
+        try:
+            driver.claim_receive()
+            await _park_until(driver, time.monotonic_ns() + 50_000_000)
+            steps = dict(counter.steps)
+            heartbeats = driver.system.heartbeats_sent.get()
+            await _park_until(driver, time.monotonic_ns() + 400_000_000)
+            assert driver.system.heartbeats_sent.get() - heartbeats >= 4
+            assert counter.steps.get("_sender_loop", 0) - steps.get("_sender_loop", 0) >= 4
+            driver.unclaim_receive()
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+
