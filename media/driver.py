@@ -284,7 +284,9 @@ class MediaDriver:
         # Periodic work (heartbeats, status messages) is batched on a grid of this size, so an
         # idle driver wakes a few times per interval rather than once per publication and image.
         self._slack_ns = min(20_000_000, config.heartbeat_interval_ns // 5, config.status_message_timeout_ns // 5)
-        self._phase_ns = min(config.heartbeat_interval_ns, config.status_message_timeout_ns)
+        # The phase grid (see _coalesce): twice the shortest interval, so that every periodic
+        # duty of every process falls on the same tick.
+        self._phase_ns = 2 * min(config.heartbeat_interval_ns, config.status_message_timeout_ns)
         self.ipc.timer_slack_ns = self._slack_ns
         self._sender_cfg = SenderConfig(
             setup_interval_ns=config.setup_interval_ns,
@@ -552,6 +554,11 @@ class MediaDriver:
         sc.retransmits_sent.add(retransmits)
         sc.heartbeats_sent.add(heartbeats)
 
+    @property
+    def timer_slack_ns(self) -> int:
+        """How early a periodic duty may run on this driver's timer grid (see :meth:`_coalesce`)."""
+        return self._slack_ns
+
     def coalesce(self, deadline_ns: int, now_ns: int | None = None) -> int:
         """``deadline_ns`` (monotonic) on this driver's timer grid, for the other duty cycles of
         the process (the consensus agent's park): their timers then fire in the same wake-ups as
@@ -559,21 +566,29 @@ class MediaDriver:
         return self._coalesce(deadline_ns, time.monotonic_ns() if now_ns is None else now_ns)
 
     def _coalesce(self, deadline: int, now: int, phase: bool = True) -> int:
-        """A far deadline rounded up to a grid (near ones, e.g. NAK delays, stay exact).
+        """A far deadline rounded to a grid (near ones, e.g. NAK delays, stay exact).
 
-        Deadlines half a heartbeat interval away or more (heartbeats, status messages, the
-        consensus module's heartbeats, liveness checks) go to a grid of the heartbeat interval,
-        the *phase grid*: it is the same in every process of the machine (CLOCK_MONOTONIC), so the
-        periodic work of every node falls into the same few wake-ups a second instead of being
-        spread over the slack grid by the phase each duty happened to start with. Nearer ones go
-        to the slack grid, and so do all with ``phase=False`` (a publication that is still
+        Deadlines half the shortest interval away or more (heartbeats, status messages, the
+        consensus module's heartbeats, liveness checks) go to the *phase grid*, whose tick is
+        twice the shortest of the heartbeat interval and the status message timeout (200 ms with
+        the reference's defaults). It is the same in every process of the machine
+        (CLOCK_MONOTONIC), so the periodic work of every node falls into one wake-up per tick
+        instead of being spread by the phase each duty happened to start with. A deadline goes
+        to the first tick not more than a timer slack before it: the duties' own checks allow
+        that slack (a heartbeat or status message due within it counts as due), and a duty done
+        just after a tick, due again one or two intervals later, then stays on the ticks. (Each
+        tick rounded up instead, a status message sent just after tick ``n`` was due just after
+        ``n + 2`` and went out at ``n + 3``; status messages and heartbeats ended up on alternate
+        ticks, and every process woke on both: twice the wake-ups of an idle cluster, and each
+        wake-up also woke the other nodes, as its datagrams arrived.) Deadlines nearer than that
+        go to the slack grid, and so do all with ``phase=False`` (a publication that is still
         connecting retries its SETUP on the slack grid: the phase grid would slow the retries of
         a connection the cluster is waiting for)."""
         slack = self._slack_ns
         if slack <= 0 or deadline - now <= 2 * slack:
             return deadline
-        if phase and deadline - now >= self._phase_ns >> 1:
-            return -(-deadline // self._phase_ns) * self._phase_ns
+        if phase and deadline - now >= self._phase_ns >> 2:
+            return -(-(deadline - slack) // self._phase_ns) * self._phase_ns
         return -(-deadline // slack) * slack
 
     def _after_append(self, np: _NetPublication | None = None) -> None:

@@ -357,6 +357,7 @@ class ConsensusAgent:
             replication_progress_timeout_ns=t.replication_progress_timeout_ns,
             appointed_leader_id=cfg.cluster.appointed_leader_id,
             catchup_live_window=max(self.term_length // 4, 64 * 1024),
+            heartbeat_slack_ns=self.driver.timer_slack_ns,
         )
         # Consensus channels: a subscription on our endpoint, a publication to each other member.
         self._consensus_sub = self.driver.add_subscription(

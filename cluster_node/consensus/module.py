@@ -96,6 +96,9 @@ class ConsensusSettings:
     once when it has not for this long). Clients hear from the leader's service, which follows
     the leader's own commit at once; a follower's commit only moves its service, so telling it
     of every entry cost each follower a wake-up per message for nothing. 0: every advance."""
+    heartbeat_slack_ns: int = 0
+    """A heartbeat due within this much counts as due (the shell's timer grid may wake it that
+    much early: media.driver, *phase grid*)."""
 
 
 class ConsensusModule:
@@ -590,7 +593,7 @@ class ConsensusModule:
         since = now_ns - last
         if (
             last == NULL_VALUE
-            or since >= self.settings.leader_heartbeat_interval_ns
+            or since >= self.settings.leader_heartbeat_interval_ns - self.settings.heartbeat_slack_ns
             or (self.commit_position > self._last_commit_sent
                 and since >= self.settings.commit_broadcast_interval_ns)
         ):
@@ -614,7 +617,7 @@ class ConsensusModule:
         if self.append_position != self._last_append_sent_position or (
             self._time_of_last_append_sent_ns == NULL_VALUE
             or now_ns - self._time_of_last_append_sent_ns
-            >= self.settings.leader_heartbeat_interval_ns
+            >= self.settings.leader_heartbeat_interval_ns - self.settings.heartbeat_slack_ns
         ):
             self.send(
                 self.leader_member_id,

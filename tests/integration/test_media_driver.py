@@ -589,3 +589,26 @@ async def test_a_claim_without_duties_leaves_the_loops_their_own_timers(tmp_path
         finally:
             trio.lowlevel.remove_instrument(counter)
 
+
+async def test_periodic_deadlines_fall_on_one_phase_grid_tick_at_most_a_slack_early(tmp_path):
+    """The phase grid's tick is twice the shortest interval; a deadline goes to the first tick
+    no more than the timer slack before it, so a duty done just after a tick and due one or
+    two intervals later lands on a tick again (heartbeats and status messages share ticks)."""
+    ms = 1_000_000
+    async with open_media_driver(dir=tmp_path, heartbeat_interval_ns=100 * ms,
+                                 status_message_timeout_ns=200 * ms) as driver:
+        slack = driver.timer_slack_ns
+        assert slack == 20 * ms
+        tick = 200 * ms
+        base = (time.monotonic_ns() // tick + 10) * tick
+        done = base + 3 * ms  # a duty done just after a tick
+        assert driver.coalesce(done + 100 * ms, done) == base + tick  # heartbeat: the next tick
+        assert driver.coalesce(done + 200 * ms, done) == base + tick  # status message: also
+        assert driver.coalesce(done + 400 * ms, done) == base + 2 * tick
+        # More than the slack past a tick: the next one, never a tick more than the slack early.
+        assert driver.coalesce(base + tick + slack + ms, done) == base + 2 * tick
+        for deadline in range(done + 60 * ms, done + 900 * ms, 7 * ms):
+            at = driver.coalesce(deadline, done)
+            assert at % tick == 0 and deadline - slack <= at < deadline - slack + tick
+        # Near deadlines keep their own time (to the slack grid, or exact).
+        assert driver.coalesce(done + 30 * ms, done) == done + 30 * ms
