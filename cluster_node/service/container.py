@@ -307,8 +307,16 @@ class ServiceContainer:
                     if role in (0, 1, 2) and role != agent.role:
                         agent.set_role(Role(role))
                 ipc.do_work(now)
-                work += self.service.do_background_work(now) or 0
-                if work:
+                background = self.service.do_background_work(now) or 0
+                if work and not background and self._settled(agent, log_key, image):
+                    # A settled pass that did work (a batch of log entries, a message from the
+                    # consensus module) goes straight to the park, which returns at once when
+                    # more is waiting, instead of running an empty pass first: on the leader
+                    # that pass cost about 50-65 µs per committed entry, on the leader's core.
+                    if not await self._park(from_cm, log_sub, image):
+                        await trio.lowlevel.checkpoint()  # the other tasks of this loop
+                    continue
+                if work or background:
                     await trio.lowlevel.checkpoint()
                     continue
                 await self._park(from_cm, log_sub, image)
@@ -391,8 +399,18 @@ class ServiceContainer:
             while not agent.ack_snapshot(recording_id):
                 await trio.sleep(0.001)
 
-    async def _park(self, from_cm, log_sub, image) -> None:
-        """Wait for any of: consensus module messages, log data, commit advance.
+    def _settled(self, agent: ServiceAgent, log_key: tuple | None, image) -> bool:
+        """Nothing but new input would give a next pass work: the log being read is the one
+        the last JoinLog named, and no snapshot or termination is pending."""
+        join = agent.join_log
+        return (image is not None and join is not None and log_key is not None
+                and log_key[2] == join.log_session_id and image.session_id == join.log_session_id
+                and not image.closed and agent.snapshot_request is None and not agent.terminated
+                and not self._stop.is_set())
+
+    async def _park(self, from_cm, log_sub, image) -> bool:
+        """Wait for any of: consensus module messages, log data, commit advance. True if it
+        waited; False when something was already there (it then returns without yielding).
 
         One doorbell serves all three: the consensus module rings it when the commit position
         moves, and both IPC subscriptions were made with it, so a writer rings it too once the
@@ -412,9 +430,9 @@ class ServiceContainer:
         try:
             # Re-check once parked: what came before the flags were set rang nobody.
             if from_cm.has_data():
-                return
+                return False
             if image is not None and image.has_data() and image.position < commit:
-                return
+                return False
             await bell.wait(self.idle_timeout_s)
         finally:
             self._parked = False
@@ -422,6 +440,7 @@ class ServiceContainer:
             if wait_log:
                 log_sub.set_parked(False)
         self._drain_bell()
+        return True
 
     def is_parked(self) -> bool:
         """Whether the service thread waits on its doorbell (see :meth:`_park`)."""
