@@ -541,8 +541,14 @@ class ConsensusAgent:
     def _ring_service(self) -> None:
         self._service_ring_due = False
         self._service_rung_ns = self._now
+        leader = self.module.role == Role.LEADER
+        if not leader:
+            # What this pass holds (its AppendPosition) goes out first: the service thread, on
+            # this CPU, may take it over as soon as it is rung, for as long as its batch lasts.
+            self.driver.release_sends()
+            self.driver.hold_sends()
         ring(self.service_bell)
-        if self.module.role == Role.LEADER:
+        if leader:
             # The service thread's reply is the client's round trip; what is left of this pass
             # (sends, the other follower's AppendPosition) is not. When both threads share a CPU
             # (leader_cpus of one CPU), yielding lets the woken service thread run now instead
