@@ -409,6 +409,15 @@ async def test_offers_are_refused_not_connected_once_the_receivers_are_gone(tmp_
         assert pub.offer(b"x") == OfferResult.NOT_CONNECTED
 
 
+async def _connected_pair(driver, stream_id: int = 9):
+    """A publication and a subscription of one loopback channel of ``driver``, connected."""
+    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
+    sub = driver.add_subscription(channel, stream_id)
+    pub = driver.add_publication(channel, stream_id)
+    await _until(lambda: pub.is_connected and sub.is_connected)
+    return pub, sub
+
+
 async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
     """Park as a claimant does (park, then receive_work) until the deadline or ``stop()``;
     return how many parks it took."""
@@ -424,13 +433,9 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
     if not timerfd:
         monkeypatch.setattr("media.driver.open_timer_and_eventfd", lambda: None)  # as where Linux has none
-    port = free_udp_port()
-    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **SLOW) as driver:
-        sub = driver.add_subscription(channel, 9)
-        pub = driver.add_publication(channel, 9)
-        await _until(lambda: pub.is_connected and sub.is_connected)
+        pub, sub = await _connected_pair(driver)
         assert (driver._park_timer is not None) == timerfd
         driver.claim_receive()
         assert driver.receive_claimant is trio.lowlevel.current_task()
@@ -531,18 +536,14 @@ async def test_a_claimant_holding_the_timed_duties_runs_heartbeats_and_status_me
     """claim_receive(duties=True): while the claimant parks and reads, the idle publication's
     heartbeats and the image's status messages go on, sent from the claimant's steps; the
     sender and conductor tasks stay parked. Given back, the loops keep time themselves again."""
-    port = free_udp_port()
-    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **FAST) as driver:
-        sub = driver.add_subscription(channel, 9)
-        pub = driver.add_publication(channel, 9)
-        await _until(lambda: pub.is_connected and sub.is_connected)
+        pub, sub = await _connected_pair(driver)
         counter = _StepCounter()
         trio.lowlevel.add_instrument(counter)
         try:
             driver.claim_receive(duties=True)
-            # Each loop may wake once more on the timer it parked with, then hands its timing over.
+            # (The claim wakes both loops, which re-park on the claimant's steps.)
             await _park_until(driver, time.monotonic_ns() + 100 * ms)
             steps = dict(counter.steps)
             heartbeats = driver.system.heartbeats_sent.get()
@@ -569,12 +570,8 @@ async def test_a_claimant_holding_the_timed_duties_runs_heartbeats_and_status_me
 
 
 async def test_a_claim_without_duties_leaves_the_loops_their_own_timers(tmp_path):
-    port = free_udp_port()
-    channel = f"aeron:udp?endpoint=127.0.0.1:{port}"
     async with open_media_driver(dir=tmp_path, **FAST) as driver:
-        sub = driver.add_subscription(channel, 9)
-        pub = driver.add_publication(channel, 9)
-        await _until(lambda: pub.is_connected and sub.is_connected)
+        await _connected_pair(driver)
         counter = _StepCounter()
         trio.lowlevel.add_instrument(counter)
         try:
