@@ -18,7 +18,9 @@ offers timerfd and eventfd, a doorbell waits instead on an epoll set of its own 
 socket, a timerfd (media/timerfd.py) for the timeout, moved only when a wait asks for an earlier
 deadline than the one it holds (a later one lets it expire: that wait returns early and its
 caller, which re-checks its condition anyway, waits again), and an eventfd that the same-thread
-ring writes. Elsewhere the wait keeps the cancel scope.
+ring writes. Elsewhere the wait keeps the cancel scope. When no other task of the loop can run
+first, the wait on that set skips trio altogether (media.directpark): the service thread parks
+once per committed entry.
 
 Message bytes: ``D`` new data, ``N`` a new publication to discover.
 """
@@ -34,6 +36,7 @@ import time
 
 import trio
 
+from media.directpark import DirectPark
 from media.timerfd import NEVER, open_timer_and_eventfd, read_eventfd
 
 __all__ = ["Doorbell", "ring", "doorbell_pid", "DATA", "NEW_PUBLICATION"]
@@ -126,6 +129,7 @@ class Doorbell:
             self._ep = select.epoll()
             for fd in (self._sock.fileno(), self._timer.fd, self._efd):
                 self._ep.register(fd, select.EPOLLIN)
+            self._direct = DirectPark(self._ep.fileno())
         _local[self.name] = self
 
     def drain(self) -> bytes:
@@ -184,7 +188,11 @@ class Doorbell:
             timer.arm_before(time.monotonic_ns() + int(timeout_s * 1e9) if timeout_s < 1e6 else NEVER - 1)
             self._waiting_thread = threading.get_ident()
             try:
-                await trio.lowlevel.wait_readable(ep.fileno())
+                direct = self._direct.wait()
+                if direct is None:
+                    await trio.lowlevel.wait_readable(ep.fileno())
+                elif direct:
+                    await trio.lowlevel.checkpoint()
             finally:
                 self._waiting_thread = None
                 if self._rung:
@@ -215,6 +223,7 @@ class Doorbell:
                 trio.lowlevel.notify_closing(self._ep.fileno())
             except RuntimeError:
                 pass  # not in a trio loop: nobody can be waiting on it
+            self._direct.close()
             self._ep.close()
             self._timer.close()
             os.close(self._efd)

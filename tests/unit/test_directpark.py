@@ -1,0 +1,208 @@
+"""DirectPark: a wait in the kernel that skips trio only when nothing else in the loop could run
+first, and hands over to trio (True) when trio's own file descriptors or deadlines need it."""
+
+import os
+import socket
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+import media.directpark as directpark
+from media.directpark import DirectPark
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    yield a, b
+    a.close()
+    b.close()
+
+
+class _IoWaits(trio.abc.Instrument):
+    """Counts the run loop's I/O waits: a direct wait takes none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.count += 1
+
+
+async def test_a_ready_fd_ends_the_wait_without_a_trio_step(pair):
+    a, b = pair
+    park = DirectPark(a.fileno())
+    waits = _IoWaits()
+    trio.lowlevel.add_instrument(waits)
+    try:
+        writer = threading.Thread(target=b.send, args=(b"x",))
+        writer.start()
+        before = waits.count
+        with trio.fail_after(5):
+            assert park.wait() is False
+        assert waits.count == before
+        writer.join()
+        assert a.recv(8) == b"x"
+    finally:
+        trio.lowlevel.remove_instrument(waits)
+        park.close()
+
+
+async def test_a_task_scheduled_in_the_same_batch_makes_it_wait_through_trio(pair):
+    """Trio takes the whole run queue as one batch, so a task that will run later in this batch
+    is on no queue: the wait must still see it (it would otherwise block that task until its
+    own fd is ready). The fd is made readable first, so a wrong answer is False, not a hang."""
+    a, b = pair
+    b.send(b"x")
+    park = DirectPark(a.fileno())
+    seen = set()
+    try:
+        for _ in range(40):
+            other_ran = False
+            result = "unset"
+
+            async def waiter():
+                nonlocal result
+                pending = not other_ran
+                result = park.wait()
+                seen.add(pending)
+                assert (result is None) == pending
+
+            async def other():
+                nonlocal other_ran
+                other_ran = True
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                nursery.start_soon(other)
+            assert result != "unset"
+    finally:
+        park.close()
+    assert seen == {True, False}  # both orders came up (trio shuffles each batch)
+
+
+async def test_trio_fd_events_end_the_wait_with_true(pair):
+    a, b = pair
+    mine_a, mine_b = socket.socketpair()
+    park = DirectPark(mine_a.fileno())
+    woke = trio.Event()
+    try:
+        async def other():
+            await trio.lowlevel.wait_readable(a)
+            woke.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.testing.wait_all_tasks_blocked()  # `other` waits in trio's epoll set
+            threading.Thread(target=b.send, args=(b"x",)).start()
+            start = trio.current_time()
+            with trio.move_on_after(10):  # (a wrong wait returns True at this deadline)
+                assert park.wait() is True
+            assert trio.current_time() - start < 5
+            with trio.fail_after(5):
+                await woke.wait()
+    finally:
+        park.close()
+        mine_a.close()
+        mine_b.close()
+
+
+async def test_a_trio_deadline_ends_the_wait_with_true(pair):
+    a, _b = pair
+    park = DirectPark(a.fileno())
+    try:
+        with trio.move_on_after(0.02):
+            start = trio.current_time()
+            result = park.wait()
+            assert result is True
+            assert trio.current_time() - start >= 0.015
+            await trio.sleep_forever()  # the checkpoint lets the deadline act
+    finally:
+        park.close()
+
+
+async def test_a_cancelled_task_leaves_the_wait_to_trio(pair):
+    """Whether cancelled by a deadline already past or by a call: the wait through trio raises
+    Cancelled at once, a direct one would block until the fd is ready."""
+    a, _b = pair
+    park = DirectPark(a.fileno())
+    try:
+        with trio.CancelScope(deadline=trio.current_time() - 1):
+            assert park.wait() is None
+            await trio.lowlevel.checkpoint()
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            assert park.wait() is None
+            await trio.lowlevel.checkpoint()
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + 0.001
+            with trio.CancelScope(shield=True):
+                start = trio.current_time()
+                assert park.wait() is True  # the outer deadline does not reach in: a trio deadline
+                assert trio.current_time() - start < 5
+    finally:
+        park.close()
+
+
+async def test_a_task_waiting_for_idle_leaves_the_wait_to_trio(pair):
+    a, _b = pair
+    park = DirectPark(a.fileno())
+    result = "unset"
+    try:
+        async def waiter():
+            nonlocal result
+            await trio.lowlevel.checkpoint()
+            result = park.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+        assert result is None
+    finally:
+        park.close()
+
+
+def test_a_run_with_its_own_clock_is_not_waited_on_directly(pair):
+    a, b = pair
+    b.send(b"x")
+    park = DirectPark(a.fileno())
+
+    async def main():
+        return park.wait()
+
+    try:
+        assert trio.run(main, clock=trio.testing.MockClock()) is None
+        assert trio.run(main) is False  # the same object binds to the next run
+    finally:
+        park.close()
+
+
+def test_outside_a_run_and_when_turned_off_it_declines(pair, monkeypatch):
+    a, b = pair
+    b.send(b"x")
+    park = DirectPark(a.fileno())
+    try:
+        assert park.wait() is None
+        monkeypatch.setattr(directpark, "_ENABLED", False)
+
+        async def main():
+            return park.wait()
+
+        assert trio.run(main) is None
+    finally:
+        park.close()
+
+
+def test_the_switch_is_read_from_the_environment():
+    import subprocess
+    import sys
+
+    code = "import media.directpark as d; print(d._ENABLED)"
+    env = dict(os.environ, PYCLUSTER_DIRECT_PARK="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.stdout.strip() == "False"
