@@ -39,6 +39,7 @@ async def test_a_ready_fd_ends_the_wait_without_a_trio_step(pair):
     waits = _IoWaits()
     trio.lowlevel.add_instrument(waits)
     try:
+        await trio.testing.wait_all_tasks_blocked()  # (the run's own tasks done with their steps)
         writer = threading.Thread(target=b.send, args=(b"x",))
         writer.start()
         before = waits.count
@@ -62,6 +63,7 @@ async def test_a_task_scheduled_in_the_same_batch_makes_it_wait_through_trio(pai
     seen = set()
     try:
         for _ in range(40):
+            await trio.testing.wait_all_tasks_blocked()  # only the two tasks below are due
             other_ran = False
             result = "unset"
 
@@ -115,6 +117,7 @@ async def test_a_trio_deadline_ends_the_wait_with_true(pair):
     a, _b = pair
     park = DirectPark(a.fileno())
     try:
+        await trio.testing.wait_all_tasks_blocked()
         with trio.move_on_after(0.02):
             start = trio.current_time()
             result = park.wait()
@@ -138,6 +141,7 @@ async def test_a_cancelled_task_leaves_the_wait_to_trio(pair):
             scope.cancel()
             assert park.wait() is None
             await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + 0.001
             with trio.CancelScope(shield=True):
@@ -172,6 +176,8 @@ def test_a_run_with_its_own_clock_is_not_waited_on_directly(pair):
     park = DirectPark(a.fileno())
 
     async def main():
+        # Trio's own tasks may still be due in the first batch (a wait then declines too).
+        await trio.testing.wait_all_tasks_blocked()
         return park.wait()
 
     try:
