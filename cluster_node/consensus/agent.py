@@ -300,6 +300,7 @@ class ConsensusAgent:
         self._park_scope: trio.CancelScope | None = None
         self._parked_on_driver = False  # in _wait_input's driver.park loop
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
+        self._just_read = False  # the park's last act was a receive_work (see _run)
         # A follower's commits ring its service thread at most every _FOLLOWER_SERVICE_RING_NS.
         self._service_ring_due = False
         self._service_rung_ns = 0
@@ -1195,7 +1196,14 @@ class ConsensusAgent:
         last_activity_ms = 0
         while not self.stopping:
             driver.hold_sends()
-            driver.receive_work()
+            if self._just_read:
+                # The park ended with a read (the datagram that woke it): reading again now
+                # would mostly find nothing, and would first send the status messages that read
+                # left pending, which wait better until after this pass's own sends (an
+                # AppendPosition, the log to the followers).
+                self._just_read = False
+            else:
+                driver.receive_work()
             now = self._now = time.monotonic_ns()
             self._cluster_now = time.time_ns()
             work = self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
@@ -1735,6 +1743,7 @@ class ConsensusAgent:
                 return False
             driver.receive_work()
             if wake.is_set() or from_service.has_data():
+                self._just_read = True
                 return True
             if time.monotonic_ns() >= end:
                 return False
@@ -1765,6 +1774,7 @@ class ConsensusAgent:
                     if driver.receive_claimant is not owner:
                         break  # another task claimed the sockets (not expected): run a pass
                     driver.receive_work()
+                    self._just_read = True
             finally:
                 self._parked_on_driver = False
             return yielded
