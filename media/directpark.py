@@ -11,15 +11,17 @@ waiting through trio), and a round trip through the cluster has four such wake-u
 
 When nothing else in the loop can run before the fd is ready, suspending the task buys nothing:
 no other task is scheduled, the task itself is not cancelled, and every other task waits either
-on a file descriptor in trio's epoll set or on a deadline. "Scheduled" includes the rest of the
-batch trio is running: trio takes the whole run queue at once and runs it task by task, so a
-task due later in the same batch is on no queue; a waiter that missed it blocked that task until
-its own fd was ready (seen as a media benchmark that hung now and then). :class:`DirectPark` then blocks in ``epoll_wait`` on a set of two:
-the caller's fd and *trio's own epoll set* (an epoll fd is readable while it has events ready),
-with trio's next deadline as the timeout. It returns when the caller's fd is ready (no trio step
-at all), or, when trio's set has events or a trio deadline came, tells the caller to let trio
-run (one checkpoint), which then finds those events itself. The system call lets go of the GIL,
-as trio's own wait does.
+on a file descriptor in trio's epoll set or on a deadline. :class:`DirectPark` then blocks in
+``epoll_wait`` on a set of two: the caller's fd and *trio's own epoll set* (an epoll fd is
+readable while it has events ready), with trio's next deadline as the timeout. It returns when
+the caller's fd is ready (no trio step at all), or, when trio's set has events or a trio
+deadline came, tells the caller to let trio run (one checkpoint), which then finds those events
+itself. The system call lets go of the GIL, as trio's own wait does.
+
+"Scheduled" includes the rest of the batch trio is running: trio takes the whole run queue at
+once and runs it task by task, so a task due later in the same batch is on no queue. A first
+version missed those and blocked them until its own fd was ready (a media benchmark hung now
+and then); the wait now looks at every task's pending resume.
 
 This reads what trio does not publish: the run queue, each task's pending resume (the batch),
 the tasks waiting for the loop to go idle (``trio.testing.wait_all_tasks_blocked``), the task's
@@ -94,9 +96,9 @@ class DirectPark:
 
         None: not possible now (no run, an unsupported run, another task runnable or waiting
         for the loop to go idle, a deadline already due, this task cancelled): the caller waits
-        through trio. False: ``fd`` is ready (or the wait ended early),
-        and no trio step is needed. True: trio has something to do; the caller takes a
-        checkpoint (``fd`` may be ready too)."""
+        through trio. False: ``fd`` is ready (or the wait ended early), and no trio step is
+        needed. True: trio has something to do; the caller takes a checkpoint (``fd`` may be
+        ready too)."""
         if not _ENABLED:
             return None
         try:
