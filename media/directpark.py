@@ -41,6 +41,8 @@ import math
 import os
 import select
 
+import trio
+
 __all__ = ["DirectPark"]
 
 _ENABLED = os.environ.get("PYCLUSTER_DIRECT_PARK", "1") != "0"
@@ -132,6 +134,16 @@ class DirectPark:
             if fd == trio_fd:
                 return True
         return False
+
+    async def wait_readable(self) -> None:
+        """Wait until ``fd`` is readable (it may return early): in the kernel when
+        :meth:`wait` can, with one checkpoint when trio has work of its own, otherwise through
+        ``trio.lowlevel.wait_readable``."""
+        direct = self.wait()
+        if direct is None:
+            await trio.lowlevel.wait_readable(self._fd)
+        elif direct:
+            await trio.lowlevel.checkpoint()
 
     def _bind(self, runner) -> bool:
         self.close()

@@ -188,11 +188,7 @@ class Doorbell:
             timer.arm_before(time.monotonic_ns() + int(timeout_s * 1e9) if timeout_s < 1e6 else NEVER - 1)
             self._waiting_thread = threading.get_ident()
             try:
-                direct = self._direct.wait()
-                if direct is None:
-                    await trio.lowlevel.wait_readable(ep.fileno())
-                elif direct:
-                    await trio.lowlevel.checkpoint()
+                await self._direct.wait_readable()
             finally:
                 self._waiting_thread = None
                 if self._rung:

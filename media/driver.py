@@ -1359,12 +1359,7 @@ class MediaDriver:
                         await self._wait_readable_in(scope)  # (wake_parked cancels the scope)
                 return
             timer.arm_before(min(deadline_ns, self._timed_ns))
-            direct = self._direct_park.wait()
-            if direct is not None:
-                if direct:
-                    await trio.lowlevel.checkpoint()
-                return
-            await trio.lowlevel.wait_readable(self._rx_epoll_fd)
+            await self._direct_park.wait_readable()
         except trio.BusyResourceError:
             # The task that held the claim before (rung by claim_receive) has not left its
             # wait yet: let it go first.

@@ -212,3 +212,19 @@ def test_the_switch_is_read_from_the_environment():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+async def test_wait_readable_returns_when_the_fd_is_ready_either_way(pair, monkeypatch, enabled):
+    """The callers' wait (driver park, doorbell): direct when it can, through trio when not."""
+    monkeypatch.setattr(directpark, "_ENABLED", enabled)
+    a, b = pair
+    park = DirectPark(a.fileno())
+    try:
+        await trio.testing.wait_all_tasks_blocked()
+        threading.Thread(target=b.send, args=(b"x",)).start()
+        with trio.fail_after(5):
+            await park.wait_readable()
+        assert a.recv(8) == b"x"
+    finally:
+        park.close()
