@@ -33,7 +33,7 @@ not pay for it.
 
 from __future__ import annotations
 
-__all__ = ["MIN_BLOCK", "chain", "extend", "numpy_module", "stamp"]
+__all__ = ["MIN_BLOCK", "chain", "extend", "numpy_module", "restamp", "stamp"]
 
 MIN_BLOCK = 32 * 1024
 """Blocks below this are walked in Python (numpy's fixed cost per call is a few microseconds)."""
@@ -181,6 +181,35 @@ def stamp(buffer, offset: int, starts, session_id: int, stream_id: int, term_id:
     words[idx + 3] = session_id
     words[idx + 4] = stream_id
     words[idx + 5] = term_id
+
+
+def restamp(buffer, offset: int, starts, term_offset: int, session_id: int, stream_id: int, term_id: int) -> None:
+    """Make the frames at ``starts`` (relative to ``offset``, as :func:`chain` returns them) frames
+    of another stream, the first at ``term_offset`` + ``starts[0]``: their term offsets, session,
+    stream and term ids are rewritten and their reserved values zeroed; lengths, flags, types and
+    payloads stay."""
+    np = _numpy()
+    n = starts.size
+    if n == 0:
+        return
+    end = int(starts[-1]) + 32
+    words = np.frombuffer(buffer, dtype="<i4", count=end >> 2, offset=offset)
+    first = int(starts[0])
+    step = int(starts[1]) - first if n > 1 else 32
+    strided = int(starts[-1]) - first == step * (n - 1) and (n < 3 or bool((np.diff(starts) == step).all()))
+    if strided:
+        # One run of equal frames: their headers as rows of a strided view.
+        rows = np.lib.stride_tricks.as_strided(words[first >> 2:], shape=(n, 8), strides=(step, 4))
+        rows[:, 2] = np.arange(term_offset + first, term_offset + first + step * n, step, dtype=np.int32)
+    else:
+        rows = words.reshape(-1, 8)[starts >> 5]  # a copy: written back below
+        rows[:, 2] = starts + term_offset
+    rows[:, 3] = session_id
+    rows[:, 4] = stream_id
+    rows[:, 5] = term_id
+    rows[:, 6:8] = 0
+    if not strided:
+        words.reshape(-1, 8)[starts >> 5] = rows
 
 
 def extend(buffer, start: int, end: int, term_offset: int, walked: int) -> tuple[int, bool]:

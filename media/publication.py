@@ -25,6 +25,7 @@ from typing import Awaitable, Callable
 
 import trio
 
+from media import framescan
 from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length, term_window
 from media.logbuffer import META_LENGTH, LogBuffer
@@ -34,6 +35,7 @@ __all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Public
 _PACK_HEADER = DATA_HEADER.pack_into
 _I32_PACK = struct.Struct("<i").pack_into
 _I64_PACK = struct.Struct("<q").pack_into
+_I32_UNPACK = struct.Struct("<i").unpack_from
 _BLOCK_FIRST = struct.Struct("<i4xi").unpack_from  # frame length, term offset
 _WAKE_OFFSET = LogBuffer.WAKE_OFFSET
 _ALWAYS = b"\x01"
@@ -412,6 +414,36 @@ class ExclusivePublication:
         _I64_PACK(buf, LogBuffer.PUBLISHER_POSITION_OFFSET, pos)
         self._notify(buf)
         return pos
+
+    def block_room(self) -> int:
+        """The longest block :meth:`claim_block` (or :meth:`offer_frames`) can take now as far as
+        the term goes: the rest of the current term, a whole term at a term's end, at most
+        :attr:`max_block_length`. Flow control may still refuse it."""
+        used = self._position - self._term_base
+        return min(self.max_block_length, self.term_length - used if used < self.term_length else self.term_length)
+
+    def offer_frames(self, block, offset: int, starts, length: int, fill=None) -> int:
+        """Append whole frames read from another stream, as they are but for their headers'
+        place and ids: for a reader that passes many messages on at once (the consensus module's
+        clients' session messages into the log) rather than one :meth:`offer` each.
+
+        ``block[offset:offset + length]`` holds the frames, ``starts`` (a numpy int64 array, as
+        ``media.framescan.chain`` returns it) their offsets in it; ``length`` must be at most
+        :meth:`block_room`. Each frame's term offset, session, stream and term ids become this
+        publication's and its reserved value zero; lengths, flags and payloads are copied.
+        ``fill(buffer, region_offset, starts)``, when given, may write into the copied frames
+        before any reader can see them. Returns the new position or a negative
+        :class:`OfferResult` (nothing appended)."""
+        off = self.claim_block(length)
+        if off < 0:
+            return off
+        buf = self._buffer
+        buf[off + 4: off + length] = block[offset + 4: offset + length]
+        framescan.restamp(buf, off, starts, self._position - self._term_base, self.session_id, self.stream_id,
+                          self._term_id)
+        if fill is not None:
+            fill(buf, off, starts)
+        return self.commit_block(length, _I32_UNPACK(block, offset)[0])
 
     @property
     def buffer_ints(self) -> memoryview:

@@ -32,7 +32,7 @@ _PUB_PARKED = LogBuffer.PUBLISHER_PARKED_OFFSET
 _PUB_POSITION = LogBuffer.PUBLISHER_POSITION_OFFSET
 _I64 = struct.Struct("<q").unpack_from
 
-__all__ = ["BlockHandler", "Header", "Image", "Subscription", "FragmentHandler", "StopPolling"]
+__all__ = ["BlockHandler", "FramesHandler", "Header", "Image", "Subscription", "FragmentHandler", "StopPolling"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _I32 = struct.Struct("<i").unpack_from
@@ -52,6 +52,8 @@ class StopPolling(Exception):
 FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
 BlockHandler = Callable[[memoryview, int, int, int], None]
 """``handler(buffer, offset, length, position)`` of :meth:`Image.block_poll`."""
+FramesHandler = Callable[[memoryview, int, "object", int, int], int]
+"""``handler(buffer, offset, starts, length, position) -> bytes consumed`` of :meth:`Image.frames_poll`."""
 
 
 class Header:
@@ -331,6 +333,48 @@ class Image:
             length = (i << 2) - base
         handler(self._view, base, length, pos)
         return self._advance(buf, pos + length, length)
+
+    def frames_poll(self, handler: "FramesHandler", byte_limit: int, min_frames: int = 8) -> int | None:
+        """Hand a run of whole frames, headers included, to
+        ``handler(buffer, offset, starts, length, position)`` with their starts found by numpy
+        (media.framescan), not by a Python step per frame; the handler returns how many bytes
+        to consume (0, a frame start, or ``length``). Returns the bytes consumed, or None when
+        there is no run worth the numpy calls: fewer than about ``min_frames`` frames ready, or
+        a chain numpy cannot prove (the caller polls frame by frame instead).
+
+        For readers that treat many same-shaped messages as one block (the consensus module
+        copying its clients' session messages into the log). The run starts at the image's
+        position, stays inside one term, is at most ``byte_limit`` bytes and may hold any frame
+        (padding, fragments: the handler decides what it takes). ``starts`` is an int64 numpy
+        array of frame offsets relative to ``offset``. Like :meth:`block_poll`, it bypasses
+        fragment reassembly: take only unfragmented frames, leave the rest to :meth:`poll`.
+
+        Whether a run is long enough is guessed from one word, so that a reader near the edge
+        (one message a pass) pays two reads, not numpy's fixed cost: the slot where frame
+        number ``min_frames`` would start were every frame as long as the first must hold a
+        frame length. A wrong guess costs time only: the chain is always proven.
+        """
+        if self.closed:
+            return None
+        buf = self._buffer
+        pos = self._position
+        base = META_LENGTH + pos % self._capacity
+        term_offset = pos & (self.term_length - 1)
+        limit = min(byte_limit, self.term_length - term_offset) & ~31
+        flen = _I32(buf, base)[0]
+        if flen <= 0:
+            return None
+        probe = ((flen + 31) & ~31) * (min_frames - 1)
+        if probe >= limit or _I32(buf, base + probe)[0] <= 0:
+            return None
+        found = framescan.chain(buf, base, limit, term_offset, 32)
+        if found is None or found[1] == 0:
+            return None
+        starts, length = found
+        taken = handler(self._view, base, starts, length, pos)
+        if taken:
+            self._commit_position(buf, pos + taken)
+        return taken
 
     def _advance(self, buf, pos: int, length: int) -> int:
         self._commit_position(buf, pos)
