@@ -66,6 +66,7 @@ from cluster_node.codecs import (
 )
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus import ingress_batch
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
@@ -93,6 +94,11 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
+_INGRESS_BLOCK = 64 * 1024
+"""At most this many bytes of one client's session messages go into the log in one block."""
+_BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
+"""Off (``PYCLUSTER_BATCH_INGRESS=0``): every client message through the per-message path, to
+compare."""
 _FOLLOWER_SERVICE_RING_NS = 10_000_000
 """How often, at most, a follower rings its service thread for commits: nobody waits on a
 follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
@@ -301,6 +307,7 @@ class ConsensusAgent:
         self._parked_on_driver = False  # in _wait_input's driver.park loop
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
         self._just_read = False  # the park's last act was a receive_work (see _run)
+        self._ingress_taken = 0  # messages the last _on_ingress_frames took
         # A follower's commits ring its service thread at most every _FOLLOWER_SERVICE_RING_NS.
         self._service_ring_due = False
         self._service_rung_ns = 0
@@ -1027,6 +1034,47 @@ class ConsensusAgent:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
                                                self._cluster_now)
 
+    def _poll_ingress(self) -> int:
+        """Clients' messages: runs of session messages go into the log a block at a time
+        (consensus.ingress_batch), everything else one message at a time (:meth:`_on_ingress`)."""
+        sub = self._ingress_sub
+        m = self.module
+        local = self.local
+        if (not _BATCH_INGRESS or self._appends or m.election is not None or m.role != Role.LEADER
+                or local is None or not local.joined):
+            return sub.poll(self._on_ingress, _FRAGMENTS)
+        work = 0
+        for image in sub.images:
+            if image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
+                work += self._ingress_taken
+            else:
+                work += image.poll(self._on_ingress, _FRAGMENTS)
+        return work
+
+    def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
+        """``Image.frames_poll`` handler: the leading run of one session's messages into the
+        log with one offer; returns the bytes taken (0: leave them to :meth:`_on_ingress`)."""
+        count, end, term_id, session_id = ingress_batch.session_run(buf, offset, starts, length)
+        if count == 0:
+            return 0
+        m = self.module
+        self._ingress_taken = count
+        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now, count):
+            return end  # dropped, as one by one
+        pub = self.local.pub
+        count, end = ingress_batch.fit(starts, count, end, pub.block_room())
+        if count == 0:
+            return 0
+        now = self._cluster_now
+        position = pub.offer_frames(
+            buf, offset, starts[:count], end,
+            lambda b, off, s: ingress_batch.stamp_timestamps(b, off, s, now))
+        if position < 0:
+            return 0
+        self._ingress_taken = count
+        self._recording_progress_ns = self._now
+        return end
+
     def _on_service(self, buf, offset, length, header) -> None:
         m = self.module
         view = buf[offset: offset + length]
@@ -1213,7 +1261,7 @@ class ConsensusAgent:
                 # Suspended (or snapshotting, terminating), ingress is left unread (as the
                 # reference): client messages wait in the image, the clients are
                 # back-pressured, and resume takes them in order.
-                work += self._ingress_sub.poll(self._on_ingress, _FRAGMENTS)
+                work += self._poll_ingress()
             if self._join_unsent is not None and now >= join_resend_at:
                 if self._send_service(self._join_unsent):
                     self._join_unsent = None

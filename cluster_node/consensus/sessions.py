@@ -201,13 +201,15 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ activity (leader)
 
-    def on_ingress(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int) -> bool:
-        """A session message arrived: True when it may be appended (open session, current term)."""
+    def on_ingress(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int,
+                   count: int = 1) -> bool:
+        """A session message arrived (``count`` of them, all of that session and term): True
+        when they may be appended (open session, current term)."""
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN:
             return False
         if leadership_term_id != current_term_id:
-            self.stale_term_dropped += 1
+            self.stale_term_dropped += count
             return False
         session.time_of_last_activity_ns = now_ns
         return True
