@@ -204,9 +204,9 @@ class _NetPublication:
         return self.core.sender_position >= self.pub.position
 
     def has_pending(self) -> bool:
-        """Data its sender may send now: connected, not held by a stall, inside flow control."""
-        core = self.core
-        return core.sending_data and core.sender_position < min(self.pub.position, core.flow_limit)
+        """Data its sender may send now: connected, not held by a stall, inside flow control
+        (media.sender ``data_ready``)."""
+        return self.core.data_ready(self.pub.position)
 
 
 class _NetImage:

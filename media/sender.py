@@ -138,6 +138,11 @@ class SenderCore:
         self.config = config
         self.sender_position = start_position
         self.flow_limit = start_position  # nothing may be sent until a receiver says so
+        self.short_limit = -1
+        """The flow limit at which the next frame did not fit (the receivers' window ended
+        inside it): nothing can go until the limit moves. Frames are never split, and a window
+        rarely ends on a frame boundary, so a sender that kept trying would spin until the next
+        status message (about once a window's worth of reading)."""
         self.receivers: dict[int, _Receiver] = {}
         self.connected = False
         self.setup_wanted = True
@@ -330,6 +335,13 @@ class SenderCore:
         """Not connected, or asked for a SETUP: SETUPs go out every ``setup_interval_ns``."""
         return not self.connected or self.setup_wanted
 
+    def data_ready(self, publisher_position: int) -> bool:
+        """Is there data :meth:`do_work` may send now: connected, not held by a stall, inside
+        flow control with room for the next frame (as far as the last try showed)?"""
+        limit = self.flow_limit
+        return (self.connected and self.resetup_since_ns is None and limit != self.short_limit
+                and self.sender_position < (publisher_position if publisher_position < limit else limit))
+
     @property
     def sending_data(self) -> bool:
         """Connected, and not holding data back until a stall's SETUP is answered."""
@@ -423,6 +435,8 @@ class SenderCore:
         while position < limit and budget > 0:
             off, length, covered = self._chunk(buffer, position, limit)
             if covered == 0:
+                if limit == self.flow_limit:
+                    self.short_limit = limit
                 break
             sends.append((off, length))
             position += covered

@@ -275,6 +275,30 @@ def test_unicast_flow_control_limit_is_respected():
     assert rig.core.flow_limit == 2400
 
 
+
+def test_data_is_not_ready_while_the_window_ends_inside_the_next_frame():
+    rig = Rig()
+    rig.publish(100)  # 160-byte frames
+    rig.work(T0)
+    assert not rig.core.data_ready(rig.pub.position)  # not connected yet
+    rig.status(0, 1700, T0)  # the window ends 100 bytes into frame 11
+    assert rig.core.data_ready(rig.pub.position)
+    rig.work(T0 + MS)
+    assert rig.core.sender_position == 1600
+    # What is left cannot go until the window moves: nothing to spin on.
+    assert not rig.core.data_ready(rig.pub.position)
+    assert [kinds([d])[0] for d in rig.work(T0 + 2 * MS)] == []
+    rig.status(50, 1700, T0 + 3 * MS)  # limit 1750: still inside frame 11 (1600-1760)
+    assert rig.core.data_ready(rig.pub.position)  # a new limit: worth a try
+    assert rig.work(T0 + 3 * MS) == [] and not rig.core.data_ready(rig.pub.position)
+    rig.status(160, 1700, T0 + 4 * MS)  # limit 1860: frame 11 fits
+    assert rig.core.data_ready(rig.pub.position)
+    rig.work(T0 + 4 * MS)
+    assert rig.core.sender_position == 1760
+    # Caught up with the publisher: nothing ready, whatever the window.
+    rig.drain(T0 + 5 * MS)
+    assert rig.core.sender_position == rig.pub.position and not rig.core.data_ready(rig.pub.position)
+
 def test_window_is_capped_at_half_a_term():
     rig = Rig()
     rig.publish(200, 224)  # 256-byte frames, 51200 bytes
