@@ -66,7 +66,7 @@ from cluster_node.codecs import (
 )
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
-from cluster_node.consensus import ingress_batch
+from cluster_node.consensus import message_runs
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
@@ -97,8 +97,8 @@ _FRAGMENTS = 256
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
-"""Off (``PYCLUSTER_BATCH_INGRESS=0``): every client message through the per-message path, to
-compare."""
+"""Off (``PYCLUSTER_BATCH_INGRESS=0``): every client message through the per-message paths
+(leader ingress, follower log adapter), to compare."""
 _FOLLOWER_SERVICE_RING_NS = 10_000_000
 """How often, at most, a follower rings its service thread for commits: nobody waits on a
 follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
@@ -1036,7 +1036,7 @@ class ConsensusAgent:
 
     def _poll_ingress(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time
-        (consensus.ingress_batch), everything else one message at a time (:meth:`_on_ingress`)."""
+        (consensus.message_runs), everything else one message at a time (:meth:`_on_ingress`)."""
         sub = self._ingress_sub
         m = self.module
         local = self.local
@@ -1054,7 +1054,7 @@ class ConsensusAgent:
     def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
         """``Image.frames_poll`` handler: the leading run of one session's messages into the
         log with one offer; returns the bytes taken (0: leave them to :meth:`_on_ingress`)."""
-        count, end, term_id, session_id = ingress_batch.session_run(buf, offset, starts, length)
+        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length)
         if count == 0:
             return 0
         m = self.module
@@ -1062,13 +1062,13 @@ class ConsensusAgent:
         if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now, count):
             return end  # dropped, as one by one
         pub = self.local.pub
-        count, end = ingress_batch.fit(starts, count, end, pub.block_room())
+        count, end = message_runs.fit(starts, count, end, pub.block_room())
         if count == 0:
             return 0
         now = self._cluster_now
         position = pub.offer_frames(
             buf, offset, starts[:count], end,
-            lambda b, off, s: ingress_batch.stamp_timestamps(b, off, s, now))
+            lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
         if position < 0:
             return 0
         self._ingress_taken = count
@@ -1206,7 +1206,18 @@ class ConsensusAgent:
             self._log_adapter_image = self._log_adapter_sub.image_by_session_id(self._log_adapter_session)
             if self._log_adapter_image is None:
                 return 0
-        return self._log_adapter_image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
+        image = self._log_adapter_image
+        work = 0
+        if _BATCH_INGRESS and limit > image.position:
+            # A leading run of client messages (nothing for the module) stepped over as one
+            # (consensus.message_runs); entries after it, one by one.
+            work = 1 if image.frames_poll(self._skip_client_messages, min(limit - image.position, _INGRESS_BLOCK)) \
+                else 0
+        return work + image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
+
+    @staticmethod
+    def _skip_client_messages(buf, offset, starts, length, position) -> int:
+        return message_runs.client_run(buf, offset, starts, length)
 
     def _adapter_position(self) -> int:
         image = self._log_adapter_image

@@ -1,29 +1,34 @@
-"""A leader's clients' session messages into the log a block at a time, not one offer each (core).
+"""Runs of client session messages handled as one block, not one Python call each (core).
 
 Why
 ===
-At full load a client's ingress image holds hundreds of session messages when the leader's
-duty cycle comes round (``scripts/cluster_cpu.py --max``: 256 a poll, the fragment limit, in
-nine polls of ten). Taken one by one, each costs a handler call, a header unpack, a session
-lookup, a copy into a bytearray, a timestamp pack and an offer: about 3 µs, a fifth of the
-leader's CPU per message. Yet such a run is already nearly the log's bytes: one frame per
-message, each a session message whose 32-byte session header names the same session and term.
-Only the frame headers (term offset, ids) and the timestamp the leader gives every entry differ.
+At full load a leader's ingress image holds hundreds of session messages when its duty cycle
+comes round (``scripts/cluster_cpu.py --max``: 256 a poll, the fragment limit, in nine polls of
+ten), and a follower's log adapter finds as many newly committed. Taken one by one, each costs a
+handler call and a header unpack, and on the leader a session lookup, a copy into a bytearray,
+a timestamp pack and an offer: about 3 µs, a fifth of the leader's CPU per message. Yet such a
+run is uniform: one frame per message, each a session message whose 32-byte session header
+names the same session and term.
 
 How
 ===
-The ingress image finds the run's frames with numpy (``Image.frames_poll``, media.framescan);
-:func:`session_run` checks them all at once and keeps the longest leading part the per-message
-path would have appended unchanged: unfragmented data frames, each a session message of at
-least its 32-byte header, all of one cluster session and one leadership term. The session and
-term are checked once for the run (``ClusterSessions.on_ingress``), and the frames are copied
-into the log with one ``ExclusivePublication.offer_frames``, which rewrites their headers and
-lets :func:`stamp_timestamps` write the leader's timestamp into each before any reader sees
-them. The log's bytes are exactly those of one offer per message.
+The image finds the run's frames with numpy (``Image.frames_poll``, media.framescan); the
+functions here check them all at once and keep the longest leading part that the per-message
+path would have treated the same way.
 
-Anything else at the head of the image (a keep-alive, a connect request, a fragment, padding, a
-message of another session, bad bytes) ends the run; the per-message path then takes it and does
-what it always did (count and drop what is bad). So does a log that refuses the block (back
+- Leader, ingress (:func:`session_run`): unfragmented data frames, each a session message of
+  at least its 32-byte header, all of one cluster session and one leadership term. The session
+  and term are checked once for the run (``ClusterSessions.on_ingress``), and the frames are
+  copied into the log with one ``ExclusivePublication.offer_frames``, which rewrites their
+  headers and lets :func:`stamp_timestamps` write the leader's timestamp into each before any
+  reader sees them. The log's bytes are exactly those of one offer per message.
+- Follower, log adapter (:func:`client_run`): committed entries that are client session
+  messages concern only the service, not the module (service messages, negative session ids,
+  and every other entry do), so a run of them is stepped over as a whole.
+
+Anything else at the head of the run (a keep-alive, a connect request, a fragment, padding, a
+message of another session, an event, bad bytes) ends it; the per-message path then takes it and
+does what it always did (count and drop what is bad). So does a log that refuses the block (back
 pressure, the end of a term): the per-message path queues or rotates as before.
 """
 
@@ -34,7 +39,7 @@ from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
 
 from cluster_node.codecs import SESSION_HEADER_LENGTH, SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET
 
-__all__ = ["fit", "session_run", "stamp_timestamps"]
+__all__ = ["client_run", "fit", "session_run", "stamp_timestamps"]
 
 _DATA_WORD = VERSION | (FLAG_UNFRAGMENTED << 8) | (TYPE_DATA << 16)
 """A frame header's second int32 (version, flags, type) for an unfragmented data frame."""
@@ -71,6 +76,27 @@ def session_run(buffer, offset: int, starts, length: int) -> tuple[int, int, int
         return 0, 0, 0, 0
     end = int(starts[count]) if count < total else length
     return count, end, term_id, session_id
+
+
+def client_run(buffer, offset: int, starts, length: int) -> int:
+    """Where the leading run of client session messages ends (a relative offset: 0 when the
+    first frame is not one): unfragmented data frames, each a session message of at least its
+    32-byte header with a session id of zero or more (``starts``, ``length`` as in
+    :func:`session_run`)."""
+    np = numpy_module()
+    total = starts.size
+    if total == 0:
+        return 0
+    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
+    at = starts >> 2
+    ok = (w32[at + 1] == _DATA_WORD) & (w32[at] >= _MIN_FRAME)
+    count = _leading(np, ok, total)
+    if count == 0:
+        return 0
+    w64 = np.frombuffer(buffer, dtype="<i8", count=length >> 3, offset=offset)
+    at = (starts[:count] + HEADER_LENGTH) >> 3
+    count = _leading(np, (w64[at] == SESSION_PREFIX_WORD) & (w64[at + 2] >= 0), count)
+    return int(starts[count]) if count < total else length
 
 
 def fit(starts, count: int, end: int, room: int) -> tuple[int, int]:

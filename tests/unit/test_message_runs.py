@@ -1,4 +1,4 @@
-"""consensus.ingress_batch with ``Image.frames_poll`` and ``ExclusivePublication.offer_frames``:
+"""consensus.message_runs with ``Image.frames_poll`` and ``ExclusivePublication.offer_frames``:
 client session messages copied into the log a block at a time leave the log byte for byte as
 one offer per message does, whatever the mix of sessions, terms, sizes, fragments, other
 messages and term ends; and each piece on its own."""
@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster_node.codecs import SESSION_TIMESTAMP_OFFSET, encode_session_message
-from cluster_node.consensus import ingress_batch
+from cluster_node.codecs import SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET, encode_session_message
+from cluster_node.consensus import message_runs
 from media import framescan
 from media.channel import parse
 from media.frames import DATA_HEADER, HEADER_LENGTH
@@ -56,15 +56,15 @@ class Relay:
         assert self.pub.offer(data) > 0
 
     def _frames(self, buf, offset, starts, length, position) -> int:
-        count, end, _term, _session = ingress_batch.session_run(buf, offset, starts, length)
+        count, end, _term, _session = message_runs.session_run(buf, offset, starts, length)
         if count == 0:
             return 0
-        count, end = ingress_batch.fit(starts, count, end, self.pub.block_room())
+        count, end = message_runs.fit(starts, count, end, self.pub.block_room())
         if count == 0:
             return 0
         now = self.now
         got = self.pub.offer_frames(buf, offset, starts[:count], end,
-                                    lambda b, off, s: ingress_batch.stamp_timestamps(b, off, s, now))
+                                    lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
         assert got > 0
         self.blocks += 1
         return end
@@ -170,25 +170,25 @@ def test_session_run_stops_at_the_first_frame_the_block_may_not_take():
         frame[32: 32 + len(body)] = body
         frames += frame
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
-    assert ingress_batch.session_run(frames, 0, starts, end) == (2, 192, 3, 9)
+    assert message_runs.session_run(frames, 0, starts, end) == (2, 192, 3, 9)
     # A fragment (flags BEGIN only) first: nothing.
     frames[5] = 0x80
-    assert ingress_batch.session_run(frames, 0, starts, end)[0] == 0
+    assert message_runs.session_run(frames, 0, starts, end)[0] == 0
     frames[5] = 0xC0
     # A frame too short for a session header ends the run before it.
     short = bytearray(32)
     DATA_HEADER.pack_into(short, 0, 40, 0, 0xC0, 1, 0, 1, 2, 3, 0)
     starts2, end2 = framescan.chain(short + frames, 0, 32 + len(frames), 0, 32)
-    assert ingress_batch.session_run(short + frames, 0, starts2, end2)[0] == 0
+    assert message_runs.session_run(short + frames, 0, starts2, end2)[0] == 0
 
 
 def test_fit_keeps_the_frames_that_end_within_the_room():
     starts = np.array([0, 64, 128, 256], dtype=np.int64)
-    assert ingress_batch.fit(starts, 4, 320, 320) == (4, 320)
-    assert ingress_batch.fit(starts, 4, 320, 319) == (3, 256)
-    assert ingress_batch.fit(starts, 4, 320, 128) == (2, 128)
-    assert ingress_batch.fit(starts, 4, 320, 63) == (0, 0)
-    assert ingress_batch.fit(starts, 2, 128, 100) == (1, 64)
+    assert message_runs.fit(starts, 4, 320, 320) == (4, 320)
+    assert message_runs.fit(starts, 4, 320, 319) == (3, 256)
+    assert message_runs.fit(starts, 4, 320, 128) == (2, 128)
+    assert message_runs.fit(starts, 4, 320, 63) == (0, 0)
+    assert message_runs.fit(starts, 2, 128, 100) == (1, 64)
 
 
 def test_block_room_and_refusals():
@@ -232,3 +232,73 @@ def test_restamp_rewrites_place_and_ids_only():
             assert block[offset + 32: offset + 32 + n] == before[offset + 32: offset + 32 + n]
             offset += (n + 32 + 31) & ~31
         assert offset == end
+
+
+def _interesting(record):
+    """A log adapter's handler that records what concerns the module: anything but a client's
+    session message (as ConsensusAgent._on_local_log_entry decides)."""
+    def handler(buf, offset, length, header):
+        body = bytes(buf[offset: offset + length])
+        if len(body) >= 32 and body[0] == 1:
+            prefix, _term, session, _ts = struct.unpack_from("<Qqqq", body)
+            if prefix == SESSION_PREFIX_WORD and session >= 0:
+                return
+        record.append((header.position, body))
+    return handler
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    messages=st.lists(
+        st.tuples(
+            st.sampled_from([0] * 10 + [1, 2, 3]),
+            st.one_of(st.sampled_from([0, 8, 100]), st.integers(0, 3000)),
+        ),
+        min_size=1, max_size=300,
+    ),
+    limits=st.lists(st.integers(0, 1 << 20), min_size=1, max_size=8),
+    min_frames=st.sampled_from([1, 8]),
+)
+def test_stepping_over_client_runs_leaves_the_adapter_the_same_entries(messages, limits, min_frames):
+    log = _log(7, 100)
+    plain, skipping = _image(log), _image(log)
+    pub = _pub(log, lambda p: 1 << 62)
+    for kind, size in messages:
+        if kind == 3:  # a service message: negative session id
+            data = encode_session_message(3, -5, 0, bytes(size))
+        else:
+            data = _message(kind, size, 3, 9)
+        assert pub.offer(data) > 0
+        if pub.position > TL:
+            break
+    seen_plain, seen_skipping = [], []
+    for limit in sorted(limits) + [pub.position]:
+        limit = min(limit & ~31, pub.position)
+        # Positions a limit falls on need not be frame ends: both readers stop short of it.
+        while plain.bounded_poll(_interesting(seen_plain), limit, 256):
+            pass
+        while True:
+            moved = 0
+            if limit > skipping.position:
+                moved = skipping.frames_poll(
+                    lambda b, o, s, n, p: message_runs.client_run(b, o, s, n), limit - skipping.position, min_frames) or 0
+            moved += skipping.bounded_poll(_interesting(seen_skipping), limit, 256)
+            if not moved:
+                break
+        assert skipping.position == plain.position
+    assert seen_skipping == seen_plain
+    assert plain.position == pub.position
+
+
+def test_client_run_stops_at_a_service_message_or_an_event():
+    frames = bytearray()
+    bodies = [encode_session_message(3, 9, 0, b"a"), encode_session_message(4, 10, 0, b"b"),
+              encode_session_message(3, -2, 0, b"s"), encode_session_message(3, 9, 0, b"c")]
+    for body in bodies:
+        frame = bytearray((len(body) + 32 + 31) & ~31)
+        DATA_HEADER.pack_into(frame, 0, len(body) + 32, 0, 0xC0, 1, len(frames), 1, 2, 3, 0)
+        frame[32: 32 + len(body)] = body
+        frames += frame
+    starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
+    assert message_runs.client_run(frames, 0, starts, end) == 192  # two clients' messages, any term
+    assert message_runs.client_run(frames, 192, starts[2:] - 192, end - 192) == 0
