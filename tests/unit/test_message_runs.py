@@ -80,6 +80,17 @@ class Relay:
                 return
 
 
+def _framed(bodies: list[bytes]) -> bytearray:
+    """Each body as one unfragmented data frame, one after the other from term offset 0."""
+    frames = bytearray()
+    for body in bodies:
+        frame = bytearray((len(body) + 32 + 31) & ~31)
+        DATA_HEADER.pack_into(frame, 0, len(body) + 32, 0, 0xC0, 1, len(frames), 1, 2, 3, 0)
+        frame[32: 32 + len(body)] = body
+        frames += frame
+    return frames
+
+
 def _message(kind: int, size: int, term: int, session: int) -> bytes:
     if kind == 0:
         return encode_session_message(term, session, 0, bytes((size + k) % 251 for k in range(size)))
@@ -157,18 +168,12 @@ def test_few_frames_are_left_to_the_per_message_path():
 
 
 def test_session_run_stops_at_the_first_frame_the_block_may_not_take():
-    frames = bytearray()
-    bodies = [
+    frames = _framed([
         encode_session_message(3, 9, 0, b"a"),
         encode_session_message(3, 9, 0, b"bb"),
         encode_session_message(3, 10, 0, b"c"),  # another session
         encode_session_message(3, 9, 0, b"d"),
-    ]
-    for body in bodies:
-        frame = bytearray((len(body) + 32 + 31) & ~31)
-        DATA_HEADER.pack_into(frame, 0, len(body) + 32, 0, 0xC0, 1, len(frames), 1, 2, 3, 0)
-        frame[32: 32 + len(body)] = body
-        frames += frame
+    ])
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.session_run(frames, 0, starts, end) == (2, 192, 3, 9)
     # A fragment (flags BEGIN only) first: nothing.
@@ -291,14 +296,8 @@ def test_stepping_over_client_runs_leaves_the_adapter_the_same_entries(messages,
 
 
 def test_client_run_stops_at_a_service_message_or_an_event():
-    frames = bytearray()
-    bodies = [encode_session_message(3, 9, 0, b"a"), encode_session_message(4, 10, 0, b"b"),
-              encode_session_message(3, -2, 0, b"s"), encode_session_message(3, 9, 0, b"c")]
-    for body in bodies:
-        frame = bytearray((len(body) + 32 + 31) & ~31)
-        DATA_HEADER.pack_into(frame, 0, len(body) + 32, 0, 0xC0, 1, len(frames), 1, 2, 3, 0)
-        frame[32: 32 + len(body)] = body
-        frames += frame
+    frames = _framed([encode_session_message(3, 9, 0, b"a"), encode_session_message(4, 10, 0, b"b"),
+                      encode_session_message(3, -2, 0, b"s"), encode_session_message(3, 9, 0, b"c")])
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.client_run(frames, 0, starts, end) == 192  # two clients' messages, any term
     assert message_runs.client_run(frames, 192, starts[2:] - 192, end - 192) == 0
