@@ -52,7 +52,7 @@ class StopPolling(Exception):
 FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
 BlockHandler = Callable[[memoryview, int, int, int], None]
 """``handler(buffer, offset, length, position)`` of :meth:`Image.block_poll`."""
-FramesHandler = Callable[[memoryview, int, "object", int, int], int]
+FramesHandler = Callable[[memoryview, int, object, int, int], int]
 """``handler(buffer, offset, starts, length, position) -> bytes consumed`` of :meth:`Image.frames_poll`."""
 
 

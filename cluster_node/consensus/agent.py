@@ -1208,11 +1208,11 @@ class ConsensusAgent:
                 return 0
         image = self._log_adapter_image
         work = 0
-        if _BATCH_INGRESS and limit > image.position:
-            # A leading run of client messages (nothing for the module) stepped over as one
-            # (consensus.message_runs); entries after it, one by one.
-            work = 1 if image.frames_poll(self._skip_client_messages, min(limit - image.position, _INGRESS_BLOCK)) \
-                else 0
+        # A leading run of client messages (nothing for the module) is stepped over as one
+        # (consensus.message_runs); the entries after it go one by one.
+        if (_BATCH_INGRESS and limit > image.position
+                and image.frames_poll(self._skip_client_messages, min(limit - image.position, _INGRESS_BLOCK))):
+            work = 1
         return work + image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
 
     @staticmethod

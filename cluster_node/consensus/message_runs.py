@@ -54,49 +54,50 @@ def session_run(buffer, offset: int, starts, length: int) -> tuple[int, int, int
     data frames holding session messages of that one session and term, and end at relative
     offset ``end``. ``count`` 0 when the first frame is not one."""
     np = numpy_module()
-    total = starts.size
-    if total == 0:
-        return 0, 0, 0, 0
-    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
-    at = starts >> 2
-    ok = (w32[at + 1] == _DATA_WORD) & (w32[at] >= _MIN_FRAME)
-    count = _leading(np, ok, total)
+    count, w64, at = _session_messages(np, buffer, offset, starts, length)
     if count == 0:
         return 0, 0, 0, 0
-    # Every frame kept so far holds a whole session header: its words are inside the frame.
-    w64 = np.frombuffer(buffer, dtype="<i8", count=length >> 3, offset=offset)
-    at = (starts[:count] + HEADER_LENGTH) >> 3
     terms = w64[at + 1]
     sessions = w64[at + 2]
     term_id = int(terms[0])
     session_id = int(sessions[0])
-    ok = (w64[at] == SESSION_PREFIX_WORD) & (terms == term_id) & (sessions == session_id)
-    count = _leading(np, ok, count)
-    if count == 0:
-        return 0, 0, 0, 0
-    end = int(starts[count]) if count < total else length
-    return count, end, term_id, session_id
+    count = _leading(np, (terms == term_id) & (sessions == session_id), count)
+    return count, _end(starts, count, length), term_id, session_id
 
 
 def client_run(buffer, offset: int, starts, length: int) -> int:
     """Where the leading run of client session messages ends (a relative offset: 0 when the
-    first frame is not one): unfragmented data frames, each a session message of at least its
-    32-byte header with a session id of zero or more (``starts``, ``length`` as in
-    :func:`session_run`)."""
+    first frame is not one): unfragmented data frames, each a session message with a session
+    id of zero or more (``starts``, ``length`` as in :func:`session_run`)."""
     np = numpy_module()
-    total = starts.size
-    if total == 0:
-        return 0
-    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
-    at = starts >> 2
-    ok = (w32[at + 1] == _DATA_WORD) & (w32[at] >= _MIN_FRAME)
-    count = _leading(np, ok, total)
+    count, w64, at = _session_messages(np, buffer, offset, starts, length)
     if count == 0:
         return 0
+    return _end(starts, _leading(np, w64[at + 2] >= 0, count), length)
+
+
+def _session_messages(np, buffer, offset: int, starts, length: int):
+    """``(count, words, at)``: the leading ``count`` frames are unfragmented data frames, each
+    holding a whole 32-byte session header; ``words`` is the run as int64s and ``at`` the index
+    in it of each of those frames' session header."""
+    total = starts.size
+    if total == 0:
+        return 0, None, None
+    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
+    head = starts >> 2
+    count = _leading(np, (w32[head + 1] == _DATA_WORD) & (w32[head] >= _MIN_FRAME), total)
+    if count == 0:
+        return 0, None, None
+    # Every frame kept holds a whole session header: its words are inside the frame.
     w64 = np.frombuffer(buffer, dtype="<i8", count=length >> 3, offset=offset)
     at = (starts[:count] + HEADER_LENGTH) >> 3
-    count = _leading(np, (w64[at] == SESSION_PREFIX_WORD) & (w64[at + 2] >= 0), count)
-    return int(starts[count]) if count < total else length
+    count = _leading(np, w64[at] == SESSION_PREFIX_WORD, count)
+    return count, w64, at[:count]
+
+
+def _end(starts, count: int, length: int) -> int:
+    """Where the first ``count`` frames of a run of ``starts.size`` frames ending at ``length`` end."""
+    return int(starts[count]) if count < starts.size else length
 
 
 def fit(starts, count: int, end: int, room: int) -> tuple[int, int]:
