@@ -1045,7 +1045,9 @@ class ConsensusAgent:
             return sub.poll(self._on_ingress, _FRAGMENTS)
         work = 0
         for image in sub.images:
-            if image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
+            # Once a message waits in _appends (the log refused it), everything after it waits
+            # behind it, as one by one: messages enter the log in the order they were taken.
+            if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
                 work += self._ingress_taken
             else:
                 work += image.poll(self._on_ingress, _FRAGMENTS)
