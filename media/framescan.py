@@ -166,21 +166,12 @@ def stamp(buffer, offset: int, starts, session_id: int, stream_id: int, term_id:
     np = _numpy()
     if starts.size == 0:
         return
-    end = int(starts[-1]) + 32
-    words = np.frombuffer(buffer, dtype="<i4", count=end >> 2, offset=offset)
-    first = int(starts[0])
-    step = int(starts[1]) - first if starts.size > 1 else 32
-    if int(starts[-1]) - first == step * (starts.size - 1) and (starts.size < 3 or bool((np.diff(starts) == step).all())):
-        # One run of equal frames: strided views instead of index arrays.
-        a, b, w = first >> 2, end >> 2, step >> 2
-        words[a + 3 : b : w] = session_id
-        words[a + 4 : b : w] = stream_id
-        words[a + 5 : b : w] = term_id
-        return
-    idx = starts >> 2
-    words[idx + 3] = session_id
-    words[idx + 4] = stream_id
-    words[idx + 5] = term_id
+    words, rows, view = _header_rows(np, buffer, offset, starts)
+    rows[:, 3] = session_id
+    rows[:, 4] = stream_id
+    rows[:, 5] = term_id
+    if not view:
+        words.reshape(-1, 8)[starts >> 5] = rows
 
 
 def restamp(buffer, offset: int, starts, term_offset: int, session_id: int, stream_id: int, term_id: int) -> None:
@@ -189,27 +180,31 @@ def restamp(buffer, offset: int, starts, term_offset: int, session_id: int, stre
     stream and term ids are rewritten and their reserved values zeroed; lengths, flags, types and
     payloads stay."""
     np = _numpy()
-    n = starts.size
-    if n == 0:
+    if starts.size == 0:
         return
-    end = int(starts[-1]) + 32
-    words = np.frombuffer(buffer, dtype="<i4", count=end >> 2, offset=offset)
-    first = int(starts[0])
-    step = int(starts[1]) - first if n > 1 else 32
-    strided = int(starts[-1]) - first == step * (n - 1) and (n < 3 or bool((np.diff(starts) == step).all()))
-    if strided:
-        # One run of equal frames: their headers as rows of a strided view.
-        rows = np.lib.stride_tricks.as_strided(words[first >> 2:], shape=(n, 8), strides=(step, 4))
-        rows[:, 2] = np.arange(term_offset + first, term_offset + first + step * n, step, dtype=np.int32)
-    else:
-        rows = words.reshape(-1, 8)[starts >> 5]  # a copy: written back below
-        rows[:, 2] = starts + term_offset
+    words, rows, view = _header_rows(np, buffer, offset, starts)
+    rows[:, 2] = starts + term_offset
     rows[:, 3] = session_id
     rows[:, 4] = stream_id
     rows[:, 5] = term_id
     rows[:, 6:8] = 0
-    if not strided:
+    if not view:
         words.reshape(-1, 8)[starts >> 5] = rows
+
+
+def _header_rows(np, buffer, offset: int, starts):
+    """``(words, rows, view)``: the buffer from ``offset`` to the last frame's header as int32
+    words, and the headers of the frames at ``starts`` as rows of eight words. For one run of
+    equal frames the rows are a strided view of ``words`` (``view`` True); otherwise a copy, to
+    be written back at ``starts >> 5`` in ``words`` seen as rows."""
+    n = starts.size
+    end = int(starts[-1]) + 32
+    words = np.frombuffer(buffer, dtype="<i4", count=end >> 2, offset=offset)
+    first = int(starts[0])
+    step = int(starts[1]) - first if n > 1 else 32
+    if int(starts[-1]) - first == step * (n - 1) and (n < 3 or bool((np.diff(starts) == step).all())):
+        return words, np.lib.stride_tricks.as_strided(words[first >> 2:], shape=(n, 8), strides=(step, 4)), True
+    return words, words.reshape(-1, 8)[starts >> 5], False
 
 
 def extend(buffer, start: int, end: int, term_offset: int, walked: int) -> tuple[int, bool]:
