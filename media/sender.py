@@ -339,7 +339,7 @@ class SenderCore:
         """Is there data :meth:`do_work` may send now: connected, not held by a stall, inside
         flow control with room for the next frame (as far as the last try showed)?"""
         limit = self.flow_limit
-        return (self.connected and self.resetup_since_ns is None and limit != self.short_limit
+        return (self.sending_data and limit != self.short_limit
                 and self.sender_position < (publisher_position if publisher_position < limit else limit))
 
     @property
