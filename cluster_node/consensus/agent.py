@@ -307,7 +307,6 @@ class ConsensusAgent:
         self._parked_on_driver = False  # in _wait_input's driver.park loop
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
         self._just_read = False  # the park's last act was a receive_work (see _run)
-        self._ingress_taken = 0  # messages the last _on_ingress_frames took
         # A follower's commits ring its service thread at most every _FOLLOWER_SERVICE_RING_NS.
         self._service_ring_due = False
         self._service_rung_ns = 0
@@ -1048,7 +1047,7 @@ class ConsensusAgent:
             # Once a message waits in _appends (the log refused it), everything after it waits
             # behind it, as one by one: messages enter the log in the order they were taken.
             if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
-                work += self._ingress_taken
+                work += 1
             else:
                 work += image.poll(self._on_ingress, _FRAGMENTS)
         return work
@@ -1060,7 +1059,6 @@ class ConsensusAgent:
         if count == 0:
             return 0
         m = self.module
-        self._ingress_taken = count
         if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now, count):
             return end  # dropped, as one by one
         pub = self.local.pub
@@ -1073,7 +1071,6 @@ class ConsensusAgent:
             lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
         if position < 0:
             return 0
-        self._ingress_taken = count
         self._recording_progress_ns = self._now
         return end
 
