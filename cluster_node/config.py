@@ -86,6 +86,7 @@ from typing import Any
 import msgspec
 
 from cluster_node import affinity
+from cluster_node.driver_dir import default_driver_dir
 from media.channel import ChannelError, parse_endpoint
 
 __all__ = [
@@ -315,7 +316,8 @@ class DriverSection(_Section):
     """Media driver settings (``media.driver.DriverConfig``); defaults from the reference driver."""
 
     dir: str = ""
-    """Empty: ``<node dir>/driver`` for a node, a private temporary directory for a client."""
+    """Empty: for a node, a directory of its own under /dev/shm (``cluster_node.driver_dir``;
+    ``<node dir>/driver`` where there is no /dev/shm); for a client, a private temporary one."""
     mtu: int = 1408
     term_length: int = 16 * 1024 * 1024
     """Default term length of UDP publications that do not set their own."""
@@ -387,7 +389,7 @@ class NodeConfig(_Section):
 
     @property
     def driver_dir(self) -> Path:
-        return Path(self.driver.dir) if self.driver.dir else self.node_dir / "driver"
+        return Path(self.driver.dir) if self.driver.dir else default_driver_dir(self.node_dir)
 
     @property
     def archive_dir(self) -> Path:

@@ -29,6 +29,7 @@ from archive.conductor import ArchiveConfig, open_archive
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
+from cluster_node.driver_dir import claim, shm_driver_root, sweep_orphans
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from media.driver import open_media_driver
@@ -48,6 +49,18 @@ service threads hand work to each other many times per client request; with the 
 thread woken by a doorbell could wait up to 5 ms for the busy other one to let go."""
 
 
+def _prepare_shm_driver_dir(cfg: NodeConfig) -> None:
+    """For a driver directory in shared memory (the default): remove those of deleted node
+    directories, which nothing else would, and mark this one as the node directory's."""
+    root = shm_driver_root()
+    if cfg.driver.dir or root is None or cfg.driver_dir.parent != root:
+        return
+    removed = sweep_orphans(root)
+    if removed:
+        log.info("driver directories of deleted node directories removed", count=len(removed), root=str(root))
+    claim(cfg.driver_dir, cfg.node_dir)
+
+
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
     node_dir = cfg.node_dir
@@ -61,6 +74,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id, details=details)
     except MarkFileInUseError as e:
         raise NodeStartError(str(e)) from None
+    _prepare_shm_driver_dir(cfg)
     service = load_service(cfg.node.service)
     me = cfg.this_member
     try:

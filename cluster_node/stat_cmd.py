@@ -12,20 +12,32 @@ from pathlib import Path
 
 import click
 
+from cluster_node.consensus.node_files import MarkFileError, read_mark_file
+from cluster_node.driver_dir import default_driver_dir
 from media.counters import COUNTERS_FILE_NAME, CounterInfo, CountersError, CountersReader, CounterType
 
 
 def find_counters_file(directory: Path) -> Path:
-    """``DIR/counters.dat`` (a driver directory) or ``DIR/driver/counters.dat`` (a node directory)."""
+    """``DIR/counters.dat`` (a driver directory), or, for a node directory, the counters file of
+    the driver directory its mark file names (by default one under /dev/shm, see
+    ``cluster_node.driver_dir``), else of the default driver directory, else ``DIR/driver``."""
     if not directory.exists():
         raise click.ClickException(f"no such directory: {directory}")
     if not directory.is_dir():
         raise click.ClickException(f"not a directory: {directory}")
-    candidates = [directory / COUNTERS_FILE_NAME, directory / "driver" / COUNTERS_FILE_NAME]
+    candidates = [directory / COUNTERS_FILE_NAME]
+    try:
+        mark = read_mark_file(directory)
+    except MarkFileError:
+        mark = None
+    if mark is not None and isinstance(mark.details.get("driver_dir"), str):
+        candidates.append(Path(mark.details["driver_dir"]) / COUNTERS_FILE_NAME)
+    candidates += [default_driver_dir(directory) / COUNTERS_FILE_NAME, directory / "driver" / COUNTERS_FILE_NAME]
+    candidates = list(dict.fromkeys(candidates))
     for path in candidates:
         if path.is_file():
             return path
-    raise click.ClickException(f"no counters file in {directory} (looked for {' and '.join(map(str, candidates))})")
+    raise click.ClickException(f"no counters file in {directory} (looked for {', '.join(map(str, candidates))})")
 
 
 def parse_type(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:

@@ -25,3 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if chaos:
         config.hook.pytest_deselected(items=chaos)
         items[:] = [item for item in items if item.get_closest_marker("chaos") is None]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the shared-memory driver directories of node directories that are gone (earlier
+    runs' temporary directories, which pytest deletes as it makes new ones): nodes started by a
+    test outside ``TestCluster`` (``cluster-node up``, the CLI) do not remove theirs."""
+    from cluster_node.driver_dir import sweep_orphans
+
+    sweep_orphans()

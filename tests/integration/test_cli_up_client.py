@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cluster_node.config import ClientConfig, ClientSection, client_config_to_toml, free_fixed_udp_ports
+from cluster_node.driver_dir import default_driver_dir
 from cluster_node.up_cmd import LEADER_ROLE, read_member_view, write_cluster_configs
 
 CLI = Path(sys.executable).with_name("cluster-node")
@@ -129,7 +130,8 @@ def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_
         assert any(re.match(rf"^\s*{leader_id}\s+{pids[leader_id]}\s+yes\s+LEADER\s+{term}\s+CLOSED\b", line)
                    for line in up.seen), up.seen
         # ... and the counters file says the same.
-        view = read_member_view(tmp_path / "cluster" / f"node{leader_id}" / "driver" / "counters.dat", leader_id)
+        view = read_member_view(
+            default_driver_dir(tmp_path / "cluster" / f"node{leader_id}") / "counters.dat", leader_id)
         assert view.owner_pid == pids[leader_id] and view.owner_alive
         assert view.get("role") == LEADER_ROLE
 
@@ -140,6 +142,11 @@ def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_
         missing = client(client_config, "get", "no-such-key")
         assert missing.returncode == 1 and missing.stdout == ""
         assert missing.stderr.strip() == "Error: not found: no-such-key"
+        # Given only the node directory, `stat` finds the counters in shared memory.
+        stat = subprocess.run([str(CLI), "stat", "--dir", str(tmp_path / "cluster" / f"node{leader_id}")],
+                              capture_output=True, text=True, timeout=30)
+        assert stat.returncode == 0, stat.stderr
+        assert str(default_driver_dir(tmp_path / "cluster" / f"node{leader_id}")) in stat.stdout.splitlines()[0]
 
         # A member that dies is an event (and a "down" row), not the end of `up`.
         follower = next(i for i in pids if i != leader_id)

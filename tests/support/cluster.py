@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from archive.segments import FRAME_TYPE_DATA
 from archive.storage import CATALOG_FILE_NAME, iter_frames
 from cluster_node.client import open_cluster_client
 from cluster_node.client.cluster_client import ClusterClient
+from cluster_node.driver_dir import shm_driver_root
 from cluster_node.config import (
     DEMO_DRIVER,
     DEMO_TIMEOUTS,
@@ -438,6 +440,10 @@ class TestCluster:
                 p.wait(timeout=10)
         for n in self.nodes:
             n._close_reader()
+            # The driver directory in shared memory holds nothing a later test reads; it would
+            # hold memory until a node started after this test's directory is deleted.
+            if n.cfg.driver_dir.parent == shm_driver_root():
+                shutil.rmtree(n.cfg.driver_dir, ignore_errors=True)
 
     def start(self, wait_leader: bool = True, timeout: float = 30.0) -> int | None:
         """Start every member, wait for READY, and (by default) for one leader; its id."""

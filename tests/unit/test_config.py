@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from cluster_node.driver_dir import default_driver_dir
 from cluster_node.config import (
     ClientConfig,
     ClusterSection,
@@ -63,7 +64,7 @@ def test_shipped_node_configs_validate(i: int) -> None:
     t = cfg.timeouts
     assert t.leader_heartbeat_interval_ns < t.leader_heartbeat_timeout_ns
     assert t.election_status_interval_ns < t.election_timeout_ns
-    assert cfg.driver_dir == Path(f"var/cluster/node{i}/driver")
+    assert cfg.driver_dir == default_driver_dir(f"var/cluster/node{i}")
 
 
 def test_shipped_configs_agree_and_client_points_at_them() -> None:
@@ -97,7 +98,7 @@ def test_reference_defaults() -> None:
     assert cfg.ingress_endpoints_text == "0=127.0.0.1:20110,1=127.0.0.1:20111"
     assert cfg.archive_dir == Path("var/n1/archive")
     kw = cfg.driver_kwargs()
-    assert kw["dir"] == Path("var/n1/driver") and kw["mtu"] == 1408
+    assert kw["dir"] == default_driver_dir("var/n1") and kw["mtu"] == 1408
 
 
 @pytest.mark.parametrize(

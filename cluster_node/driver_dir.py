@@ -1,0 +1,76 @@
+"""Where a node's media driver keeps its files, and the clean-up of ones left behind.
+
+The driver directory holds the counters file and the log buffers of every publication and image:
+memory-mapped files that the conductor and service threads, and tools in other processes, write
+and read all the time. On a disk the kernel writes their dirty pages back every few seconds, and a
+thread that writes to a page under writeback can wait for it, so by default (no ``[driver] dir``)
+they live in shared memory, as the reference's do::
+
+    /dev/shm/pycluster-<uid>/<node dir name>-<8 hex digits of the node dir's absolute path>/
+        node-dir          the node directory that owns this one (text), for tools and clean-up
+        counters.dat      the counters (``cluster-node stat``)
+        ...               log buffers (``media.ipc``, ``media.driver``)
+
+Without a writable /dev/shm the default is ``<node dir>/driver``. The mark file in the node
+directory records the driver directory in use, so tools that are given the node directory find it.
+
+Nothing in the driver directory needs to outlive the process: a restarted node makes new log
+buffers and rebuilds its state from the archive and the node directory. But files in /dev/shm use
+memory until they are removed, and a killed node removes nothing. So a starting node removes the
+driver directories (under the same root) whose node directory no longer exists: a cluster whose
+directory was deleted (a test's, a demo's) leaves its shared memory until the next node starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "claim", "sweep_orphans"]
+
+SHM_ROOT = Path("/dev/shm")
+OWNER_FILE_NAME = "node-dir"
+
+
+def shm_driver_root() -> Path | None:
+    """``/dev/shm/pycluster-<uid>``, or None where there is no writable /dev/shm."""
+    if not (SHM_ROOT.is_dir() and os.access(SHM_ROOT, os.W_OK | os.X_OK)):
+        return None
+    return SHM_ROOT / f"pycluster-{os.getuid()}"
+
+
+def default_driver_dir(node_dir: str | Path) -> Path:
+    """The driver directory of a node whose config names none (see the module docstring)."""
+    node_dir = Path(node_dir).absolute()
+    root = shm_driver_root()
+    if root is None:
+        return node_dir / "driver"
+    digest = hashlib.blake2b(os.fsencode(os.path.normpath(node_dir)), digest_size=4).hexdigest()
+    return root / f"{node_dir.name or 'node'}-{digest}"
+
+
+def claim(driver_dir: Path, node_dir: Path) -> None:
+    """Write the owner file of a driver directory under the shared-memory root."""
+    driver_dir.mkdir(parents=True, exist_ok=True)
+    (driver_dir / OWNER_FILE_NAME).write_text(str(Path(node_dir).resolve()) + "\n")
+
+
+def sweep_orphans(root: Path | None = None) -> list[Path]:
+    """Remove the driver directories under ``root`` (default: :func:`shm_driver_root`) whose
+    owner file names a node directory that no longer exists; the list removed. A directory
+    without an owner file is left alone: it is not known to be ours."""
+    root = shm_driver_root() if root is None else root
+    removed: list[Path] = []
+    if root is None or not root.is_dir():
+        return removed
+    for child in root.iterdir():
+        try:
+            owner = (child / OWNER_FILE_NAME).read_text().strip()
+        except OSError:
+            continue
+        if owner and not Path(owner).exists():
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
