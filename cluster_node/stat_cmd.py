@@ -30,8 +30,8 @@ def find_counters_file(directory: Path) -> Path:
         mark = read_mark_file(directory)
     except MarkFileError:
         mark = None
-    if mark is not None and isinstance(mark.details.get("driver_dir"), str):
-        candidates.append(Path(mark.details["driver_dir"]) / COUNTERS_FILE_NAME)
+    if mark is not None and mark.driver_dir is not None:
+        candidates.append(mark.driver_dir / COUNTERS_FILE_NAME)
     candidates += [default_driver_dir(directory) / COUNTERS_FILE_NAME, directory / "driver" / COUNTERS_FILE_NAME]
     candidates = list(dict.fromkeys(candidates))
     for path in candidates:

@@ -239,7 +239,7 @@ def open_node_dir(path: Path, now_ms: int | None = None) -> NodeDir:
         running, why = False, f"pid {mark.pid} has not refreshed the mark file for {_age_text(age_ms)}"
     else:
         running, why = True, ""
-    driver_dir = Path(mark.details["driver_dir"]) if isinstance(mark.details.get("driver_dir"), str) else path / "driver"
+    driver_dir = mark.driver_dir or path / "driver"
     counters_path = driver_dir / COUNTERS_FILE_NAME
     counters, owner, note = _read_node_counters(counters_path, mark.member_id)
     current = running and counters is not None and owner == mark.pid

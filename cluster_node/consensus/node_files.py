@@ -175,6 +175,12 @@ class MarkFileInfo:
     def age_ms(self, now_ms: int | None = None) -> int:
         return (now_ms if now_ms is not None else _now_ms()) - self.activity_timestamp_ms
 
+    @property
+    def driver_dir(self) -> Path | None:
+        """The media driver directory the node recorded in its details (None if it did not)."""
+        value = self.details.get("driver_dir")
+        return Path(value) if isinstance(value, str) else None
+
     def is_active(self, now_ms: int | None = None, liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS) -> bool:
         """True when the owner's pid is alive and it refreshed the file within the timeout."""
         return _pid_alive(self.pid) and self.age_ms(now_ms) < liveness_timeout_ms
