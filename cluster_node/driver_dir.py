@@ -28,7 +28,9 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "claim", "sweep_orphans"]
+__all__ = [
+    "SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "in_shm_root", "claim", "sweep_orphans",
+]
 
 SHM_ROOT = Path("/dev/shm")
 OWNER_FILE_NAME = "node-dir"
@@ -39,6 +41,12 @@ def shm_driver_root() -> Path | None:
     if not (SHM_ROOT.is_dir() and os.access(SHM_ROOT, os.W_OK | os.X_OK)):
         return None
     return SHM_ROOT / f"pycluster-{os.getuid()}"
+
+
+def in_shm_root(driver_dir: Path) -> bool:
+    """Whether ``driver_dir`` is one of the per-node directories under :func:`shm_driver_root`."""
+    root = shm_driver_root()
+    return root is not None and Path(driver_dir).parent == root
 
 
 def default_driver_dir(node_dir: str | Path) -> Path:

@@ -29,7 +29,7 @@ from archive.conductor import ArchiveConfig, open_archive
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
-from cluster_node.driver_dir import claim, shm_driver_root, sweep_orphans
+from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from media.driver import open_media_driver
@@ -52,12 +52,12 @@ thread woken by a doorbell could wait up to 5 ms for the busy other one to let g
 def _prepare_shm_driver_dir(cfg: NodeConfig) -> None:
     """For a driver directory in shared memory (the default): remove those of deleted node
     directories, which nothing else would, and mark this one as the node directory's."""
-    root = shm_driver_root()
-    if cfg.driver.dir or root is None or cfg.driver_dir.parent != root:
+    if cfg.driver.dir or not in_shm_root(cfg.driver_dir):
         return
-    removed = sweep_orphans(root)
+    removed = sweep_orphans()
     if removed:
-        log.info("driver directories of deleted node directories removed", count=len(removed), root=str(root))
+        log.info("driver directories of deleted node directories removed", count=len(removed),
+                 root=str(cfg.driver_dir.parent))
     claim(cfg.driver_dir, cfg.node_dir)
 
 

@@ -50,7 +50,7 @@ from archive.segments import FRAME_TYPE_DATA
 from archive.storage import CATALOG_FILE_NAME, iter_frames
 from cluster_node.client import open_cluster_client
 from cluster_node.client.cluster_client import ClusterClient
-from cluster_node.driver_dir import shm_driver_root
+from cluster_node.driver_dir import in_shm_root
 from cluster_node.config import (
     DEMO_DRIVER,
     DEMO_TIMEOUTS,
@@ -442,7 +442,7 @@ class TestCluster:
             n._close_reader()
             # The driver directory in shared memory holds nothing a later test reads; it would
             # hold memory until a node started after this test's directory is deleted.
-            if n.cfg.driver_dir.parent == shm_driver_root():
+            if in_shm_root(n.cfg.driver_dir):
                 shutil.rmtree(n.cfg.driver_dir, ignore_errors=True)
 
     def start(self, wait_leader: bool = True, timeout: float = 30.0) -> int | None:

@@ -16,6 +16,7 @@ def test_default_is_per_node_directory_under_shm_root(tmp_path, monkeypatch):
     a, b = default_driver_dir(tmp_path / "a" / "node0"), default_driver_dir(tmp_path / "b" / "node0")
     assert a.parent == root == b.parent and root.name == f"pycluster-{os.getuid()}"
     assert a != b and a.name.startswith("node0-") and b.name.startswith("node0-")
+    assert driver_dir.in_shm_root(a) and not driver_dir.in_shm_root(tmp_path / "node0" / "driver")
     # The same directory named two ways gives the same driver directory.
     monkeypatch.chdir(tmp_path)
     assert default_driver_dir("a/node0") == a == default_driver_dir(tmp_path / "a" / "." / "node0")
