@@ -58,7 +58,13 @@ def _prepare_shm_driver_dir(cfg: NodeConfig) -> None:
     if removed:
         log.info("driver directories of deleted node directories removed", count=len(removed),
                  root=str(cfg.driver_dir.parent))
-    claim(cfg.driver_dir, cfg.node_dir)
+    try:
+        claim(cfg.driver_dir, cfg.node_dir)
+    except OSError as e:
+        raise NodeStartError(
+            f"cannot use the driver directory {cfg.driver_dir}: {e.strerror or e} "
+            f"(set [driver] dir in the config to another directory)"
+        ) from None
 
 
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
