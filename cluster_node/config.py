@@ -33,6 +33,8 @@ Node file
     service = "kv"                   # "echo", "kv", or "package.module:ClassName"
     leader_cpus = [0]                # optional, Linux: CPUs while leading (members sharing
     follower_cpus = [1]              # a machine; see cluster_node.affinity), and otherwise
+    keep_cpus_awake = false          # optional, Linux: spin those CPUs (idle class) while the
+                                     # log moves; see cluster_node.keep_awake
 
     [cluster]
     # The reference's member format (ClusterMember.parse), members separated by "|":
@@ -85,7 +87,7 @@ from typing import Any
 
 import msgspec
 
-from cluster_node import affinity
+from cluster_node import affinity, keep_awake
 from cluster_node.driver_dir import default_driver_dir
 from media.channel import ChannelError, parse_endpoint
 
@@ -254,6 +256,11 @@ class NodeSection(_Section):
     (see :mod:`cluster_node.affinity` for why members sharing a machine want this)."""
     follower_cpus: tuple[int, ...] = ()
     """CPUs this member's threads run on while it follows or is a candidate."""
+    keep_cpus_awake: bool = False
+    """Keep this member's CPUs (``leader_cpus`` + ``follower_cpus``, or all it may use) out of
+    the idle state while its log moves, with an idle-class spinner each: cheaper wake-ups on
+    virtual machines, at the price of those CPUs while traffic flows (see
+    :mod:`cluster_node.keep_awake`)."""
 
 
 class ClusterSection(_Section):
@@ -824,6 +831,8 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "node.service", "must not be empty")
     if not 0 <= n.cluster_id < 2**31:
         _fail(cfg, "node.cluster_id", f"must be from 0 to 2^31-1, got {n.cluster_id}")
+    if n.keep_cpus_awake and not keep_awake.supported():
+        _fail(cfg, "node.keep_cpus_awake", "needs Linux (the SCHED_IDLE scheduling class); set it to false here")
     for name in ("leader_cpus", "follower_cpus"):
         cpus = getattr(n, name)
         if not cpus:
@@ -1146,6 +1155,7 @@ def generate_loopback_cluster(
     hosts: typing.Sequence[str] | None = None,
     leader_cpus: tuple[int, ...] = (),
     follower_cpus: tuple[int, ...] = (),
+    keep_cpus_awake: bool = False,
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1157,7 +1167,8 @@ def generate_loopback_cluster(
     free UDP port below the ephemeral range. Catchup endpoints use port 0 (ephemeral), as in the reference.
 
     ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
-    :func:`cluster_node.affinity.split_for_shared_machine`).
+    :func:`cluster_node.affinity.split_for_shared_machine`), and ``keep_cpus_awake`` (see
+    :mod:`cluster_node.keep_awake`).
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1189,7 +1200,8 @@ def generate_loopback_cluster(
         node_dir = base / f"node{i}"
         cfg = NodeConfig(
             node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id,
-                             leader_cpus=tuple(leader_cpus), follower_cpus=tuple(follower_cpus)),
+                             leader_cpus=tuple(leader_cpus), follower_cpus=tuple(follower_cpus),
+                             keep_cpus_awake=keep_cpus_awake),
             cluster=cluster,
             timeouts=timeouts,
             driver=driver,

@@ -26,10 +26,12 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
+from cluster_node import affinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
+from cluster_node.keep_awake import KeepAwake
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from media.driver import open_media_driver
@@ -83,6 +85,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     _prepare_shm_driver_dir(cfg)
     service = load_service(cfg.node.service)
     me = cfg.this_member
+    agent = None
     try:
         async with open_media_driver(**cfg.driver_kwargs()) as driver:
             # Where other archives answer this one and replay to it when it replicates: concrete
@@ -145,8 +148,14 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                 container.on_exit = on_service_exit
                 agent.wait_recording = _archive.wait_for_progress
+                if cfg.node.keep_cpus_awake:
+                    n = cfg.node
+                    agent.keep_awake = KeepAwake(set(n.leader_cpus) | set(n.follower_cpus)
+                                                 or affinity.available_cpus())
                 agent.record_now = _archive.record_now
                 container_holder.append(container)
+                if agent.keep_awake is not None:
+                    agent.keep_awake.start()
                 async with trio.open_nursery() as nursery:
                     await agent.start(nursery)
                     container.start()
@@ -190,6 +199,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     nursery.cancel_scope.cancel()
                 await client.close()
     finally:
+        if agent is not None and agent.keep_awake is not None:
+            agent.keep_awake.close()
         mark.close()
 
 

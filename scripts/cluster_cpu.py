@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU per message of each process of a 3-node echo cluster at a fixed request rate.
 
-    .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR] [--strace DIR]
+    .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR] [--strace DIR] [--keep-cpus-awake]
     .venv/bin/python scripts/cluster_cpu.py --max [--seconds 8] [--spy DIR]
     .venv/bin/python scripts/cluster_cpu.py --idle [--seconds 20]
 
@@ -158,16 +158,22 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
         await bc.latency(client, echoes, rate, 1.0)  # warm-up
         spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
+        helpers = [c for p in pids.values() for c in bc.child_pids(p)]
         before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
+        helpers_before = sum(sum(_user_sys_ticks(h)) for h in helpers)
         client_before = os.times()
         lat = await bc.latency(client, echoes, rate, seconds)
         client_after = os.times()
         after = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
+        helpers_used = (sum(sum(_user_sys_ticks(h)) for h in helpers) - helpers_before) / os.sysconf("SC_CLK_TCK")
         _stop_observers(spies, tracers)
     n = rate * seconds
     print(f"leader: member {leader}; {lat['count']} echoes; round trip p50 {lat['p50']} us, p99 {lat['p99']} us")
     SUMMARY.update(rate=rate, p50_us=lat["p50"], p99_us=lat["p99"])
     _report_nodes(pids, leader, before, after, seconds, n)
+    if helpers:
+        print(f"keep_cpus_awake helpers ({len(helpers)}): {helpers_used / seconds * 100:.1f} % of a core")
+        SUMMARY["helpers_pct"] = round(helpers_used / seconds * 100, 1)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
     SUMMARY["client_us_per_msg"] = round(used / n * 1e6, 1)
@@ -200,6 +206,9 @@ async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None
     print(f"leader: member {leader}; {rate:,.0f} echoes/s of 32 B at saturation")
     SUMMARY["msgs_per_s"] = round(rate)
     _report_nodes(pids, leader, before, after, seconds, n)
+    if helpers:
+        print(f"keep_cpus_awake helpers ({len(helpers)}): {helpers_used / seconds * 100:.1f} % of a core")
+        SUMMARY["helpers_pct"] = round(helpers_used / seconds * 100, 1)
     used = (client_after.user + client_after.system) - (client_before.user + client_before.system)
     print(f"client: {used / seconds * 100:.1f} % of a core, {used / n * 1e6:.0f} us of CPU per message")
     SUMMARY["client_us_per_msg"] = round(used / n * 1e6, 1)
@@ -218,6 +227,8 @@ def main() -> None:
     p.add_argument("--leader-cpus", metavar="LIST", help="leader_cpus instead of up's choice, e.g. 0 or 0-1")
     p.add_argument("--follower-cpus", metavar="LIST", help="follower_cpus instead of up's choice, e.g. 1")
     p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
+    p.add_argument("--keep-cpus-awake", action="store_true",
+                   help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
     args = p.parse_args()
     if args.idle and args.seconds == 8.0:
         args.seconds = 20.0
@@ -237,7 +248,8 @@ def main() -> None:
         if args.follower_cpus is not None:
             follower_cpus = parse_cpus(args.follower_cpus)
         print(f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}")
-        cluster = TestCluster(Path(tmp), 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus)
+        cluster = TestCluster(Path(tmp), 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
+                              keep_cpus_awake=args.keep_cpus_awake)
         try:
             if args.max:
                 trio.run(measure_max, cluster, args.seconds, spy_dir, strace_dir)

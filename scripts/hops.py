@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a round trip goes: the median of each hop of the echo cluster's round trip at a fixed rate.
 
-    .venv/bin/python scripts/hops.py [--rate 1000] [--seconds 4] [--keep DIR]
+    .venv/bin/python scripts/hops.py [--rate 1000] [--seconds 4] [--keep DIR] [--keep-cpus-awake]
 
 Starts the 3-node echo cluster as ``scripts/cluster_cpu.py`` does (members pinned as ``cluster-node
 up`` pins them), with every node process started through this script, which wraps three methods
@@ -208,6 +208,8 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=1000, help="messages per second (default 1000)")
     p.add_argument("--seconds", type=float, default=4.0, help="length of the run (default 4)")
     p.add_argument("--keep", metavar="DIR", help="write the raw records to DIR and keep them")
+    p.add_argument("--keep-cpus-awake", action="store_true",
+                   help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
     args = p.parse_args()
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be positive")
@@ -229,7 +231,7 @@ def main() -> None:
         dump = install(str(trace_dir))
         leader_cpus, follower_cpus = split_for_shared_machine()
         cluster = TestCluster(Path(tmp) / "cluster", 3, service="echo", leader_cpus=leader_cpus,
-                              follower_cpus=follower_cpus)
+                              follower_cpus=follower_cpus, keep_cpus_awake=args.keep_cpus_awake)
         try:
             trio.run(_drive, cluster, args.rate, args.seconds)
         finally:

@@ -226,6 +226,9 @@ class ConsensusAgent:
         """``await wait_recording(recording_id, timeout_s, beyond)``: the local archive's progress
         hook, when the archive runs in this process (node.py sets it); the recording position
         counter itself has no doorbell."""
+        self.keep_awake = None
+        """The node's :class:`~cluster_node.keep_awake.KeepAwake`, rung as the log's recorded
+        position moves (``[node] keep_cpus_awake``; node.py sets it)."""
         self.record_now = None
         """``record_now(recording_id) -> bytes written``: the local archive's invoker (node.py
         sets it). A pass that appended to the local log records it itself, so the recording
@@ -1328,6 +1331,8 @@ class ConsensusAgent:
                 self.last_recording_position = pos
                 self._recording_progress_ns = now
                 self.counters["append-pos"].set(pos)
+                if self.keep_awake is not None:
+                    self.keep_awake.ring(now)
                 m.on_recording_position(pos, now)
                 if m.is_leader:
                     self._commit_spin_until = now + self._commit_spin_ns

@@ -507,6 +507,57 @@ async def test_members_run_on_the_cpus_of_their_role_and_move_when_the_leader_ch
             assert (await kv.put("k", b"v", timeout=CONNECT_TIMEOUT_S)).status == Status.OK
 
 
+def _helpers(pid: int) -> list[int]:
+    """The keep_cpus_awake helpers a node process started (its children), from /proc."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def _proc_state_ticks(pid: int) -> tuple[str, int] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only (SCHED_IDLE)")
+async def test_keep_cpus_awake_helpers_spin_while_the_log_moves_and_die_with_their_node(tmp_path) -> None:
+    """[node] keep_cpus_awake: each member has one idle-class helper per CPU of its roles; they
+    use CPU while clients write, go back to sleep when the traffic stops, and end with their
+    member, by kill -9 or SIGTERM."""
+    cpus = sorted(os.sched_getaffinity(0))
+    leader_cpus, follower_cpus = (cpus[0],), tuple(cpus[1:]) or (cpus[0],)
+    with TestCluster(tmp_path, leader_cpus=leader_cpus, follower_cpus=follower_cpus,
+                     keep_cpus_awake=True) as cluster:
+        leader = cluster.start()
+        helpers = {n.member_id: _helpers(n.pid) for n in cluster.nodes}
+        assert all(len(h) == len(set(leader_cpus) | set(follower_cpus)) for h in helpers.values()), helpers
+        for h in helpers[leader]:
+            assert os.sched_getscheduler(h) == os.SCHED_IDLE
+        ticks = sum(_proc_state_ticks(h)[1] for h in helpers[leader])
+        async with open_kv_client(cluster.client_config) as kv:
+            await put_keys(kv, cluster, {f"k{i}": b"v" for i in range(300)})
+        assert sum(_proc_state_ticks(h)[1] for h in helpers[leader]) > ticks, "the leader's helpers never ran"
+
+        def asleep(pids: list[int]) -> bool:
+            return all((_proc_state_ticks(h) or ("S",))[0] == "S" for h in pids)
+
+        await cluster.await_for(lambda: asleep([h for hs in helpers.values() for h in hs]), 10,
+                                "the helpers asleep once the writes stopped")
+        cluster.nodes[leader].kill()
+        await cluster.await_for(lambda: all((_proc_state_ticks(h) or ("Z",))[0] == "Z" for h in helpers[leader]),
+                                10, "the killed member's helpers gone")
+        others = [h for m, hs in helpers.items() if m != leader for h in hs]
+    assert all((_proc_state_ticks(h) or ("Z",))[0] == "Z" for h in others), \
+        "helpers outlived their members' SIGTERM"
+
+
 async def test_many_short_terms_of_mixed_traffic_keep_every_member_in_step(tmp_path) -> None:
     """A 64 KiB log term turns over every few hundred entries: mixed small and 1 KiB entries put
     term ends, padding and full blocks in every possible place. Each member must keep up through

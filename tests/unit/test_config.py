@@ -325,6 +325,16 @@ def test_generated_cluster_carries_cpu_sets(tmp_path: Path) -> None:
     assert all(n.node.leader_cpus == (cpu,) and n.node.follower_cpus == (cpu,) for n in nodes)
 
 
+def test_keep_cpus_awake_parses_round_trips_and_is_off_by_default(tmp_path: Path) -> None:
+    assert parse_node_config(MINIMAL).node.keep_cpus_awake is False
+    cfg = parse_node_config(MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nkeep_cpus_awake = true'))
+    assert cfg.node.keep_cpus_awake is True
+    assert _same(parse_node_config(node_config_to_toml(cfg)), cfg)
+    assert "node.keep_cpus_awake" in _error(MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nkeep_cpus_awake = "yes"'))
+    nodes, _ = generate_loopback_cluster(3, tmp_path, keep_cpus_awake=True)
+    assert all(n.node.keep_cpus_awake for n in nodes)
+
+
 def test_commit_spin_may_be_off() -> None:
     assert parse_node_config(MINIMAL).timeouts.commit_spin_ns == 1_000_000
     assert parse_node_config(MINIMAL + '\n[timeouts]\ncommit_spin = "0s"\n').timeouts.commit_spin_ns == 0

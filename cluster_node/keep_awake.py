@@ -1,0 +1,206 @@
+"""Keeping the node's CPUs out of the idle state while the log moves (``[node] keep_cpus_awake``).
+
+Why
+===
+A node waits for its next datagram asleep in ``epoll_wait``; when nothing else runs on its CPU,
+the kernel idles that CPU with ``HLT``. On bare metal, waking from that costs a few µs. In a
+virtual machine whose host does not poll for its guests' halts (no ``cpuidle-haltpoll`` driver,
+as on the 2-core development VM: ``/sys/devices/system/cpu/cpuidle/current_driver`` is
+``none``), a halted vCPU is a host thread asleep, and a wake-up costs a trip through the host:
+50-90 µs there (``scripts/calibration.py``'s ``wake_cpu_us``), and a client's round trip
+through the cluster crosses five of them (client -> leader, leader -> follower, the leader's
+service thread, the client). Spinning in the node's own threads does not help: a Python thread
+that spins takes the CPU and the GIL from the work it waits for (measured worse, see the
+README's figures).
+
+What
+====
+With ``keep_cpus_awake = true`` in ``[node]``, the node starts one small helper process per CPU it
+runs on (the union of ``leader_cpus`` and ``follower_cpus``, or every CPU it may use when neither
+is set). A helper is pinned to its CPU, runs in the ``SCHED_IDLE`` scheduling class and spins in
+a plain loop, so that CPU never halts. Any ordinary thread that wakes on that CPU preempts the
+helper at once (an idle-class task yields to every normal one, and the scheduler counts a CPU
+running only idle-class tasks as idle when it places a woken thread), so the wake-up costs a
+context switch inside the guest instead of a trip through the host. The loop avoids the
+``PAUSE`` instruction: KVM's pause-loop exiting takes a vCPU that executes many of them off the
+CPU, which is the cost this avoids (a C helper spinning on ``PAUSE`` measured no better than
+none).
+
+It burns a CPU only while the cluster works. The node rings the helpers (one byte on a pipe of
+each) when its log's recorded position moves and the last ring is at least ``_RING_EVERY_NS``
+old; a helper spins until ``LINGER_NS`` has passed without a ring and then blocks reading its
+pipe. An
+idle cluster (heartbeats only) appends nothing, so its helpers sleep and cost nothing; the first
+message after a pause pays the ordinary wake-ups and wakes the helpers for the ones after it.
+
+A helper ends when its pipe's write end closes: when the node stops, and when it dies by kill -9
+(the kernel closes the dead process's descriptors), whether the helper spins (a read returns
+end of file) or sleeps (the blocking read returns it). ``PR_SET_PDEATHSIG`` covers a helper that
+is somehow neither.
+
+Measured (``scripts/cluster_cpu.py --rate 1000 --seconds 6``, by turns with and without idle-class
+spinners on both CPUs, three pairs): round trip p50 819 / 734 / 775 µs against 1,001 / 908 / 850,
+and every process's CPU per message lower (its wake-ups cheaper). See the README's figures.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+
+def _log():
+    # Imported here, not at the top: the helper process imports this module too, and structlog
+    # would add some 70 ms of start-up to each helper.
+    import structlog
+
+    return structlog.get_logger("cluster_node.keep_awake")
+
+__all__ = ["KeepAwake", "LINGER_NS", "supported"]
+
+LINGER_NS = 100_000_000
+"""How long a helper spins after the node's last ring: 100 ms. Long enough that a cluster taking
+a message every few milliseconds keeps its CPUs awake between them, short enough that a pause in
+the traffic gives the CPUs back at once."""
+
+_RING_EVERY_NS = LINGER_NS // 4
+"""The node rings at most this often while its log moves: 40 rings a second at most, each a
+one-byte write, whatever the message rate."""
+
+
+def supported() -> bool:
+    """Linux with the idle scheduling class and CPU affinity."""
+    return hasattr(os, "SCHED_IDLE") and hasattr(os, "sched_setaffinity")
+
+
+class KeepAwake:
+    """The node's side: starts the helpers, rings them, stops them.
+
+    ``cpus``: the CPUs to keep awake (one helper each). Nothing is started before :meth:`start`;
+    a helper that cannot start is logged once and the node runs without it (this is a matter of
+    speed, never of correctness)."""
+
+    def __init__(self, cpus: Iterable[int]) -> None:
+        self.cpus = tuple(sorted(set(cpus)))
+        self._procs: list[subprocess.Popen] = []
+        self._wfds: list[int] = []
+        self._last_ring_ns = -_RING_EVERY_NS
+        self.rings = 0
+
+    @property
+    def running(self) -> bool:
+        return bool(self._procs)
+
+    def start(self) -> None:
+        if self.running or not self.cpus:
+            return
+        if not supported():
+            _log().warning("keep_cpus_awake needs Linux (SCHED_IDLE); the CPUs are left to idle")
+            return
+        # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the
+        # others (and O_NONBLOCK, which a spinning helper sets, belongs to the shared end).
+        for cpu in self.cpus:
+            rfd, wfd = os.pipe()
+            os.set_blocking(wfd, False)  # a full pipe drops a ring: that helper is awake anyway
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "cluster_node.keep_awake", str(cpu)],
+                    stdin=rfd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True,
+                )
+            except OSError as e:
+                os.close(wfd)
+                _log().warning("keep_cpus_awake helper not started", cpu=cpu, error=str(e))
+                continue
+            finally:
+                os.close(rfd)
+            self._procs.append(proc)
+            self._wfds.append(wfd)
+        if self._procs:
+            _log().info("keeping CPUs awake while the log moves", cpus=list(self.cpus), pids=self.pids)
+
+    def ring(self, now_ns: int) -> None:
+        """The log moved at ``now_ns`` (monotonic): keep the helpers spinning."""
+        if now_ns - self._last_ring_ns < _RING_EVERY_NS or not self._wfds:
+            return
+        self._last_ring_ns = now_ns
+        self.rings += 1
+        for i, wfd in enumerate(self._wfds):
+            try:
+                os.write(wfd, b"\x01")
+            except BlockingIOError:
+                pass
+            except OSError:  # that helper is gone (killed by hand): stop ringing it
+                os.close(wfd)
+                self._wfds[i] = -1
+        if -1 in self._wfds:
+            self._wfds = [fd for fd in self._wfds if fd >= 0]
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the helpers: close the pipes (each ends at end of file) and reap them."""
+        for wfd in self._wfds:
+            os.close(wfd)
+        self._wfds.clear()
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            err = p.stderr.read().decode(errors="replace").strip() if p.stderr else ""
+            if p.stderr:
+                p.stderr.close()
+            if p.returncode not in (0, -9) and err:
+                _log().warning("keep_cpus_awake helper failed", pid=p.pid, error=err.splitlines()[-1])
+        self._procs.clear()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+
+# ------------------------------------------------------------------ the helper process
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _helper(cpu: int, fd: int = 0) -> int:
+    """Spin on ``cpu`` in the idle class while rings come on ``fd``; block when they stop; end
+    at end of file."""
+    _die_with_parent()
+    os.sched_setaffinity(0, {cpu})
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    os.set_blocking(fd, True)
+    monotonic_ns = time.monotonic_ns
+    read = os.read
+    while True:
+        if not read(fd, 4096):  # asleep until a ring (or end of file: the node is gone)
+            return 0
+        os.set_blocking(fd, False)
+        until = monotonic_ns() + LINGER_NS
+        while True:
+            for _ in range(2000):  # some 20-50 µs of plain work between looks at the pipe
+                pass
+            try:
+                if not read(fd, 4096):
+                    return 0
+                until = monotonic_ns() + LINGER_NS
+            except BlockingIOError:
+                if monotonic_ns() >= until:
+                    break
+        os.set_blocking(fd, True)
+
+
+if __name__ == "__main__":
+    sys.exit(_helper(int(sys.argv[1])))

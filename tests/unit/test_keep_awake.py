@@ -1,0 +1,139 @@
+"""cluster_node.keep_awake: idle-class helpers that spin while rung, sleep when not, and end with
+their node (closed pipe, or the node killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster_node import keep_awake
+from cluster_node.keep_awake import LINGER_NS, KeepAwake
+
+pytestmark = pytest.mark.skipif(not keep_awake.supported(), reason="Linux only (SCHED_IDLE)")
+
+
+def _state_and_ticks(pid: int) -> tuple[str, int]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return _state_and_ticks(pid)[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _asleep(pid: int) -> bool:
+    """Blocked in its read ('S'), and not just preempted: the state is read twice."""
+    return _state_and_ticks(pid)[0] == "S" and (time.sleep(0.01) or _state_and_ticks(pid)[0] == "S")
+
+
+def test_helpers_are_idle_class_pinned_and_asleep_until_rung() -> None:
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    k = KeepAwake(cpus)
+    k.start()
+    try:
+        assert len(k.pids) == len(cpus)
+        for pid, cpu in zip(k.pids, cpus):
+            _wait_for(lambda pid=pid: os.sched_getscheduler(pid) == os.SCHED_IDLE, 5, "the idle class")
+            assert os.sched_getaffinity(pid) == {cpu}
+            _wait_for(lambda pid=pid: _asleep(pid), 5, "the helper asleep before any ring")
+    finally:
+        k.close()
+
+
+def test_a_ring_makes_them_spin_and_they_sleep_again_after_the_linger() -> None:
+    k = KeepAwake(sorted(os.sched_getaffinity(0))[:1])
+    k.start()
+    try:
+        (pid,) = k.pids
+        _wait_for(lambda: _asleep(pid), 5, "the helper asleep before any ring")
+        k.ring(time.monotonic_ns())
+        t0 = _state_and_ticks(pid)[1]
+        _wait_for(lambda: _state_and_ticks(pid)[1] >= t0 + 3, 5, "the helper using CPU after a ring")
+        rung_at = time.monotonic()
+        _wait_for(lambda: _asleep(pid), 5, "the helper asleep after the linger")
+        assert time.monotonic() - rung_at >= LINGER_NS / 1e9 / 2, "slept well before the linger ended"
+    finally:
+        k.close()
+
+
+def test_rings_are_rate_limited() -> None:
+    k = KeepAwake([sorted(os.sched_getaffinity(0))[0]])
+    k.start()
+    try:
+        now = time.monotonic_ns()
+        for i in range(100):
+            k.ring(now + i * 1000)
+        assert k.rings == 1
+        k.ring(now + LINGER_NS)
+        assert k.rings == 2
+    finally:
+        k.close()
+
+
+def test_close_ends_the_helpers() -> None:
+    k = KeepAwake(sorted(os.sched_getaffinity(0))[:2])
+    k.start()
+    pids = k.pids
+    k.ring(time.monotonic_ns())  # one spinning, or about to
+    k.close()
+    assert k.pids == []
+    assert not any(_alive(p) for p in pids)
+
+
+def test_no_cpus_starts_nothing() -> None:
+    k = KeepAwake([])
+    k.start()
+    k.ring(time.monotonic_ns())
+    assert k.pids == [] and not k.running
+    k.close()
+
+
+@pytest.mark.parametrize("spinning", [True, False], ids=["spinning", "asleep"])
+def test_helpers_end_when_their_node_is_killed(spinning: bool) -> None:
+    """kill -9 of the process that started them: no helper outlives it, spinning or asleep."""
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from cluster_node.keep_awake import KeepAwake
+        k = KeepAwake(sorted(os.sched_getaffinity(0))[:2])
+        k.start()
+        if {spinning!r}:
+            k.ring(time.monotonic_ns())
+        print("PIDS", *k.pids, flush=True)
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    try:
+        line = ""
+        while not line.startswith("PIDS"):  # past the log lines
+            line = parent.stdout.readline()
+            assert line, "the parent ended early"
+        pids = [int(p) for p in line.split()[1:]]
+        assert pids
+        if not spinning:
+            _wait_for(lambda: all(_asleep(p) for p in pids), 5, "helpers asleep")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        _wait_for(lambda: not any(_alive(p) for p in pids), 5, "helpers gone after their node was killed")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
