@@ -10,12 +10,14 @@ others really elect a new leader. ``up`` only
    (e.g. ``configs/``). Generated configs pin the members by role (``leader_cpus`` /
    ``follower_cpus``: the leader on a CPU of its own, the followers on the others), because
    members sharing a machine otherwise lose a fifth of their speed to the scheduler putting a
-   woken follower on the leader's CPU (:mod:`cluster_node.affinity`); ``--no-pin`` does not;
+   woken follower on the leader's CPU (:mod:`cluster_node.affinity`); ``--no-pin`` does not.
+   ``--keep-cpus-awake`` sets ``keep_cpus_awake`` in generated configs
+   (:mod:`cluster_node.keep_awake`: lower latency on virtual machines, for CPU while traffic flows);
 2. checks that no member's port is taken, then starts the members; each one's stdout and stderr
    go to ``<node dir>/logs/console.log`` and its ``READY member=<id> pid=<pid>`` line there says
    it runs (a member that exits first is a start failure, reported with the file's last lines);
 3. shows each member's state, read from the counters its driver publishes in
-   ``<node dir>/driver/counters.dat`` (role, leadership term, election state, commit and append
+   ``counters.dat`` of its driver directory (role, leadership term, election state, commit and append
    positions, errors: the consensus agent's counters); it never talks to the members;
 4. on Ctrl-C / SIGTERM / SIGHUP sends SIGTERM to every member (a graceful stop), waits
    ``--stop-timeout`` and SIGKILLs what is left; a second Ctrl-C kills at once.
@@ -430,19 +432,25 @@ def _node_tomls(directory: Path) -> list[Path]:
 
 
 def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool,
-                 pin: bool = True) -> ClusterPlan:
+                 pin: bool = True, keep_cpus_awake: bool = False) -> ClusterPlan:
     """Which configs to start (see the module docstring); raises ClickException on a mistake.
 
     ``pin``: generated configs give the members ``leader_cpus`` / ``follower_cpus``
     (:func:`cluster_node.affinity.split_for_shared_machine`); ``False`` (``--no-pin``) leaves
-    them out, and refuses existing configs that pin."""
+    them out, and refuses existing configs that pin. ``keep_cpus_awake`` (``--keep-cpus-awake``):
+    generated configs set it; existing ones must set it themselves."""
     from cluster_node.config import ConfigError, load_node_config
 
     def check_unpinned(paths: list[Path], where: Path) -> None:
-        if not pin and any(c.node.leader_cpus or c.node.follower_cpus for c in _load_all(paths)):
+        configs = _load_all(paths)
+        if not pin and any(c.node.leader_cpus or c.node.follower_cpus for c in configs):
             raise click.ClickException(
                 f"--no-pin applies to generated configs; the configs in {where} set leader_cpus/follower_cpus"
                 " (remove them there, or use --fresh to generate new ones)")
+        if keep_cpus_awake and not all(c.node.keep_cpus_awake for c in configs):
+            raise click.ClickException(
+                f"--keep-cpus-awake applies to generated configs; set keep_cpus_awake = true in [node] of the"
+                f" configs in {where}, or use --fresh to generate new ones")
 
     if config_dir is not None:
         if service is not None:
@@ -484,7 +492,7 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
     n = 3 if nodes is None else nodes
     svc = service or "kv"
     try:
-        paths, client = write_cluster_configs(base_dir, n, svc, pin=pin)
+        paths, client = write_cluster_configs(base_dir, n, svc, pin=pin, keep_cpus_awake=keep_cpus_awake)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -541,7 +549,8 @@ def pick_base_port(nodes: int, host: str = "127.0.0.1", rng=None) -> int:
     raise click.ClickException(f"no free block of {4 * nodes} UDP ports on {host} between 21000 and {high + 500}")
 
 
-def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = True) -> tuple[list[Path], Path]:
+def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = True,
+                          keep_cpus_awake: bool = False) -> tuple[list[Path], Path]:
     """Generate and write ``node<i>.toml`` and ``client.toml`` into ``base_dir`` (node directories
     ``base_dir/node<i>``, absolute, so the configs work from any working directory).
 
@@ -555,7 +564,8 @@ def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = 
     base_port = pick_base_port(nodes)
     leader_cpus, follower_cpus = split_for_shared_machine() if pin and nodes > 1 else ((), ())
     configs, client = generate_loopback_cluster(nodes, base_dir.resolve(), service=service, base_port=base_port,
-                                                leader_cpus=leader_cpus, follower_cpus=follower_cpus)
+                                                leader_cpus=leader_cpus, follower_cpus=follower_cpus,
+                                                keep_cpus_awake=keep_cpus_awake)
     # Many clients may run at once (a watch and a put): each picks its own egress port.
     client = msgspec.structs.replace(
         client, client=msgspec.structs.replace(client.client, egress_endpoint="127.0.0.1:0")).validate()
@@ -867,6 +877,10 @@ class _Screen:
 @click.option("--no-pin", is_flag=True,
               help="Generated configs leave the members' CPUs to the OS (default: the leader gets a CPU of its own, "
                    "the followers the others; see leader_cpus in cluster_node/config.py).")
+@click.option("--keep-cpus-awake", is_flag=True,
+              help="Generated configs keep the members' CPUs out of the idle state while the log moves: lower "
+                   "latency on virtual machines, for CPU while traffic flows (see keep_cpus_awake in "
+                   "cluster_node/config.py).")
 @click.option("--once", is_flag=True,
               help="For scripts: print the table once a leader is elected, then a line UP leader=... client=..., "
                    "then only event lines; keep running until SIGTERM/SIGINT.")
@@ -877,9 +891,9 @@ class _Screen:
 @click.option("--stop-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Seconds a member has to stop after SIGTERM before it is killed.")
 def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, no_pin: bool,
-       once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
+       keep_cpus_awake: bool, once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
     """Start a local cluster (one process per member), show its members live, stop it on Ctrl-C."""
-    plan = plan_cluster(nodes, base_dir, service, config_dir, fresh, pin=not no_pin)
+    plan = plan_cluster(nodes, base_dir, service, config_dir, fresh, pin=not no_pin, keep_cpus_awake=keep_cpus_awake)
     members = _members_from(plan.node_config_paths)
     interactive = sys.stdout.isatty() and not once
     client_path = plan.client_config_path.resolve() if plan.client_config_path is not None else None

@@ -218,6 +218,22 @@ def test_up_pins_generated_members_by_role_unless_told_not_to(tmp_path):
         assert not (tmp_path / "pinned" / "node0" / "logs" / "console.log").exists()  # nothing was started
 
 
+def test_up_keep_cpus_awake_goes_into_generated_configs_and_is_refused_for_others(tmp_path):
+    from cluster_node.config import load_node_config
+    from cluster_node.up_cmd import plan_cluster
+
+    plan = plan_cluster(3, tmp_path / "awake", None, None, False, keep_cpus_awake=True)
+    assert all(load_node_config(p).node.keep_cpus_awake for p in plan.node_config_paths)
+    plan = plan_cluster(None, tmp_path / "awake", None, None, False, keep_cpus_awake=True)  # kept configs say so
+    assert plan.generated is False
+    write_cluster_configs(tmp_path / "plain", 3, "kv")
+    r = subprocess.run([str(CLI), "up", "--once", "--keep-cpus-awake", "--dir", str(tmp_path / "plain")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "--keep-cpus-awake applies to generated configs" in r.stderr and "--fresh" in r.stderr, r.stderr
+    assert not (tmp_path / "plain" / "node0" / "logs" / "console.log").exists()  # nothing was started
+
+
 def test_client_without_a_cluster_says_no_leader(tmp_path):
     ports = free_fixed_udp_ports(3, "127.0.0.1")
     cfg = ClientConfig(client=ClientSection(
