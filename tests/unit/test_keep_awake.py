@@ -74,6 +74,32 @@ def test_a_ring_makes_them_spin_and_they_sleep_again_after_the_linger() -> None:
         k.close()
 
 
+def test_one_spinner_per_cpu_on_the_machine(tmp_path: Path) -> None:
+    """Two members' helpers for one CPU: one spins, the other waits on the CPU's lock without
+    using CPU, and takes over when the first one's member stops."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    a, b = KeepAwake([cpu], lock_dir=tmp_path), KeepAwake([cpu], lock_dir=tmp_path)
+    a.start()
+    b.start()
+    try:
+        (pa,), (pb,) = a.pids, b.pids
+        _wait_for(lambda: _asleep(pa) and _asleep(pb), 5, "both helpers asleep before any ring")
+        a.ring(time.monotonic_ns())
+        _wait_for(lambda: not _asleep(pa), 5, "a's helper spinning")
+        b.ring(time.monotonic_ns())
+        tb = _state_and_ticks(pb)[1]
+        ta = _state_and_ticks(pa)[1]
+        _wait_for(lambda: _state_and_ticks(pa)[1] >= ta + 3, 5, "a's helper using CPU")
+        a.ring(time.monotonic_ns() + LINGER_NS)  # keep a's spinning
+        assert _asleep(pb) and _state_and_ticks(pb)[1] <= tb + 1, "b's helper spun beside a's"
+        a.close()  # a's member stops: b's helper, rung a moment ago, gets the CPU
+        b.ring(time.monotonic_ns() + LINGER_NS)
+        _wait_for(lambda: _state_and_ticks(pb)[1] >= tb + 3, 5, "b's helper spinning once a's stopped")
+    finally:
+        a.close()
+        b.close()
+
+
 def test_rings_are_rate_limited() -> None:
     k = KeepAwake([sorted(os.sched_getaffinity(0))[0]])
     k.start()
