@@ -8,39 +8,42 @@ virtual machine whose host does not poll for its guests' halts (no ``cpuidle-hal
 as on the 2-core development VM: ``/sys/devices/system/cpu/cpuidle/current_driver`` is
 ``none``), a halted vCPU is a host thread asleep, and a wake-up costs a trip through the host:
 50-90 µs there (``scripts/calibration.py``'s ``wake_cpu_us``), and a client's round trip
-through the cluster crosses five of them (client -> leader, leader -> follower, the leader's
-service thread, the client). Spinning in the node's own threads does not help: a Python thread
+through the cluster crosses four of them (the leader for the client's message, a follower for
+the log, the leader's service thread for the commit, the client for the reply). Spinning in the node's own threads does not help: a Python thread
 that spins takes the CPU and the GIL from the work it waits for (measured worse, see the
 README's figures).
 
 What
 ====
 With ``keep_cpus_awake = true`` in ``[node]``, the node starts one small helper process per CPU it
-runs on (the union of ``leader_cpus`` and ``follower_cpus``, or every CPU it may use when neither
+may run on (the union of ``leader_cpus`` and ``follower_cpus``, or every CPU it may use when neither
 is set). A helper is pinned to its CPU, runs in the ``SCHED_IDLE`` scheduling class and spins in
 a plain loop, so that CPU never halts. Any ordinary thread that wakes on that CPU preempts the
 helper at once (an idle-class task yields to every normal one, and the scheduler counts a CPU
 running only idle-class tasks as idle when it places a woken thread), so the wake-up costs a
 context switch inside the guest instead of a trip through the host. The loop avoids the
 ``PAUSE`` instruction: KVM's pause-loop exiting takes a vCPU that executes many of them off the
-CPU, which is the cost this avoids (a C helper spinning on ``PAUSE`` measured no better than
-none).
+CPU, which is the cost this avoids (a C helper spinning on ``PAUSE`` showed no clear gain).
 
 It burns a CPU only while the cluster works. The node rings the helpers (one byte on a pipe of
 each) when its log's recorded position moves and the last ring is at least ``_RING_EVERY_NS``
 old; a helper spins until ``LINGER_NS`` has passed without a ring and then blocks reading its
-pipe. An
-idle cluster (heartbeats only) appends nothing, so its helpers sleep and cost nothing; the first
+pipe. An idle cluster (heartbeats only) appends nothing, so its helpers sleep and cost nothing; the first
 message after a pause pays the ordinary wake-ups and wakes the helpers for the ones after it.
 
 A helper ends when its pipe's write end closes: when the node stops, and when it dies by kill -9
 (the kernel closes the dead process's descriptors), whether the helper spins (a read returns
-end of file) or sleeps (the blocking read returns it). ``PR_SET_PDEATHSIG`` covers a helper that
-is somehow neither.
+end of file) or sleeps (the blocking read returns it). ``PR_SET_PDEATHSIG`` covers a helper
+waiting for its CPU's lock (below).
 
-Measured (``scripts/cluster_cpu.py --rate 1000 --seconds 6``, by turns with and without idle-class
-spinners on both CPUs, three pairs): round trip p50 819 / 734 / 775 µs against 1,001 / 908 / 850,
-and every process's CPU per message lower (its wake-ups cheaper). See the README's figures.
+Only one helper spins on a CPU at a time, machine-wide: members sharing a machine each start
+helpers for the same CPUs, and a rung helper first takes the CPU's lock file (see
+:func:`_helper` for why).
+
+Measured on the 2-core VM (``scripts/cluster_cpu.py --rate 1000 --seconds 6``, by turns without
+and with it, three pairs): round trip p50 902 / 981 / 923 µs against 1,085 / 1,136 / 1,074; full
+``scripts/bench_cluster.py`` runs, p50 at 1,000/s 949 / 878 / 903 against 1,094 / 1,304 / 1,058.
+See the README's figures (ninth session of 2026-11-26).
 """
 
 from __future__ import annotations
