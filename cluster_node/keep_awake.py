@@ -104,6 +104,9 @@ class KeepAwake:
         :func:`_helper`)."""
         self._procs: list[subprocess.Popen] = []
         self._wfds: list[int] = []
+        """The write end of each helper's pipe, in the order of ``_procs``."""
+        self._ended: list[subprocess.Popen] = []
+        """Helpers found gone by :meth:`ring`, reaped by :meth:`close`."""
         self._last_ring_ns = -_RING_EVERY_NS
         self.rings = 0
 
@@ -117,12 +120,12 @@ class KeepAwake:
         if not supported():
             _log().warning("keep_cpus_awake needs Linux (SCHED_IDLE); the CPUs are left to idle")
             return
-        # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the
-        # others (and O_NONBLOCK, which a spinning helper sets, belongs to the shared end).
         try:
             self.lock_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:  # the helpers then spin without the lock
             _log().warning("keep_cpus_awake lock directory not made", dir=str(self.lock_dir), error=str(e))
+        # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the
+        # others (and O_NONBLOCK, which a spinning helper sets, belongs to the shared end).
         for cpu in self.cpus:
             rfd, wfd = os.pipe()
             os.set_blocking(wfd, False)  # a full pipe drops a ring: that helper is awake anyway
@@ -154,10 +157,17 @@ class KeepAwake:
                 os.write(wfd, b"\x01")
             except BlockingIOError:
                 pass
-            except OSError:  # that helper is gone (killed by hand): stop ringing it
+            except OSError:  # that helper is gone (it failed, or was killed by hand): stop ringing it
                 os.close(wfd)
                 self._wfds[i] = -1
+                proc = self._procs[i]
+                _log().warning("keep_cpus_awake helper ended; its CPU is left to idle", pid=proc.pid,
+                               exit_code=proc.poll())
         if -1 in self._wfds:
+            self._procs, self._ended = (
+                [p for p, fd in zip(self._procs, self._wfds) if fd >= 0],
+                self._ended + [p for p, fd in zip(self._procs, self._wfds) if fd < 0],
+            )
             self._wfds = [fd for fd in self._wfds if fd >= 0]
 
     def close(self, timeout: float = 2.0) -> None:
@@ -166,7 +176,7 @@ class KeepAwake:
             os.close(wfd)
         self._wfds.clear()
         deadline = time.monotonic() + timeout
-        for p in self._procs:
+        for p in self._procs + self._ended:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -178,6 +188,7 @@ class KeepAwake:
             if p.returncode not in (0, -9) and err:
                 _log().warning("keep_cpus_awake helper failed", pid=p.pid, error=err.splitlines()[-1])
         self._procs.clear()
+        self._ended.clear()
 
     @property
     def pids(self) -> list[int]:

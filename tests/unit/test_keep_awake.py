@@ -124,6 +124,19 @@ def test_close_ends_the_helpers() -> None:
     assert not any(_alive(p) for p in pids)
 
 
+def test_a_helper_killed_by_hand_is_dropped_at_the_next_ring() -> None:
+    k = KeepAwake(sorted(os.sched_getaffinity(0))[:1])
+    k.start()
+    (pid,) = k.pids
+    os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: _state_and_ticks(pid)[0] == "Z", 5, "the helper dead")
+    k.ring(time.monotonic_ns())  # EPIPE: logged, not raised
+    assert k.pids == [] and not k.running
+    k.ring(time.monotonic_ns() + LINGER_NS)
+    k.close()
+    assert not _alive(pid)
+
+
 def test_no_cpus_starts_nothing() -> None:
     k = KeepAwake([])
     k.start()
