@@ -42,8 +42,8 @@ helpers for the same CPUs, and a rung helper first takes the CPU's lock file (se
 
 Measured on the 2-core VM (``scripts/cluster_cpu.py --rate 1000 --seconds 6``, by turns without
 and with it, three pairs): round trip p50 902 / 981 / 923 µs against 1,085 / 1,136 / 1,074; full
-``scripts/bench_cluster.py`` runs, six pairs: p50 at 1,000/s 794-949 µs against 1,036-1,304, lower
-in every pair.
+``scripts/bench_cluster.py`` runs, nine pairs: p50 at 1,000/s 756-1,064 µs against 890-1,304, lower
+in eight.
 See the README's figures (ninth session of 2026-11-26).
 """
 
