@@ -54,6 +54,7 @@ from cluster_node.affinity import format_cpus, split_for_shared_machine  # noqa:
 from cluster_node.client import open_cluster_client  # noqa: E402
 from media.publication import OfferResult  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
+from tests.support.procs import child_pids  # noqa: E402
 
 _STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -68,17 +69,6 @@ def cpu_ticks(pid: int) -> int:
     text = Path(f"/proc/{pid}/stat").read_text()
     fields = text[text.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes ``pid`` started (``keep_cpus_awake`` helpers), from /proc."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def idle_cpu_percent(cluster: TestCluster, seconds: float) -> float:

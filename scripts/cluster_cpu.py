@@ -52,6 +52,7 @@ import bench_cluster as bc  # noqa: E402
 from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
+from tests.support.procs import child_pids  # noqa: E402
 
 
 def _user_sys_ticks(pid: int) -> tuple[int, int]:
@@ -158,7 +159,7 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
         await bc.latency(client, echoes, rate, 1.0)  # warm-up
         spies, tracers = await _start_observers(pids, leader, seconds, spy_dir, strace_dir)
-        helpers = [c for p in pids.values() for c in bc.child_pids(p)]
+        helpers = [c for p in pids.values() for c in child_pids(p)]
         before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
         helpers_before = sum(sum(_user_sys_ticks(h)) for h in helpers)
         client_before = os.times()

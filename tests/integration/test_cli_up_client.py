@@ -103,14 +103,6 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-
-
 def client(config: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(CLI), "client", "--config", str(config), *args],
                           capture_output=True, text=True, timeout=timeout)

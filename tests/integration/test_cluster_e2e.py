@@ -27,6 +27,7 @@ import trio
 
 from cluster_node.affinity import parse_cpus
 from cluster_node.config import parse_client_config, client_config_to_toml
+from tests.support.procs import child_pids, state_and_ticks
 from tests.support.cluster import (
     DIGEST_PREFIX,
     Append,
@@ -507,25 +508,6 @@ async def test_members_run_on_the_cpus_of_their_role_and_move_when_the_leader_ch
             assert (await kv.put("k", b"v", timeout=CONNECT_TIMEOUT_S)).status == Status.OK
 
 
-def _helpers(pid: int) -> list[int]:
-    """The keep_cpus_awake helpers a node process started (its children), from /proc."""
-    out = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except FileNotFoundError:
-            continue
-    return out
-
-
-def _proc_state_ticks(pid: int) -> tuple[str, int] | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    return fields[0], int(fields[11]) + int(fields[12])
-
-
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux only (SCHED_IDLE)")
 async def test_keep_cpus_awake_helpers_spin_while_the_log_moves_and_die_with_their_node(tmp_path) -> None:
     """[node] keep_cpus_awake: each member has one idle-class helper per CPU of its roles; they
@@ -536,28 +518,28 @@ async def test_keep_cpus_awake_helpers_spin_while_the_log_moves_and_die_with_the
     with TestCluster(tmp_path, leader_cpus=leader_cpus, follower_cpus=follower_cpus,
                      keep_cpus_awake=True) as cluster:
         leader = cluster.start()
-        helpers = {n.member_id: _helpers(n.pid) for n in cluster.nodes}
+        helpers = {n.member_id: child_pids(n.pid) for n in cluster.nodes}
         assert all(len(h) == len(set(leader_cpus) | set(follower_cpus)) for h in helpers.values()), helpers
         for h in helpers[leader]:
             assert os.sched_getscheduler(h) == os.SCHED_IDLE
         every = [h for hs in helpers.values() for h in hs]
-        ticks = sum(_proc_state_ticks(h)[1] for h in every)
+        ticks = sum(state_and_ticks(h)[1] for h in every)
         async with open_kv_client(cluster.client_config) as kv:
             await put_keys(kv, cluster, {f"k{i}": b"v" for i in range(300)})
         # One helper per CPU spins (the members' helpers share a lock per CPU), whichever's it is.
-        await cluster.await_for(lambda: sum(_proc_state_ticks(h)[1] for h in every) >= ticks + 2, 5,
+        await cluster.await_for(lambda: sum(state_and_ticks(h)[1] for h in every) >= ticks + 2, 5,
                                 "the helpers spinning while the log moved")
 
         def asleep(pids: list[int]) -> bool:
-            return all((_proc_state_ticks(h) or ("S",))[0] == "S" for h in pids)
+            return all((state_and_ticks(h) or ("S",))[0] == "S" for h in pids)
 
         await cluster.await_for(lambda: asleep(every), 10,
                                 "the helpers asleep once the writes stopped")
         cluster.nodes[leader].kill()
-        await cluster.await_for(lambda: all((_proc_state_ticks(h) or ("Z",))[0] == "Z" for h in helpers[leader]),
+        await cluster.await_for(lambda: all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in helpers[leader]),
                                 10, "the killed member's helpers gone")
         others = [h for m, hs in helpers.items() if m != leader for h in hs]
-    assert all((_proc_state_ticks(h) or ("Z",))[0] == "Z" for h in others), \
+    assert all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in others), \
         "helpers outlived their members' SIGTERM"
 
 

@@ -107,3 +107,33 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+def state_and_ticks(pid: int) -> tuple[str, int] | None:
+    """A process's state letter (``S``, ``R``, ``Z`` ...) and its CPU time (user + system clock
+    ticks) from ``/proc/<pid>/stat``; None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started and that still run (``keep_cpus_awake`` helpers), from /proc."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue  # a thread that just ended
+    return out
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(interval)

@@ -15,28 +15,23 @@ import pytest
 
 from cluster_node import keep_awake
 from cluster_node.keep_awake import LINGER_NS, KeepAwake
+from tests.support.procs import state_and_ticks, wait_until
 
 pytestmark = pytest.mark.skipif(not keep_awake.supported(), reason="Linux only (SCHED_IDLE)")
 
 
 def _state_and_ticks(pid: int) -> tuple[str, int]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return fields[0], int(fields[11]) + int(fields[12])
+    st = state_and_ticks(pid)
+    assert st is not None, f"process {pid} is gone"
+    return st
 
 
 def _wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+    wait_until(cond, timeout, what, interval=0.005)
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return _state_and_ticks(pid)[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return (state_and_ticks(pid) or ("Z",))[0] != "Z"
 
 
 def _asleep(pid: int) -> bool:
