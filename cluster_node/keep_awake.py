@@ -56,6 +56,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+__all__ = ["KeepAwake", "LINGER_NS", "default_lock_dir", "supported"]
+
 
 def _log():
     # Imported here, not at the top: the helper process imports this module too, and structlog
@@ -63,8 +65,6 @@ def _log():
     import structlog
 
     return structlog.get_logger("cluster_node.keep_awake")
-
-__all__ = ["KeepAwake", "LINGER_NS", "default_lock_dir", "supported"]
 
 LINGER_NS = 100_000_000
 """How long a helper spins after the node's last ring: 100 ms. Long enough that a cluster taking
@@ -103,9 +103,8 @@ class KeepAwake:
         self.lock_dir = lock_dir if lock_dir is not None else default_lock_dir()
         """Where the CPUs' lock files are (one spinner per CPU on the machine: see
         :func:`_helper`)."""
-        self._procs: list[subprocess.Popen] = []
-        self._wfds: list[int] = []
-        """The write end of each helper's pipe, in the order of ``_procs``."""
+        self._helpers: list[tuple[subprocess.Popen, int]] = []
+        """Each running helper and the write end of its pipe."""
         self._ended: list[subprocess.Popen] = []
         """Helpers found gone by :meth:`ring`, reaped by :meth:`close`."""
         self._last_ring_ns = -_RING_EVERY_NS
@@ -113,7 +112,7 @@ class KeepAwake:
 
     @property
     def running(self) -> bool:
-        return bool(self._procs)
+        return bool(self._helpers)
 
     def start(self) -> None:
         if self.running or not self.cpus:
@@ -142,42 +141,37 @@ class KeepAwake:
                 continue
             finally:
                 os.close(rfd)
-            self._procs.append(proc)
-            self._wfds.append(wfd)
-        if self._procs:
+            self._helpers.append((proc, wfd))
+        if self._helpers:
             _log().info("keeping CPUs awake while the log moves", cpus=list(self.cpus), pids=self.pids)
 
     def ring(self, now_ns: int) -> None:
         """The log moved at ``now_ns`` (monotonic): keep the helpers spinning."""
-        if now_ns - self._last_ring_ns < _RING_EVERY_NS or not self._wfds:
+        if now_ns - self._last_ring_ns < _RING_EVERY_NS or not self._helpers:
             return
         self._last_ring_ns = now_ns
         self.rings += 1
-        for i, wfd in enumerate(self._wfds):
+        gone = []
+        for proc, wfd in self._helpers:
             try:
                 os.write(wfd, b"\x01")
             except BlockingIOError:
                 pass
             except OSError:  # that helper is gone (it failed, or was killed by hand): stop ringing it
                 os.close(wfd)
-                self._wfds[i] = -1
-                proc = self._procs[i]
+                gone.append((proc, wfd))
                 _log().warning("keep_cpus_awake helper ended; its CPU is left to idle", pid=proc.pid,
                                exit_code=proc.poll())
-        if -1 in self._wfds:
-            self._procs, self._ended = (
-                [p for p, fd in zip(self._procs, self._wfds) if fd >= 0],
-                self._ended + [p for p, fd in zip(self._procs, self._wfds) if fd < 0],
-            )
-            self._wfds = [fd for fd in self._wfds if fd >= 0]
+        for helper in gone:
+            self._helpers.remove(helper)
+            self._ended.append(helper[0])
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the helpers: close the pipes (each ends at end of file) and reap them."""
-        for wfd in self._wfds:
+        for _, wfd in self._helpers:
             os.close(wfd)
-        self._wfds.clear()
         deadline = time.monotonic() + timeout
-        for p in self._procs + self._ended:
+        for p in [proc for proc, _ in self._helpers] + self._ended:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -188,12 +182,12 @@ class KeepAwake:
                 p.stderr.close()
             if p.returncode not in (0, -9) and err:
                 _log().warning("keep_cpus_awake helper failed", pid=p.pid, error=err.splitlines()[-1])
-        self._procs.clear()
+        self._helpers.clear()
         self._ended.clear()
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [proc.pid for proc, _ in self._helpers]
 
 
 # ------------------------------------------------------------------ the helper process
