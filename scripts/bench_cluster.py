@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Cluster benchmark: a 3-node loopback cluster running the echo service, measured from a client.
 
-    .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR] [--no-pin] [--keep-cpus-awake]
+    .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR] [--no-pin] [--client-cpus LIST|followers]
+                                              [--keep-cpus-awake]
 
 Three ``cluster-node run`` processes (configs generated with the demo timeouts: election timeout
 1 s, leader heartbeat timeout 2 s) and this process as the client, all on 127.0.0.1:
@@ -23,8 +24,9 @@ Three ``cluster-node run`` processes (configs generated with the demo timeouts: 
 
 The members run with ``leader_cpus`` / ``follower_cpus`` as ``cluster-node up`` gives them on
 this machine (``cluster_node.affinity.split_for_shared_machine``: on two CPUs the leader on one,
-the followers on the other); ``--no-pin`` leaves their placement to the OS. The client is never
-pinned. The JSON says which (``cpus``). ``--keep-cpus-awake`` sets ``[node] keep_cpus_awake``
+the followers on the other); ``--no-pin`` leaves their placement to the OS. The client (this
+process) is left to the OS; ``--client-cpus LIST`` pins it (:func:`client_cpus` tells why one
+might, and what it did). The JSON says which (``cpus``). ``--keep-cpus-awake`` sets ``[node] keep_cpus_awake``
 (``cluster_node.keep_awake``: idle-class spinners keep the members' CPUs out of the idle state
 while the log moves); the idle figure then counts the helpers' CPU too.
 
@@ -36,6 +38,7 @@ within 60 s. ``--failovers N`` measures only N failover rounds, on a cluster who
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -50,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
-from cluster_node.affinity import format_cpus, split_for_shared_machine  # noqa: E402
+from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
 from media.publication import OfferResult  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
@@ -58,6 +61,75 @@ from tests.support.procs import child_pids  # noqa: E402
 
 _STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def client_cpus_arg(p: argparse.ArgumentParser) -> None:
+    """The ``--client-cpus`` option of the cluster benchmarks (see :func:`place_client`)."""
+    p.add_argument("--client-cpus", metavar="LIST|followers|any",
+                   help="CPUs of the client (this process), e.g. 1 or 0-1; 'followers': the followers' "
+                        "CPUs (members pinned only); default 'any': the OS places it")
+
+
+def client_cpus(spec: str | None, leader_cpus: tuple[int, ...], follower_cpus: tuple[int, ...]) -> tuple[int, ...]:
+    """Where the benchmark's client runs: ``()`` (the default, ``any``) for wherever the OS puts
+    it, ``followers`` for the followers' CPUs, or a CPU list.
+
+    Why one might pin it: a client left to the OS runs mostly on the leader's CPU (the leader's
+    service thread sends it the echo, and the kernel wakes a datagram's reader on the sender's
+    CPU), where its send wakes the leader, which then waits for the client's CPU. Followed with
+    ``perf sched`` beside ``scripts/hops.py`` in a slow hour (4,796 round trips at 1,000/s): the
+    client sent 71 % of its messages from the leader's CPU, and those round trips took a median
+    1,276 µs (client send -> leader read 264 µs) against 962 µs (64 µs) for those sent from the
+    followers' CPU. Why it is not the default: by turns, ``cluster_cpu.py --rate 1000`` gave a
+    lower p50 with the client on the followers' CPU in that slow hour (3 pairs of 3), but none
+    in a fast one (7 pairs: 750-992 µs against 760-898), and full ``bench_cluster.py`` runs
+    were split (lower in 1 pair of 3). On the followers' CPU the client delays the followers
+    instead. ValueError for a bad list, or a list given with unpinned members (members started
+    later by this process would inherit the client's CPUs)."""
+    if spec is None or spec.strip() == "any":
+        return ()
+    if not (leader_cpus or follower_cpus):
+        raise ValueError("--client-cpus needs pinned members (not with --no-pin)")
+    if spec.strip() == "followers":
+        return tuple(follower_cpus)
+    cpus = parse_cpus(spec)
+    if not cpus:
+        raise ValueError(f"no CPU in --client-cpus {spec!r}")
+    unknown = set(cpus) - os.sched_getaffinity(0)
+    if unknown:
+        raise ValueError(f"--client-cpus {spec!r}: CPU {format_cpus(tuple(sorted(unknown)))} is not available here")
+    return cpus
+
+
+def place_client(cpus: tuple[int, ...]) -> None:
+    """Pin this process's calling thread (the trio thread: the client) to ``cpus``; ``()``
+    leaves it. Called once the members run: a process started from a pinned thread inherits
+    its CPUs (and a member refuses a config naming others), so members started later go
+    through :func:`client_unpinned`."""
+    global _client_mask
+    if cpus:
+        if _client_mask is None:
+            _client_mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cpus)
+
+
+_client_mask: set[int] | None = None
+"""The calling thread's CPUs before :func:`place_client` pinned it (None: not pinned)."""
+
+
+@contextlib.contextmanager
+def client_unpinned():
+    """The calling thread on its CPUs from before :func:`place_client` for the block (to start a
+    member: see there), then pinned again."""
+    if _client_mask is None:
+        yield
+        return
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _client_mask)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
 
 
 def say(*args: object) -> None:
@@ -200,7 +272,8 @@ async def failovers(cluster: TestCluster, rounds: int) -> list[float]:
         say(f"failover {i + 1}/{rounds}: member {leader} killed, member {new_leader} leads after {ms:.0f} ms")
         if i + 1 < rounds:
             node = cluster.nodes[leader]
-            node.start()
+            with client_unpinned():
+                node.start()
             await cluster.await_for(node.ready, 30, f"member {leader} restarted")
             new_term = cluster.counters()[new_leader].term
             await cluster.await_for(lambda: cluster.followers_settled([leader], new_term), 60,
@@ -214,6 +287,7 @@ async def run(args, cluster: TestCluster) -> dict:
     t = time.monotonic()
     leader = cluster.start(timeout=60)
     say(f"cluster up in {time.monotonic() - t:.1f}s, leader member {leader}")
+    place_client(args.client_cpus_list)
     if args.failovers:
         # Failover rounds alone, on a cluster with an empty log (restarted members rejoin fast).
         await trio.to_thread.run_sync(time.sleep, 1.0)
@@ -252,15 +326,20 @@ def main() -> None:
                    help="only measure N failover rounds (kill -9 of the leader, restart, rejoin), nothing else")
     p.add_argument("--no-pin", action="store_true",
                    help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)")
+    client_cpus_arg(p)
     p.add_argument("--keep-cpus-awake", action="store_true",
                    help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
     args = p.parse_args()
     if args.failovers is not None and args.failovers < 1:
         p.error("--failovers must be at least 1")
+    leader_cpus, follower_cpus = ((), ()) if args.no_pin else split_for_shared_machine()
+    try:
+        args.client_cpus_list = client_cpus(args.client_cpus, leader_cpus, follower_cpus)
+    except ValueError as ex:
+        p.error(str(ex))
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         base = Path(args.dir) if args.dir else Path(tmp)
-        leader_cpus, follower_cpus = ((), ()) if args.no_pin else split_for_shared_machine()
         cluster = TestCluster(base, 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
                               keep_cpus_awake=args.keep_cpus_awake)
         try:
@@ -275,7 +354,8 @@ def main() -> None:
         "failover_ms": results.get("failover_ms"),
         "idle_cpu_percent": results.get("idle_cpu_percent"),
         "leader_heartbeat_timeout_ms": cluster.timeouts.leader_heartbeat_timeout_ns // 1_000_000,
-        "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus)},
+        "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
+                 "client": format_cpus(args.client_cpus_list)},
         "keep_cpus_awake": args.keep_cpus_awake,
         "quick": args.quick,
         "seconds": round(time.monotonic() - t0, 1),

@@ -2,6 +2,7 @@
 """CPU per message of each process of a 3-node echo cluster at a fixed request rate.
 
     .venv/bin/python scripts/cluster_cpu.py [--rate 200] [--seconds 8] [--spy DIR] [--strace DIR] [--keep-cpus-awake]
+                                           [--client-cpus LIST|followers]
     .venv/bin/python scripts/cluster_cpu.py --max [--seconds 8] [--spy DIR]
     .venv/bin/python scripts/cluster_cpu.py --idle [--seconds 20]
 
@@ -21,7 +22,8 @@ window) instead of at a rate, so the figures are the CPU per message at saturati
 ``--spy`` the client (this process) is recorded too, as ``DIR/client.txt``.
 
 The members are pinned as ``cluster-node up`` pins them (``leader_cpus`` / ``follower_cpus``,
-see ``cluster_node.affinity``); ``--no-pin`` leaves them to the OS.
+see ``cluster_node.affinity``); ``--no-pin`` leaves them to the OS. The client is left to the
+OS, as ``bench_cluster.py`` leaves it (``--client-cpus`` pins it: see ``bench_cluster.client_cpus``).
 
 ``--idle``: no client; the CPU each node uses while the cluster sits idle, over a longer window
 than ``bench_cluster.py``'s 3 s (an idle node uses a few ticks a second, so short windows are
@@ -151,8 +153,9 @@ async def measure_idle(cluster: TestCluster, seconds: float, spy_dir: Path | Non
 
 
 async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None,
-                  strace_dir: Path | None = None) -> None:
+                  strace_dir: Path | None = None, client_cpus: tuple[int, ...] = ()) -> None:
     leader = cluster.start(timeout=60)
+    bc.place_client(client_cpus)
     await trio.sleep(1.5)  # let the election's last messages settle
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
     echoes = bc.Echoes()
@@ -181,10 +184,11 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
 
 
 async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None,
-                      strace_dir: Path | None = None) -> None:
+                      strace_dir: Path | None = None, client_cpus: tuple[int, ...] = ()) -> None:
     """As :func:`measure`, with the client offering as fast as the cluster echoes (the
     throughput benchmark's window of 4,096 messages in flight): where the CPU goes at saturation."""
     leader = cluster.start(timeout=60)
+    bc.place_client(client_cpus)
     await trio.sleep(1.5)
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
     echoes = bc.Echoes()
@@ -228,6 +232,7 @@ def main() -> None:
     p.add_argument("--leader-cpus", metavar="LIST", help="leader_cpus instead of up's choice, e.g. 0 or 0-1")
     p.add_argument("--follower-cpus", metavar="LIST", help="follower_cpus instead of up's choice, e.g. 1")
     p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
+    bc.client_cpus_arg(p)
     p.add_argument("--keep-cpus-awake", action="store_true",
                    help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
     args = p.parse_args()
@@ -248,19 +253,25 @@ def main() -> None:
             leader_cpus = parse_cpus(args.leader_cpus)
         if args.follower_cpus is not None:
             follower_cpus = parse_cpus(args.follower_cpus)
-        print(f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}")
+        try:
+            client_cpus = bc.client_cpus(args.client_cpus, leader_cpus, follower_cpus)
+        except ValueError as ex:
+            p.error(str(ex))
+        print(f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}, "
+              f"client {format_cpus(client_cpus) or 'any'}")
         cluster = TestCluster(Path(tmp), 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
                               keep_cpus_awake=args.keep_cpus_awake)
         try:
             if args.max:
-                trio.run(measure_max, cluster, args.seconds, spy_dir, strace_dir)
+                trio.run(measure_max, cluster, args.seconds, spy_dir, strace_dir, client_cpus)
             elif args.idle:
                 trio.run(measure_idle, cluster, args.seconds, spy_dir, strace_dir)
             else:
-                trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir)
+                trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir, client_cpus)
         finally:
             cluster.close()
-    SUMMARY["cpus"] = {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus)}
+    SUMMARY["cpus"] = {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
+                       "client": "" if args.idle else format_cpus(client_cpus)}
     print(json.dumps(SUMMARY))
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Where a round trip goes: the median of each hop of the echo cluster's round trip at a fixed rate.
 
-    .venv/bin/python scripts/hops.py [--rate 1000] [--seconds 4] [--keep DIR] [--keep-cpus-awake]
+    .venv/bin/python scripts/hops.py [--rate 1000] [--seconds 4] [--keep DIR] [--keep-cpus-awake] [--client-cpus LIST|followers]
 
 Starts the 3-node echo cluster as ``scripts/cluster_cpu.py`` does (members pinned as ``cluster-node
-up`` pins them), with every node process started through this script, which wraps three methods
+up`` pins them, the client where the OS puts it unless ``--client-cpus`` says otherwise), with every node process started through this script, which wraps three methods
 before it runs ``cluster-node``: the media driver's ``sendto`` and datagram handler, and the
 consensus agent's ring of its service thread. Each records a CLOCK_MONOTONIC timestamp (one clock
 for the whole machine) in memory; the records are written at exit. The client (this process) is
@@ -190,13 +190,14 @@ def analyse(trace_dir: Path, client_pid: int) -> dict[str, list[float]]:
     return hops
 
 
-async def _drive(cluster, rate: int, seconds: float) -> None:
+async def _drive(cluster, rate: int, seconds: float, client_cpus: tuple[int, ...]) -> None:
     import trio
 
     import bench_cluster as bc
     from cluster_node.client import open_cluster_client
 
     cluster.start(timeout=60)
+    bc.place_client(client_cpus)
     await trio.sleep(1.5)  # the election's last messages
     echoes = bc.Echoes()
     async with open_cluster_client(cluster.client_config, on_message=echoes.on_message) as client:
@@ -210,12 +211,21 @@ def main() -> None:
     p.add_argument("--keep", metavar="DIR", help="write the raw records to DIR and keep them")
     p.add_argument("--keep-cpus-awake", action="store_true",
                    help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
+    import bench_cluster as bc
+
+    bc.client_cpus_arg(p)
     args = p.parse_args()
     if args.rate <= 0 or args.seconds <= 0:
         p.error("--rate and --seconds must be positive")
     import trio
 
     from cluster_node.affinity import split_for_shared_machine
+
+    leader_cpus, follower_cpus = split_for_shared_machine()
+    try:
+        client_cpus = bc.client_cpus(args.client_cpus, leader_cpus, follower_cpus)
+    except ValueError as ex:
+        p.error(str(ex))
     from cluster_node.logsetup import configure
 
     configure(level="warning")  # the client's connection events would bury the table
@@ -229,11 +239,10 @@ def main() -> None:
         os.environ[_DIR_ENV] = str(trace_dir)
         os.environ["CLUSTER_TEST_NODE_SCRIPT"] = str(Path(__file__).resolve())
         dump = install(str(trace_dir))
-        leader_cpus, follower_cpus = split_for_shared_machine()
         cluster = TestCluster(Path(tmp) / "cluster", 3, service="echo", leader_cpus=leader_cpus,
                               follower_cpus=follower_cpus, keep_cpus_awake=args.keep_cpus_awake)
         try:
-            trio.run(_drive, cluster, args.rate, args.seconds)
+            trio.run(_drive, cluster, args.rate, args.seconds, client_cpus)
         finally:
             cluster.close()
         dump()  # this process's records, now
