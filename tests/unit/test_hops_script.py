@@ -82,3 +82,40 @@ def test_install_wraps_the_methods_it_names(tmp_path: Path) -> None:
     finally:
         MediaDriver._raw_send, MediaDriver._on_datagram, ConsensusAgent._ring_service = before
     assert [p.name for p in tmp_path.iterdir()] and all(p.read_text() == "" for p in tmp_path.iterdir())
+
+
+_PERF = """\
+          python   200/200   [000]   100.000000000: sched:sched_switch: prev_comm=python prev_pid=200 prev_prio=120 prev_state=S ==> next_comm=python next_pid=100 next_prio=120
+          python   100/100   [000]   100.000400000: sched:sched_switch: prev_comm=python prev_pid=100 prev_prio=120 prev_state=S ==> next_comm=service next_pid=201 next_prio=120
+         service   200/201   [000]   100.000600000: sched:sched_switch: prev_comm=service prev_pid=201 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120
+         swapper     0/0     [001]   100.000100000: sched:sched_switch: prev_comm=swapper/1 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=python next_pid=300 next_prio=120
+          python   300/300   [001]   100.000300000: sched:sched_switch: prev_comm=python prev_pid=300 prev_prio=120 prev_state=R ==> next_comm=kworker/1:2 next_pid=55 next_prio=120
+     kworker/1:2    55/55    [001]   100.000500000: sched:sched_switch: prev_comm=kworker/1:2 prev_pid=55 prev_prio=120 prev_state=S ==> next_comm=swapper/1 next_pid=0 next_prio=120
+"""
+
+
+def test_load_switches_reads_perf_script_lines() -> None:
+    switches, tid_pid = hops.load_switches(_PERF)
+    t = 100_000_000_000
+    assert switches[0] == [(t, 100, "python"), (t + 400_000, 201, "service"), (t + 600_000, 0, "swapper/0")]
+    assert [s[1] for s in switches[1]] == [300, 55, 0]
+    assert tid_pid[201] == 200 and tid_pid[100] == 100 and tid_pid[300] == 300
+
+
+def test_cpu_shares_splits_each_window_by_who_ran() -> None:
+    """The window 100.0002-100.0007 s: cpu0 ran the client 200 µs, the leader's service thread
+    200, then nothing 100; cpu1 the follower 100, a kernel thread 200, nothing 200."""
+    switches, tid_pid = hops.load_switches(_PERF)
+    t = 100_000_000_000
+    roles = {100: "client", 200: "leader", 300: "follower"}
+    shares = hops.cpu_shares([(t + 200_000, t + 700_000)], switches, tid_pid, roles)
+    assert shares == pytest.approx({
+        (0, "client:main"): 0.4, (0, "leader:service"): 0.4, (0, "idle"): 0.2,
+        (1, "follower:main"): 0.2, (1, "kworker/1:2"): 0.4, (1, "idle"): 0.4,
+    })
+    # Two windows count together; time before a CPU's first switch is not known.
+    shares = hops.cpu_shares([(t - 100_000, t + 100_000), (t + 500_000, t + 600_000)], switches, tid_pid, roles)
+    assert shares[(0, "client:main")] == pytest.approx(1 / 3)
+    assert shares[(0, "leader:service")] == pytest.approx(1 / 3)
+    assert shares[(1, "idle")] == pytest.approx(1 / 3)
+    assert hops.cpu_shares([], switches, tid_pid, roles) == {}
