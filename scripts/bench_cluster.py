@@ -64,7 +64,7 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def client_cpus_arg(p: argparse.ArgumentParser) -> None:
-    """The ``--client-cpus`` option of the cluster benchmarks (see :func:`place_client`)."""
+    """The ``--client-cpus`` option of the cluster benchmarks (see :func:`client_cpus`)."""
     p.add_argument("--client-cpus", metavar="LIST|followers|any",
                    help="CPUs of the client (this process), e.g. 1 or 0-1; 'followers': the followers' "
                         "CPUs (members pinned only); default 'any': the OS places it")

@@ -109,7 +109,14 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
 
 async def _start_observers(pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None,
                            strace_dir: Path | None) -> tuple[list, list]:
-    """py-spy recorders and strace counters attached to every node for the measured window."""
+    """py-spy recorders and strace counters attached to every node for the measured window
+    (started on the CPUs the client had before ``--client-cpus`` pinned it)."""
+    with bc.client_unpinned():
+        return await _start_observers_here(pids, leader, seconds, spy_dir, strace_dir)
+
+
+async def _start_observers_here(pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None,
+                                strace_dir: Path | None) -> tuple[list, list]:
     spies = []
     if spy_dir is not None:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
