@@ -148,8 +148,13 @@ HOPS = ["client send -> leader read", "leader read -> log send", "log send -> fo
 
 def analyse(trace_dir: Path, client_pid: int) -> dict[str, list[float]]:
     """Per-hop durations (µs) of every round trip in the middle 60 % of the run."""
+    return hop_durations(follow(trace_dir, client_pid)[1])
+
+
+def hop_durations(trips: list[tuple[tuple[int, ...], int]]) -> dict[str, list[float]]:
+    """Per-hop durations (µs) of round trips as :func:`follow` gives them."""
     hops: dict[str, list[float]] = {h: [] for h in HOPS}
-    for points, _ in follow(trace_dir, client_pid)[1]:
+    for points, _ in trips:
         t0, z = points[0], points[-1]
         for name, a, b in zip(HOPS, points, points[1:]):
             hops[name].append((b - a) / 1000)
@@ -376,9 +381,8 @@ def main() -> None:
             cluster.close()
         dump()  # this process's records, now
         atexit.unregister(dump)
-        hops = analyse(trace_dir, os.getpid())
-        if sched_text is not None:
-            roles, followed = follow(trace_dir, os.getpid())
+        roles, followed = follow(trace_dir, os.getpid())
+        hops = hop_durations(followed)
     count = len(hops["round trip"])
     if not count:
         raise SystemExit("no round trip could be followed through the records")
@@ -391,7 +395,7 @@ def main() -> None:
         tail = statistics.median(hops[name][i] for i in slow)
         print(f"  {name:30s} {statistics.median(v):7.0f}  ({v[len(v) // 4]:.0f}-{v[len(v) * 3 // 4]:.0f})"
               f"  {tail:7.0f}")
-    if args.sched and sched_text is not None:
+    if sched_text is not None:
         _print_sched(roles, followed, sched_text)
     from calibration import calibration
 
