@@ -53,11 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio  # noqa: E402
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
-from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
+from cluster_node.affinity import available_cpus, format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
 from media.publication import OfferResult  # noqa: E402
 from tests.support.cluster import TestCluster  # noqa: E402
-from tests.support.procs import child_pids  # noqa: E402
+from tests.support.procs import child_pids, state_and_ticks  # noqa: E402
 
 _STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -95,7 +95,7 @@ def client_cpus(spec: str | None, leader_cpus: tuple[int, ...], follower_cpus: t
     cpus = parse_cpus(spec)
     if not cpus:
         raise ValueError(f"no CPU in --client-cpus {spec!r}")
-    unknown = set(cpus) - os.sched_getaffinity(0)
+    unknown = set(cpus) - available_cpus()
     if unknown:
         raise ValueError(f"--client-cpus {spec!r}: CPU {format_cpus(tuple(sorted(unknown)))} is not available here")
     return cpus
@@ -136,21 +136,14 @@ def say(*args: object) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process, in clock ticks (fields 14 and 15 of /proc/<pid>/stat)."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def idle_cpu_percent(cluster: TestCluster, seconds: float) -> float:
     """The node processes' CPU, their helpers' included (with ``--keep-cpus-awake``)."""
     pids = [n.pid for n in cluster.nodes if n.running]
     pids += [c for p in pids for c in child_pids(p)]
-    before = sum(cpu_ticks(p) for p in pids)
+    before = sum(state_and_ticks(p)[1] for p in pids)
     t0 = time.monotonic()
     time.sleep(seconds)
-    ticks = sum(cpu_ticks(p) for p in pids) - before
+    ticks = sum(state_and_ticks(p)[1] for p in pids) - before
     return 100.0 * ticks / _CLK_TCK / (time.monotonic() - t0)
 
 
