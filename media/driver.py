@@ -86,7 +86,6 @@ from media.channel import (
     parse,
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path, pid_alive
-from media.directpark import DirectPark
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
@@ -95,7 +94,9 @@ from media.publication import ExclusivePublication, OfferResult, Publication
 from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
-from media.timerfd import NEVER, open_timer_and_eventfd, read_eventfd
+from media.receive_set import ReceiveSetWaiter
+from media.task_failure import TaskFailure, run_guarded
+from media.timerfd import NEVER, open_timerfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
@@ -250,6 +251,8 @@ class MediaDriver:
         self.config = config
         self.dir = config.dir
         self._nursery: trio.Nursery | None = None
+        self.on_task_failure: Callable[[TaskFailure], None] | None = None
+        """Called when a loop of the driver fails (media.task_failure); the node exits there."""
         self._rng = random.Random()
         self._ids = itertools.count(1)
         self._closed = False
@@ -359,20 +362,17 @@ class MediaDriver:
         self._rx_epoll_fd = self._rx_epoll.fileno()
         self._rx_handlers: dict[int, Callable[[int], int]] = {}
         self._rx_claimed_by: object | None = None
-        self._rx_scope: trio.CancelScope | None = None
         self._rx_unclaimed: trio.Event | None = None
-        # The claimant's park (park, wake_parked): a timerfd for its timeout and an eventfd for
-        # wake-ups from other tasks, both in the epoll set, so the park needs no cancel scope.
-        self._park_timer = None
-        self._direct_park = DirectPark(self._rx_epoll_fd)
-        self._park_bell = -1
-        fds = open_timer_and_eventfd()
-        if fds is not None:
-            self._park_timer, self._park_bell = fds
+        # Every wait on the set, by whichever task, goes through this: one waiter at a time.
+        self._rx_wait = ReceiveSetWaiter(self._rx_epoll_fd)
+        # The claimant's park (park): a timerfd in the epoll set for its timeout, so a park
+        # that blocks in the kernel needs no trio deadline.
+        self._park_timer = open_timerfd()
+        if self._park_timer is not None:
             self._rx_register_fd(self._park_timer.fd, self._on_park_timer)
-            self._rx_register_fd(self._park_bell, self._on_park_bell)
-        self._parked = False  # a task is in park()'s wait
-        self._park_rung = False  # the eventfd holds a wake-up not yet drained
+        # The task in park()'s wait, or None. A task that another one sent away may still be
+        # on its way out of park() when the next one parks: only the last to park clears it.
+        self._parked_by: object | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -1236,10 +1236,8 @@ class MediaDriver:
 
         The claimant calls :meth:`receive_work` in every pass and, when it parks, waits with
         :meth:`park`. Whoever waited on the sockets until now (the receiver task, or a task in a
-        UDP ``Subscription.wait``) stops and leaves the reading to the claimant: the receiver
-        task's wait is withdrawn at once (two tasks cannot wait on one fd); a task in
-        :meth:`park` is rung and leaves at its next step (:meth:`park` of the new claimant
-        yields to it until then).
+        UDP ``Subscription.wait``) stops and leaves the reading to the claimant: its wait on the
+        fd is withdrawn at once (two tasks cannot wait on one fd; media.receive_set).
 
         With ``duties`` the claimant also takes the driver's *timed duties*: the conductor's
         and the parked sender's periodic passes (status messages, liveness, heartbeats, SETUP
@@ -1253,11 +1251,9 @@ class MediaDriver:
         flow control)."""
         me = trio.lowlevel.current_task()
         self._rx_claimed_by = me
-        scope = self._rx_scope
-        if scope is not None:
-            scope.cancel()  # its wait on the fd is withdrawn now, not at its next step
-        if self._parked:
-            self.wake_parked()
+        # Whoever waits on the set (the receiver task, a claimant parked through trio) is sent
+        # away now, its registration withdrawn before this task can wait (media.receive_set).
+        self._rx_wait.evict()
         self._hand_duties(me if duties and self._park_timer is not None else None)
 
     def _hand_duties(self, holder: object | None) -> None:
@@ -1271,7 +1267,7 @@ class MediaDriver:
 
     def _timed_changed(self) -> None:
         self._timed_ns = t = min(self._conductor_timed_ns, self._sender_timed_ns)
-        if self._parked and t != NEVER and self._park_timer is not None:
+        if self._parked_by is not None and t != NEVER and self._park_timer is not None:
             self._park_timer.arm_before(t)  # the holder is parked: it wakes in time for it
 
     def _timed_duties(self, now: int) -> None:
@@ -1311,20 +1307,9 @@ class MediaDriver:
             ev.set()
 
     async def await_receive(self) -> bool:
-        """Wait until a socket of the driver is readable; False when a claim by another task
-        took the sockets over meanwhile (the caller then leaves the reading to it)."""
-        with trio.CancelScope() as scope:
-            await self._wait_readable_in(scope)
-        return not scope.cancelled_caught
-
-    async def _wait_readable_in(self, scope: trio.CancelScope) -> None:
-        """Wait on the epoll set inside ``scope``, which a claim by another task cancels."""
-        self._rx_scope = scope
-        try:
-            await trio.lowlevel.wait_readable(self._rx_epoll_fd)
-        finally:
-            if self._rx_scope is scope:
-                self._rx_scope = None
+        """Wait until a socket of the driver is readable; False when another task (a claim, a
+        park) took the sockets over meanwhile (the caller then leaves the reading to it)."""
+        return await self._rx_wait.wait()
 
     @property
     def receive_claimant(self) -> object | None:
@@ -1339,54 +1324,48 @@ class MediaDriver:
 
         The timeout is a timerfd in the epoll set, moved only when a park asks for an earlier
         deadline than the one it holds: a later one lets it expire, and the park it ends just
-        parks again. A trio cancel scope per park (enter and exit) cost about 11 µs of a UDP
-        echo's 78 µs from wake-up to reply on the 2-core VM (interleaved runs with and without
-        it, ``/proc``-free in-process timestamps). Where timerfd or eventfd is missing, the
-        park falls back to a cancel scope.
+        parks again; a trio deadline per park would cost a deadline-heap entry and a cancel
+        delivery each time. Where timerfd is missing, the park takes a trio deadline.
 
         When no other task of this loop can run first, the park blocks in the kernel on the set
         and trio's own epoll set, with no trio step (media.directpark); otherwise, and when
-        trio has events or a deadline of its own, it goes through trio."""
+        trio has events or a deadline of its own, it goes through trio, as the one waiter on
+        the set (media.receive_set: a waiter still there is sent away first)."""
         if self._control_pending:
             self._flush_control()
         timer = self._park_timer
-        self._parked = True
+        me = self._parked_by = trio.lowlevel.current_task()
         try:
             if timer is None:
                 left = deadline_ns - time.monotonic_ns()
                 if left > 0:
-                    with trio.move_on_after(left / 1e9) as scope:
-                        await self._wait_readable_in(scope)  # (wake_parked cancels the scope)
+                    await self._rx_wait.wait(timeout_s=left / 1e9)
                 return
             timer.arm_before(min(deadline_ns, self._timed_ns))
-            await self._direct_park.wait_readable()
-        except trio.BusyResourceError:
-            # The task that held the claim before (rung by claim_receive) has not left its
-            # wait yet: let it go first.
-            await trio.lowlevel.checkpoint()
+            await self._rx_wait.wait(direct=True)
         finally:
-            self._parked = False
+            if self._parked_by is me:
+                self._parked_by = None
 
     def wake_parked(self) -> None:
         """End the wait of the task in :meth:`park` (from another task of the driver's thread);
-        nothing when none is parked."""
-        if not self._parked:
-            return
-        if self._park_timer is None:
-            scope = self._rx_scope
-            if scope is not None:
-                scope.cancel()
-        elif not self._park_rung:
-            self._park_rung = True
-            os.eventfd_write(self._park_bell, 1)
+        nothing when none is parked.
+
+        A parked task that another task of this thread runs beside is waiting through trio (one
+        that blocks in the kernel leaves no other task running), so ending its trio wait is
+        enough: its registration on the set goes at once, and nothing lingers that a later read
+        of the set could consume (a rung eventfd could be drained by the next claimant's read
+        before the parked task saw it, leaving that task parked)."""
+        if self._parked_by is not None:
+            self._rx_wait.evict()
+
+    @property
+    def _parked(self) -> bool:
+        """Is a task in :meth:`park`'s wait?"""
+        return self._parked_by is not None
 
     def _on_park_timer(self, _limit: int) -> int:
         self._park_timer.drain()
-        return 0
-
-    def _on_park_bell(self, _limit: int) -> int:
-        read_eventfd(self._park_bell)
-        self._park_rung = False
         return 0
 
     async def _receiver_loop(self) -> None:
@@ -1396,7 +1375,9 @@ class MediaDriver:
                     ev = self._rx_unclaimed = trio.Event()
                     await ev.wait()
                     continue
-                if await self.await_receive():
+                # A claim that came while the set woke this task (its withdrawal then comes too
+                # late to stop the wait) leaves the reading to the claimant all the same.
+                if await self.await_receive() and self._rx_claimed_by is None:
                     self.receive_work()
         except (trio.ClosedResourceError, OSError, ValueError):
             return  # the driver closed under us
@@ -1707,9 +1688,9 @@ class MediaDriver:
         self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._sender_loop)
-            nursery.start_soon(self._conductor_loop)
-            nursery.start_soon(self._receiver_loop)
+            for name, loop in (("sender", self._sender_loop), ("conductor", self._conductor_loop),
+                               ("receiver", self._receiver_loop)):
+                nursery.start_soon(run_guarded, self, "media driver", name, loop, name=f"driver-{name}")
             task_status.started()
 
     def close(self) -> None:
@@ -1740,12 +1721,11 @@ class MediaDriver:
             trio.lowlevel.notify_closing(self._rx_epoll.fileno())
         except RuntimeError:
             pass  # not in a trio loop: nobody can be waiting on it
-        self._direct_park.close()
+        self._rx_wait.close()
         self._rx_epoll.close()
         if self._park_timer is not None:
             self._park_timer.close()
-            os.close(self._park_bell)
-            self._park_timer, self._park_bell = None, -1
+            self._park_timer = None
         self.ipc.close()
         self._closed = True
         self.system.close()

@@ -432,7 +432,7 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 @pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
 async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
     if not timerfd:
-        monkeypatch.setattr("media.driver.open_timer_and_eventfd", lambda: None)  # as where Linux has none
+        monkeypatch.setattr("media.driver.open_timerfd", lambda: None)  # as where Linux has none
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         pub, sub = await _connected_pair(driver)
@@ -522,13 +522,13 @@ async def test_a_claim_by_another_task_ends_the_parked_claimants_wait(tmp_path):
 
 
 class _StepCounter(trio.abc.Instrument):
-    """Task steps by coroutine name."""
+    """Task steps by task name (the driver names its loops driver-sender, driver-conductor, ...)."""
 
     def __init__(self) -> None:
         self.steps: dict[str, int] = {}
 
     def before_task_step(self, task) -> None:
-        name = task.coro.cr_code.co_name if hasattr(task.coro, "cr_code") else task.name
+        name = task.name
         self.steps[name] = self.steps.get(name, 0) + 1
 
 
@@ -552,8 +552,8 @@ async def test_a_claimant_holding_the_timed_duties_runs_heartbeats_and_status_me
             # 20 ms intervals on a 40 ms grid: some ten of each in 400 ms.
             assert driver.system.heartbeats_sent.get() - heartbeats >= 4
             assert driver.system.status_messages_sent.get() - status >= 4
-            assert counter.steps.get("_sender_loop", 0) == steps.get("_sender_loop", 0)
-            assert counter.steps.get("_conductor_loop", 0) == steps.get("_conductor_loop", 0)
+            assert counter.steps.get("driver-sender", 0) == steps.get("driver-sender", 0)
+            assert counter.steps.get("driver-conductor", 0) == steps.get("driver-conductor", 0)
             assert pub.is_connected and sub.is_connected
 
             driver.unclaim_receive()
@@ -563,8 +563,8 @@ async def test_a_claimant_holding_the_timed_duties_runs_heartbeats_and_status_me
             await trio.sleep(0.4)  # the receiver task reads; the loops run on their own timers
             assert driver.system.heartbeats_sent.get() - heartbeats >= 4
             assert driver.system.status_messages_sent.get() - status >= 4
-            assert counter.steps.get("_sender_loop", 0) - steps.get("_sender_loop", 0) >= 4
-            assert counter.steps.get("_conductor_loop", 0) - steps.get("_conductor_loop", 0) >= 4
+            assert counter.steps.get("driver-sender", 0) - steps.get("driver-sender", 0) >= 4
+            assert counter.steps.get("driver-conductor", 0) - steps.get("driver-conductor", 0) >= 4
         finally:
             trio.lowlevel.remove_instrument(counter)
 
@@ -581,7 +581,7 @@ async def test_a_claim_without_duties_leaves_the_loops_their_own_timers(tmp_path
             heartbeats = driver.system.heartbeats_sent.get()
             await _park_until(driver, time.monotonic_ns() + 400_000_000)
             assert driver.system.heartbeats_sent.get() - heartbeats >= 4
-            assert counter.steps.get("_sender_loop", 0) - steps.get("_sender_loop", 0) >= 4
+            assert counter.steps.get("driver-sender", 0) - steps.get("driver-sender", 0) >= 4
             driver.unclaim_receive()
         finally:
             trio.lowlevel.remove_instrument(counter)
