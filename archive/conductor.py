@@ -35,7 +35,7 @@ from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import structlog
 import trio
@@ -60,6 +60,7 @@ from archive.storage import (
 )
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
+from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
     "RECORDING_POSITION_TYPE_ID",
@@ -229,6 +230,8 @@ class Archive:
         self.replications: dict[int, object] = {}
         self._progress: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        self.on_task_failure: Callable[[TaskFailure], None] | None = None
+        """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
         self.invalid_requests = 0
         self._counters_reader: CountersReader | None = None
@@ -262,7 +265,7 @@ class Archive:
             for channel, stream_id in channels:
                 sub = self.driver.add_subscription(channel, stream_id, on_unavailable=self._on_control_image_gone)
                 self._control_subs.append(sub)
-                nursery.start_soon(self._control_loop, sub)
+                nursery.start_soon(run_guarded, self, "archive", "control", self._control_loop, sub)
             task_status.started()
 
     def close(self) -> None:
@@ -355,7 +358,7 @@ class Archive:
         session = ControlSession(control_session_id, pub, image_key)
         self.control_sessions[control_session_id] = session
         session.ok(request.correlation_id, control_session_id)
-        self._nursery.start_soon(self._response_loop, session)
+        self._nursery.start_soon(run_guarded, self, "archive", "control response", self._response_loop, session)
         log.info("control session opened", control_session_id=control_session_id, response_channel=request.response_channel)
 
     def _close_control_session(self, session: ControlSession) -> None:
@@ -513,7 +516,7 @@ class Archive:
         session = self.control_sessions.get(control_session_id)
         if session is not None and respond:
             session.ok(correlation_id, subscription_id)
-        self._nursery.start_soon(self._recording_loop, rs)
+        self._nursery.start_soon(run_guarded, self, "archive", "recording", self._recording_loop, rs)
         return subscription_id
 
     def _start_replication_recording(self, replication, src: c.RecordingDescriptorMessage, channel: str,
@@ -800,7 +803,7 @@ class Archive:
             control_session_id=control_session_id,
         )
         self.replays[replay_session_id] = replay
-        self._nursery.start_soon(self._replay_task, replay)
+        self._nursery.start_soon(run_guarded, self, "archive", "replay", self._replay_task, replay)
         log.info("replay started", replay_session_id=replay_session_id, recording_id=recording_id,
                  position=position, limit=limit, channel=channel, stream_id=stream_id)
         return replay_session_id
@@ -878,7 +881,7 @@ class Archive:
         replication = ReplicationSession(self, session.control_session_id, r, replication_id)
         self.replications[replication_id] = replication
         session.ok(r.correlation_id, replication_id)
-        self._nursery.start_soon(self._replication_task, replication)
+        self._nursery.start_soon(run_guarded, self, "archive", "replication", self._replication_task, replication)
 
     async def _replication_task(self, replication) -> None:
         try:

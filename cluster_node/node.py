@@ -31,12 +31,13 @@ from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
+from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from media.driver import open_media_driver
 
-__all__ = ["run_node", "NodeStartError"]
+__all__ = ["run_node", "NodeStartError", "exit_on_component_failure"]
 
 log = structlog.get_logger("node")
 
@@ -88,6 +89,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     agent = None
     try:
         async with open_media_driver(**cfg.driver_kwargs()) as driver:
+            exit_on_component_failure(driver, ExitCode.DRIVER_FAILED)
             # Where other archives answer this one and replay to it when it replicates: concrete
             # ports, since the remote side must be told where to send. They are bound only when a
             # replication starts, maybe minutes from now, so they come from below the kernel's
@@ -105,6 +107,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
             async with open_archive(driver, archive_cfg) as _archive:
+                exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)
                 client = await ArchiveClient.connect(driver)
                 token = trio.lowlevel.current_trio_token()
 
@@ -163,7 +166,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                     async def run_agent() -> None:
                         with agent_scope:
-                            await agent.run()
+                            try:
+                                await agent.run()
+                            except Exception as e:  # noqa: BLE001 - every failure ends the node alike
+                                log.error("consensus module failed", error=repr(e), exc_info=True)
+                                fail(ExitCode.CONSENSUS_FAILED,
+                                     f"the consensus module failed: {type(e).__name__}: {e}")
                         agent_done.set()
 
                     agent_done = trio.Event()
@@ -202,6 +210,13 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         if agent is not None and agent.keep_awake is not None:
             agent.keep_awake.close()
         mark.close()
+
+
+def exit_on_component_failure(component, code: ExitCode) -> None:
+    """A task of ``component`` (the media driver or the archive) that fails ends the node with
+    ``code`` and one line naming the task (media.task_failure, cluster_node.exit_codes), rather
+    than unwinding the process under the service thread."""
+    component.on_task_failure = lambda failure: fail(code, str(failure))
 
 
 async def _mark_file_activity(mark: MarkFile, interval_ns: int, driver) -> None:

@@ -16,7 +16,11 @@ from cluster_node.config import ConfigError, load_node_config
 @click.option("--log-mode", type=click.Choice(["json", "console"]), default=None,
               help="Override [logging] mode: json lines to the node's log file, or console to stderr.")
 def run(config_path: str, log_mode: str | None) -> None:
-    """Run one cluster member until SIGTERM/SIGINT (graceful) or kill -9 (a crash it survives)."""
+    """Run one cluster member until SIGTERM/SIGINT (graceful) or kill -9 (a crash it survives).
+
+    Exits 0 only when asked to stop (a signal, a cluster SHUTDOWN or ABORT) and stopped; every
+    failure has its own exit code and one line on stderr (cluster_node/exit_codes.py,
+    docs/operations.md)."""
     from cluster_node import logsetup
     from cluster_node.node import NodeStartError, run_node
     from cluster_node.service.api import ServiceLoadError
@@ -41,8 +45,24 @@ def run(config_path: str, log_mode: str | None) -> None:
         # directory that cannot be written) come wrapped by the task groups: one line for them.
         leaf = _operator_error(group)
         if leaf is None:
-            raise
+            _internal_error(group)
         raise click.ClickException(str(leaf)) from None
+    except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, one line here
+        _internal_error(e)
+
+
+def _internal_error(error: BaseException) -> None:
+    import structlog
+
+    from cluster_node.exit_codes import ExitCode
+
+    leaf = error
+    while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+        leaf = leaf.exceptions[0]
+    structlog.get_logger("node").error("node failed", error=repr(leaf), exc_info=error)
+    click.echo(f"error: internal error: {type(leaf).__name__}: {leaf} (exit code {int(ExitCode.INTERNAL)}; "
+               f"the node log has the traceback)", err=True)
+    sys.exit(int(ExitCode.INTERNAL))
 
 
 def _operator_error(group: BaseExceptionGroup) -> BaseException | None:

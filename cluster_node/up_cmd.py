@@ -70,6 +70,8 @@ from typing import Callable
 
 import click
 
+from cluster_node.exit_codes import ExitCode
+
 __all__ = [
     "up",
     "Supervisor",
@@ -208,7 +210,11 @@ def _exit_text(code: int) -> str:
             return signal.Signals(-code).name
         except ValueError:
             return f"signal {-code}"
-    return f"exit code {code}"
+    try:
+        meaning = ExitCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        return f"exit code {code}"
+    return f"exit code {code}: {meaning}"
 
 
 def _tail(path: Path, lines: int, start_offset: int = 0) -> list[str]:
