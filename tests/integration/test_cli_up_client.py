@@ -152,6 +152,33 @@ def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_
         assert not pid_exists(pid), f"member {member_id} (pid {pid}) still running after up stopped"
 
 
+@pytest.mark.slow
+def test_a_single_member_cluster_serves_and_stays_up(tmp_path):
+    """One member is its own quorum: it elects itself, commits alone and keeps running (it used
+    to end a second after READY: two tasks waiting on its driver's receive set)."""
+    up = Up("--dir", str(tmp_path / "cluster"), "--nodes", "1", "--stop-timeout", "10", cwd=tmp_path)
+    try:
+        m = up.expect(r"^UP leader=0 term=(\d+) members=1 client=(\S+)$", timeout=60)
+        client_config = Path(m.group(2))
+        pid = up.member_pids()[0]
+        for i in range(20):
+            put = client(client_config, "put", f"k{i}", f"v{i}")
+            assert (put.returncode, put.stdout) == (0, "OK\n"), put.stderr
+        got = client(client_config, "get", "k19")
+        assert (got.returncode, got.stdout) == (0, "v19\n"), got.stderr
+        # Past the second in which it used to fail, and past a few heartbeat intervals.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert pid_exists(pid) and up.proc.poll() is None, up.seen
+            got = client(client_config, "get", "k0")
+            assert (got.returncode, got.stdout) == (0, "v0\n"), got.stderr
+        assert not any("exited" in line for line in up.seen), up.seen
+    finally:
+        rc = up.stop(signal.SIGINT)
+    assert rc == 0, (up.seen, up.proc.stderr.read())
+    assert any(re.match(r"^STOPPED clean=1 killed=0 exit_codes=", line) for line in up.seen), up.seen
+
+
 def test_up_reports_a_port_in_use_in_one_line(tmp_path):
     base = tmp_path / "cluster"
     write_cluster_configs(base, 3, "kv")
