@@ -49,7 +49,9 @@ from cluster_node.consensus.snapshot import (
     encode_service_snapshot,
 )
 from cluster_node.service.agent import ServiceAgent
-from cluster_node.service.api import BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role
+from cluster_node.service.api import (
+    MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
+)
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
 from media.channel import parse
 from media.counters import CountersError, CountersReader, counters_path
@@ -204,7 +206,9 @@ class ServiceContainer:
 
     def _on_session_change(self, session: ClientSession, opened: bool) -> None:
         if opened:
-            if self.agent is not None and self.agent.role == Role.LEADER:
+            # Not for a session replayed from the log: its client is most likely long gone, and
+            # thousands of such sessions would each cost a channel (see _egress_offer).
+            if self.agent is not None and self.agent.role == Role.LEADER and not self.agent.replaying:
                 self._egress_pub(session)  # connect now, so the first reply finds it connected
         else:
             pub = self._egress.pop(session.id, None)
@@ -212,10 +216,18 @@ class ServiceContainer:
                 pub.close()
 
     def _egress_offer(self, session: ClientSession, payload) -> int:
+        """A reply to a client: sent on its egress channel, which is made at the first reply.
+
+        Nothing is sent while the log is replayed (a restart, an election's replay): those
+        requests were answered when they were first applied, or their clients are gone, and a
+        leader that waited for each replayed session's channel to connect served nothing for
+        minutes after a restart with a few hundred old sessions in its log."""
+        agent = self.agent
+        if agent.replaying:
+            return MOCKED_OFFER
         pub = self._egress.get(session.id) or self._egress_pub(session)
         if pub is None:
             return -1
-        agent = self.agent
         data = encode_session_message(agent.leadership_term_id, session.id, agent.time, payload)
         result = pub.offer(data)
         if result == OfferResult.NOT_CONNECTED and not self._egress_waited.get(session.id):
