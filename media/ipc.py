@@ -14,6 +14,14 @@ the publisher writes a heartbeat into the file, each subscriber into its slot; a
 process is gone, or whose heartbeat is older than the image liveness timeout, makes the image
 unavailable once what it wrote has been read; a dead subscriber's slot is freed so it no longer
 holds the publisher back.
+
+Peers in the same process (the node's conductor and service threads) are not judged by their
+heartbeat: each thread beats from its own loop, and a thread that is busy for longer than the
+liveness timeout (a service writing a large snapshot, a long callback) is alive all the same. A
+link dropped for that was joined again at its tail, so what the busy side wrote meanwhile (the
+snapshot's acknowledgement) was never read. A thread that dies ends its node, and a same-pid
+file left by an earlier process (a reused pid) is told apart by a heartbeat older than this
+process.
 """
 
 from __future__ import annotations
@@ -37,6 +45,19 @@ from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription
 
 __all__ = ["IpcTransport", "pid_alive"]
+
+_PROCESS_START_NS = time.monotonic_ns()
+"""Roughly when this process started: a heartbeat of our pid from before it was another
+process's."""
+
+
+def _peer_gone(pid: int, my_pid: int, heartbeat_ns: int, now_ns: int, liveness_ns: int, judgeable: bool) -> bool:
+    """Is the peer (a publisher, or a subscriber's slot) with ``pid`` and ``heartbeat_ns`` gone?
+    See the module docstring: another process by its pid and its heartbeat, this process's
+    other threads never by their heartbeat."""
+    if pid == my_pid:
+        return heartbeat_ns < _PROCESS_START_NS
+    return (now_ns - heartbeat_ns > liveness_ns and judgeable) or not pid_alive(pid)
 
 log = structlog.get_logger("media.ipc")
 _PREFIX = struct.Struct("<iBBH").unpack_from
@@ -209,7 +230,7 @@ class IpcTransport:
             now = time.monotonic_ns()
             lowest = None
             for slot, pid, pos, hb, _parked, _bell in lb.active_slots():
-                if (now - hb > liveness and self.peers_judgeable(now)) or (pid != mypid and not pid_alive(pid)):
+                if _peer_gone(pid, mypid, hb, now, liveness, self.peers_judgeable(now)):
                     lb.release_slot(slot)
                     continue
                 if lowest is None or pos < lowest:
@@ -446,9 +467,8 @@ class IpcTransport:
                     self._drop_image(state, key, st, unlink=False)
                     work += 1
                     continue
-                pid = lb.publisher_pid
-                stale = now_ns - lb.publisher_heartbeat_ns > self.liveness_ns and self.peers_judgeable(now_ns)
-                if stale or (pid != self._pid and not pid_alive(pid)):  # (ours lives: no system call)
+                if _peer_gone(lb.publisher_pid, self._pid, lb.publisher_heartbeat_ns, now_ns, self.liveness_ns,
+                              self.peers_judgeable(now_ns)):
                     if not image.has_data():
                         self._drop_image(state, key, st, unlink=True)
                         work += 1
