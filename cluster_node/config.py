@@ -304,6 +304,11 @@ class TimeoutsSection(_Section):
     startup_canvass_timeout_ns: int = 60 * _S
     session_timeout_ns: int = 10 * _S
     termination_timeout_ns: int = 10 * _S
+    snapshot_timeout_ns: int = 60 * _S
+    """How long a member waits for its service to take a snapshot before it gives that snapshot
+    up as failed (counted, logged) and goes back to ACTIVE. Beyond the reference, which waits
+    for ever: a stuck service must not keep the leader from serving. Long enough for the
+    largest state a service writes."""
     replication_progress_timeout_ns: int = 10 * _S
     cycle_threshold_ns: int = 1 * _S
     """A duty cycle slower than this is counted as a stall."""

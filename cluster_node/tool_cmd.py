@@ -761,7 +761,10 @@ def errors(ctx: click.Context, count: int) -> None:
 # ------------------------------------------------------------------------------ cluster control
 
 _TOGGLE_NEUTRAL, _TOGGLE_SUSPEND, _TOGGLE_RESUME, _TOGGLE_SNAPSHOT, _TOGGLE_SHUTDOWN, _TOGGLE_ABORT = 1, 2, 3, 4, 5, 6
-_STATE_ACTIVE, _STATE_SUSPENDED = 1, 2
+_STATE_ACTIVE, _STATE_SUSPENDED, _STATE_SNAPSHOT = 1, 2, 3
+_STOPPABLE = (_STATE_ACTIVE, _STATE_SUSPENDED, _STATE_SNAPSHOT)
+"""States in which SHUTDOWN and ABORT are taken (a snapshot under way: ABORT abandons it,
+SHUTDOWN waits for it)."""
 _CONTROL_TYPE = 202
 _STATE_NAMES = CM_STATE_NAMES
 _POLL_S = 0.02
@@ -799,9 +802,18 @@ def _require_leader(node: NodeDir, action: str, needs_state: int) -> None:
             what += f", election {election_state_name(election)}"
         _fail(f"Current node is not the leader (member {node.member_id} is {what})")
     state = node.counter("cm_state")
-    if state != needs_state:
-        _fail(f"Unable to {action.upper()} as the state of the consensus module is "
-              f"{_STATE_NAMES.get(state, state)}, but needs to be {_STATE_NAMES[needs_state]}")
+    if state not in _states(needs_state):
+        _fail(_state_refusal(action, state, needs_state))
+
+
+def _states(needs_state: int | tuple[int, ...]) -> tuple[int, ...]:
+    return needs_state if isinstance(needs_state, tuple) else (needs_state,)
+
+
+def _state_refusal(action: str, state: int, needs_state: int | tuple[int, ...]) -> str:
+    wanted = " or ".join(_STATE_NAMES[s] for s in _states(needs_state))
+    return (f"Unable to {action.upper()} as the state of the consensus module is "
+            f"{_STATE_NAMES.get(state, state)}, but needs to be {wanted}")
 
 
 class _LiveControl:
@@ -836,17 +848,19 @@ class _LiveControl:
         except CountersError:
             return None
 
-    def request(self, toggle: int, action: str, needs_state: int) -> None:
+    def request(self, toggle: int, action: str, needs_state: int | tuple[int, ...]) -> None:
         """Compare-and-set the toggle from NEUTRAL (the leader resets it only after acting),
         after checking the state once more on the live counter (it may have moved since the
-        directory was read)."""
+        directory was read). SHUTDOWN and ABORT may also replace a SNAPSHOT request still in
+        progress."""
         state = self.get("cm_state")
-        if state != needs_state:
+        if state not in _states(needs_state):
             self.close()
-            _fail(f"Unable to {action.upper()} as the state of the consensus module is "
-                  f"{_STATE_NAMES.get(state, state)}, but needs to be {_STATE_NAMES[needs_state]}")
+            _fail(_state_refusal(action, state, needs_state))
         try:
             taken = self.reader.set_if(self.ids["control"], _TOGGLE_NEUTRAL, toggle)
+            if not taken and toggle in (_TOGGLE_SHUTDOWN, _TOGGLE_ABORT):
+                taken = self.reader.set_if(self.ids["control"], _TOGGLE_SNAPSHOT, toggle)
         except CountersError as e:
             _fail(f"member {self.member_id}: cannot set the cluster control toggle: {e}")
         if not taken:
@@ -966,32 +980,34 @@ def snapshot(ctx: click.Context, timeout_s: float) -> None:
 def _terminate(ctx: click.Context, action: str, toggle: int, wait: bool, timeout_s: float) -> None:
     """SHUTDOWN or ABORT through the leader, then (``wait``) until its process has exited."""
     node = _node(ctx)
-    _require_leader(node, action, _STATE_ACTIVE)
+    _require_leader(node, action, _STOPPABLE)
     pid, member, name = node.mark.pid, node.member_id, action.upper()
     deadline = time.monotonic() + timeout_s
     _, before = _latest_cm_snapshot(node.path)
     with _LiveControl(node) as live:
-        live.request(toggle, action, _STATE_ACTIVE)
+        live.request(toggle, action, _STOPPABLE)
         left_active = False
 
         def taken() -> bool:
             # The leader sets its new state before it releases the toggle (agent
             # _on_control_toggle), so the state read after seeing the release is its decision:
-            # still ACTIVE means refused, anything else (or no counter: closing) means taken.
+            # still ACTIVE or SUSPENDED means refused, anything else (or no counter: closing)
+            # means taken.
             nonlocal left_active
             if not _pid_alive(pid):
                 return True
             if live.get("control") == toggle:
                 return False
-            left_active = live.get("cm_state") != _STATE_ACTIVE
+            left_active = live.get("cm_state") not in (_STATE_ACTIVE, _STATE_SUSPENDED)
             return True
 
         if not _wait_until(taken, min(_TOGGLE_TIMEOUT_S, timeout_s)):
             _fail(f"{action}: member {member} did not take the request within "
                   f"{min(_TOGGLE_TIMEOUT_S, timeout_s):g} s (its control toggle is still {name})")
         if not left_active and _pid_alive(pid):
-            _fail(f"{name} was not applied: member {member} released the control toggle and stays ACTIVE "
-                  f"(see `tool errors`)")
+            stays = live.get("cm_state")
+            _fail(f"{name} was not applied: member {member} released the control toggle and stays "
+                  f"{_STATE_NAMES.get(stays, stays)} (see `tool errors`)")
     click.echo(f"{name} applied successfully")
     if not wait:
         return
@@ -1025,7 +1041,9 @@ _TIMEOUT_OPTION = click.option("--timeout", "timeout_s", type=click.FloatRange(m
 @_TIMEOUT_OPTION
 @click.pass_context
 def shutdown(ctx: click.Context, wait: bool, timeout_s: float) -> None:
-    """Leader only, state ACTIVE: snapshot, then every member stops at the same log position."""
+    """Leader only: snapshot, then every member stops at the same log position.
+
+    Taken in state ACTIVE or SUSPENDED; while a snapshot is under way, once it has ended."""
     _terminate(ctx, "shutdown", _TOGGLE_SHUTDOWN, wait, timeout_s)
 
 
@@ -1034,7 +1052,9 @@ def shutdown(ctx: click.Context, wait: bool, timeout_s: float) -> None:
 @_TIMEOUT_OPTION
 @click.pass_context
 def abort(ctx: click.Context, wait: bool, timeout_s: float) -> None:
-    """Leader only, state ACTIVE: every member stops at the same log position, without a snapshot."""
+    """Leader only: every member stops at the same log position, without a snapshot.
+
+    Taken in state ACTIVE, SUSPENDED or SNAPSHOT (a snapshot under way is abandoned)."""
     _terminate(ctx, "abort", _TOGGLE_ABORT, wait, timeout_s)
 
 

@@ -1312,6 +1312,10 @@ class ConsensusAgent:
                 self._append_leader_action()
             if self._service_acks:
                 work += self._service_ack_work()
+            if (self._snapshot is not None and self._snapshot.ack is None
+                    and now - self._snapshot.started_ns > self.cfg.timeouts.snapshot_timeout_ns):
+                self._snapshot_timed_out()
+                work += 1
             if self._snapshot is not None and self._snapshot.ack is not None:
                 driver.release_sends()  # it awaits the archive (see _execute)
                 driver.unclaim_receive()
@@ -1447,13 +1451,19 @@ class ConsensusAgent:
         stopping at that position; ABORT stops every member at the current log position with no
         snapshot. Anything not applicable (not the leader, wrong state) is refused: NEUTRAL is
         put back with a warning.
+
+        Beyond the reference, where every action needs state ACTIVE, an operator can always stop
+        the cluster: ABORT is also taken while SUSPENDED or while a snapshot is under way (which
+        it abandons), and SHUTDOWN while SUSPENDED, or once a snapshot under way has ended (the
+        toggle stays set meanwhile).
         """
         m = self.module
         state = self.counters["cm-state"]
         toggle_counter = self.counters["control-toggle"]
-        if toggle == ToggleState.SNAPSHOT and m.is_leader and self._termination is None and (
-                self._leader_action == ToggleState.SNAPSHOT or self._snapshot is not None):
-            return 0  # in progress: NEUTRAL comes back when it is done
+        snapshotting = self._leader_action == ToggleState.SNAPSHOT or self._snapshot is not None
+        if m.is_leader and self._termination is None and snapshotting and toggle in (
+                ToggleState.SNAPSHOT, ToggleState.SHUTDOWN):
+            return 0  # a snapshot is in progress: NEUTRAL (or the shutdown) comes when it is done
         if not m.is_leader:
             log.warning("cluster control ignored: not the leader", toggle=toggle)
         elif toggle == ToggleState.SUSPEND and state.get() == ModuleState.ACTIVE:
@@ -1469,6 +1479,14 @@ class ConsensusAgent:
             self._take_leader_action(toggle, "cluster control")
             if toggle == ToggleState.SNAPSHOT:
                 return 1  # NEUTRAL once the snapshot is done
+        elif toggle == ToggleState.ABORT and self._termination is None and (self.suspended or snapshotting):
+            if snapshotting:
+                self._abandon_snapshot("cluster control: ABORT")
+            self._take_leader_action(toggle, "cluster control")
+        elif toggle == ToggleState.SHUTDOWN and self._termination is None and self.suspended:
+            self._take_leader_action(toggle, "cluster control")
+        elif toggle in (ToggleState.SHUTDOWN, ToggleState.ABORT) and self._termination is not None:
+            log.info("cluster control: already stopping", toggle=toggle, log_position=self._termination.position)
         else:
             log.warning("cluster control not applicable", toggle=toggle, state=state.get())
         toggle_counter.set(ToggleState.NEUTRAL)
@@ -1618,6 +1636,16 @@ class ConsensusAgent:
                  ms=round((time.monotonic_ns() - snap.started_ns) / 1e6, 1))
         self._snapshot_finished()
 
+    def _snapshot_timed_out(self) -> None:
+        """The service did not acknowledge the snapshot in time (``timeouts.snapshot_timeout``):
+        give it up as failed and serve again. An acknowledgement that still comes is dropped
+        (:meth:`_service_ack_work`); what the service recorded is then referenced by nothing."""
+        snap = self._snapshot
+        self._snapshot = None
+        self._snapshot_failed("snapshot failed: the service did not acknowledge it in time; nothing recorded",
+                              log_position=snap.position,
+                              timeout_ms=self.cfg.timeouts.snapshot_timeout_ns // 1_000_000)
+
     def _snapshot_failed(self, message: str, **fields) -> None:
         self.errors += 1
         self.counters["errors"].add(1)
@@ -1633,6 +1661,7 @@ class ConsensusAgent:
             if m.role != Role.LEADER and msg.leadership_term_id == m.leadership_term_id and self._termination is None:
                 self._termination = _Termination(msg.log_position, msg.leadership_term_id,
                                                  time.monotonic_ns() + self.cfg.timeouts.termination_timeout_ns)
+                m.termination_position = msg.log_position
                 self.counters["cm-state"].set(ModuleState.TERMINATING if self._snapshot is None
                                               else ModuleState.SNAPSHOT)
                 log.info("termination position received", log_position=msg.log_position,
@@ -1650,6 +1679,7 @@ class ConsensusAgent:
             log.warning("termination abandoned", reason=reason, log_position=self._termination.position)
             self._termination = None
             self.module.terminating = False
+            self.module.termination_position = NULL_POSITION
             self._snapshot_finished()
 
     def _termination_work(self, now: int) -> int:

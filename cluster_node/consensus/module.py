@@ -177,6 +177,8 @@ class ConsensusModule:
         """A termination (SHUTDOWN/ABORT) is under way: followers that stopped are expected to be
         silent, so the leader does not step down for an inactive follower quorum; the
         termination timeout bounds its wait instead."""
+        self.termination_position = NULL_POSITION
+        """A follower told to stop at this position (TerminationPosition from its leader)."""
         self.election_count = 0
         self.dropped_message_count = 0
         """Messages dropped because they name a member other than their sender, or come from a
@@ -632,7 +634,8 @@ class ConsensusModule:
             self._last_append_sent_position = self.append_position
             self._time_of_last_append_sent_ns = now_ns
             work += 1
-        if now_ns - self.time_of_last_leader_message_ns > self.settings.leader_heartbeat_timeout_ns:
+        if (now_ns - self.time_of_last_leader_message_ns > self.settings.leader_heartbeat_timeout_ns
+                and not self.stopping_with_all_it_needs):
             self.graceful_closed_leader_id = self.leader_member_id  # gone: see the module docstring
             self.enter_election(now_ns, "leader heartbeat timeout")
             work += 1
@@ -772,9 +775,18 @@ class ConsensusModule:
 
     def on_log_end_of_stream(self, now_ns: int) -> None:
         """The leader closed its log publication in an orderly way: canvass without it."""
-        if self.election is None and self.role != Role.LEADER:
+        if self.election is None and self.role != Role.LEADER and not self.stopping_with_all_it_needs:
             self.graceful_closed_leader_id = self.leader_member_id
             self.enter_election(now_ns, "leader closed the log")
+
+    @property
+    def stopping_with_all_it_needs(self) -> bool:
+        """A follower that was told to stop at a position its log has reached: its leader going
+        away is expected (it may stop first, not waiting for a follower's slow snapshot beyond
+        the termination timeout), and an election would only tear down the log it stops with.
+        Beyond the reference; a follower that has not reached the position elects as usual."""
+        return (self.role != Role.LEADER and self.termination_position != NULL_POSITION
+                and self.append_position >= self.termination_position)
 
     def on_log_stalled(self, now_ns: int, reason: str) -> None:
         """The shell found this member's log stuck while settled (ConsensusAgent's stall check:

@@ -394,8 +394,10 @@ def test_snapshot_the_leader_never_finishes_times_out(tmp_path):
     with fake_node(tmp_path, "--on-snapshot", "ignore"):
         result = tool(tmp_path, "snapshot", "--timeout", "0.5")
         assert stderr_line(result) == "snapshot: member 0 did not finish within 0.5 s (its control toggle is still SNAPSHOT)"
+        # An operator can always stop it: ABORT replaces the SNAPSHOT request still pending.
         again = tool(tmp_path, "abort")
-        assert stderr_line(again) == "another cluster control request is in progress on member 0; try again"
+        assert again.exit_code == 0, again.stderr
+        assert again.stdout.splitlines()[0] == "ABORT applied successfully"
 
 
 def test_control_commands_on_a_follower_or_a_suspended_leader_are_refused(tmp_path):
@@ -403,9 +405,23 @@ def test_control_commands_on_a_follower_or_a_suspended_leader_are_refused(tmp_pa
     with fake_node(follower, "--role", "follower", "--member-id", "1"), fake_node(leader, "--state", "SUSPENDED"):
         for command in ("snapshot", "shutdown", "abort", "suspend"):
             assert stderr_line(tool(follower, command)) == "Current node is not the leader (member 1 is FOLLOWER)"
-        for command in ("snapshot", "shutdown", "abort"):
-            assert stderr_line(tool(leader, command)) == (
-                f"Unable to {command.upper()} as the state of the consensus module is SUSPENDED, but needs to be ACTIVE")
+        assert stderr_line(tool(leader, "snapshot")) == (
+            "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE")
+
+
+@pytest.mark.parametrize("command", ["shutdown", "abort"])
+def test_a_suspended_leader_can_still_be_stopped(tmp_path, command):
+    with fake_node(tmp_path, "--state", "SUSPENDED") as proc:
+        result = tool(tmp_path, command)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.splitlines()[0] == f"{command.upper()} applied successfully"
+        assert proc.wait(10) == 0
+
+
+def test_a_refused_stop_names_the_state_it_stays_in(tmp_path):
+    with fake_node(tmp_path, "--state", "SUSPENDED", "--on-terminate", "refuse"):
+        assert stderr_line(tool(tmp_path, "abort")) == (
+            "ABORT was not applied: member 0 released the control toggle and stays SUSPENDED (see `tool errors`)")
 
 
 def test_shutdown_waits_until_the_node_stopped_and_reports_where(tmp_path):

@@ -713,6 +713,7 @@ SERVICE_MESSAGE_PREFIX = "__svcmsg__"
 SERVICE_APPLIED_PREFIX = "__svc__"
 CLOSED_PREFIX = "__closed__"
 FAIL_SNAPSHOT_KEY = "__failsnapshot__"
+SLOW_SNAPSHOT_KEY = "__slowsnapshot__"
 SLOW_PREFIX = "__slow__"
 SLOW_APPLY_S = 0.005
 
@@ -740,6 +741,7 @@ class DigestKvService(KeyValueService):
       that appends one ``x`` to ``__svc__<n>`` when it comes back through the log;
     * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
     * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
+    * while ``__slowsnapshot__`` is a number, ``on_take_snapshot`` takes that many seconds;
     * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
       exists (a slow state machine for one member only, e.g. during its replay: the log
       entries themselves are the same on every member).
@@ -751,6 +753,9 @@ class DigestKvService(KeyValueService):
     def on_take_snapshot(self, writer) -> None:
         if self.data.get(FAIL_SNAPSHOT_KEY) == b"1":
             raise RuntimeError("this service was told to fail its snapshot")
+        slow = self.data.get(SLOW_SNAPSHOT_KEY)
+        if slow:
+            time.sleep(float(slow))  # a service slow to snapshot (its state is large), not a wait
         super().on_take_snapshot(writer)
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:

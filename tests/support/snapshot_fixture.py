@@ -276,7 +276,8 @@ def _fake_node(args: argparse.Namespace) -> int:
             toggle.set(NEUTRAL)
             position += 4096
         elif t in (SHUTDOWN, ABORT) and args.on_terminate != "ignore":
-            if not active or args.on_terminate == "refuse":
+            # (As the agent: taken while ACTIVE or SUSPENDED.)
+            if not (active or state.get() == STATES["SUSPENDED"]) or args.on_terminate == "refuse":
                 toggle.set(NEUTRAL)
                 continue
             if t == SHUTDOWN:
