@@ -713,6 +713,7 @@ SERVICE_MESSAGE_PREFIX = "__svcmsg__"
 SERVICE_APPLIED_PREFIX = "__svc__"
 CLOSED_PREFIX = "__closed__"
 FAIL_SNAPSHOT_KEY = "__failsnapshot__"
+RAISE_PREFIX = "__raise__"
 SLOW_PREFIX = "__slow__"
 SLOW_APPLY_S = 0.005
 
@@ -740,6 +741,8 @@ class DigestKvService(KeyValueService):
       that appends one ``x`` to ``__svc__<n>`` when it comes back through the log;
     * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
     * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
+    * a PUT of ``__raise__<n>`` stores its value, then raises ValueError (before any reply): a
+      service callback that fails part way, the same on every member (``service_errors``);
     * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
       exists (a slow state machine for one member only, e.g. during its replay: the log
       entries themselves are the same on every member).
@@ -758,10 +761,16 @@ class DigestKvService(KeyValueService):
         self.data[key] = self.data.get(key, b"") + b"x"
 
     def on_session_message(self, session, timestamp: int, payload) -> None:
-        super().on_session_message(session, timestamp, payload)
         try:
             request = msgspec.msgpack.decode(payload)
         except (msgspec.MsgspecError, ValueError, RecursionError):
+            request = None
+        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
+                and request[2].startswith(RAISE_PREFIX)):
+            self.data[request[2]] = bytes(request[3]) if isinstance(request[3], bytes) else b""
+            raise ValueError(f"told to raise on {request[2]}")
+        super().on_session_message(session, timestamp, payload)
+        if request is None:
             return
         if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
                 and self.cluster is not None and session is not None):
@@ -812,6 +821,7 @@ __all__ = [
     "SERVICE_APPLIED_PREFIX",
     "CLOSED_PREFIX",
     "FAIL_SNAPSHOT_KEY",
+    "RAISE_PREFIX",
     "TestCluster",
     "Node",
     "NodeCounters",
