@@ -141,3 +141,13 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
             assert [e["log_position"] for e in skipped] == [position], skipped
         assert all(n.running for n in cluster.nodes)
         assert set(all_service_errors(cluster).values()) == {0}
+
+
+def test_a_service_that_fails_to_start_ends_the_node_with_service_failed(tmp_path):
+    with TestCluster(tmp_path, nodes=1, service="tests.support.cluster:FailingStartService") as cluster:
+        node = cluster.nodes[0]
+        node.start()
+        cluster.wait_for(lambda: not node.running, 20, "the node exits")
+        assert node.proc.returncode == ExitCode.SERVICE_FAILED, cluster.diagnostics()
+        lines = node.stderr_path.read_text().strip().splitlines()
+        assert lines == ["error: the service failed: RuntimeError: this service cannot start (exit code 3)"], lines

@@ -798,6 +798,13 @@ class DigestKvService(KeyValueService):
                 base.with_suffix(".txt").write_text(f"{self.cluster.log_position} {digest}\n")
 
 
+class FailingStartService(KeyValueService):
+    """A service whose ``on_start`` raises: the node must end with SERVICE_FAILED, not 0."""
+
+    def on_start(self, cluster, snapshot) -> None:
+        raise RuntimeError("this service cannot start")
+
+
 def read_digest_keys(cluster: TestCluster, tag: str, member_id: int) -> list[str]:
     p = cluster.digest_dir / f"member{member_id}-{tag}.keys"
     return p.read_text().split() if p.exists() else []
@@ -822,6 +829,7 @@ __all__ = [
     "CLOSED_PREFIX",
     "FAIL_SNAPSHOT_KEY",
     "RAISE_PREFIX",
+    "FailingStartService",
     "TestCluster",
     "Node",
     "NodeCounters",
