@@ -1387,4 +1387,7 @@ def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
             f"  client sessions   {len(svc.sessions)}",
             f"  user records      {len(svc.user_records)} ({user_bytes:,} bytes)",
         ]
+        if svc.skipped_positions:
+            out.append(f"  skipped entries   log position(s) {', '.join(map(str, svc.skipped_positions))}"
+                       " (the operator's skip list when it was taken)")
     click.echo("\n".join(out))

@@ -23,6 +23,7 @@ import trio
 from cluster_node.client.cluster_client import ServiceRequestError
 from cluster_node.exit_codes import ExitCode
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, service_errors_label
+from cluster_node.service.skips import SKIP_FILE_NAME
 from media.counters import CountersError, CountersReader
 from tests.integration.test_cluster_e2e import assert_same_state
 from tests.support.cluster import (
@@ -130,7 +131,7 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
             assert done.returncode == 0, done
             assert "a message of client session" in done.stdout, done.stdout
 
-        cluster.start()
+        leader = cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             assert (await kv.put("b", b"2", resend_s=2.0)).status == Status.OK
             await assert_same_state(kv, cluster, "skipped")
@@ -141,6 +142,24 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
             assert [e["log_position"] for e in skipped] == [position], skipped
         assert all(n.running for n in cluster.nodes)
         assert set(all_service_errors(cluster).values()) == {0}
+
+        # A snapshot after the skip carries it; started from that snapshot, the members need
+        # the skip file no more.
+        taken = cli("tool", "--dir", str(cluster.nodes[leader].dir), "snapshot")
+        assert taken.returncode == 0, taken
+        for n in cluster.nodes:
+            await cluster.await_for(
+                lambda: f"skipped entries   log position(s) {position}" in
+                cli("tool", "--dir", str(n.dir), "describe-latest-snapshot").stdout,
+                20, f"member {n.member_id}'s latest snapshot records the skip")
+        assert [n.terminate() for n in cluster.nodes] == [0, 0, 0]
+        for n in cluster.nodes:
+            (n.dir / SKIP_FILE_NAME).unlink()
+        cluster.start()
+        async with open_kv_client(cluster.client_config) as kv:
+            assert (await kv.put("c", b"3", resend_s=2.0)).status == Status.OK
+            await assert_same_state(kv, cluster, "from-snapshot")
+        assert all(n.running for n in cluster.nodes)
 
 
 def test_a_service_that_fails_to_start_ends_the_node_with_service_failed(tmp_path):

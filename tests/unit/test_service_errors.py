@@ -228,3 +228,12 @@ def test_a_damaged_skip_file_is_a_one_line_error(tmp_path, text):
 def test_add_skip_refuses_a_position_at_the_log_start(tmp_path):
     with pytest.raises(SkipListError):
         add_skip(tmp_path, 0)
+
+
+def test_service_request_error_names_the_position_and_matches_its_request():
+    from cluster_node.client import ServiceRequestError
+
+    e = ServiceRequestError(ServiceErrorEvent(42, 3, 4096, "ValueError: bad", b"\x94\x01\x07"))
+    assert str(e) == "the service failed on the message at log position 4096: ValueError: bad"
+    assert e.is_for(b"\x94\x01\x07rest") and not e.is_for(b"\x94\x01\x08rest")
+    assert e.log_position == 4096 and e.error == "ValueError: bad"
