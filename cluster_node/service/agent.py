@@ -360,7 +360,12 @@ class ServiceAgent:
         self.service_errors += 1
         if self._on_service_error is not None:
             self._on_service_error(failure)
-        if (session is not None and payload is not None and self._role == Role.LEADER
+        try:
+            answered = self.service.on_callback_error(session, self._log_position, callback, error) is True
+        except Exception as e:  # noqa: BLE001 - the hook's own failure: the client gets the event
+            answered = False
+            self._on_error(f"on_callback_error raised {type(e).__name__}: {e} at log position {self._log_position}")
+        if (not answered and session is not None and payload is not None and self._role == Role.LEADER
                 and self._egress_send is not None):
             event = ServiceErrorEvent(session.id, self._leadership_term_id, self._log_position,
                                       failure.error_text, failure.payload_prefix)

@@ -10,7 +10,8 @@ machine, not a fault of one node. Two policies, chosen in ``[node] service_error
   (the ``service errors`` counter, type :data:`SERVICE_ERRORS_TYPE_ID`), logs the first of each
   distinct error (type and message) with the log position, the session and the message's first
   bytes, and the leader answers the client whose message it was with a ``ServiceErrorEvent``
-  (the client raises it as ``ServiceRequestError``).
+  (the client raises it as ``ServiceRequestError``), unless the service's
+  ``on_callback_error`` hook answered it itself.
 * ``stop``: the member stops at that entry with exit code ``SERVICE_ERROR_STOP`` (8) and one line
   naming the log position and the error; an operator decides what to do, and can have every
   member pass over that entry (``cluster-node tool skip-entry``, see ``service.skips``).

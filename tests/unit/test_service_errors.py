@@ -237,3 +237,29 @@ def test_service_request_error_names_the_position_and_matches_its_request():
     assert str(e) == "the service failed on the message at log position 4096: ValueError: bad"
     assert e.is_for(b"\x94\x01\x07rest") and not e.is_for(b"\x94\x01\x08rest")
     assert e.log_position == 4096 and e.error == "ValueError: bad"
+
+
+class Answering(Counter):
+    """Answers its own failures with a reply of its own (the optional hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hooked: list[tuple] = []
+
+    def on_callback_error(self, session, log_position, callback, error):
+        self.hooked.append((session.id if session else None, log_position, callback, type(error).__name__))
+        if session is None:
+            raise RuntimeError("the hook fails too")
+        session.offer(b"error: " + str(error).encode())
+        return True
+
+
+def test_a_service_hook_may_answer_instead_of_the_error_event():
+    rig = Rig("record")
+    rig.agent.service = rig.service = Answering()
+    bad = rig.send(b"abc")
+    assert rig.service.hooked == [(42, bad, "on_session_message", "ValueError")]
+    assert rig.replies == [(42, b"error: invalid literal for int() with base 10: b'abc'")]
+    assert rig.errors_sent == [] and rig.agent.service_errors == 1
+    rig.log(LOG_CODEC.encode(TimerEvent(1, 13, 30)))  # the hook raises: counted once, nothing sent
+    assert rig.agent.service_errors == 2 and rig.errors_sent == []
