@@ -31,9 +31,9 @@ from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
+from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
 from cluster_node.service.api import load_service
-from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
 from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
@@ -242,4 +242,5 @@ async def _watch_service(container: ServiceContainer, ended: trio.Event) -> None
              f"{error} (service_errors = stop; to pass over it on every member: cluster-node tool --dir <node dir>"
              f" skip-entry --position {f.log_position})",
              log_position=f.log_position, callback=f.callback)
-    fail(ExitCode.SERVICE_FAILED, f"the service failed: {type(error).__name__}: {error}")
+    text = " ".join(str(error).split())
+    fail(ExitCode.SERVICE_FAILED, f"the service failed: {type(error).__name__}" + (f": {text}" if text else ""))

@@ -360,8 +360,9 @@ class ServiceAgent:
         self.service_errors += 1
         if self._on_service_error is not None:
             self._on_service_error(failure)
+        hook = getattr(self.service, "on_callback_error", None)
         try:
-            answered = self.service.on_callback_error(session, self._log_position, callback, error) is True
+            answered = hook is not None and hook(session, self._log_position, callback, error) is True
         except Exception as e:  # noqa: BLE001 - the hook's own failure: the client gets the event
             answered = False
             self._on_error(f"on_callback_error raised {type(e).__name__}: {e} at log position {self._log_position}")
