@@ -263,3 +263,22 @@ def test_a_service_hook_may_answer_instead_of_the_error_event():
     assert rig.errors_sent == [] and rig.agent.service_errors == 1
     rig.log(LOG_CODEC.encode(TimerEvent(1, 13, 30)))  # the hook raises: counted once, nothing sent
     assert rig.agent.service_errors == 2 and rig.errors_sent == []
+
+
+def test_the_readme_counter_answers_bad_input_instead_of_raising():
+    """The README's example service, as printed there, under ``stop``: a bad request is answered
+    with an error and stops nothing."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [code] = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "class Counter" in block]
+    namespace: dict = {}
+    exec(code.replace("        ...\n", "        pass\n"), namespace)  # noqa: S102 - the README's own code
+    rig = Rig("stop")
+    rig.agent.service = service = namespace["Counter"]()
+    service.on_start(rig.agent, None)
+    rig.send(b"5")
+    rig.send(b"abc")
+    rig.send(b"7")
+    assert rig.replies == [(42, b"5"), (42, b"error: not an integer"), (42, b"12")]
