@@ -348,14 +348,13 @@ def test_service_errors_defaults_to_record_and_accepts_stop() -> None:
     text = MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nservice_errors = "stop"')
     cfg = parse_node_config(text)
     assert cfg.node.service_errors == "stop"
-    assert parse_node_config(node_config_to_toml(cfg)) == parse_node_config(node_config_to_toml(cfg))
-    assert parse_node_config(node_config_to_toml(cfg)).node.service_errors == "stop"
+    assert parse_node_config(node_config_to_toml(cfg)).node.service_errors == "stop"  # written back
 
 
 @pytest.mark.parametrize("value", ['"ignore"', '"Record"', '""', "1"])
 def test_service_errors_other_values_are_one_line_errors(value: str) -> None:
     msg = _error(MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\nservice_errors = {value}'))
-    assert "node.service_errors" in msg or "service_errors" in msg
+    assert "service_errors" in msg
 
 
 def test_generated_cluster_carries_service_errors(tmp_path: Path) -> None:
