@@ -14,8 +14,9 @@ service's protocol (``cluster_node.service.examples.kv``) and match the reply by
 ``send`` offers raw text and prints the first reply (the ``echo`` service sends it back).
 
 Exit codes: 0 done; 1 an error (one line on stderr: no leader within the config's message
-timeout, no reply within ``--timeout``, the cluster refused the session, a bad config), also a
-``get``/``delete`` of a key that is not there; 130 interrupted.
+timeout, no reply within ``--timeout``, the cluster refused the session, a bad config, the
+service raised on the request: "the service failed on the message at log position P: ..."), also
+a ``get``/``delete`` of a key that is not there; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ def watch(ctx: _Ctx) -> None:
     this session, new leaders (NewLeaderEvent), reconnects after a silent leader, the close."""
     import time
 
-    from cluster_node.client import ClientClosedError
+    from cluster_node.client import ClientClosedError, ServiceRequestError
 
     def stamp() -> str:
         return time.strftime("%H:%M:%S")
@@ -259,6 +260,9 @@ def watch(ctx: _Ctx) -> None:
             except ClientClosedError:
                 reason = c.client.error or "closed"
                 raise click.ClickException(f"session ended: {reason}") from None
+            except ServiceRequestError as e:
+                click.echo(f"{stamp()} service error: {e}")
+                continue
             if got is not None:
                 payload, header = got
                 click.echo(f"{stamp()} message: term {header.leadership_term_id}, timestamp {header.timestamp}:"

@@ -103,6 +103,7 @@ __all__ = [
     "MAX_MEMBERS_TEXT_LENGTH",
     "MAX_BLOB_LENGTH",
     "MAX_MEMBERS",
+    "MAX_ERROR_PAYLOAD_PREFIX",
     "APPEND_POSITION_FLAG_NONE",
     "APPEND_POSITION_FLAG_CATCHUP",
     "CLUSTER_ACTION_FLAGS_DEFAULT",
@@ -140,6 +141,7 @@ __all__ = [
     "NewLeaderEvent",
     "Challenge",
     "AdminResponse",
+    "ServiceErrorEvent",
     "TimerEvent",
     "SessionOpenEvent",
     "SessionCloseEvent",
@@ -174,6 +176,7 @@ __all__ = [
     "Timer",
     "ConsensusModule",
     "PendingMessageTracker",
+    "SkippedLogEntry",
     # unions, codecs, helpers
     "IngressMessage",
     "EgressMessage",
@@ -253,6 +256,8 @@ MAX_BLOB_LENGTH = 64 * 1024
 """Credentials, challenges, principals, admin payloads: bytes."""
 MAX_MEMBERS = 64
 """Entries in a ClusterMembersExtendedResponse member list."""
+MAX_ERROR_PAYLOAD_PREFIX = 64
+"""Bytes of the failed message that a ServiceErrorEvent carries back to its client."""
 
 APPEND_POSITION_FLAG_NONE = 0
 APPEND_POSITION_FLAG_CATCHUP = 1
@@ -480,6 +485,24 @@ class AdminResponse(Message, tag=27):
     response_code: AdminResponseCode
     message: Text = ""
     payload: Blob = b""
+
+
+class ServiceErrorEvent(Message, tag=9):
+    """The service raised while applying a message of this session (``service_errors =
+    "record"``): the leader sends this on the session's egress, after whatever the service sent
+    before it raised, instead of the reply that never came. This project's own (the reference
+    has no such event; id 9 is free in its schema).
+
+    ``log_position`` is the position after the message in the log (what ``cluster-node tool
+    errors`` and the node log show); ``payload_prefix`` is the message's first bytes (at most
+    :data:`MAX_ERROR_PAYLOAD_PREFIX`), so that a client with several requests in flight can tell
+    which one failed; ``error`` is ``"<exception type>: <message>"``, cut to fit."""
+
+    cluster_session_id: I64
+    leadership_term_id: TermId
+    log_position: Position
+    error: Text
+    payload_prefix: Blob = b""
 
 
 # --------------------------------------------------------------------------------------------
@@ -765,6 +788,14 @@ class PendingMessageTracker(Message, tag=107):
     service_id: I32
 
 
+class SkippedLogEntry(Message, tag=110):
+    """A log position whose entry the service is not given (an operator's ``cluster-node tool
+    skip-entry``), in the service snapshot before its SECTION marker, so that every start from
+    that snapshot keeps the decision. This project's own."""
+
+    log_position: Position
+
+
 # --------------------------------------------------------------------------------------------
 # Unions, one per stream (the msgpack part; session messages are handled by the binary path)
 # --------------------------------------------------------------------------------------------
@@ -772,7 +803,7 @@ class PendingMessageTracker(Message, tag=107):
 IngressMessage = Union[
     SessionConnectRequest, SessionCloseRequest, SessionKeepAlive, ChallengeResponse, AdminRequest
 ]
-EgressMessage = Union[SessionEvent, NewLeaderEvent, Challenge, AdminResponse]
+EgressMessage = Union[SessionEvent, NewLeaderEvent, Challenge, AdminResponse, ServiceErrorEvent]
 LogMessage = Union[
     TimerEvent, SessionOpenEvent, SessionCloseEvent, ClusterActionRequest, NewLeadershipTermEvent
 ]
@@ -800,7 +831,7 @@ ConsensusToService = Union[
     RequestServiceAck,
 ]
 SnapshotRecord = Union[
-    SnapshotMarker, ClientSession, ClusterSession, Timer, ConsensusModule, PendingMessageTracker
+    SnapshotMarker, ClientSession, ClusterSession, Timer, ConsensusModule, PendingMessageTracker, SkippedLogEntry
 ]
 
 

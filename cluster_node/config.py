@@ -31,6 +31,8 @@ Node file
     member_id = 0
     dir = "var/cluster/node0"        # relative paths are relative to the working directory
     service = "kv"                   # "echo", "kv", or "package.module:ClassName"
+    service_errors = "record"        # or "stop": when a service callback raises applying an
+                                     # entry (cluster_node.service.errors, docs/operations.md)
     leader_cpus = [0]                # optional, Linux: CPUs while leading (members sharing
     follower_cpus = [1]              # a machine; see cluster_node.affinity), and otherwise
     keep_cpus_awake = false          # optional, Linux: spin those CPUs (idle class) while the
@@ -125,6 +127,10 @@ __all__ = [
     "free_udp_ports",
     "CLIENT_DRIVER_DEFAULTS",
 ]
+
+
+SERVICE_ERROR_POLICIES = ("record", "stop")
+"""The values of ``node.service_errors`` (``cluster_node.service.errors.ServiceErrorPolicy``)."""
 
 
 class ConfigError(ValueError):
@@ -250,6 +256,12 @@ class NodeSection(_Section):
     dir: str
     service: str = "echo"
     """``echo``, ``kv`` or ``package.module:ClassName`` of a ClusteredService."""
+    service_errors: str = "record"
+    """What an exception from a service callback applying a log entry does (every member
+    applies the same entry, so it raises on all of them): ``record`` counts and logs it, answers
+    the client with an error, and goes on; ``stop`` stops the member with exit code 8, for an
+    operator to decide (``cluster-node tool skip-entry``). See :mod:`cluster_node.service.errors`
+    and docs/operations.md."""
     cluster_id: int = 0
     leader_cpus: tuple[int, ...] = ()
     """CPUs this member's threads run on while it leads; empty: wherever the OS puts them
@@ -834,6 +846,9 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "node.dir", "must not be empty")
     if not n.service.strip():
         _fail(cfg, "node.service", "must not be empty")
+    if n.service_errors not in SERVICE_ERROR_POLICIES:
+        _fail(cfg, "node.service_errors", f"must be {' or '.join(map(repr, SERVICE_ERROR_POLICIES))},"
+                                          f" got {n.service_errors!r}")
     if not 0 <= n.cluster_id < 2**31:
         _fail(cfg, "node.cluster_id", f"must be from 0 to 2^31-1, got {n.cluster_id}")
     if n.keep_cpus_awake and not keep_awake.supported():
@@ -1161,6 +1176,7 @@ def generate_loopback_cluster(
     leader_cpus: tuple[int, ...] = (),
     follower_cpus: tuple[int, ...] = (),
     keep_cpus_awake: bool = False,
+    service_errors: str = "record",
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1173,7 +1189,7 @@ def generate_loopback_cluster(
 
     ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
     :func:`cluster_node.affinity.split_for_shared_machine`), and ``keep_cpus_awake`` (see
-    :mod:`cluster_node.keep_awake`).
+    :mod:`cluster_node.keep_awake`) and ``service_errors``.
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1206,7 +1222,7 @@ def generate_loopback_cluster(
         cfg = NodeConfig(
             node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id,
                              leader_cpus=tuple(leader_cpus), follower_cpus=tuple(follower_cpus),
-                             keep_cpus_awake=keep_cpus_awake),
+                             keep_cpus_awake=keep_cpus_awake, service_errors=service_errors),
             cluster=cluster,
             timeouts=timeouts,
             driver=driver,

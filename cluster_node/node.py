@@ -35,6 +35,8 @@ from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
+from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
+from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
 from media.driver import open_media_driver
 
 __all__ = ["run_node", "NodeStartError", "exit_on_component_failure"]
@@ -85,6 +87,10 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         raise NodeStartError(str(e)) from None
     _prepare_shm_driver_dir(cfg)
     service = load_service(cfg.node.service)
+    try:
+        skip_positions = skip_positions_of(node_dir)
+    except SkipListError as e:
+        raise NodeStartError(str(e)) from None
     me = cfg.this_member
     agent = None
     try:
@@ -138,6 +144,9 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     hold_egress=driver.hold_sends, release_egress=driver.release_sends,
                     liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
                     snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
+                    service_errors=cfg.node.service_errors, skip_positions=skip_positions,
+                    error_counter=driver.counters.allocate(service_errors_label(cfg.member_id),
+                                                           SERVICE_ERRORS_TYPE_ID, cfg.member_id),
                 )
                 agent.service_bell = container.commit_doorbell.name
                 agent.service_parked = container.is_parked
@@ -229,11 +238,23 @@ async def _mark_file_activity(mark: MarkFile, interval_ns: int, driver) -> None:
 
 
 async def _watch_service(container: ServiceContainer, ended: trio.Event) -> None:
-    """A service thread that dies takes the node down: its state would no longer follow the log.
-    The thread sets ``ended`` as it finishes (``ServiceContainer.on_exit``)."""
+    """A service thread that dies takes the node down at once, with an exit code that says why
+    (never 0: a supervisor must see a failure): its state would no longer follow the log, and a
+    member without a service must not go on acking entries. SERVICE_ERROR_STOP when a callback
+    raised under ``service_errors = "stop"``, SERVICE_FAILED for anything else (``on_start``,
+    loading the snapshot, a callback outside the log's entries, a bug in the container). The
+    thread sets ``ended`` as it finishes (``ServiceContainer.on_exit``); a thread that ends
+    without an error was asked to (the node is stopping) and needs nothing."""
     await ended.wait()
     await trio.to_thread.run_sync(container.join, 5.0)
-    if container.error is not None:
-        log.error("service thread failed: stopping the node", error=repr(container.error))
-        print(f"error: the service failed: {container.error!r}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGTERM)
+    error = container.error
+    if error is None:
+        return
+    if isinstance(error, ServiceErrorStop):
+        f = error.failure
+        fail(ExitCode.SERVICE_ERROR_STOP,
+             f"{error} (service_errors = stop; to pass over it on every member: cluster-node tool --dir <node dir>"
+             f" skip-entry --position {f.log_position})",
+             log_position=f.log_position, callback=f.callback)
+    text = " ".join(str(error).split())
+    fail(ExitCode.SERVICE_FAILED, f"the service failed: {type(error).__name__}" + (f": {text}" if text else ""))

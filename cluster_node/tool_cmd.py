@@ -10,7 +10,10 @@ Commands, by what they touch:
   the archive catalog and segment files, the driver's counters file and the node's JSON log.
 * cluster control, on the leader of a running cluster: ``suspend``, ``resume``, ``snapshot``,
   ``shutdown``, ``abort``. They set the leader's ClusterControl counter (below).
-* offline edit, on a stopped node: ``invalidate-latest-snapshot`` rewrites ``recording.log``.
+* offline edit, on a stopped node: ``invalidate-latest-snapshot`` rewrites ``recording.log``;
+  ``skip-entry --position P`` adds P to the node's service skip list (``service-skips.json``,
+  see ``cluster_node.service.skips``): the service will not be given the log entry that ends at
+  P, on this member; run it on every member's directory before any of them starts again.
 
 Liveness follows the mark file's rule (``consensus/node_files.py``): a node runs there when the
 pid in ``cluster-mark.dat`` is alive *and* refreshed the activity timestamp within the liveness
@@ -78,7 +81,14 @@ from archive.segments import (
     segments_for_range,
 )
 from archive.storage import CATALOG_FILE_NAME, ArchiveStorageError, iter_frames, list_segments, recovered_end
-from cluster_node.codecs import semantic_version_to_str
+from cluster_node.codecs import (
+    LOG_CODEC,
+    SESSION_HEADER_LENGTH,
+    SESSION_MESSAGE_TEMPLATE_ID,
+    CodecError,
+    semantic_version_to_str,
+    unpack_session_header_from,
+)
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.node_files import (
     LIVENESS_TIMEOUT_MS,
@@ -103,6 +113,8 @@ from cluster_node.consensus.recording_log import (
 )
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, decode_service_snapshot
+from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
+from cluster_node.service.skips import SKIP_FILE_NAME, SkipListError, add_skip, read_skips
 from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
 __all__ = ["tool", "NodeDir", "open_node_dir", "read_recording_messages", "RecordingDamagedError"]
@@ -123,6 +135,7 @@ COUNTER_TYPES = {
     "leadership_term_id": 239,
     "append_position": 240,
     "snapshot_count": 205,
+    "service_errors": SERVICE_ERRORS_TYPE_ID,
 }
 ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
 ROLE_LEADER = 2
@@ -455,7 +468,7 @@ def tool(ctx: click.Context, node_dir: Path) -> None:
     Cluster control (the leader of a running cluster):
       suspend, resume, snapshot, shutdown, abort
     Offline edit (a stopped node):
-      invalidate-latest-snapshot
+      invalidate-latest-snapshot, skip-entry
     """
     ctx.obj = {"dir": node_dir}
 
@@ -529,6 +542,8 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
         cs = node.counter("cm_state")
         out.append(f"  cm state        {cm_state_name(cs)} ({cs})")
         out.append(f"  errors          {node.counter('errors')}")
+        se = node.counter("service_errors")
+        out.append(f"  service errors  {'?' if se is None else se}")
         sc = node.counter("snapshot_count")
         out.append(f"  snapshots taken {'?' if sc is None else sc}")
 
@@ -750,11 +765,19 @@ def errors(ctx: click.Context, count: int) -> None:
         out.append(f"no log file at {path}")
     except OSError as e:
         raise click.ClickException(f"{path}: {e.strerror}") from None
-    errors_counter = node.counter("errors")
-    if errors_counter is None:
-        out.append(f"errors counter: unknown ({node.counters_note})")
+    for name, title in (("errors", "errors counter"), ("service_errors", "service errors counter")):
+        value = node.counter(name)
+        if value is None:
+            out.append(f"{title}: unknown ({node.counters_note})")
+        else:
+            out.append(f"{title}: {value}" + ("" if node.counters_current else f" ({node.counters_note})"))
+    try:
+        skips = read_skips(node.path)
+    except SkipListError as e:
+        out.append(f"skip list: {e}")
     else:
-        out.append(f"errors counter: {errors_counter}" + ("" if node.counters_current else f" ({node.counters_note})"))
+        if skips:
+            out.append(f"skip list ({SKIP_FILE_NAME}): log position(s) {', '.join(str(e.log_position) for e in skips)}")
     click.echo("\n".join(out))
 
 
@@ -1135,6 +1158,84 @@ def invalidate_latest_snapshot(ctx: click.Context) -> None:
     click.echo("\n".join(out))
 
 
+def _describe_log_entry(node: NodeDir, log_position: int, log_stream_id: int) -> tuple[bool, str]:
+    """What the node's recorded log holds at the entry that ends at ``log_position``: (True, a
+    description) when one ends there; (False, why not) when none does or the log cannot be
+    read. Reads the log recording from its start to that position (an offline tool may)."""
+    rl = _read_recording_log(node.path, required=False)
+    catalog = _read_catalog(node.archive_dir, required=False)
+    if catalog is None:
+        return False, f"no archive catalog at {node.archive_dir / CATALOG_FILE_NAME}"
+    candidates = [d for d in catalog if d.stream_id == log_stream_id and d.original_channel.startswith("aeron:ipc")]
+    log_rec = _log_recording(rl, catalog, log_stream_id)
+    if log_rec is not None and all(d.recording_id != log_rec.recording_id for d in candidates):
+        candidates.append(log_rec)
+    for d in candidates:
+        stop, _how = recording_stop(node.archive_dir, d, {})
+        if not d.start_position < log_position <= stop:
+            continue
+        first = b""
+        try:
+            for f in iter_frames(node.archive_dir, d, None, log_position):
+                if f.frame_type != FRAME_TYPE_DATA:
+                    continue
+                if f.flags & FRAME_FLAG_BEGIN:
+                    first = f.payload
+                if f.position + align(f.frame_length) == log_position and f.flags & FRAME_FLAG_END:
+                    return True, _entry_text(first)
+        except (OSError, ArchiveStorageError, ValueError) as e:
+            return False, f"recording {d.recording_id} cannot be read: {e}"
+        return False, f"no log entry ends at position {log_position} in recording {d.recording_id} (a typo?)"
+    return False, f"the recorded log does not reach position {log_position}"
+
+
+def _entry_text(payload: bytes) -> str:
+    if len(payload) >= SESSION_HEADER_LENGTH and payload[0] == SESSION_MESSAGE_TEMPLATE_ID:
+        _prefix, term, session_id, _ts = unpack_session_header_from(payload, 0)
+        body = payload[SESSION_HEADER_LENGTH:]
+        kind = "a service message" if session_id < 0 else f"a message of client session {session_id}"
+        return f"{kind} (term {term}), starting {bytes(body[:48])!r}"
+    try:
+        return f"a {type(LOG_CODEC.decode(payload)).__name__}"
+    except CodecError:
+        return "an entry that does not decode"
+
+
+@tool.command("skip-entry")
+@click.option("--position", "log_position", type=click.IntRange(min=1), required=True,
+              help="The log position the node named when it stopped (the position after the entry).")
+@click.option("--note", default="", help="Why, kept in the skip file for the next reader.")
+@click.option("--force", is_flag=True, help="Record it even if this node's recorded log has no entry ending there "
+                                            "(a member that never received it).")
+@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
+              help="Stream id of the cluster log.")
+@click.pass_context
+def skip_entry(ctx: click.Context, log_position: int, note: str, force: bool, log_stream_id: int) -> None:
+    """Offline, the node stopped: have the service pass over the log entry that ends at POSITION.
+
+    For an entry that makes the service raise under service_errors = "stop" (the member exited
+    with code 8, naming the position). The decision goes into this node's service-skips.json;
+    run it on EVERY member's directory before starting any of them, or their states part. The
+    consensus module still applies the entry; only the service's callback is not called."""
+    node = _node(ctx)
+    if node.running:
+        _fail(f"member {node.member_id} runs in {node.path} (pid {node.mark.pid}): stop it before adding a skip")
+    found, text = _describe_log_entry(node, log_position, log_stream_id)
+    if not found and not force:
+        _fail(f"not recorded: {text}; check the position, or add --force for a member that never received it")
+    with _directory_lock(node):
+        try:
+            entries, new = add_skip(node.path, log_position, note)
+        except SkipListError as e:
+            raise click.ClickException(str(e)) from None
+    what = text if found else f"not checked: {text}"
+    verb = "recorded" if new else "already recorded"
+    click.echo(f"{verb}: member {node.member_id} will not give the service the log entry ending at position "
+               f"{log_position} ({what})")
+    click.echo(f"skip list {node.path / SKIP_FILE_NAME}: {', '.join(str(e.log_position) for e in entries)}")
+    click.echo("add the same skip to every other member's directory before starting any of them")
+
+
 class RecordingDamagedError(ValueError):
     """A recording's frames cannot be read back as whole messages (one line)."""
 
@@ -1306,4 +1407,7 @@ def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
             f"  client sessions   {len(svc.sessions)}",
             f"  user records      {len(svc.user_records)} ({user_bytes:,} bytes)",
         ]
+        if svc.skipped_positions:
+            out.append(f"  skipped entries   log position(s) {', '.join(map(str, svc.skipped_positions))}"
+                       " (the operator's skip list when it was taken)")
     click.echo("\n".join(out))

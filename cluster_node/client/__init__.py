@@ -8,6 +8,7 @@ from cluster_node.client.cluster_client import (
     ClusterClientError,
     ClusterRejectedError,
     ConnectTimeoutError,
+    ServiceRequestError,
     open_cluster_client,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "ClusterClientError",
     "ClusterRejectedError",
     "ConnectTimeoutError",
+    "ServiceRequestError",
     "open_cluster_client",
 ]

@@ -17,7 +17,7 @@ from typing import Callable
 
 import trio
 
-from cluster_node.client.cluster_client import ClientClosedError, ClusterClient, open_cluster_client
+from cluster_node.client.cluster_client import ClientClosedError, ClusterClient, ServiceRequestError, open_cluster_client
 from cluster_node.codecs import SessionMessageHeader
 from cluster_node.config import ClientConfig
 
@@ -104,20 +104,28 @@ class BlockingClusterClient:
         return self._async(self.client.offer_wait, payload, timeout)
 
     def receive(self, timeout: float | None = None) -> tuple[bytes, SessionMessageHeader] | None:
-        """The next session message, or None at the timeout."""
+        """The next session message, or None at the timeout; raises ServiceRequestError when
+        the next in line is the service's error for one of our messages."""
         return self._async(self.client.receive, timeout)
 
     def request(
         self, payload: bytes, timeout: float = 5.0, match: Callable[[bytes], bool] | None = None
     ) -> bytes:
         """Send ``payload`` and return the first reply for which ``match`` is true (any reply
-        without ``match``); raises TimeoutError when none comes within ``timeout`` seconds."""
+        without ``match``); raises ServiceRequestError when the service raised on it instead
+        (an error event for a message that starts as ``payload`` does), TimeoutError when
+        neither comes within ``timeout`` seconds."""
 
         async def go() -> bytes:
             with trio.move_on_after(timeout):
                 await self.client.offer_wait(payload, timeout)
                 while True:
-                    got = await self.client.receive()
+                    try:
+                        got = await self.client.receive()
+                    except ServiceRequestError as e:
+                        if e.is_for(payload):
+                            raise
+                        continue  # an earlier message's failure
                     if got is not None and (match is None or match(got[0])):
                         return got[0]
             raise TimeoutError(f"no reply within {timeout:g}s")

@@ -16,6 +16,7 @@ Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.cod
       |-- SessionKeepAlive(term, session id)  every keep_alive_interval when otherwise idle ->|
       |<------- NewLeaderEvent(term, session id, leader, ingress endpoints) (after elections)|
       |<------- SessionEvent CLOSED (session timed out or closed by the service)            |
+      |<------- ServiceErrorEvent (the service raised on one of our messages: no reply)     |
       |-- SessionCloseRequest(term, session id)  on close --------------------------------->|
 
 Connecting (``_connect``, the states of the reference's ``AsyncConnect``): one ingress
@@ -44,6 +45,13 @@ messages to the handler, sends keep-alives and watches the leader:
 ``media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
 BACK_PRESSURED when the window is full, CLOSED after close). ``offer_wait`` retries until
 accepted or a deadline.
+
+**ServiceErrorEvent** (this project's): the service raised while applying one of this session's
+messages (``service_errors = "record"`` on the cluster), so no reply will come for it. It carries
+the log position, the error text and the message's first bytes. With an ``on_message`` handler
+it goes to ``on_service_error`` (or is logged and counted when there is none); otherwise it
+takes its place among the replies, and ``receive()`` raises it as :class:`ServiceRequestError`
+when its turn comes. ``service_errors_received`` counts them.
 
 Bad egress input (undecodable messages, messages for other sessions) is counted in
 ``egress_errors`` / ``foreign_messages`` and dropped, never raised.
@@ -80,6 +88,7 @@ from cluster_node.codecs import (
     NewLeaderEvent,
     SessionCloseRequest,
     SessionConnectRequest,
+    ServiceErrorEvent,
     SessionEvent,
     SessionKeepAlive,
     SessionMessageHeader,
@@ -100,6 +109,7 @@ __all__ = [
     "ClusterRejectedError",
     "AuthenticationError",
     "ClientClosedError",
+    "ServiceRequestError",
     "open_cluster_client",
     "MessageHandler",
 ]
@@ -135,6 +145,24 @@ class ClientClosedError(ClusterClientError):
     """The client is closed (by the application, by the cluster, or after failing to reconnect)."""
 
 
+class ServiceRequestError(ClusterClientError):
+    """The service raised while applying one of this session's messages (a ServiceErrorEvent):
+    no reply will come for it. The message was committed and applied (up to the error) on every
+    member alike; sending it again raises again, unless the service changed."""
+
+    def __init__(self, event: ServiceErrorEvent) -> None:
+        super().__init__(f"the service failed on the message at log position {event.log_position}: {event.error}")
+        self.log_position = event.log_position
+        self.leadership_term_id = event.leadership_term_id
+        self.error = event.error
+        self.payload_prefix = event.payload_prefix
+
+    def is_for(self, payload: bytes | bytearray | memoryview) -> bool:
+        """Whether ``payload`` may be the message that failed (it starts with the bytes the
+        event carries back)."""
+        return bytes(payload[: len(self.payload_prefix)]) == self.payload_prefix
+
+
 def _free_udp_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
@@ -165,6 +193,7 @@ class ClusterClient:
         on_reconnect: Callable[[int], None] | None = None,
         protocol_version: int = CLIENT_PROTOCOL_VERSION,
         encoded_credentials: bytes = b"",
+        on_service_error: Callable[[ServiceRequestError], None] | None = None,
     ) -> None:
         c: ClientSection = config.client
         self.config = config
@@ -174,6 +203,8 @@ class ClusterClient:
         """``on_new_leader(leadership_term_id, leader_member_id)`` after a NewLeaderEvent."""
         self.on_reconnect = on_reconnect
         """``on_reconnect(cluster_session_id)`` after a new session replaced a silent one."""
+        self.on_service_error = on_service_error
+        """``on_service_error(error)`` for a ServiceErrorEvent, when ``on_message`` is used."""
         self._protocol_version = protocol_version
         self._credentials = encoded_credentials
         self.ingress_endpoints: dict[int, str] = parse_ingress_endpoints(c.ingress_endpoints, "client.ingress_endpoints")
@@ -202,7 +233,7 @@ class ClusterClient:
         """Why the client closed, when it was not the application's choice."""
 
         self._egress = driver.add_subscription(self.egress_channel, self._egress_stream_id)
-        self._inbox: collections.deque[tuple[bytes, SessionMessageHeader]] = collections.deque(
+        self._inbox: collections.deque[tuple[bytes, SessionMessageHeader] | ServiceRequestError] = collections.deque(
             maxlen=c.egress_buffer_messages
         )
         self._inbox_lot = trio.lowlevel.ParkingLot()
@@ -211,6 +242,7 @@ class ClusterClient:
         self._last_leader_sign_ns = time.monotonic_ns()
 
         self.messages_received = 0
+        self.service_errors_received = 0
         self.egress_errors = 0
         self.foreign_messages = 0
         self.inbox_dropped = 0
@@ -314,10 +346,7 @@ class ClusterClient:
             if handler is not None:
                 handler(payload, msg_header)
             else:
-                if len(self._inbox) == self._inbox.maxlen:
-                    self.inbox_dropped += 1
-                self._inbox.append((bytes(payload), msg_header))
-                self._inbox_lot.unpark_all()
+                self._enqueue((bytes(payload), msg_header))
             return
         try:
             msg = decode_egress(buf[offset : offset + length])
@@ -333,6 +362,8 @@ class ClusterClient:
         elif t is Challenge:
             if msg.correlation_id == self._awaiting_correlation_id:
                 self._connect_reply = msg
+        elif t is ServiceErrorEvent:
+            self._on_service_error_event(msg)
         else:
             self.foreign_messages += 1
 
@@ -357,6 +388,26 @@ class ClusterClient:
             # e.g. a message with a stale term; the session goes on.
             self.egress_errors += 1
             log.warning("cluster reported an error", detail=event.detail, session=self.cluster_session_id)
+
+    def _on_service_error_event(self, event: ServiceErrorEvent) -> None:
+        if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
+            self.foreign_messages += 1
+            return
+        self.service_errors_received += 1
+        error = ServiceRequestError(event)
+        if self._on_message is None:
+            self._enqueue(error)
+        elif self.on_service_error is not None:
+            self.on_service_error(error)
+        else:
+            log.warning("the service failed on a message of this session", session=self.cluster_session_id,
+                        log_position=event.log_position, error=event.error)
+
+    def _enqueue(self, item) -> None:
+        if len(self._inbox) == self._inbox.maxlen:
+            self.inbox_dropped += 1
+        self._inbox.append(item)
+        self._inbox_lot.unpark_all()
 
     def _on_new_leader_event(self, event: NewLeaderEvent, image_session_id: int) -> None:
         if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
@@ -387,14 +438,18 @@ class ClusterClient:
 
     async def receive(self, timeout: float | None = None) -> tuple[bytes, SessionMessageHeader] | None:
         """The next session message kept for the application (when no ``on_message`` handler
-        was given): ``(payload, header)``, or None at the timeout. Raises ClientClosedError when
-        the client is closed and nothing is left."""
+        was given): ``(payload, header)``, or None at the timeout. Raises ServiceRequestError
+        when the next thing in line is a ServiceErrorEvent (the service raised on one of our
+        messages), and ClientClosedError when the client is closed and nothing is left."""
         with trio.move_on_after(timeout if timeout is not None else float("inf")):
             while not self._inbox:
                 if self._closed:
                     raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
                 await self._inbox_lot.park()
-            return self._inbox.popleft()
+            item = self._inbox.popleft()
+            if isinstance(item, ServiceRequestError):
+                raise item
+            return item
         return None
 
     # ---------------------------------------------------------------- connecting
@@ -665,6 +720,7 @@ async def open_cluster_client(
     on_reconnect: Callable[[int], None] | None = None,
     protocol_version: int = CLIENT_PROTOCOL_VERSION,
     encoded_credentials: bytes = b"",
+    on_service_error: Callable[[ServiceRequestError], None] | None = None,
 ) -> AsyncIterator[ClusterClient]:
     """Connect to the cluster and keep the session alive for the ``async with`` block.
 
@@ -689,6 +745,7 @@ async def open_cluster_client(
                 on_reconnect=on_reconnect,
                 protocol_version=protocol_version,
                 encoded_credentials=encoded_credentials,
+                on_service_error=on_service_error,
             )
             stack.callback(client.close)
             await client._connect(time.monotonic_ns() + client._message_timeout_ns)

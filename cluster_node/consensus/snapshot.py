@@ -21,6 +21,8 @@ Service snapshot (type id 2)::
 
     SnapshotMarker BEGIN {type 2, ...}
     ClientSession * (the service's open sessions)
+    SkippedLogEntry * (log positions whose entries the service is not given: the operator's
+                       ``cluster-node tool skip-entry`` decisions, ascending; this project's)
     SnapshotMarker SECTION (where the user's records start)
     user record * (whatever ``on_take_snapshot`` wrote, each one ``write`` call, as raw bytes)
     SnapshotMarker END
@@ -104,6 +106,8 @@ class ServiceSnapshot:
     user_records: list[bytes] = field(default_factory=list)
     time_unit: ClusterTimeUnit = ClusterTimeUnit.NANOS
     app_version: int = 0
+    skipped_positions: list[int] = field(default_factory=list)
+    """Log positions whose entries the service is not given (see ``service.skips``)."""
 
 
 def _marker(type_id: int, log_position: int, term: int, mark: SnapshotMark, time_unit, app_version: int) -> bytes:
@@ -264,6 +268,7 @@ def encode_service_snapshot(snap: ServiceSnapshot) -> list[bytes]:
     args = (SERVICE_SNAPSHOT_TYPE_ID, snap.log_position, snap.leadership_term_id)
     out = [_marker(*args, SnapshotMark.BEGIN, snap.time_unit, snap.app_version)]
     out.extend(enc(s) for s in snap.sessions)
+    out.extend(enc(codecs.SkippedLogEntry(p)) for p in sorted(set(snap.skipped_positions)))
     out.append(_marker(*args, SnapshotMark.SECTION, snap.time_unit, snap.app_version))
     out.extend(bytes(r) for r in snap.user_records)
     out.append(_marker(*args, SnapshotMark.END, snap.time_unit, snap.app_version))
@@ -283,6 +288,8 @@ def decode_service_snapshot(records: Iterable[bytes]) -> ServiceSnapshot:
         i += 1
         if type(msg) is codecs.ClientSession:
             snap.sessions.append(msg)
+        elif type(msg) is codecs.SkippedLogEntry:
+            snap.skipped_positions.append(msg.log_position)
         elif type(msg) is SnapshotMarker and msg.mark == SnapshotMark.SECTION:
             break
         else:

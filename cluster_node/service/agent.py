@@ -28,6 +28,12 @@ ClusterActionRequest        SNAPSHOT (live log, default flags): :attr:`snapshot_
 Every entry also moves :attr:`log_position` (the position *after* the entry) and cluster time
 (the entry's timestamp: the leader's clock as written into the log, never the local clock).
 
+The service's callbacks for an entry are called through one boundary: an entry whose position
+is in the operator's skip list (``service.skips``) is not given to the service at all (the
+agent's own bookkeeping above still follows it), and an exception a callback raises is handled
+by the ``service_errors`` policy (``service.errors``): counted, reported and answered with a
+ServiceErrorEvent (``record``), or raised out of the agent as ServiceErrorStop (``stop``).
+
 Talking back (``Cluster`` handle, implemented here):
 
 * ``offer(payload)``: a session message with ``cluster_session_id = service_id`` to the consensus
@@ -55,6 +61,7 @@ from typing import Any
 from cluster_node.codecs import (
     CLUSTER_ACTION_FLAGS_DEFAULT,
     CONSENSUS_TO_SERVICE_CODEC,
+    EGRESS_CODEC,
     LOG_CODEC,
     MAX_MESSAGE_LENGTH,
     NULL_VALUE,
@@ -74,6 +81,7 @@ from cluster_node.codecs import (
     RequestServiceAck,
     ScheduleTimer,
     ServiceAck,
+    ServiceErrorEvent,
     ServiceTerminationPosition,
     SessionCloseEvent,
     SessionOpenEvent,
@@ -83,6 +91,7 @@ from cluster_node.codecs import (
     unpack_session_header_from,
 )
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
+from cluster_node.service.errors import ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop, payload_prefix
 from media.subscription import StopPolling
 
 __all__ = ["ServiceAgent", "ServiceAgentError"]
@@ -107,6 +116,11 @@ class ServiceAgent:
         egress_offer: EgressOffer | None = None,
         on_error: Callable[[str], None] | None = None,
         on_session_change: Callable[[ClientSession, bool], None] | None = None,
+        service_errors: ServiceErrorPolicy | str = ServiceErrorPolicy.RECORD,
+        on_service_error: Callable[[ServiceCallbackFailure], None] | None = None,
+        egress_send: Callable[[ClientSession, bytes], int] | None = None,
+        skip_positions: Collection[int] = (),
+        on_skip: Callable[[int, str], None] | None = None,
     ) -> None:
         self.service = service
         self._member_id = member_id
@@ -116,6 +130,18 @@ class ServiceAgent:
         self._on_error = on_error or (lambda _msg: None)
         self._on_session_change = on_session_change
         """``(session, opened)`` before the service hears of it (the container's egress)."""
+        self.service_errors_policy = ServiceErrorPolicy(service_errors)
+        self._on_service_error = on_service_error
+        """Told of every failure under ``record`` (the container counts and logs it)."""
+        self._egress_send = egress_send
+        """Sends an encoded egress message to a session's client (the ServiceErrorEvent)."""
+        self.skip_positions: set[int] = set(skip_positions)
+        """Log positions whose entries the service is not given (the operator's skip list,
+        merged with the snapshot's)."""
+        self._on_skip = on_skip
+        self.service_errors = 0
+        """Callback failures handled under ``record`` since this agent started."""
+        self.entries_skipped = 0
         self._role = Role.FOLLOWER
         self._log_position = 0
         self._leadership_term_id = NULL_VALUE
@@ -140,17 +166,19 @@ class ServiceAgent:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, snapshot=None, log_position: int = 0, *, sessions=(), leadership_term_id: int = NULL_VALUE,
-              time_unit: ClusterTimeUnit | None = None) -> None:
+              time_unit: ClusterTimeUnit | None = None, skipped_positions: Collection[int] = ()) -> None:
         """Start the service (with its snapshot records, if any); the ack to the consensus
         module goes out with the next :meth:`check_positions` that finds it reachable.
 
         ``sessions`` are the snapshot's ClientSession records: they are open again before the
-        service's ``on_start`` sees the snapshot."""
+        service's ``on_start`` sees the snapshot; ``skipped_positions`` its skip list, kept on
+        top of the operator's."""
         self._log_position = log_position
         if leadership_term_id != NULL_VALUE:
             self._leadership_term_id = leadership_term_id
         if time_unit is not None:
             self._time_unit = ClusterTimeUnit(time_unit)
+        self.skip_positions.update(skipped_positions)
         for rec in sessions:
             session = ClientSession(rec.cluster_session_id, rec.response_stream_id, rec.response_channel,
                                     rec.encoded_principal, self._offer_to_client)
@@ -239,8 +267,15 @@ class ServiceAgent:
                 self._log_position = position
                 self._time = timestamp
                 self.entries_applied += 1
-                self.service.on_session_message(self._sessions.get(session_id), timestamp,
-                                                buf[offset + SESSION_HEADER_LENGTH : offset + length])
+                if self.skip_positions and position in self.skip_positions:
+                    self._skip("on_session_message")
+                    return
+                session = self._sessions.get(session_id)
+                payload = buf[offset + SESSION_HEADER_LENGTH : offset + length]
+                try:
+                    self.service.on_session_message(session, timestamp, payload)
+                except Exception as e:  # noqa: BLE001 - the service_errors policy decides
+                    self._failed("on_session_message", e, session, payload)
                 return
         view = buf[offset : offset + length]
         try:
@@ -269,22 +304,24 @@ class ServiceAgent:
             self._sessions[session.id] = session
             if self._on_session_change is not None:
                 self._on_session_change(session, True)
-            service.on_session_open(session, msg.timestamp)
+            self._call("on_session_open", session, service.on_session_open, session, msg.timestamp)
         elif isinstance(msg, SessionCloseEvent):
             self._time = msg.timestamp
             session = self._sessions.pop(msg.cluster_session_id, None)
             if session is not None:
-                service.on_session_close(session, msg.timestamp, CloseReason(msg.close_reason))
+                self._call("on_session_close", session, service.on_session_close, session, msg.timestamp,
+                           CloseReason(msg.close_reason))
                 if self._on_session_change is not None:
                     self._on_session_change(session, False)
         elif isinstance(msg, TimerEvent):
             self._time = msg.timestamp
-            service.on_timer_event(msg.correlation_id, msg.timestamp)
+            self._call("on_timer_event", None, service.on_timer_event, msg.correlation_id, msg.timestamp)
         elif isinstance(msg, NewLeadershipTermEvent):
             self._time = msg.timestamp
             self._leadership_term_id = msg.leadership_term_id
             self._time_unit = ClusterTimeUnit(msg.time_unit)
-            service.on_new_leadership_term_event(
+            self._call(
+                "on_new_leadership_term_event", None, service.on_new_leadership_term_event,
                 msg.leadership_term_id, msg.log_position, msg.timestamp, msg.term_base_log_position,
                 msg.leader_member_id, msg.log_session_id, ClusterTimeUnit(msg.time_unit), msg.app_version,
             )
@@ -294,6 +331,46 @@ class ServiceAgent:
                     and not self.replaying):
                 self.snapshot_request = (self._log_position, msg.leadership_term_id, msg.timestamp)
                 raise StopPolling
+
+    # ------------------------------------------------------------------ the callback boundary
+
+    def _call(self, callback: str, session: ClientSession | None, fn: Callable[..., object], *args) -> None:
+        """Call a service callback for the entry at :attr:`log_position`, unless it is skipped;
+        an exception goes to the service_errors policy."""
+        if self.skip_positions and self._log_position in self.skip_positions:
+            self._skip(callback)
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - the service_errors policy decides
+            self._failed(callback, e, session, None)
+
+    def _skip(self, callback: str) -> None:
+        self.entries_skipped += 1
+        if self._on_skip is not None:
+            self._on_skip(self._log_position, callback)
+
+    def _failed(self, callback: str, error: Exception, session: ClientSession | None, payload) -> None:
+        """A callback raised applying the entry at :attr:`log_position` (the same on every
+        member): stop (ServiceErrorStop out of the agent) or record and answer the client."""
+        failure = ServiceCallbackFailure(callback, self._log_position, None if session is None else session.id,
+                                         payload_prefix(payload), error)
+        if self.service_errors_policy is ServiceErrorPolicy.STOP:
+            raise ServiceErrorStop(failure) from error
+        self.service_errors += 1
+        if self._on_service_error is not None:
+            self._on_service_error(failure)
+        hook = getattr(self.service, "on_callback_error", None)
+        try:
+            answered = hook is not None and hook(session, self._log_position, callback, error) is True
+        except Exception as e:  # noqa: BLE001 - the hook's own failure: the client gets the event
+            answered = False
+            self._on_error(f"on_callback_error raised {type(e).__name__}: {e} at log position {self._log_position}")
+        if (not answered and session is not None and payload is not None and self._role == Role.LEADER
+                and self._egress_send is not None):
+            event = ServiceErrorEvent(session.id, self._leadership_term_id, self._log_position,
+                                      failure.error_text, failure.payload_prefix)
+            self._egress_send(session, EGRESS_CODEC.encode(event))
 
     def _offer_to_client(self, session: ClientSession, payload) -> int:
         if self._role != Role.LEADER or self._egress_offer is None:

@@ -239,6 +239,15 @@ class ClusteredService:
     ) -> None:
         pass
 
+    def on_callback_error(self, session: ClientSession | None, log_position: int, callback: str,
+                          error: Exception) -> bool:
+        """A callback that applied the entry ending at ``log_position`` raised ``error`` and the
+        node's ``service_errors`` policy is ``record``: called on every member, right after,
+        like a log callback (deterministic; it may change state). ``session`` is the client
+        whose message it was, or None. Return True when the service answered the client itself
+        (``session.offer``); otherwise the cluster sends it a ServiceErrorEvent."""
+        return False
+
     def do_background_work(self, now_ns: int) -> int:
         """Called every duty cycle of the service thread (not deterministic: no state changes)."""
         return 0

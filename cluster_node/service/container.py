@@ -26,6 +26,16 @@ SNAPSHOT) the agent stops polling after that entry; the container has the servic
 state (``on_take_snapshot``), records it on stream 106 and acks with the recording id, or with
 -1 when anything failed (the cluster goes on without that snapshot).
 
+Service errors (``service.errors``): an exception from a callback that applies a log entry is
+caught at the agent's callback boundary and handled by the ``service_errors`` policy. Under
+``record`` the container counts it (``error_counter``, the member's service-errors counter), logs
+the first of each distinct error, and the agent has the leader answer the client with a
+ServiceErrorEvent on the same egress publication as the replies (so it arrives in order with
+them). Under ``stop`` the thread ends with :attr:`error` a ServiceErrorStop, and the node exits
+with SERVICE_ERROR_STOP. Entries in the skip list (``skip_positions``, from the node directory's
+``service.skips`` file, and those of the snapshot it starts from) are not given to the service;
+the service snapshot records them.
+
 The duty cycle never spins: when a pass does no work it parks until a doorbell rings or
 ``idle_timeout_s`` passes (by default a third of the IPC liveness timeout, at most a second: the
 heartbeat of its IPC subscriber slots is the only thing it does on a timer).
@@ -35,7 +45,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import structlog
@@ -52,6 +62,7 @@ from cluster_node.service.agent import ServiceAgent
 from cluster_node.service.api import (
     MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
 )
+from cluster_node.service.errors import ErrorDeduper, ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
 from media.channel import parse
 from media.counters import CountersError, CountersReader, counters_path
@@ -96,6 +107,13 @@ def _name_os_thread(name: bytes) -> None:
         pass
 
 
+def _service_error_stop(e: BaseException) -> ServiceErrorStop | None:
+    """The ServiceErrorStop that ended the thread, also inside (nested) exception groups."""
+    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    return e if isinstance(e, ServiceErrorStop) else None
+
+
 class ServiceContainer:
     """Owns the service thread. ``start()`` launches it; ``join()`` waits for its end."""
 
@@ -114,6 +132,9 @@ class ServiceContainer:
         idle_timeout_s: float | None = None,
         liveness_timeout_ns: int = 10_000_000_000,
         snapshot_stream_id: int = SERVICE_SNAPSHOT_STREAM_ID,
+        service_errors: ServiceErrorPolicy | str = ServiceErrorPolicy.RECORD,
+        skip_positions: Collection[int] = (),
+        error_counter=None,
     ) -> None:
         self.service = service
         self.member_id = member_id
@@ -139,6 +160,11 @@ class ServiceContainer:
         """Called on the service thread as it ends (the node's watchdog: no polling for it)."""
         self.liveness_timeout_ns = liveness_timeout_ns
         self.snapshot_stream_id = snapshot_stream_id
+        self.service_errors = ServiceErrorPolicy(service_errors)
+        self.skip_positions = frozenset(skip_positions)
+        self._error_counter = error_counter
+        """Something with ``add(1)`` (a driver counter), counting the failures recorded."""
+        self.error_log = ErrorDeduper()
         self.commit_doorbell = Doorbell()
         self.agent: ServiceAgent | None = None
         self.error: BaseException | None = None
@@ -182,7 +208,15 @@ class ServiceContainer:
             trio.run(self._run)
         except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
             self.error = e
-            log.error("service thread failed", error=repr(e), exc_info=e)
+            stop = _service_error_stop(e)
+            if stop is None:
+                log.error("service thread failed", error=repr(e), exc_info=e)
+                return
+            self.error = stop  # service_errors = "stop": the node exits with its own code
+            f = stop.failure
+            log.error("service callback raised: stopping (service_errors = stop)", callback=f.callback,
+                      log_position=f.log_position, session=f.session_id, payload_prefix=repr(f.payload_prefix),
+                      error=f.error_text, exc_info=f.error)
         finally:
             self.commit_doorbell.close()
             if self.on_exit is not None:
@@ -216,19 +250,25 @@ class ServiceContainer:
                 pub.close()
 
     def _egress_offer(self, session: ClientSession, payload) -> int:
-        """A reply to a client: sent on its egress channel, which is made at the first reply.
+        """A reply to a client: sent on its egress channel, which is made at the first reply
+        (:meth:`_egress_publish`)."""
+        agent = self.agent
+        return self._egress_publish(session, encode_session_message(agent.leadership_term_id, session.id,
+                                                                    agent.time, payload))
+
+    def _egress_publish(self, session: ClientSession, data: bytes) -> int:
+        """Offer one encoded egress message to the session's client (replies and
+        ServiceErrorEvents alike, on the one publication: they arrive in order).
 
         Nothing is sent while the log is replayed (a restart, an election's replay): those
         requests were answered when they were first applied, or their clients are gone, and a
         leader that waited for each replayed session's channel to connect served nothing for
         minutes after a restart with a few hundred old sessions in its log."""
-        agent = self.agent
-        if agent.replaying:
+        if self.agent.replaying:
             return MOCKED_OFFER
         pub = self._egress.get(session.id) or self._egress_pub(session)
         if pub is None:
             return -1
-        data = encode_session_message(agent.leadership_term_id, session.id, agent.time, payload)
         result = pub.offer(data)
         if result == OfferResult.NOT_CONNECTED and not self._egress_waited.get(session.id):
             # A publication made a moment ago needs a round trip to its client before it takes
@@ -258,6 +298,8 @@ class ServiceContainer:
             send_to_consensus=send, egress_offer=self._egress_offer,
             on_session_change=self._on_session_change,
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
+            service_errors=self.service_errors, on_service_error=self._on_service_error,
+            egress_send=self._egress_publish, skip_positions=self.skip_positions, on_skip=self._on_skip,
         )
         self._ipc_driver = IpcDriver(ipc)
         await self._start_agent(agent)
@@ -343,6 +385,25 @@ class ServiceContainer:
                     pass
             ipc.close()
 
+    # ------------------------------------------------------------------ service errors
+
+    def _on_service_error(self, failure: ServiceCallbackFailure) -> None:
+        """A callback failure recorded (``record``): count it; log the first of its kind."""
+        if self._error_counter is not None:
+            self._error_counter.add(1)
+        first = self.error_log.first(failure)
+        if first:
+            log.error("service callback raised (service_errors = record: recorded, the cluster goes on)",
+                      callback=failure.callback, log_position=failure.log_position, session=failure.session_id,
+                      payload_prefix=repr(failure.payload_prefix), error=failure.error_text, exc_info=failure.error)
+        elif first is None:
+            log.error("service callback errors: too many distinct ones to log each; they are still counted",
+                      distinct_logged=self.error_log.max_distinct, log_position=failure.log_position,
+                      error=failure.error_text)
+
+    def _on_skip(self, log_position: int, callback: str) -> None:
+        log.warning("log entry skipped (the operator's skip list)", log_position=log_position, callback=callback)
+
     # ------------------------------------------------------------------ snapshots
 
     async def _archive_client(self):
@@ -383,7 +444,8 @@ class ServiceContainer:
             raise ServiceStartError(f"service snapshot recording {recording_id} is at log position "
                                     f"{snap.log_position}, the recovery plan says {position}")
         agent.start(BytesSnapshotReader(snap.user_records), snap.log_position, sessions=snap.sessions,
-                    leadership_term_id=snap.leadership_term_id, time_unit=snap.time_unit)
+                    leadership_term_id=snap.leadership_term_id, time_unit=snap.time_unit,
+                    skipped_positions=snap.skipped_positions)
         log.info("service snapshot loaded", recording_id=recording_id, log_position=snap.log_position,
                  sessions=len(snap.sessions), records=len(snap.user_records))
 
@@ -398,7 +460,8 @@ class ServiceContainer:
             sessions = [ClientSessionRecord(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
                         for s in sorted(agent.client_sessions, key=lambda s: s.id)]
             records = encode_service_snapshot(ServiceSnapshot(position, term_id, sessions, writer.records,
-                                                              time_unit=agent.time_unit))
+                                                              time_unit=agent.time_unit,
+                                                              skipped_positions=sorted(agent.skip_positions)))
             archive = await self._archive_client()
             recording_id = await record_snapshot(archive, self._ipc_driver, records, self.snapshot_stream_id)
             log.info("service snapshot taken", log_position=position, recording_id=recording_id,

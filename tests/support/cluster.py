@@ -714,6 +714,7 @@ SERVICE_APPLIED_PREFIX = "__svc__"
 CLOSED_PREFIX = "__closed__"
 FAIL_SNAPSHOT_KEY = "__failsnapshot__"
 SLOW_SNAPSHOT_KEY = "__slowsnapshot__"
+RAISE_PREFIX = "__raise__"
 SLOW_PREFIX = "__slow__"
 SLOW_APPLY_S = 0.005
 
@@ -742,6 +743,8 @@ class DigestKvService(KeyValueService):
     * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
     * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
     * while ``__slowsnapshot__`` is a number, ``on_take_snapshot`` takes that many seconds;
+    * a PUT of ``__raise__<n>`` stores its value, then raises ValueError (before any reply): a
+      service callback that fails part way, the same on every member (``service_errors``);
     * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
       exists (a slow state machine for one member only, e.g. during its replay: the log
       entries themselves are the same on every member).
@@ -763,10 +766,16 @@ class DigestKvService(KeyValueService):
         self.data[key] = self.data.get(key, b"") + b"x"
 
     def on_session_message(self, session, timestamp: int, payload) -> None:
-        super().on_session_message(session, timestamp, payload)
         try:
             request = msgspec.msgpack.decode(payload)
         except (msgspec.MsgspecError, ValueError, RecursionError):
+            request = None
+        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
+                and request[2].startswith(RAISE_PREFIX)):
+            self.data[request[2]] = bytes(request[3]) if isinstance(request[3], bytes) else b""
+            raise ValueError(f"told to raise on {request[2]}")
+        super().on_session_message(session, timestamp, payload)
+        if request is None:
             return
         if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
                 and self.cluster is not None and session is not None):
@@ -794,6 +803,13 @@ class DigestKvService(KeyValueService):
                 base.with_suffix(".txt").write_text(f"{self.cluster.log_position} {digest}\n")
 
 
+class FailingStartService(KeyValueService):
+    """A service whose ``on_start`` raises: the node must end with SERVICE_FAILED, not 0."""
+
+    def on_start(self, cluster, snapshot) -> None:
+        raise RuntimeError("this service cannot start")
+
+
 def read_digest_keys(cluster: TestCluster, tag: str, member_id: int) -> list[str]:
     p = cluster.digest_dir / f"member{member_id}-{tag}.keys"
     return p.read_text().split() if p.exists() else []
@@ -817,6 +833,8 @@ __all__ = [
     "SERVICE_APPLIED_PREFIX",
     "CLOSED_PREFIX",
     "FAIL_SNAPSHOT_KEY",
+    "RAISE_PREFIX",
+    "FailingStartService",
     "TestCluster",
     "Node",
     "NodeCounters",

@@ -94,6 +94,7 @@ SAMPLES: list[c.Message] = [
     NewLeaderEvent(4, 42, 2, "0=h:1,1=h:2,2=h:3"),
     Challenge(77, 42, b"nonce"),
     AdminResponse(42, 79, AdminRequestType.SNAPSHOT, AdminResponseCode.UNAUTHORISED_ACCESS, "no", b"x"),
+    c.ServiceErrorEvent(42, 3, 4096, "ValueError: bad", b"\x92\x01"),
     TimerEvent(3, 1001, 123456),
     SessionOpenEvent(3, 77, 42, 123, 102, "aeron:udp?endpoint=h:9", b"principal"),
     SessionCloseEvent(3, 42, 124, CloseReason.TIMEOUT),
@@ -129,6 +130,7 @@ SAMPLES: list[c.Message] = [
     Timer(1001, 99999),
     ConsensusModule(43, I64_MIN + 5, I64_MIN + 3, 4096),
     PendingMessageTracker(I64_MIN + 5, I64_MIN + 3, 4096, 0),
+    c.SkippedLogEntry(4096),
 ]
 MSGPACK_TYPES = sorted((cls for cls in MESSAGE_TYPES.values() if cls is not SessionMessageHeader), key=lambda k: k.TEMPLATE_ID)
 
@@ -217,6 +219,7 @@ def test_template_ids_follow_the_reference():
     expected = {
         "SessionMessageHeader": 1, "SessionEvent": 2, "SessionConnectRequest": 3, "SessionCloseRequest": 4,
         "SessionKeepAlive": 5, "NewLeaderEvent": 6, "Challenge": 7, "ChallengeResponse": 8,
+        "ServiceErrorEvent": 9, "SkippedLogEntry": 110,
         "TimerEvent": 20, "SessionOpenEvent": 21, "SessionCloseEvent": 22, "ClusterActionRequest": 23,
         "NewLeadershipTermEvent": 24, "AdminRequest": 26, "AdminResponse": 27, "CloseSession": 30,
         "ScheduleTimer": 31, "CancelTimer": 32, "ServiceAck": 33, "ClusterMembersQuery": 34, "JoinLog": 40,
@@ -236,7 +239,7 @@ def test_each_stream_carries_the_reference_messages():
     names = {codec.name: {cls.__name__ for cls in codec.message_types} for codec in ALL_CODECS}
     assert names == {
         "ingress": {"SessionConnectRequest", "SessionCloseRequest", "SessionKeepAlive", "ChallengeResponse", "AdminRequest"},
-        "egress": {"SessionEvent", "NewLeaderEvent", "Challenge", "AdminResponse"},
+        "egress": {"SessionEvent", "NewLeaderEvent", "Challenge", "AdminResponse", "ServiceErrorEvent"},
         "log": {"TimerEvent", "SessionOpenEvent", "SessionCloseEvent", "ClusterActionRequest", "NewLeadershipTermEvent"},
         "consensus": {
             "CanvassPosition", "RequestVote", "Vote", "NewLeadershipTerm", "AppendPosition", "CommitPosition",
@@ -248,7 +251,8 @@ def test_each_stream_carries_the_reference_messages():
             "JoinLog", "ClusterMembersResponse", "ServiceTerminationPosition", "ClusterMembersExtendedResponse",
             "RequestServiceAck",
         },
-        "snapshot": {"SnapshotMarker", "ClientSession", "ClusterSession", "Timer", "ConsensusModule", "PendingMessageTracker"},
+        "snapshot": {"SnapshotMarker", "ClientSession", "ClusterSession", "Timer", "ConsensusModule", "PendingMessageTracker",
+                     "SkippedLogEntry"},
     }
     carries = {codec.name for codec in ALL_CODECS if codec.carries_session_messages}
     assert carries == {"ingress", "egress", "log", "service-to-consensus", "snapshot"}

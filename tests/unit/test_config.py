@@ -338,3 +338,25 @@ def test_keep_cpus_awake_parses_round_trips_and_is_off_by_default(tmp_path: Path
 def test_commit_spin_may_be_off() -> None:
     assert parse_node_config(MINIMAL).timeouts.commit_spin_ns == 1_000_000
     assert parse_node_config(MINIMAL + '\n[timeouts]\ncommit_spin = "0s"\n').timeouts.commit_spin_ns == 0
+
+
+# ------------------------------------------------------------------------------ service errors
+
+
+def test_service_errors_defaults_to_record_and_accepts_stop() -> None:
+    assert parse_node_config(MINIMAL).node.service_errors == "record"
+    text = MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nservice_errors = "stop"')
+    cfg = parse_node_config(text)
+    assert cfg.node.service_errors == "stop"
+    assert parse_node_config(node_config_to_toml(cfg)).node.service_errors == "stop"  # written back
+
+
+@pytest.mark.parametrize("value", ['"ignore"', '"Record"', '""', "1"])
+def test_service_errors_other_values_are_one_line_errors(value: str) -> None:
+    msg = _error(MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\nservice_errors = {value}'))
+    assert "service_errors" in msg
+
+
+def test_generated_cluster_carries_service_errors(tmp_path: Path) -> None:
+    configs, _client = generate_loopback_cluster(3, tmp_path, service_errors="stop")
+    assert {c.node.service_errors for c in configs} == {"stop"}
