@@ -33,6 +33,7 @@ from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
 from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
+from cluster_node.node_identity import NodeIdentityError, check_identity, record_identity
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
@@ -77,6 +78,10 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     node_dir = cfg.node_dir
     node_dir.mkdir(parents=True, exist_ok=True)
     try:
+        identity_recorded = check_identity(node_dir, cfg.member_id, cfg.node.cluster_id)
+    except NodeIdentityError as e:
+        raise NodeStartError(str(e)) from None
+    try:
         # Where this node keeps its files, for tools that only have the node directory.
         details = {
             "driver_dir": str(cfg.driver_dir.resolve()), "archive_dir": str(cfg.archive_dir.resolve()),
@@ -85,6 +90,13 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id, details=details)
     except MarkFileInUseError as e:
         raise NodeStartError(str(e)) from None
+    if not identity_recorded:
+        try:
+            record_identity(node_dir, cfg.member_id, cfg.node.cluster_id)
+        except OSError as e:
+            mark.close()
+            raise NodeStartError(f"cannot record the node directory's identity in {node_dir}: "
+                                 f"{e.strerror or e}") from None
     _prepare_shm_driver_dir(cfg)
     service = load_service(cfg.node.service)
     try:
