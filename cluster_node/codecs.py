@@ -369,6 +369,7 @@ I64 = Annotated[int, msgspec.Meta(ge=_I64_MIN, le=_I64_MAX)]
 I32 = Annotated[int, msgspec.Meta(ge=_I32_MIN, le=_I32_MAX)]
 """Any int32: stream ids, session ids of publications, flags, app versions."""
 U8 = Annotated[int, msgspec.Meta(ge=0, le=255)]
+U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFF_FFFF)]
 Position = Annotated[int, msgspec.Meta(ge=NULL_POSITION, le=_I64_MAX)]
 """A byte position in a stream, or NULL_POSITION (-1)."""
 TermId = Annotated[int, msgspec.Meta(ge=NULL_VALUE, le=_I64_MAX)]
@@ -563,6 +564,9 @@ class CanvassPosition(Message, tag=50):
     leadership_term_id: TermId
     follower_member_id: MemberId
     protocol_version: Version
+    members_digest: U32 = 0
+    """The sender's view of the cluster (``members_digest``): a member whose list differs is
+    refused loudly instead of canvassing for ever. Beyond the reference; 0: not sent."""
 
 
 class RequestVote(Message, tag=51):
@@ -571,6 +575,8 @@ class RequestVote(Message, tag=51):
     candidate_term_id: TermId
     candidate_member_id: MemberId
     protocol_version: Version
+    members_digest: U32 = 0
+    """As CanvassPosition's."""
 
 
 class Vote(Message, tag=52):
@@ -596,6 +602,8 @@ class NewLeadershipTerm(Message, tag=53):
     log_session_id: I32
     app_version: Version
     is_startup: bool
+    members_digest: U32 = 0
+    """As CanvassPosition's."""
 
 
 class AppendPosition(Message, tag=54):

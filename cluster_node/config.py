@@ -84,6 +84,7 @@ import socket
 import tomllib
 import types
 import typing
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +435,13 @@ class NodeConfig(_Section):
     def members_text(self) -> str:
         """The member list in the reference's format, as carried in messages and tools."""
         return format_cluster_members(self.cluster.members)
+
+    @property
+    def members_digest(self) -> int:
+        """A digest of this member's view of the cluster (its id and members list): carried in
+        the election's messages, so that a member configured with another list is refused
+        loudly rather than left canvassing (never 0, which means "not sent")."""
+        return zlib.crc32(f"{self.node.cluster_id}|{self.members_text}".encode()) or 1
 
     @property
     def ingress_endpoints_text(self) -> str:

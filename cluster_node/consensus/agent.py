@@ -43,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import structlog
 import trio
 
@@ -94,6 +95,8 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
+_DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
+"""Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
@@ -316,6 +319,8 @@ class ConsensusAgent:
         self._service_drained = trio.Event()
         self.suspended = False
         self.errors = 0
+        self._members_digest = config.members_digest
+        self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
         self._snapshot: _PendingSnapshot | None = None
         self._leader_action: int | None = None
@@ -573,7 +578,10 @@ class ConsensusAgent:
         if t is fx.SendToMember:
             pub = self._consensus_pubs.get(e.member_id)
             if pub is not None:
-                pub.offer(CONSENSUS_CODEC.encode(e.message))
+                msg = e.message
+                if type(msg) in _DIGESTED:
+                    msg = msgspec.structs.replace(msg, members_digest=self._members_digest)
+                pub.offer(CONSENSUS_CODEC.encode(msg))
         elif t is fx.AppendLog:
             self._appends.append((e.message, None))
             self._flush_appends()
@@ -983,6 +991,9 @@ class ConsensusAgent:
             log.debug("bad consensus message dropped", error=str(e))
             return
         t = type(msg)
+        if t in _DIGESTED and msg.members_digest not in (0, self._members_digest):
+            self._on_members_mismatch(msg)
+            return
         if t is codecs.TerminationPosition or t is codecs.TerminationAck:
             self._on_termination_message(msg)
             return
@@ -993,6 +1004,20 @@ class ConsensusAgent:
         # StopCatchup and TerminationPosition come from the leader and name no sender.
         sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
         self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _on_members_mismatch(self, msg) -> None:
+        """A member whose view of the cluster (cluster id, members list) differs from ours: its
+        election messages are dropped, counted, and said once per member and digest, loudly,
+        since the cluster cannot elect with it until an operator fixes one of the configs."""
+        sender = getattr(msg, self._SENDER.get(type(msg), ""), None)
+        self.counters["errors"].add(1)
+        key = (sender, msg.members_digest)
+        if key not in self._mismatches_said and len(self._mismatches_said) < 64:
+            self._mismatches_said.add(key)
+            log.error("a member's view of the cluster differs from ours: its election messages are dropped "
+                      "(check cluster.members and node.cluster_id in every member's config)",
+                      member=sender, their_digest=msg.members_digest, our_digest=self._members_digest,
+                      our_members=self.cfg.members_text)
 
     def _on_ingress(self, buf, offset, length, header) -> None:
         m = self.module
@@ -1472,6 +1497,7 @@ class ConsensusAgent:
             log.info("cluster suspended: client messages wait until resume")
         elif toggle == ToggleState.RESUME and state.get() == ModuleState.SUSPENDED:
             self.suspended = False
+            self.sessions.on_resume(self._cluster_now)
             state.set(ModuleState.ACTIVE)
             log.info("cluster resumed")
         elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
