@@ -233,6 +233,13 @@ class ClusterSessions:
         self._close(session, CloseReason.SERVICE_ACTION, current_term_id, now_ns, tell_client=True)
         return True
 
+    def on_resume(self, now_ns: int) -> None:
+        """The cluster was suspended: its leader read no client message meanwhile, keep-alives
+        included, so no session's silence counts from before the resume (a session closed for
+        it lost the request that waited in its ingress). Each gets a whole timeout from now."""
+        for session in self.sessions.values():
+            session.time_of_last_activity_ns = now_ns
+
     def check_timeouts(self, current_term_id: int, now_ns: int) -> int:
         """Leader: close sessions silent for longer than the session timeout."""
         timeout = self.settings.session_timeout_ns

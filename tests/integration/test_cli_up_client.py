@@ -203,7 +203,7 @@ def test_up_reports_a_member_that_exits_at_start_with_its_last_lines(tmp_path):
     )
     assert r.returncode == 1, (r.stdout, r.stderr)
     first = r.stderr.splitlines()[0]
-    assert first.startswith("Error: member 0 exited during start-up (exit code 1): "), r.stderr
+    assert first.startswith("Error: member 0 exited during start-up (exit code 1: start failed): "), r.stderr
     assert "no_such_package" in first
     assert "last lines of" in first and "console.log" in first
 

@@ -7,8 +7,12 @@ made slow to snapshot on purpose (``__slowsnapshot__``: a state that takes secon
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
+
+from cluster_node.service.examples.kv import Put, Status
 
 from tests.integration.test_cluster_snapshots import atool, await_exits, events, get_all, put_all, snapshots
 from tests.support.cluster import SLOW_SNAPSHOT_KEY, TEST_TIMEOUTS, TestCluster, open_kv_client
@@ -84,3 +88,31 @@ async def test_shutdown_while_suspended_snapshots_and_stops_every_member(cluster
     await await_exits(cluster, range(3), 30)
     ends = {snapshots(cluster, m)[-1].log_position for m in range(3)}
     assert len(ends) == 1
+
+
+@pytest.fixture
+def short_session_timeout(tmp_path):
+    with TestCluster(tmp_path, timeouts=msgspec.structs.replace(TEST_TIMEOUTS, session_timeout_ns=2 * _S)) as c:
+        yield c
+
+
+async def test_a_request_that_waited_through_a_suspend_longer_than_the_session_timeout_is_applied(
+        short_session_timeout: TestCluster) -> None:
+    cluster = short_session_timeout
+    leader = cluster.start()
+    node = cluster.nodes[leader]
+    async with open_kv_client(cluster.client_config) as kv:
+        r = await atool(node.dir, "suspend")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        request_id = await kv.send(Put(kv.next_id(), "waited", b"through the suspend"))
+        # Suspended for twice the session timeout (the condition is the time itself).
+        until = time.monotonic() + 4.0
+        await cluster.await_for(lambda: time.monotonic() >= until, 10, "a suspend of 4 s")
+        assert await kv.wait_reply(request_id, 0.1) is None  # not taken while suspended
+        r = await atool(node.dir, "resume")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        reply = await kv.wait_reply(request_id, 10.0)
+        assert reply is not None and reply.status == Status.OK, reply
+        assert await get_all(kv, ["waited"]) == {"waited": b"through the suspend"}
+    assert not events(cluster, leader, "session closed") or all(
+        e.get("reason") != "TIMEOUT" for e in events(cluster, leader, "session closed"))
