@@ -586,7 +586,9 @@ class ConsensusAgent:
             self._appends.append((e.message, None))
             self._flush_appends()
         elif t is fx.PersistCandidateTerm:
-            self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position, e.timestamp_ns // 1_000_000)
+            # (Wall clock, as the file documents: the effect's time is the monotonic clock.)
+            self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position,
+                                                          time.time_ns() // 1_000_000)
         elif t is fx.WriteRecordingLog:
             self.recording_log_file.apply(e.writes)
         elif t is fx.CommitPositionChanged:

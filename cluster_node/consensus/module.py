@@ -284,8 +284,11 @@ class ConsensusModule:
 
     def adopt_term(self, leadership_term_id: int, term_base_log_position: int, now_ns: int) -> None:
         """Our log up to ``term_base_log_position`` is that term's leader's log: record the term."""
+        # The entry's timestamp is the cluster's (wall-clock) time in ms, as recording.log
+        # documents and operators read it; ``now_ns`` is this process's monotonic clock.
         writes = self.recording_log.append_term(
-            self.log_recording_id, leadership_term_id, term_base_log_position, now_ns
+            self.log_recording_id, leadership_term_id, term_base_log_position,
+            self.cluster_clock(now_ns) // 1_000_000,
         )
         self.emit(fx.WriteRecordingLog(writes))
         self.log_leadership_term_id = leadership_term_id
