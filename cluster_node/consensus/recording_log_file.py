@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import structlog
+
 from cluster_node.consensus.recording_log import RecordingLog
 
 __all__ = ["RecordingLogFile", "RECORDING_LOG_FILE_NAME"]
 
 RECORDING_LOG_FILE_NAME = "recording.log"
+
+log = structlog.get_logger("recording_log")
 
 
 class RecordingLogFile:
@@ -32,6 +36,11 @@ class RecordingLogFile:
         self.log = RecordingLog.decode(data)
         self.repaired_tail_length = self.log.torn_tail_length
         if self.repaired_tail_length:
+            # Said once, with what is cut: an entry torn by a crash mid-append is expected, but
+            # the operator of a file damaged otherwise must be able to tell what was dropped.
+            log.warning("recording.log: a torn last entry cut off", path=str(self.path),
+                        bytes=self.repaired_tail_length, entries_kept=len(self.log.entries),
+                        cut_from_offset=self.log.length)
             os.ftruncate(self._fd, self.log.length)
             self._sync()
 

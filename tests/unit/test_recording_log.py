@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+import structlog
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -184,8 +186,10 @@ def test_file_shell_round_trips_and_repairs_a_torn_tail(tmp_path) -> None:
     path = tmp_path / "recording.log"
     with open(path, "ab") as fh:
         fh.write(b"\x01" * 40)  # a torn append
-    with RecordingLogFile(tmp_path) as f:
+    with structlog.testing.capture_logs() as logs, RecordingLogFile(tmp_path) as f:
         assert f.repaired_tail_length == 40
         assert [e.leadership_term_id for e in f.log.term_entries()] == [0, 1]
         assert f.log.entries[0].log_position == 128
     assert path.stat().st_size == 128
+    (cut,) = [e for e in logs if e["event"] == "recording.log: a torn last entry cut off"]
+    assert (cut["bytes"], cut["entries_kept"], cut["cut_from_offset"]) == (40, 2, 128)
