@@ -10,7 +10,9 @@ which the files are built to survive. A cluster SHUTDOWN or ABORT (``cluster-nod
 the process the same way once this member has stopped at the termination position (exit 0).
 
 The node writes ``READY member=<id> pid=<pid>`` on stdout once it runs, for supervisors
-(``cluster-node up``) and tests.
+(``cluster-node up``) and tests, and ``STOPPED member=<id> pid=<pid> reason=<SIGTERM|SIGINT|
+cluster-termination>`` once it has stopped as asked (a failure instead ends with one line on
+stderr and its own exit code: cluster_node.exit_codes).
 """
 
 from __future__ import annotations
@@ -202,18 +204,23 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     if announce:
                         print(f"READY member={cfg.member_id} pid={os.getpid()}", flush=True)
                     log.info("node started", member_id=cfg.member_id, pid=os.getpid(), service=cfg.node.service)
+                    stop_reason = "?"
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async with trio.open_nursery() as waiters:
                             async def on_signal() -> None:
+                                nonlocal stop_reason
                                 async for signum in signals:
-                                    log.info("stopping", signal=signal.Signals(signum).name)
+                                    stop_reason = signal.Signals(signum).name
+                                    log.info("stopping", signal=stop_reason)
                                     break
                                 waiters.cancel_scope.cancel()
 
                             async def on_termination() -> None:
+                                nonlocal stop_reason
                                 # SHUTDOWN or ABORT: the cluster stopped at a common position.
                                 await agent.wait_terminated()
-                                log.info("stopping", reason="cluster termination")
+                                stop_reason = "cluster termination"
+                                log.info("stopping", reason=stop_reason)
                                 waiters.cancel_scope.cancel()
 
                             waiters.start_soon(on_signal)
@@ -227,6 +234,10 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     await trio.to_thread.run_sync(container.join, 5.0)
                     nursery.cancel_scope.cancel()
                 await client.close()
+        if announce:
+            # The counterpart of READY, for supervisors and for an operator at the console.
+            print(f"STOPPED member={cfg.member_id} pid={os.getpid()} reason={stop_reason.replace(' ', '-')}",
+                  flush=True)
     finally:
         if agent is not None and agent.keep_awake is not None:
             agent.keep_awake.close()

@@ -27,7 +27,9 @@ def cluster(tmp_path):
 def test_a_directory_started_with_another_members_id_is_refused_in_one_line(cluster: TestCluster, tmp_path):
     cluster.start()
     for n in cluster.nodes:
+        pid = n.pid
         assert n.terminate() == 0
+        assert n.stdout_path.read_text().splitlines()[-1] == f"STOPPED member={n.member_id} pid={pid} reason=SIGTERM"
     one, two = cluster.nodes[1], cluster.nodes[2]
     # Member 2's config pointed at member 1's directory (a copy-paste slip in a config).
     text = two.config_path.read_text()
