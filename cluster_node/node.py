@@ -86,6 +86,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     try:
         # Where this node keeps its files, for tools that only have the node directory.
         details = {
+            "node_dir": str(node_dir.resolve()),
             "driver_dir": str(cfg.driver_dir.resolve()), "archive_dir": str(cfg.archive_dir.resolve()),
             "log_file": str(cfg.log_file.resolve()), "members": cfg.members_text, "service": cfg.node.service,
         }

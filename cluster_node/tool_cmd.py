@@ -54,6 +54,7 @@ and exit 1.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -216,9 +217,33 @@ class NodeDir:
         return f"NOT RUNNING ({self.why_not_running})"
 
     def detail_path(self, key: str, default: Path) -> Path:
-        """A path the node published in its mark file's details, else the default layout."""
+        """A path the node published in its mark file's details, else the default layout.
+
+        A copy of a node directory (a backup, a directory moved by hand) carries the original's
+        mark file: a published path inside the original directory is taken inside this one, so
+        a tool never reads, or repairs, the original's files through a copy."""
         value = self.mark.details.get(key)
-        return Path(value) if isinstance(value, str) and value else default
+        if not (isinstance(value, str) and value):
+            return default
+        saved = Path(value)
+        here = self.path.resolve()
+        origin = self.mark.details.get("node_dir")
+        if isinstance(origin, str) and origin:
+            if Path(origin) == here:
+                return saved
+            try:
+                return here / saved.relative_to(origin)
+            except ValueError:
+                return saved  # configured outside the node directory: the same for a copy
+        # A mark file that does not name its directory: a default-layout path of another
+        # directory, where this one has the same file, means this is a copy.
+        try:
+            rel = default.resolve().relative_to(here)
+        except ValueError:
+            return saved
+        if saved != here / rel and saved.parts[-len(rel.parts):] == rel.parts and default.exists():
+            return default
+        return saved
 
     @property
     def archive_dir(self) -> Path:
@@ -246,7 +271,12 @@ def open_node_dir(path: Path, now_ms: int | None = None) -> NodeDir:
         raise click.ClickException(f"{path / MARK_FILE_NAME} is not a valid mark file (damaged, or a node was starting)")
     now = _now_ms() if now_ms is None else now_ms
     age_ms = mark.age_ms(now)
-    if not _pid_alive(mark.pid):
+    origin = mark.details.get("node_dir")
+    if isinstance(origin, str) and origin and Path(origin) != path.resolve():
+        # A copy: its mark file's pid and driver directory are the original's, not this one's.
+        mark = dataclasses.replace(mark, details={k: v for k, v in mark.details.items() if k != "driver_dir"})
+        running, why = False, f"a copy of {origin} (the node that wrote its mark file ran there)"
+    elif not _pid_alive(mark.pid):
         running, why = False, f"pid {mark.pid} is not running; last active {_age_text(age_ms)} ago"
     elif age_ms >= LIVENESS_TIMEOUT_MS:
         running, why = False, f"pid {mark.pid} has not refreshed the mark file for {_age_text(age_ms)}"
