@@ -454,6 +454,7 @@ class ServiceContainer:
         position, term_id, _timestamp = agent.snapshot_request
         started = time.monotonic()
         recording_id = NULL_VALUE
+        at_archive = False
         try:
             writer = BytesSnapshotWriter(max_record_length=MAX_SNAPSHOT_RECORD_LENGTH)
             self.service.on_take_snapshot(writer)
@@ -462,6 +463,7 @@ class ServiceContainer:
             records = encode_service_snapshot(ServiceSnapshot(position, term_id, sessions, writer.records,
                                                               time_unit=agent.time_unit,
                                                               skipped_positions=sorted(agent.skip_positions)))
+            at_archive = True
             archive = await self._archive_client()
             recording_id = await record_snapshot(archive, self._ipc_driver, records, self.snapshot_stream_id)
             log.info("service snapshot taken", log_position=position, recording_id=recording_id,
@@ -470,6 +472,15 @@ class ServiceContainer:
         except Exception as e:  # noqa: BLE001 - a failed snapshot is reported, the cluster goes on
             log.error("service snapshot failed", log_position=position, error=str(e) or repr(e))
             recording_id = NULL_VALUE
+            if at_archive and self._archive is not None:
+                # The archive may have dropped this control session (a service thread busy
+                # for longer than the session's timeout): the next snapshot connects afresh.
+                archive, self._archive = self._archive, None
+                with trio.move_on_after(1):
+                    try:
+                        await archive.close()
+                    except Exception:  # noqa: BLE001 - a session that is gone already
+                        pass
         with trio.move_on_after(10):
             while not agent.ack_snapshot(recording_id):
                 await trio.sleep(0.001)
