@@ -39,6 +39,7 @@ __all__ = [
     "FrameError",
     "HEADER_LENGTH",
     "FRAME_ALIGNMENT",
+    "frame_step",
     "VERSION",
     "FLAG_BEGIN",
     "FLAG_END",
@@ -152,6 +153,15 @@ def term_id_at(position: int, initial_term_id: int, position_bits: int) -> int:
 def max_message_length(term_length: int) -> int:
     """The largest message a publication accepts: min(term length / 8, 16 MiB)."""
     return min(term_length // 8, 16 * 1024 * 1024)
+
+
+def frame_step(frame_length: int) -> int:
+    """How far the next frame starts after a frame of ``frame_length`` bytes: its length rounded
+    up to FRAME_ALIGNMENT, for DATA and PAD frames alike. The one definition every walker of a
+    log buffer uses (validation, polling, scanning), so that what :func:`check_data_run` let
+    into an image is read back frame by frame exactly as it was checked; a walker that stepped
+    over padding by its raw length once read a forged header hidden behind a short pad."""
+    return (frame_length + 31) & ~31
 
 
 def term_window(term_length: int) -> int:
@@ -367,6 +377,8 @@ def check_data_run(buf, length: int, term_length: int) -> DataRun:
             raise FrameError(f"frame type {ftype} inside a data run")
         if flen < HEADER_LENGTH:
             raise FrameError(f"frame length {flen} inside a data run")
+        if ftype == TYPE_PAD and flen % FRAME_ALIGNMENT:
+            raise FrameError(f"padding frame length {flen} is not a multiple of {FRAME_ALIGNMENT}")
         if toff != expected:
             raise FrameError(f"frame term offset {toff}, expected {expected}")
         aligned = (flen + 31) & ~31

@@ -39,7 +39,7 @@ import trio
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
 from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
-from media.frames import TYPE_PAD, term_window
+from media.frames import frame_step, term_window
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription
@@ -71,7 +71,7 @@ def _scan_to_tail(lb: LogBuffer, position: int) -> int:
         flen, _v, _f, ftype = _PREFIX(buf, META_LENGTH + position % cap)
         if flen <= 0:
             return position
-        position += flen if ftype == TYPE_PAD else (flen + 31) & ~31
+        position += frame_step(flen)
     return position
 
 

@@ -25,7 +25,7 @@ import trio
 
 from media import framescan
 from media.channel import ChannelUri
-from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD
+from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD, frame_step
 from media.logbuffer import META_LENGTH, LogBuffer
 
 _PUB_PARKED = LogBuffer.PUBLISHER_PARKED_OFFSET
@@ -182,8 +182,9 @@ class Image:
                     break
                 if flags & 0xC0 != 0xC0 or ftype == TYPE_PAD:
                     if ftype == TYPE_PAD:
-                        pos += flen
-                        off += flen
+                        step = frame_step(flen)
+                        pos += step
+                        off += step
                         if off == wrap:
                             off = META_LENGTH
                         continue
@@ -240,9 +241,9 @@ class Image:
                 if flen <= 0:
                     break
                 if ftype == TYPE_PAD:
-                    if pos + flen > limit_position:
+                    if pos + frame_step(flen) > limit_position:
                         break
-                    pos += flen
+                    pos += frame_step(flen)
                     continue
                 end = pos + ((flen + 31) & ~31)
                 if end > limit_position:
@@ -294,7 +295,7 @@ class Image:
         if flen <= 0:
             return 0
         if ftype == TYPE_PAD:
-            length = flen
+            length = frame_step(flen)
         else:
             ints = self._ints
             if ints is None:

@@ -1,0 +1,72 @@
+"""Crafted datagrams at a live cluster: counted and dropped, and the cluster keeps serving.
+
+The datagram that once ended a node: a SETUP that makes the receiver create an image, then a
+DATA datagram whose first frame is a padding frame of unaligned length (40) hiding a forged DATA
+header that claims about 2 GiB (tests/unit/test_frame_walk_agreement.py builds it). Sent to a
+member's ingress, consensus and archive control ports, and to every member.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+
+from media.counters import CountersReader, SystemCounter
+from media.frames import Setup, encode_setup
+from tests.integration.test_cluster_e2e import assert_keys, put_keys
+from tests.support.cluster import TestCluster, open_kv_client
+from tests.unit.test_frame_walk_agreement import crafted_pad_datagram
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with TestCluster(tmp_path) as c:
+        yield c
+
+
+def _invalid_packets(node) -> int:
+    """The member's invalid packets counter; -1 when it no longer runs."""
+    if not node.running:
+        return -1
+    reader = CountersReader.open(node.counters_path)
+    try:
+        found = [c.value for c in reader.find() if c.label == SystemCounter.INVALID_PACKETS.label]
+        return found[0] if found else -1
+    finally:
+        reader.close()
+
+
+def _send_crafted(endpoint: str, stream_id: int, session_id: int) -> None:
+    host, port = endpoint.rsplit(":", 1)
+    datagram = bytearray(crafted_pad_datagram())
+    for at in (12, 76):  # the session id and stream id of both frames that matter
+        datagram[at:at + 4] = session_id.to_bytes(4, "little", signed=True)
+        datagram[at + 4:at + 8] = stream_id.to_bytes(4, "little", signed=True)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(encode_setup(Setup(0, session_id, stream_id, 0, 0, 64 * 1024, 1408, 0)), (host, int(port)))
+        s.sendto(bytes(datagram), (host, int(port)))
+
+
+async def test_the_crafted_padding_datagram_at_every_port_is_counted_and_dropped(cluster: TestCluster) -> None:
+    leader = cluster.start()
+    c = cluster.nodes[0].cfg.cluster
+    rng = random.Random(7)
+    before = {n.member_id: _invalid_packets(n) for n in cluster.nodes}
+    for n in cluster.nodes:
+        me = n.cfg.this_member
+        for endpoint, stream_id in ((me.ingress, c.ingress_stream_id), (me.consensus, c.consensus_stream_id),
+                                    (me.archive, n.cfg.archive.control_request_stream_id)):
+            _send_crafted(endpoint, stream_id, rng.randrange(1, 1 << 30))
+    await cluster.await_for(lambda: all(_invalid_packets(n) >= before[n.member_id] + 3 for n in cluster.nodes), 10,
+                            "every member counts the three crafted datagrams as invalid")
+    keys = {f"k{i}": b"v%d" % i for i in range(50)}
+    async with open_kv_client(cluster.client_config) as kv:
+        await put_keys(kv, cluster, keys)
+        await assert_keys(kv, cluster, keys)
+    exited = {n.member_id: n.proc.returncode for n in cluster.nodes if not n.running}
+    assert not exited, f"members exited: {exited}\n{cluster.diagnostics()}"
+    assert cluster.leader() == leader
