@@ -38,7 +38,8 @@ messages to the handler, sends keep-alives and watches the leader:
   leader is gone, for ``leader_silence_timeout`` with no NewLeaderEvent. The leader is taken to
   be gone for good (the cluster restarted, or the event was lost): the client connects anew to
   whichever member leads now, and gets a new session (``on_reconnect`` tells the application).
-  It keeps trying for ``reconnect_timeout``, then closes with ``error`` set.
+  It keeps trying for ``reconnect_timeout`` (a refusal for the session limit included: the new
+  leader may still hold sessions of clients that have moved on), then closes with ``error`` set.
 * **Unanswered requests**: messages were offered and nothing at all came back on egress for
   this session (no reply, no event) for ``leader_silence_timeout``, while the ingress stays
   connected. The member taken for the leader no longer leads for this session (it stepped down
@@ -605,6 +606,13 @@ class ClusterClient:
                 await self._connect(min(give_up_ns, now + self._message_timeout_ns))
             except ConnectTimeoutError as ex:
                 last_error = str(ex)
+                continue
+            except ClusterRejectedError as ex:
+                # This client was accepted before, so the refusal is the session limit: the new
+                # leader may still hold sessions of clients that have moved on (ours among them),
+                # until its session timeout. Ask again, as for a leader not yet elected.
+                last_error = str(ex)
+                await trio.sleep(min(_REDIRECT_RETRY_MAX_S, max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)))
                 continue
             except ClusterClientError as ex:
                 self._close_locally(str(ex))

@@ -81,6 +81,8 @@ class FakeCluster:
         self.echo = True
         self.knows_no_leader: set[int] = set()
         """Members that redirect without naming a leader (cut off from the others)."""
+        self.full = False
+        """The leader refuses connects for the session limit."""
 
     @property
     def endpoints_text(self) -> str:
@@ -132,6 +134,8 @@ class FakeCluster:
                     event(EventCode.ERROR, detail="invalid client version")
                 elif self.reject_auth:
                     event(EventCode.AUTHENTICATION_REJECTED, detail="no entry")
+                elif self.full:
+                    event(EventCode.ERROR, detail="concurrent session limit")
                 else:
                     sid = self.next_session_id
                     self.next_session_id += 1
@@ -452,3 +456,18 @@ async def test_an_event_of_an_older_term_is_for_an_older_session_with_the_same_i
         await _until(lambda: got == [b"after"])  # the event came first, on the same stream
         assert client.reconnects == 0 and client.cluster_session_id == sid and client.is_connected
         assert client.foreign_messages >= 1
+
+
+async def test_a_reconnect_refused_for_the_session_limit_asks_again(fake) -> None:
+    """A new leader may hold, until its session timeout, sessions of clients that have moved on
+    (ours among them): a reconnect refused for the session limit is tried again, not the end."""
+    reconnected: list[int] = []
+    async with open_cluster_client(client_config(fake.endpoints), on_reconnect=reconnected.append) as client:
+        old = client.cluster_session_id
+        fake.full = True
+        fake.close_session(old, "election")
+        await _until(lambda: sum(1 for e in fake.events if e[0] == "connect") >= 4)
+        assert not client.is_closed and not reconnected
+        fake.full = False
+        await _until(lambda: len(reconnected) == 1)
+        assert client.is_connected and client.cluster_session_id not in (old, -1)
