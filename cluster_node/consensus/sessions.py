@@ -349,6 +349,7 @@ class ClusterSessions:
             self.rolled_back += 1
             if session.opened_term_id == NULL_VALUE:
                 session.opened_term_id = leadership_term_id
+            session.time_of_last_answer_ns = now_ns  # told now: the next answer waits its interval
             self.effects.append(SendEgress(
                 session.id, session.response_channel, session.response_stream_id,
                 self._closed_event(session, NULL_VALUE),

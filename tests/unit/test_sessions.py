@@ -208,6 +208,8 @@ def test_a_member_that_does_not_lead_answers_a_rolled_back_session_again_and_nev
     s.drain_effects()
     s.rollback(commit_position=0, leadership_term_id=3, now_ns=10 * S)
     s.drain_effects()
+    # Just told: not again at once (its offers still queued here come in a burst).
+    assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=10 * S + 1)
     # Its client missed the event and keeps offering: told again, at most every answer interval.
     assert s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=11 * S)
     assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=11 * S + 1)
