@@ -335,7 +335,8 @@ class ClusterClient:
             if session_id != self.cluster_session_id:
                 self.foreign_messages += 1
                 return
-            self._answered()
+            self._offers_since_answer = 0  # _answered(), inline on the hot path
+            self._unanswered_since_ns = 0
             self.messages_received += 1
             msg_header = SessionMessageHeader(term_id, session_id, timestamp)
             payload = buf[offset + SESSION_HEADER_LENGTH : offset + length]
