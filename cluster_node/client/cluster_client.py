@@ -398,6 +398,10 @@ class ClusterClient:
             return
         if event.leadership_term_id < self.leadership_term_id:
             return  # a stale event from an earlier election
+        if (event.leadership_term_id == self.leadership_term_id and event.leader_member_id == self.leader_member_id
+                and self._ingress is not None):
+            self._answered()  # told again (a message of ours crossed the first one): nothing new
+            return
         try:
             endpoints = parse_ingress_endpoints(event.ingress_endpoints, "NewLeaderEvent.ingress_endpoints")
         except ConfigError:

@@ -28,7 +28,8 @@ Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; a
 * a session with no ingress message or keep-alive for ``session_timeout_ns`` is closed with
   reason TIMEOUT and told CLOSED; activity is reset for every session after an election;
 * ingress and keep-alives carrying a leadership term other than the current one are dropped
-  (the client has not seen the NewLeaderEvent yet);
+  (the client has not seen the NewLeaderEvent yet); one of an earlier term is answered with the
+  NewLeaderEvent again (at most every ``answer_interval_ns``), in case it was lost;
 * after an election the new leader sends every open session a NewLeaderEvent; after a restart
   of the leader (a startup election: the whole cluster, or the leader alone) sessions from before
   are closed (TIMEOUT) instead, as the reference does, and their clients are told (SessionEvent
@@ -248,6 +249,12 @@ class ClusterSessions:
             return False
         if leadership_term_id != current_term_id:
             self.stale_term_dropped += count
+            if leadership_term_id < current_term_id and self._answer_due(session, now_ns):
+                # The client missed this leader's NewLeaderEvent (or has yet to read it): again.
+                self.effects.append(SendEgress(
+                    session.id, session.response_channel, session.response_stream_id,
+                    NewLeaderEvent(current_term_id, session.id, self.member_id, self.ingress_endpoints),
+                ))
             return False
         session.time_of_last_activity_ns = now_ns
         return True

@@ -86,8 +86,11 @@ def test_ingress_refreshes_activity_and_a_silent_session_times_out():
     b = connect(s, corr=8, now=0)
     s.drain_effects()
     assert s.on_ingress(3, a.id, 3, 9 * S)
-    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped
+    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped, and told who leads now
     assert s.stale_term_dropped == 1
+    (told,) = events(s.drain_effects())
+    assert told == NewLeaderEvent(3, a.id, 1, ENDPOINTS)
+    assert not s.on_ingress(2, a.id, 3, 9 * S + 1) and s.drain_effects() == []  # not again at once
     assert s.check_timeouts(3, 11 * S) == 1  # b only
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, b.id, 11 * S, CloseReason.TIMEOUT)]
