@@ -130,7 +130,9 @@ async def test_clients_of_a_leader_cut_off_before_their_sessions_commit_move_to_
             cut_members_side(lan, old, others)
             cut_at = time.monotonic()
             assert cut_at - connected_at < 0.1
-            assert all(kv.client.leader_member_id == old for kv in kvs)
+            assert all(kv.client.leader_member_id == old for kv in kvs), (
+                f"the clients connected to another leader than member {old}: {describe_clients(kvs)}\n"
+                + cluster.diagnostics())
             deadline = cut_at + budget_s(cluster)
             new = await cluster.await_leader(max(0.1, deadline - time.monotonic()), min_term=term + 1, exclude=[old])
             new_term = cluster.counters()[new].term
