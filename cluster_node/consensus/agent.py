@@ -320,6 +320,7 @@ class ConsensusAgent:
         self.suspended = False
         self.errors = 0
         self._members_digest = config.members_digest
+        self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
         self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
         self._snapshot: _PendingSnapshot | None = None
@@ -1339,6 +1340,9 @@ class ConsensusAgent:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
                     work += 1
+                if self.suspended and now >= self._suspended_reminder_ns:
+                    self._suspended_reminder_ns = now + self.cfg.timeouts.leader_heartbeat_interval_ns
+                    work += min(1, self.sessions.remind_suspended(m.leadership_term_id))
             else:
                 work += self._follower_work()
             if self.sessions.effects:

@@ -133,6 +133,10 @@ ELECTION_CLOSE_DETAIL = "election"
 """The detail of the SessionEvent CLOSED that tells a client its session was rolled back with an
 uncommitted tail (the reference's text): the session never happened, connect again."""
 
+SUSPENDED_DETAIL = "suspended"
+"""The detail of the SessionEvent OK a suspended leader sends its sessions now and then
+(:meth:`ClusterSessions.remind_suspended`): alive, your requests wait until resume."""
+
 _GONE_LIMIT = 256
 """Most sessions a member remembers having rolled back (the oldest are forgotten first)."""
 
@@ -284,6 +288,21 @@ class ClusterSessions:
         it lost the request that waited in its ingress). Each gets a whole timeout from now."""
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
+
+    def remind_suspended(self, leadership_term_id: int) -> int:
+        """Leader, suspended: tell each open session that the cluster is alive and its requests
+        wait (SessionEvent OK, detail SUSPENDED_DETAIL). Beyond the reference: a client takes
+        requests that go unanswered for its leader-silence timeout as a dead session and moves
+        to another one, which would drop the replies to the requests that waited here. The
+        caller sends it about once per leader heartbeat interval while suspended."""
+        for session in self.sessions.values():
+            if session.state == SessionState.OPEN:
+                self.effects.append(SendEgress(
+                    session.id, session.response_channel, session.response_stream_id,
+                    SessionEvent(session.id, NULL_VALUE, leadership_term_id, self.member_id, EventCode.OK,
+                                 CLIENT_PROTOCOL_VERSION, SUSPENDED_DETAIL),
+                ))
+        return len(self.sessions)
 
     def check_timeouts(self, current_term_id: int, now_ns: int) -> int:
         """Leader: close sessions silent for longer than the session timeout."""

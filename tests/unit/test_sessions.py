@@ -254,3 +254,18 @@ def test_a_follower_sends_a_session_it_knows_to_the_leader_it_follows():
     assert not s.on_ingress_not_leading(2, 43, leader_member_id=0, current_term_id=3, now_ns=2 * S)
     assert s.drain_effects() == []
 
+
+
+def test_a_suspended_leader_tells_each_open_session_its_requests_wait_and_a_resume_restarts_timeouts():
+    from cluster_node.consensus.sessions import SUSPENDED_DETAIL
+
+    s = make(session_timeout_ns=10)
+    a, b = connect(s, corr=7), connect(s, corr=8)
+    s.drain_effects()
+    assert s.remind_suspended(3) == 2
+    told = events(s.drain_effects())
+    assert sorted(e.cluster_session_id for e in told) == [a.id, b.id]
+    assert all(e.code == EventCode.OK and e.detail == SUSPENDED_DETAIL and e.leadership_term_id == 3 for e in told)
+    s.on_resume(now_ns=1_000)
+    assert s.check_timeouts(3, 1_005) == 0  # silent since before the resume, but not counted
+    assert s.check_timeouts(3, 1_011) == 2
