@@ -1,8 +1,9 @@
 """Node and client configuration: TOML files -> validated, frozen config structs.
 
 A node reads one TOML file (``configs/node0.toml``); a client reads ``configs/client.toml``. Every
-value has the reference system's default (DESIGN.md section 5, aeron-facts 1.15), so a file needs
-only what differs. Loading is strict because a typo in a timeout is a silent outage later:
+value has the reference system's (Aeron Cluster's) default, so a file needs only what differs
+(docs/architecture.md lists the departures). Loading is strict because a typo in a timeout is a
+silent outage later:
 
 * an unknown key is an error naming the key (with the closest known key as a hint);
 * endpoints must be ``host:port``; two endpoints of the cluster (or of the client) on the same

@@ -78,7 +78,7 @@ _MS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class ConsensusSettings:
-    """Timing and identity settings of the core; defaults are the reference's (DESIGN.md 5)."""
+    """Timing and identity settings of the core; defaults are the reference's (Aeron Cluster's)."""
 
     election_timeout_ns: int = 1 * _S
     election_status_interval_ns: int = 100 * _MS
