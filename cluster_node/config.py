@@ -1089,8 +1089,8 @@ DEMO_DRIVER = DriverSection(
 and 8 KiB datagrams. The demo cluster runs on the loopback interface, whose MTU is 64 KiB: the
 reference's 1408 is sized for Ethernet frames, and a loopback datagram of 8 KiB carries six times
 the messages for the same per-datagram cost at every hop (client to leader, the log to each
-follower). Measured (``scripts/cluster_cpu.py --max``, echoes/s at saturation): 70-76k at 1408,
-79k at 4 KiB, 84-90k at 8 KiB, 88k at 16 and 32 KiB. Members on a real network keep the
+follower). ``scripts/cluster_cpu.py --max`` (echoes/s at saturation) rises with the datagram
+size up to 8 KiB and no further beyond it. Members on a real network keep the
 reference's 1408 (a larger datagram would be split into IP fragments)."""
 
 
