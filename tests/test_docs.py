@@ -8,6 +8,8 @@
 * Every ``cluster-node`` command line the docs show names commands and options the CLI has, every
   ``scripts/...`` benchmark option they show is one the script takes, and every config key they
   show (``timeouts.snapshot_timeout``) is one the config schema has.
+* docs/configuration.md is what ``scripts/gen_config_doc`` makes of the schema, and every key has
+  a meaning.
 """
 
 from __future__ import annotations
@@ -252,3 +254,26 @@ def test_config_keys_shown_exist(doc: Path):
                      if k not in keys[s] and k not in ("toml", "py", "log", "dat") and not (s == "cluster" and k in service_api))
     assert shown or doc.name != "README.md", "the README shows no config key: has the pattern stopped matching?"
     assert not unknown, f"{doc.relative_to(ROOT)}: config keys the schema does not have: {unknown}"
+
+
+# ------------------------------------------------------------------------------------ configuration.md
+
+
+def _config_doc_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("config_doc", ROOT / "scripts" / "config_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_matches_the_schema():
+    doc = ROOT / "docs" / "configuration.md"
+    assert doc.read_text(encoding="utf-8") == _config_doc_module().render(), (
+        "docs/configuration.md differs from cluster_node/config.py: run scripts/gen_config_doc")
+
+
+def test_every_config_key_has_a_meaning():
+    missing = [f"{section}.{key}" for section, key, _, _, meaning in _config_doc_module().keys() if not meaning]
+    assert not missing, f"config keys without a docstring in cluster_node/config.py nor a line in scripts/config_doc.py: {missing}"
