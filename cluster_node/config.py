@@ -1,8 +1,9 @@
 """Node and client configuration: TOML files -> validated, frozen config structs.
 
 A node reads one TOML file (``configs/node0.toml``); a client reads ``configs/client.toml``. Every
-value has the reference system's default (DESIGN.md section 5, aeron-facts 1.15), so a file needs
-only what differs. Loading is strict because a typo in a timeout is a silent outage later:
+value has the reference system's (Aeron Cluster's) default, so a file needs only what differs
+(docs/architecture.md lists the departures). Loading is strict because a typo in a timeout is a
+silent outage later:
 
 * an unknown key is an error naming the key (with the closest known key as a hint);
 * endpoints must be ``host:port``; two endpoints of the cluster (or of the client) on the same
@@ -1120,8 +1121,8 @@ DEMO_DRIVER = DriverSection(
 and 8 KiB datagrams. The demo cluster runs on the loopback interface, whose MTU is 64 KiB: the
 reference's 1408 is sized for Ethernet frames, and a loopback datagram of 8 KiB carries six times
 the messages for the same per-datagram cost at every hop (client to leader, the log to each
-follower). Measured (``scripts/cluster_cpu.py --max``, echoes/s at saturation): 70-76k at 1408,
-79k at 4 KiB, 84-90k at 8 KiB, 88k at 16 and 32 KiB. Members on a real network keep the
+follower). ``scripts/cluster_cpu.py --max`` (echoes/s at saturation) rises with the datagram
+size up to 8 KiB and no further beyond it. Members on a real network keep the
 reference's 1408 (a larger datagram would be split into IP fragments)."""
 
 

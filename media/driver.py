@@ -42,8 +42,8 @@ whose callback sends.
 (:meth:`MediaDriver.claim_receive`): it then calls :meth:`MediaDriver.receive_work` at the start of
 each pass and parks on the epoll set itself (:meth:`MediaDriver.park`), so a datagram
 wakes the task that acts on it directly. Without the claim a datagram costs two task steps: the receiver's, which reads it, and
-the duty cycle's, woken by the receiver (on the 2-core VM a reader task handing over to another
-task costs a UDP echo about 50 µs more than one task reading and answering). While the claim is
+the duty cycle's, woken by the receiver (a reader task handing over to another task makes a UDP
+echo measurably slower than one task reading and answering). While the claim is
 held the receiver task sleeps; a duty cycle must give the claim back
 (:meth:`MediaDriver.unclaim_receive`) before it awaits anything that may need a datagram read
 (an archive request, for instance), since nobody else reads the sockets meanwhile.
@@ -1247,8 +1247,8 @@ class MediaDriver:
         Two rounds: one datagram from each ready socket, then, for the sockets the set still
         reports ready, batches read until the socket is empty. A lone datagram (a request, a
         reply) thus costs one more ``epoll_wait`` instead of a ``recvfrom`` that fails with
-        EAGAIN: on the 2-core VM the raised BlockingIOError took about 7.7 µs of an instrumented
-        UDP echo's 77 µs from wake-up to reply, an empty poll 0.4-0.8 µs."""
+        EAGAIN: a raised BlockingIOError costs a tenth of a UDP echo's path from wake-up to
+        reply, an empty poll a fraction of that."""
         if self._control_pending:
             self._flush_control()
         epoll = self._rx_epoll
@@ -1292,10 +1292,9 @@ class MediaDriver:
         retries) run in the claimant's step, from :meth:`receive_work`, when due, and
         :meth:`park` wakes for them. An idle node then wakes once per timer tick with one task
         step instead of one step per loop, two of them woken by trio timeouts (a cancel scope's
-        deadline, delivered as ``Cancelled`` through the sleeping task's stack): the CPU of an
-        idle node's periodic wake-up went from 630-716 to 499-524 µs on the 2-core VM, where a
-        wake-up runs from cold caches (README, Figures, fifth session of 2026-11-26). The
-        loops still run their own passes when poked (a new image, an offer, data let through by
+        deadline, delivered as ``Cancelled`` through the sleeping task's stack), which lowers
+        the CPU an idle node spends per periodic wake-up, where a wake-up runs from cold caches.
+        The loops still run their own passes when poked (a new image, an offer, data let through by
         flow control)."""
         me = trio.lowlevel.current_task()
         self._rx_claimed_by = me
@@ -1440,8 +1439,8 @@ class MediaDriver:
         NAKs wait until it parks or reads again (:meth:`_flush_control`): it polls its
         subscriptions right after this, and its answer (a UDP echo's reply, a follower's
         AppendPosition) then goes out before the control work, not after it; the status
-        message also carries the position after that poll. On the 2-core VM the control work
-        was about 6-8 µs of a UDP echo's path from wake-up to reply."""
+        message also carries the position after that poll. The control work is a measurable
+        part of a UDP echo's path from wake-up to reply."""
         if not touched:
             return
         for ni, wake in touched.items():

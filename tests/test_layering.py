@@ -1,4 +1,4 @@
-"""The layering rules of DESIGN.md, checked on the source.
+"""The project's layering rules (docs/architecture.md, "Layers"), checked on the source.
 
 * ``media`` imports nothing from ``archive`` or ``cluster_node``; ``archive`` nothing from
   ``cluster_node``.

@@ -105,8 +105,8 @@ _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
 _FOLLOWER_SERVICE_RING_NS = 10_000_000
 """How often, at most, a follower rings its service thread for commits: nobody waits on a
 follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
-than one per commit: a thread wake-up costs some 200 µs of CPU on the 2-core VM, and at 1,000
-messages/s the followers' service threads woke for nearly every message). The leader rings for
+than one per commit: a thread wake-up costs CPU, and at 1,000 messages/s the followers' service
+threads would wake for nearly every message). The leader rings for
 every commit: its service's replies are the clients' round trip."""
 _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
@@ -568,9 +568,8 @@ class ConsensusAgent:
             # The service thread's reply is the client's round trip; what is left of this pass
             # (sends, the other follower's AppendPosition) is not. When both threads share a CPU
             # (leader_cpus of one CPU), yielding lets the woken service thread run now instead
-            # of after this pass and the next (the system call also lets go of the GIL).
-            # scripts/cluster_cpu.py --rate 1000, 4 runs each: p50 961-1,039 µs against
-            # 1,018-1,058; alone on its CPU it returns at once.
+            # of after this pass and the next (the system call also lets go of the GIL);
+            # alone on its CPU it returns at once.
             os.sched_yield()
 
     async def _execute_one(self, e) -> None:
@@ -1312,8 +1311,7 @@ class ConsensusAgent:
             self._cluster_now = time.time_ns()
             # A leader takes its clients' messages first and sends them on to the followers at
             # once: a client's round trip waits on that, not on the rest of the pass (the
-            # leader read -> log send hop of scripts/hops.py, 5 pairs of runs: 94-105 µs against
-            # 103-114). Suspended (or snapshotting, terminating), ingress is left unread (as the
+            # leader read -> log send hop of scripts/hops.py). Suspended (or snapshotting, terminating), ingress is left unread (as the
             # reference): client messages wait in the image, the clients are back-pressured,
             # and resume takes them in order. A follower reads ingress to redirect clients.
             leading = m.is_leader and self._leader_active()
@@ -1428,9 +1426,9 @@ class ConsensusAgent:
         effects, and all log data recorded. What arrives meanwhile ends the park at once (the
         park looks at the subscriptions first, and its wait at the sockets).
 
-        Measured (``scripts/ab --runs 5 HEAD -- scripts/cluster_cpu.py --rate 1000``): the
-        followers' CPU per message 322 -> 278 µs; the round trip and the idle cluster's CPU did
-        not move beyond the noise of the VM."""
+        Parking at once saves the followers an empty pass per message (their CPU per message
+        drops in ``scripts/cluster_cpu.py --rate 1000``); the round trip and the idle cluster's
+        CPU are unchanged."""
         m = self.module
         return (m.election is None and not unrecorded and not m.has_effects and not self.sessions.effects
                 and self._replay is None and self._replication is None and self._snapshot is None
@@ -1866,12 +1864,10 @@ class ConsensusAgent:
         (``timeouts.commit_spin``; False).
 
         A leader with log entries on their way to the followers expects their AppendPositions
-        within a round trip. Sleeping costs more than waiting awake: on the 2-core VM a process
-        woken from sleep pays some 50-130 µs before its first instruction, and the follower's
-        send wakes a halted CPU. Measured (``scripts/ab --runs 2 HEAD -- scripts/cluster_cpu.py
-        --rate 1000``, members pinned): round trip p50 1,089 / 1,115 -> 1,015 / 1,029 µs, p99
-        2,000 / 1,993 -> 1,739 / 1,777 µs, the leader's CPU per message slightly *down* (778 /
-        782 -> 758 / 738 µs); at 200/s within the noise. The spin blocks this thread's trio
+        within a round trip. Sleeping costs more than waiting awake: a process woken from sleep
+        pays for the wake-up before its first instruction (on a VM a trip through the host), and
+        the follower's send wakes a halted CPU. The spin lowers the round trip at 1,000
+        messages/s without raising the leader's CPU per message. The spin blocks this thread's trio
         loop, so it is short and bounded: the other duties here (the driver's sender and
         conductor, the archive) wait at most ``commit_spin``; the reading system call lets the
         service thread take the GIL."""

@@ -78,7 +78,7 @@ _MS = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class ConsensusSettings:
-    """Timing and identity settings of the core; defaults are the reference's (DESIGN.md 5)."""
+    """Timing and identity settings of the core; defaults are the reference's (Aeron Cluster's)."""
 
     election_timeout_ns: int = 1 * _S
     election_status_interval_ns: int = 100 * _MS
@@ -97,9 +97,8 @@ class ConsensusSettings:
     the leader's own commit at once; a follower's commit only moves its service, so telling it
     of every entry cost each follower a wake-up per message for nothing. 0: every advance.
     40 ms rather than 10: at 1,000 messages/s each CommitPosition also wakes each follower's
-    service thread, on the followers' shared CPU (scripts/cluster_cpu.py --rate 1000, 5 runs
-    each, twice: the followers' CPU per message 234 against 273 µs and 260 against 289 µs, p50
-    1,031 against 1,116 µs and 1,117 against 1,182 µs)."""
+    service thread, on the followers' shared CPU, so a longer interval lowers the followers' CPU
+    per message and the round trip (compare with ``scripts/cluster_cpu.py --rate 1000``)."""
     heartbeat_slack_ns: int = 0
     """A heartbeat due within this much counts as due (the shell's timer grid may wake it that
     much early: media.driver, *phase grid*)."""

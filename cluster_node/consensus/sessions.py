@@ -19,7 +19,7 @@ authenticator beyond the protocol version), becomes OPEN when its SessionOpenEve
 CLOSING when a close is decided, and is forgotten once its SessionCloseEvent is appended. A
 rejected request never becomes a session: it gets SessionEvent ERROR and nothing is logged.
 
-Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; aeron-facts 1.6):
+Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``):
 
 * a connect request to a follower or a candidate is answered REDIRECT, detail = every member's
   ingress endpoint (``"0=h:p,1=h:p,..."``), with the leader's id (-1 while there is none);

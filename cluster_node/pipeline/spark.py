@@ -4,7 +4,7 @@ Facts this relies on (measured on the project's machines):
 
 * ``SPARK_LOCAL_IP=127.0.0.1`` keeps the driver on loopback; ``PYSPARK_PYTHON`` is set to this
   interpreter so Python workers run with the project's packages (the venv), which they import to
-  decode; on a real cluster ship the package instead (``--py-files``, see the README).
+  decode; on a real cluster ship the package instead (``--py-files``, see docs/pipeline.md).
 * The UI is off and Spark's own logging is cut to errors; progress bars appear only when stderr is
   a terminal. ``--conf`` pairs from the command line override any of these.
 * ``fast_start`` adds ``-XX:TieredStopAtLevel=1`` to the driver JVM: about a third less CPU to

@@ -366,7 +366,7 @@ class ServiceContainer:
                     # A settled pass that did work (a batch of log entries, a message from the
                     # consensus module) goes straight to the park, which returns at once when
                     # more is waiting, instead of running an empty pass first: on the leader
-                    # that pass cost about 50-65 µs per committed entry, on the leader's core.
+                    # that pass would cost CPU per committed entry, on the leader's core.
                     if not await self._park(from_cm, log_sub, image):
                         await trio.lowlevel.checkpoint()  # the other tasks of this loop
                     continue

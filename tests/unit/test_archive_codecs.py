@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from archive import codecs as c
 from archive.catalog import Catalog
 
-# Template ids from the reference schema (aeron-facts 3.2).
+# Template ids from the reference's schema (Aeron Archive's aeron-archive-codecs.xml).
 TEMPLATE_IDS = {
     c.ControlResponse: 1,
     c.ConnectRequest: 2,
