@@ -74,7 +74,9 @@ from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Ro
 from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
-from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
+from cluster_node.consensus.sessions import (
+    AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings, response_channel_refusal,
+)
 from cluster_node.consensus.snapshot import (
     SnapshotError,
     decode_cm_snapshot,
@@ -87,6 +89,7 @@ from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_stat
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
+from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
 from media.subscription import StopPolling
 
@@ -95,6 +98,8 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
+_ONE_SHOT_REPLIES_PER_S = 50
+_ONE_SHOT_REPLIES_OPEN = 32
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 _INGRESS_BLOCK = 64 * 1024
@@ -320,7 +325,12 @@ class ConsensusAgent:
         self.suspended = False
         self.errors = 0
         self._members_digest = config.members_digest
+        self.input_errors = DistinctErrors("consensus.agent")
+        """Hostile or broken input from clients and members, each kind logged once."""
         self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
+        self._reply_tokens = float(_ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
+        self._reply_tokens_ns = time.monotonic_ns()
+        self._one_shot_open = 0
         self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
         self._snapshot: _PendingSnapshot | None = None
@@ -936,6 +946,8 @@ class ConsensusAgent:
                 self._appends.append((e.message, lambda position, e=e: self.sessions.on_event_appended(e, position)))
             elif type(e) is SendEgress:
                 pub = self._egress.get(e.cluster_session_id)
+                if pub is None and e.cluster_session_id == NULL_VALUE and not self._one_shot_reply_allowed():
+                    continue
                 if pub is None:
                     try:
                         pub = self.driver.add_publication(f"{e.response_channel}", self.cfg.cluster.egress_stream_id
@@ -953,8 +965,35 @@ class ConsensusAgent:
                     self._tasks.start_soon(self._close_later, pub)
         self._flush_appends()
 
+    def _one_shot_reply_allowed(self) -> bool:
+        """May a reply that needs a publication of its own (a REDIRECT or ERROR to a connect
+        request) go out now? At most _ONE_SHOT_REPLIES_PER_S a second and _ONE_SHOT_REPLIES_OPEN
+        at once: each costs a socket, a log buffer and counters for a few seconds, and connect
+        requests cost their sender one datagram. A refused one is counted and said once."""
+        now = time.monotonic_ns()
+        rate = _ONE_SHOT_REPLIES_PER_S
+        self._reply_tokens = min(float(rate), self._reply_tokens + (now - self._reply_tokens_ns) / 1e9 * rate)
+        self._reply_tokens_ns = now
+        if self._reply_tokens >= 1.0 and self._one_shot_open < _ONE_SHOT_REPLIES_OPEN:
+            self._reply_tokens -= 1.0
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record("connect reply dropped: rate", "a reply to a connect request was not sent: "
+                                 f"more than {rate} a second or {_ONE_SHOT_REPLIES_OPEN} under way")
+        return False
+
     async def _send_egress(self, pub, message, close_after: bool) -> None:
         """Send a session event, retrying while the client's egress connects (bounded)."""
+        if close_after:
+            self._one_shot_open += 1
+            try:
+                await self._send_egress_once(pub, message, True)
+            finally:
+                self._one_shot_open -= 1
+        else:
+            await self._send_egress_once(pub, message, False)
+
+    async def _send_egress_once(self, pub, message, close_after: bool) -> None:
         data = EGRESS_CODEC.encode(message)
         sent = False
         with trio.move_on_after(5.0):
@@ -1055,6 +1094,15 @@ class ConsensusAgent:
             return
         t = type(msg)
         if t is codecs.SessionConnectRequest:
+            refusal = response_channel_refusal(msg.response_channel, msg.response_stream_id,
+                                               self._ingress_source_host(header.session_id),
+                                               self.cfg.cluster.egress_stream_id)
+            if refusal is not None:
+                # No answer at all: the channel it names is not one this member will send to.
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"connect refused: {refusal.split(':')[0]}",
+                                         "connect request refused (no answer sent): " + refusal)
+                return
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
                 leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
@@ -1071,6 +1119,18 @@ class ConsensusAgent:
                                                self._cluster_now)
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
+
+    def _ingress_source_host(self, image_session_id: int) -> str | None:
+        """The address the ingress image of ``image_session_id`` receives from (its first
+        source, as the driver names it ``host:port``); None for an IPC image (same host)."""
+        for image in self._ingress_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_identity
+                if source.startswith("ipc:"):
+                    return None
+                host = source.split(",")[0].rpartition(":")[0]
+                return host[1:-1] if host.startswith("[") else host
+        return ""  # no such image (closed meanwhile): matches no host
 
     def _poll_ingress(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time
