@@ -60,6 +60,7 @@ from archive.storage import (
 )
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
+from media.distinct_errors import DistinctErrors
 from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
@@ -101,6 +102,10 @@ class ArchiveConfig:
     sync_level: int = 0
     max_concurrent_recordings: int = 20
     max_concurrent_replays: int = 20
+    max_control_sessions: int = 64
+    """Control sessions at once; a connect request past it is refused (each session holds a
+    publication to its client)."""
+    max_concurrent_replications: int = 8
     connect_timeout_ns: int = 5_000_000_000
     file_io_max_length: int = 1024 * 1024
     block_length: int = DEFAULT_BLOCK_LENGTH
@@ -234,6 +239,8 @@ class Archive:
         """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
         self.invalid_requests = 0
+        self.errors = DistinctErrors("archive")
+        """Bad requests and failures of one request, each kind logged once."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
 
@@ -321,7 +328,7 @@ class Archive:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
             self.invalid_requests += 1
-            log.warning("undecodable archive request dropped", error=str(e))
+            self.errors.record("undecodable request", "undecodable archive request dropped", error=str(e))
             return
         if isinstance(request, c.ConnectRequest):
             self._on_connect(request, image_key)
@@ -329,7 +336,8 @@ class Archive:
         session = self.control_sessions.get(request.control_session_id)
         if session is None:
             self.invalid_requests += 1
-            log.warning("request for an unknown control session dropped", control_session_id=request.control_session_id)
+            self.errors.record("unknown control session", "request for an unknown control session dropped",
+                               control_session_id=request.control_session_id)
             return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)
@@ -346,8 +354,18 @@ class Archive:
             session.error(correlation_id, E.UNKNOWN_RECORDING, f"unknown recording {e.args[0]}")
         except (ChannelError, ValueError, ArchiveStorageError) as e:
             session.error(correlation_id, E.GENERIC, str(e))
+        except Exception as e:  # noqa: BLE001 - one request's fault: answered, counted, the archive goes on
+            self.invalid_requests += 1
+            self.errors.record(f"request failed: {type(request).__name__}: {type(e).__name__}",
+                               "archive request failed", level="error", error=repr(e), exc_info=e)
+            session.error(correlation_id, E.GENERIC, f"{type(request).__name__} failed: {type(e).__name__}")
 
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
+        if len(self.control_sessions) >= self.config.max_control_sessions:
+            self.invalid_requests += 1
+            self.errors.record("connect refused: max_control_sessions",
+                               f"archive connect refused: {len(self.control_sessions)} control sessions already")
+            return
         control_session_id = next(self._ids)
         try:
             pub = self.driver.add_publication(request.response_channel, request.response_stream_id)
@@ -877,6 +895,8 @@ class Archive:
             raise ArchiveRequestError(E.GENERIC, "this archive has no replication channel configured")
         if r.dst_recording_id != c.NULL_VALUE:
             self._check_quiet(r.dst_recording_id, "replicate into")
+        if len(self.replications) >= self.config.max_concurrent_replications:
+            raise ArchiveRequestError(E.GENERIC, f"already {len(self.replications)} replications active")
         replication_id = next(self._ids)
         replication = ReplicationSession(self, session.control_session_id, r, replication_id)
         self.replications[replication_id] = replication
