@@ -360,11 +360,40 @@ class Archive:
                                "archive request failed", level="error", error=repr(e), exc_info=e)
             session.error(correlation_id, E.GENERIC, f"{type(request).__name__} failed: {type(e).__name__}")
 
+    def _response_channel_refusal(self, channel: str, image_key: tuple) -> str | None:
+        """Why a control session's response channel is refused (None: usable). Over IPC (this
+        host) any; over UDP only ``aeron:udp?endpoint=H:P`` with H the address the request came
+        from: a connect request names where the archive sends, and a forged one would make it
+        send to a third party."""
+        sub_id, image_session_id = image_key
+        sub = next((s for s in self._control_subs if id(s) == sub_id), None)
+        image = None if sub is None else next((i for i in sub.images if i.session_id == image_session_id), None)
+        if image is None or image.source_identity.startswith("ipc:"):
+            return None
+        try:
+            uri = parse(channel)
+        except ChannelError:
+            return "unparsable: the response channel is not a channel URI"
+        if not uri.is_udp or uri.endpoint is None:
+            return "not udp: a remote client's response channel must be aeron:udp?endpoint=H:P"
+        if any(getattr(uri, name) is not None for name in ("control", "control_mode", "term_length", "mtu")):
+            return "parameters: the response channel may name its endpoint only"
+        source = image.source_identity.split(",")[0].rpartition(":")[0].strip("[]")
+        if uri.endpoint[0] != source:
+            return f"source: the response endpoint's host {uri.endpoint[0]} is not the request's source {source}"
+        return None
+
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
         if len(self.control_sessions) >= self.config.max_control_sessions:
             self.invalid_requests += 1
             self.errors.record("connect refused: max_control_sessions",
                                f"archive connect refused: {len(self.control_sessions)} control sessions already")
+            return
+        refusal = self._response_channel_refusal(request.response_channel, image_key)
+        if refusal is not None:
+            # No answer: the channel it names is not one this archive will send to.
+            self.invalid_requests += 1
+            self.errors.record(f"connect refused: {refusal.split(':')[0]}", "archive connect refused: " + refusal)
             return
         control_session_id = next(self._ids)
         try:

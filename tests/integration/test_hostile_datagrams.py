@@ -128,3 +128,36 @@ async def test_a_flood_of_connect_requests_to_a_follower_is_answered_within_boun
     assert cluster.nodes[follower].running
     async with open_kv_client(cluster.client_config) as kv:
         await put_keys(kv, cluster, {"after": b"flood"})
+
+
+async def test_an_archive_connect_request_naming_another_host_gets_no_answer(cluster: TestCluster) -> None:
+    from archive import codecs as ac
+    from media.driver import open_media_driver
+
+    cluster.start()
+    node = cluster.nodes[0]
+    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    victim.bind(("127.0.0.9", 0))
+    victim.setblocking(False)
+    port = victim.getsockname()[1]
+    try:
+        async with open_media_driver(dir=cluster.base_dir / "attacker-driver") as driver:
+            pub = driver.add_publication(f"aeron:udp?endpoint={node.cfg.this_member.archive}",
+                                         node.cfg.archive.control_request_stream_id)
+            await cluster.await_for(lambda: pub.is_connected, 10, "connected to the archive's control port")
+            data = ac.encode_request(ac.ConnectRequest(1, 20, ac.PROTOCOL_VERSION if hasattr(ac, "PROTOCOL_VERSION")
+                                                       else 1, f"aeron:udp?endpoint=127.0.0.9:{port}"))
+            await cluster.await_for(lambda: pub.offer(data) > 0, 10, "the connect request offered")
+
+            def refused() -> bool:
+                return any(e.get("event", "").startswith("archive connect refused: source")
+                           for e in node.log_events())
+
+            await cluster.await_for(refused, 10, "the archive refuses the connect request")
+        try:
+            got = victim.recv(65536)
+        except BlockingIOError:
+            got = None
+        assert got is None, f"the archive sent {got[:40]!r} to a host that did not ask"
+    finally:
+        victim.close()
