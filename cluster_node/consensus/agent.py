@@ -1133,6 +1133,31 @@ class ConsensusAgent:
         return ""  # no such image (closed meanwhile): matches no host
 
     def _poll_ingress(self) -> int:
+        """Clients' messages (:meth:`_poll_ingress_unguarded`); a message whose handling raises
+        is skipped (the image has moved past it), counted and said once per kind, and the duty
+        cycle goes on: one client's bytes never end the node."""
+        try:
+            return self._poll_ingress_unguarded()
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            self._input_failed("ingress", e)
+            return 1
+
+    def _poll_consensus(self) -> int:
+        """Other members' messages, guarded as :meth:`_poll_ingress` is (a member's bytes may be
+        forged)."""
+        try:
+            return self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
+        except Exception as e:  # noqa: BLE001 - see _poll_ingress
+            self._input_failed("consensus", e)
+            return 1
+
+    def _input_failed(self, stream: str, error: Exception) -> None:
+        self.counters["errors"].add(1)
+        self.input_errors.record(f"{stream} message failed: {type(error).__name__}",
+                                 f"handling a {stream} message failed: it is skipped", level="error",
+                                 error=repr(error), exc_info=error)
+
+    def _poll_ingress_unguarded(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time
         (consensus.message_runs), everything else one message at a time (:meth:`_on_ingress`)."""
         sub = self._ingress_sub
@@ -1145,10 +1170,15 @@ class ConsensusAgent:
         for image in sub.images:
             # Once a message waits in _appends (the log refused it), everything after it waits
             # behind it, as one by one: messages enter the log in the order they were taken.
-            if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
-                work += 1
-            else:
-                work += image.poll(self._on_ingress, _FRAGMENTS)
+            try:
+                if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
+                    work += 1
+                    continue
+            except Exception as e:  # noqa: BLE001 - a run that raises would be read again and again
+                self._input_failed("ingress", e)
+                image.close()  # that client's stream: its session times out
+                continue
+            work += image.poll(self._on_ingress, _FRAGMENTS)
         return work
 
     def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
@@ -1376,7 +1406,7 @@ class ConsensusAgent:
             # and resume takes them in order. A follower reads ingress to redirect clients.
             leading = m.is_leader and self._leader_active()
             work = self._poll_ingress() + self._send_log() if leading else 0
-            work += self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
+            work += self._poll_consensus()
             work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
             if not leading and not m.is_leader:
