@@ -996,16 +996,25 @@ class ConsensusAgent:
     async def _send_egress_once(self, pub, message, close_after: bool) -> None:
         data = EGRESS_CODEC.encode(message)
         sent = False
-        with trio.move_on_after(5.0):
+        # A client that asked is listening and connects within a round trip; a one-shot reply
+        # (to a connect request) holds its publication only briefly, so that forged requests
+        # naming channels nobody listens on free the reply budget soon (_one_shot_reply_allowed).
+        with trio.move_on_after(1.0 if close_after else 5.0):
             while pub.offer(data) < 0:
                 if pub.closed:
                     break
                 await trio.sleep(0.005)
             else:
                 sent = True
-        log.info("session event sent" if sent else "session event not delivered",
-                 message=type(message).__name__, session=getattr(message, "cluster_session_id", None),
-                 code=getattr(getattr(message, "code", None), "name", None))
+        fields = dict(event_type=type(message).__name__, session=getattr(message, "cluster_session_id", None),
+                      code=getattr(getattr(message, "code", None), "name", None))
+        if sent:
+            log.debug("session event sent", **fields)
+        elif close_after:
+            self.input_errors.record("connect reply not delivered", "a reply to a connect request was not "
+                                     "delivered (nobody listened on its channel)", level="info", **fields)
+        else:
+            log.info("session event not delivered", **fields)
         if close_after:
             await self._close_later(pub)
 
