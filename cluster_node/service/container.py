@@ -58,7 +58,7 @@ from cluster_node.consensus.snapshot import (
     decode_service_snapshot,
     encode_service_snapshot,
 )
-from cluster_node.service.agent import ServiceAgent
+from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import (
     MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
 )
@@ -211,6 +211,13 @@ class ServiceContainer:
         try:
             trio.run(self._run)
         except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
+            leaf = e
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, ServiceStopping) and self._stop.is_set():
+                # A request waiting for the consensus module as the node stops: an orderly end.
+                log.info("service thread stopped while a request waited for the consensus module", reason=str(leaf))
+                return
             self.error = e
             stop = _service_error_stop(e)
             if stop is None:
