@@ -55,7 +55,6 @@ already in a snapshot or is being rebuilt from an older one.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -134,6 +133,7 @@ class ServiceAgent:
         skip_positions: Collection[int] = (),
         on_skip: Callable[[int, str], None] | None = None,
         stopping: Callable[[], bool] | None = None,
+        pause: Callable[[float], None] | None = None,
     ) -> None:
         self.service = service
         self._member_id = member_id
@@ -154,6 +154,9 @@ class ServiceAgent:
         self._on_skip = on_skip
         self._stopping = stopping or (lambda: False)
         """True once the node stops: a request waiting for room gives up (ServiceStopping)."""
+        self._pause = pause or (lambda _s: None)
+        """``pause(seconds)`` between tries of a refused request (the container's time.sleep,
+        which lets the consensus module's thread have the GIL)."""
         self.offer_waits = 0
         """Requests that found the stream to the consensus module full and waited for room."""
         self.service_errors = 0
@@ -496,7 +499,7 @@ class ServiceAgent:
                 raise ServiceStopping(f"the stream to the consensus module is {OfferResult(result).name}")
             if self._stopping():
                 raise ServiceStopping("the node is stopping")
-            time.sleep(pause_s)
+            self._pause(pause_s)
             waited_s += pause_s
             pause_s = min(_SEND_PAUSE_MAX_S, pause_s * 2 or _SEND_PAUSE_MIN_S)
             if waited_s >= warned_s:

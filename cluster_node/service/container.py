@@ -311,7 +311,7 @@ class ServiceContainer:
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
             service_errors=self.service_errors, on_service_error=self._on_service_error,
             egress_send=self._egress_publish, skip_positions=self.skip_positions, on_skip=self._on_skip,
-            stopping=self._stop.is_set,
+            stopping=self._stop.is_set, pause=time.sleep,
         )
         self._ipc_driver = IpcDriver(ipc)
         await self._start_agent(agent)
