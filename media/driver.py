@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import structlog
+from media.library_log import library_logger
 import trio
 
 from media import frames
@@ -100,7 +100,7 @@ from media.timerfd import NEVER, open_timerfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
-log = structlog.get_logger("media.driver")
+log = library_logger("media.driver")
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _check_data_run = frames.check_data_run
 _SESSION_STREAM = struct.Struct("<ii").unpack_from

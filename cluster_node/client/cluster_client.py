@@ -72,7 +72,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import structlog
+from media.library_log import library_logger
 import trio
 
 from cluster_node.codecs import (
@@ -114,7 +114,7 @@ __all__ = [
     "MessageHandler",
 ]
 
-log = structlog.get_logger("cluster_node.client")
+log = library_logger("cluster_node.client")
 
 MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
 """``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""
