@@ -1335,11 +1335,13 @@ class ConsensusAgent:
             leading = m.is_leader and self._leader_active()
             work = self._poll_ingress() + self._send_log() if leading else 0
             work += self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
-            if self.pending.has_room or not self._leader_active():
-                # A full queue of service messages back-pressures the service (it waits in
-                # Cluster.offer) until the leader's appends are committed, or on a follower until
-                # the leader's copies are applied. Not while the leader appends nothing (suspended,
-                # a snapshot or termination under way): the service's ack must get through.
+            if self.pending.has_room or not leading:
+                # A settled, active leader's full queue of service messages back-pressures its
+                # service (which waits in Cluster.offer) until its appends are committed. Nobody
+                # else's: a follower's queue drains only as the leader's copies arrive, which
+                # needs its service to join each new log (a service waiting in offer joins
+                # none), and a leader that appends nothing (suspended, a snapshot or termination
+                # under way) waits for its service's ack.
                 work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
             if not leading and not m.is_leader:
