@@ -27,7 +27,6 @@ from tests.support.cluster import (
     PERIODIC_EARLY_PREFIX,
     PERIODIC_FIRED_PREFIX,
     PERIODIC_PREFIX,
-    PERIODIC_SKIPPED_PREFIX,
     PERIODIC_STOP_PREFIX,
     ROOT,
     KvClient,
@@ -91,6 +90,19 @@ async def wait_fired(cluster: TestCluster, kv: KvClient, cid: int, more_than: in
         await trio.sleep(0.05)  # paced polling of a condition with a deadline
 
 
+async def on_schedule(cluster: TestCluster, kv: KvClient, cid: int, what: str, window_s: float = 1.0) -> int:
+    """Over ``window_s`` of a running cluster the timer fires about once per period: at least
+    60 % of the periods (a loaded machine delays some), never more than one per period plus the
+    two at the window's ends. The count at the end."""
+    key = f"{PERIODIC_FIRED_PREFIX}{cid}"
+    first, t0 = await get_int(kv, key), time.monotonic()
+    await trio.sleep(window_s)  # the window measured, not a wait for a condition
+    last, t1 = await get_int(kv, key), time.monotonic()
+    periods = (t1 - t0) * 1000 / PERIOD_MS
+    assert 0.6 * periods <= last - first <= periods + 2, f"{what}: {last - first} firings in {periods:.1f} periods"
+    return last
+
+
 async def test_a_periodic_timer_re_armed_in_its_callback_survives_snapshot_failover_and_restart(
         cluster: TestCluster) -> None:
     """About 6 s of a 50 ms timer in all (kept short for the default suite)."""
@@ -98,11 +110,8 @@ async def test_a_periodic_timer_re_armed_in_its_callback_survives_snapshot_failo
     cid = 7
     async with open_kv_client(cluster.client_config) as kv:
         await put_all(kv, {f"{PERIODIC_PREFIX}{cid}": PERIOD_MS.to_bytes(8, "little")})
-        started = time.monotonic()
-        fired = await wait_fired(cluster, kv, cid, 30, "before the snapshot")  # 1.5 s of periods
-        running_s = time.monotonic() - started
-        # On schedule: nearly every period fired (the cluster was up throughout).
-        assert fired >= 0.6 * running_s * 1000 / PERIOD_MS, (fired, running_s)
+        await wait_fired(cluster, kv, cid, 10, "at first")
+        fired = await on_schedule(cluster, kv, cid, "before the snapshot")
         await take_snapshot(cluster, leader)
         tables = timer_tables(cluster)
         assert len(set(map(tuple, tables.values()))) == 1, tables
@@ -111,19 +120,19 @@ async def test_a_periodic_timer_re_armed_in_its_callback_survives_snapshot_failo
     cluster.nodes[leader].kill()
     cluster.wait_for_leader(20, exclude=[leader])
     async with open_kv_client(cluster.client_config) as kv:
-        after_kill = await wait_fired(cluster, kv, cid, fired + 20, "after the leader kill")
+        await wait_fired(cluster, kv, cid, fired + 10, "after the leader kill")
+        fired = await on_schedule(cluster, kv, cid, "after the leader kill")
     cluster.nodes[leader].start()
     cluster.nodes[leader].wait_ready()
     leader = kill_all_and_restart(cluster)
     async with open_kv_client(cluster.client_config) as kv:
-        await wait_fired(cluster, kv, cid, after_kill + 20, "after the full restart")
+        await wait_fired(cluster, kv, cid, fired + 10, "after the full restart")
+        await on_schedule(cluster, kv, cid, "after the full restart")
         await put_all(kv, {f"{PERIODIC_STOP_PREFIX}{cid}": b"1"})
-        assert await get_int(kv, f"{PERIODIC_EARLY_PREFIX}{cid}") == 0  # no event without a due deadline
+        # Exactly once per period: no event came for a deadline that was not due (a second
+        # event for one deadline would be one).
+        assert await get_int(kv, f"{PERIODIC_EARLY_PREFIX}{cid}") == 0
         await digests_equal(cluster, kv, "end")
-        # Periods are skipped only while no leader could fire them (the failover, the restart).
-        skipped = await get_int(kv, f"{PERIODIC_SKIPPED_PREFIX}{cid}")
-        total = await get_int(kv, f"{PERIODIC_FIRED_PREFIX}{cid}")
-    assert skipped < total, (skipped, total)
     await take_snapshot(cluster, leader)
     tables = timer_tables(cluster)
     assert len(set(map(tuple, tables.values()))) == 1 and tables[0][0].split()[-1] == "0", tables
