@@ -39,8 +39,11 @@ Talking back (``Cluster`` handle, implemented here):
 * ``offer(payload)``: a session message with ``cluster_session_id = service_id`` to the consensus
   module, which appends it to the log as a service message (exactly once, see the consensus
   module's pending-message tracker); it comes back to every service with ``session=None``.
-* ``schedule_timer`` / ``cancel_timer`` / ``close_client_session``: ScheduleTimer, CancelTimer,
+* ``schedule_timer`` / ``cancel_timer`` / ``close_client_session``: ScheduleTimer, CancelTimer
+  (each with the log position of the entry being applied: consensus.timers orders them by it),
   CloseSession messages to the consensus module.
+* All four wait while the stream to the consensus module is full (:meth:`_send_accepted`):
+  none is ever refused on one member and taken on another.
 * ``ClientSession.offer``: on the leader, the container's egress publication to that client; on a
   follower :data:`MOCKED_OFFER` and nothing is sent (the reference does the same).
 
