@@ -92,14 +92,14 @@ async def wait_fired(cluster: TestCluster, kv: KvClient, cid: int, more_than: in
 
 async def on_schedule(cluster: TestCluster, kv: KvClient, cid: int, what: str, window_s: float = 1.0) -> int:
     """Over ``window_s`` of a running cluster the timer fires about once per period: at least
-    60 % of the periods (a loaded machine delays some), never more than one per period plus the
+    half of the periods (a loaded machine delays some), never more than one per period plus the
     two at the window's ends. The count at the end."""
     key = f"{PERIODIC_FIRED_PREFIX}{cid}"
     first, t0 = await get_int(kv, key), time.monotonic()
     await trio.sleep(window_s)  # the window measured, not a wait for a condition
     last, t1 = await get_int(kv, key), time.monotonic()
     periods = (t1 - t0) * 1000 / PERIOD_MS
-    assert 0.6 * periods <= last - first <= periods + 2, f"{what}: {last - first} firings in {periods:.1f} periods"
+    assert 0.5 * periods <= last - first <= periods + 2, f"{what}: {last - first} firings in {periods:.1f} periods"
     return last
 
 
