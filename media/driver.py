@@ -73,7 +73,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from media.library_log import library_logger
 import trio
 
 from media import frames
@@ -88,6 +87,7 @@ from media.channel import (
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path, pid_alive
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
+from media.library_log import library_logger
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
 from media.publication import ExclusivePublication, OfferResult, Publication

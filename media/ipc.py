@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from media.library_log import library_logger
 import trio
 
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
 from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
 from media.frames import TYPE_PAD, term_window
+from media.library_log import library_logger
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription

@@ -72,7 +72,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-from media.library_log import library_logger
 import trio
 
 from cluster_node.codecs import (
@@ -100,6 +99,7 @@ from cluster_node.codecs import (
 from cluster_node.config import ClientConfig, ClientSection, ConfigError, parse_ingress_endpoints
 from media.channel import parse_endpoint
 from media.driver import MediaDriver, open_media_driver
+from media.library_log import library_logger
 from media.publication import ExclusivePublication, OfferResult
 
 __all__ = [
