@@ -162,6 +162,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     service_errors=cfg.node.service_errors, skip_positions=skip_positions,
                     error_counter=driver.counters.allocate(service_errors_label(cfg.member_id),
                                                            SERVICE_ERRORS_TYPE_ID, cfg.member_id),
+                    recovery_state=agent.recovery_state,
                 )
                 agent.service_bell = container.commit_doorbell.name
                 agent.service_parked = container.is_parked

@@ -270,7 +270,10 @@ class CountersManager:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             owner = _read_owner_pid(path)
-            if owner is not None and owner != os.getpid() and pid_alive(owner):
+            # A zombie owner (exited, not yet reaped by its parent) writes nothing any more: its
+            # file is taken over like a dead process's, so that the node's tools and the node
+            # itself read the one current counters.dat.
+            if owner is not None and owner != os.getpid() and pid_alive(owner, zombie_is_alive=False):
                 raise CountersError(f"{path} is in use by live process pid {owner}; stop it or use another directory")
             length = file_length(max_counters)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

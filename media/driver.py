@@ -73,7 +73,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import structlog
 import trio
 
 from media import frames
@@ -89,6 +88,7 @@ from media.counters import CounterType, CountersError, CountersManager, SystemCo
 from media.distinct_errors import DistinctErrors
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
+from media.library_log import library_logger
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
 from media.publication import ExclusivePublication, OfferResult, Publication
@@ -101,7 +101,7 @@ from media.timerfd import NEVER, open_timerfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
-log = structlog.get_logger("media.driver")
+log = library_logger("media.driver")
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _check_data_run = frames.check_data_run
 _SESSION_STREAM = struct.Struct("<ii").unpack_from

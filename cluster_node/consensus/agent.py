@@ -88,7 +88,7 @@ from cluster_node.consensus.timers import Timers
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
-from media.counters import CountersError, CountersReader, counters_path
+from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
 from media.subscription import StopPolling
@@ -341,6 +341,7 @@ class ConsensusAgent:
         self.terminated = trio.Event()
         """Set when this member has stopped at the termination position (the node exits)."""
         self._recovery_counter = None
+        self._recovery_state: tuple[int, int] | None = None
         self._service_acks: deque = deque()
         self._snapshot_interval = cl.snapshot_interval
         self._last_snapshot_position = 0
@@ -352,7 +353,9 @@ class ConsensusAgent:
         self._tasks = nursery
         cfg = self.cfg
         me = cfg.this_member
-        self._counters_reader = CountersReader.open(counters_path(self.driver.dir))
+        # The driver's own counters file: the archive's recording positions are there (it is
+        # not counters.dat when a predecessor's process still holds that name).
+        self._counters_reader = CountersReader.open(self.driver.counters.path)
         await self._recover_log_recording()
         rl = self.recording_log_file.log
         stop = await self.archive.get_stop_position(self.recording_id)
@@ -438,6 +441,16 @@ class ConsensusAgent:
                                                 CounterTypes.RECOVERY_STATE, position)
         counter.set(service_recording_id)
         self._recovery_counter = counter
+        self._recovery_state = (position, service_recording_id)
+
+    def recovery_state(self) -> tuple[int, int]:
+        """(snapshot log position, service snapshot recording id; -1: none) of this start: what
+        the service thread must start from, handed to it directly (node.py) rather than read
+        from a counters file, which a predecessor that is still there (a zombie, a reused pid)
+        can make another process's file."""
+        if self._recovery_state is None:
+            raise RuntimeError("the recovery state is read before the consensus module started")
+        return self._recovery_state
 
     async def _recover_log_recording(self) -> None:
         """Find the log recording; on a node's first start, create an empty one at position 0."""
@@ -560,6 +573,52 @@ class ConsensusAgent:
             if unclaimed:
                 self.driver.claim_receive(duties=True)
 
+    def _service_limit(self) -> int:
+        """How far the service may apply the log: the commit position, except on a follower
+        reading the live log, where it is also no further than this module's log adapter.
+
+        The service's requests (timers, service messages) then always reach this module after
+        the module applied the entry that caused them, on a follower as on the leader (which
+        applies what it appends before its service sees it): a timer re-armed in its own
+        ``on_timer_event`` is not removed by the event that ran it (consensus.timers). The
+        reference bounds its followers' services the same way (the commit-position counter is
+        the log adapter's position)."""
+        m = self.module
+        commit = m.commit_position
+        local = self.local
+        if (m.role == Role.LEADER or self._replay is not None or local is None
+                or self._log_adapter_sub is None or self._log_adapter_session != local.session_id):
+            return commit
+        image = self._log_adapter_image
+        if image is None:
+            return min(commit, self.counters["commit-pos"].get())
+        return min(commit, image.position)
+
+    def _publish_service_limit(self) -> int:
+        """Move the commit-position counter (the service's bound) to :meth:`_service_limit`
+        and wake the service for it (a follower's wake-ups batched, see _service_ring_allowed)."""
+        m = self.module
+        local = self.local
+        work = 0
+        if (m.role != Role.LEADER and self._replay is None and self._snapshot is None and local is not None
+                and self._log_adapter_sub is not None and self._log_adapter_session == local.session_id
+                and self._adapter_position() < m.commit_position):
+            # Apply what was just committed now rather than in the next pass: the service waits
+            # for it.
+            work = self._adapter_poll(m.commit_position)
+        counter = self.counters["commit-pos"]
+        limit = self._service_limit()
+        if limit <= counter.get():
+            return work
+        counter.set(limit)
+        parked = self.service_parked
+        if parked is None or parked():
+            if self._service_ring_allowed(self._now):
+                self._ring_service()
+            else:
+                self._service_ring_due = True  # rung by a later pass or the park's deadline
+        return work + 1
+
     def _service_ring_allowed(self, now: int) -> bool:
         """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
         return self.module.role == Role.LEADER or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS
@@ -602,17 +661,11 @@ class ConsensusAgent:
         elif t is fx.WriteRecordingLog:
             self.recording_log_file.apply(e.writes)
         elif t is fx.CommitPositionChanged:
-            self.counters["commit-pos"].set(e.position)
             self.sessions.on_commit(e.position)
             self.timers.on_commit(e.position)
             if m.role == Role.LEADER:
                 self.pending.on_commit(e.position)
-            parked = self.service_parked
-            if parked is None or parked():
-                if self._service_ring_allowed(self._now):
-                    self._ring_service()
-                else:
-                    self._service_ring_due = True  # rung by a later pass or the park's deadline
+            self._publish_service_limit()
         elif t is fx.RoleChanged:
             self.counters["role"].set(e.role)
             self.affinity.apply(e.role == Role.LEADER)
@@ -1224,9 +1277,9 @@ class ConsensusAgent:
         if isinstance(msg, codecs.SessionMessage):
             self.pending.enqueue(bytes(msg.payload))
         elif type(msg) is codecs.ScheduleTimer:
-            self.timers.schedule(msg.correlation_id, msg.deadline)
+            self.timers.schedule(msg.correlation_id, msg.deadline, msg.log_position)
         elif type(msg) is codecs.CancelTimer:
-            self.timers.cancel(msg.correlation_id)
+            self.timers.cancel(msg.correlation_id, msg.log_position)
         elif type(msg) is codecs.CloseSession:
             if m.is_leader:
                 self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
@@ -1255,7 +1308,7 @@ class ConsensusAgent:
         elif t is codecs.SessionCloseEvent:
             self.sessions.on_log_session_close(msg)
         elif t is codecs.TimerEvent:
-            self.timers.on_log_timer_event(msg.correlation_id)
+            self.timers.on_log_timer_event(msg.correlation_id, header.position)
         elif (t is codecs.ClusterActionRequest and msg.action == codecs.ClusterAction.SNAPSHOT
               and msg.flags == codecs.CLUSTER_ACTION_FLAGS_DEFAULT and self._replay is None):
             # A live snapshot request: our state must stay as of this entry until our service has
@@ -1416,7 +1469,14 @@ class ConsensusAgent:
             leading = m.is_leader and self._leader_active()
             work = self._poll_ingress() + self._send_log() if leading else 0
             work += self._poll_consensus()
-            work += self._from_service.poll(self._on_service, _FRAGMENTS)
+            if self.pending.has_room or not leading:
+                # A settled, active leader's full queue of service messages back-pressures its
+                # service (which waits in Cluster.offer) until its appends are committed. Nobody
+                # else's: a follower's queue drains only as the leader's copies arrive, which
+                # needs its service to join each new log (a service waiting in offer joins
+                # none), and a leader that appends nothing (suspended, a snapshot or termination
+                # under way) waits for its service's ack.
+                work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
             if not leading and not m.is_leader:
                 work += self._poll_ingress()
@@ -1484,6 +1544,7 @@ class ConsensusAgent:
             if effects:
                 await self._execute(effects)
                 work += 1
+            work += self._publish_service_limit()
             if self._service_ring_due and self._service_ring_allowed(now):
                 self._ring_service()
             if now // 1_000_000 - last_activity_ms >= 1000:
