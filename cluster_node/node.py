@@ -33,9 +33,15 @@ from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
+from cluster_node.damaged_files import check_node_files, damaged
 from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
-from cluster_node.node_identity import NodeIdentityError, check_identity, record_identity
+from cluster_node.node_identity import (
+    NodeIdentityDamagedError,
+    NodeIdentityError,
+    check_identity,
+    record_identity,
+)
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
@@ -81,6 +87,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     node_dir.mkdir(parents=True, exist_ok=True)
     try:
         identity_recorded = check_identity(node_dir, cfg.member_id, cfg.node.cluster_id)
+    except NodeIdentityDamagedError as e:
+        raise damaged(str(e)) from None
     except NodeIdentityError as e:
         raise NodeStartError(str(e)) from None
     try:
@@ -100,6 +108,11 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             mark.close()
             raise NodeStartError(f"cannot record the node directory's identity in {node_dir}: "
                                  f"{e.strerror or e}") from None
+    try:
+        check_node_files(node_dir, cfg.archive_dir)
+    except BaseException:
+        mark.close()
+        raise
     _prepare_shm_driver_dir(cfg)
     service = load_service(cfg.node.service)
     try:

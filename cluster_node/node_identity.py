@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cluster_node.consensus.node_files import read_mark_file
 
-__all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "check_identity", "record_identity"]
+__all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "NodeIdentityDamagedError", "check_identity", "record_identity"]
 
 IDENTITY_FILE_NAME = "node-identity.json"
 _MAX_LENGTH = 4096
@@ -30,6 +30,10 @@ _MAX_LENGTH = 4096
 
 class NodeIdentityError(Exception):
     """The directory belongs to another member or cluster, or its identity file is damaged."""
+
+
+class NodeIdentityDamagedError(NodeIdentityError):
+    """The identity file cannot be decoded (a damaged file, not another member's directory)."""
 
 
 def _read(path: Path) -> tuple[int, int] | None:
@@ -45,7 +49,7 @@ def _read(path: Path) -> tuple[int, int] | None:
         if type(member_id) is not int or type(cluster_id) is not int:
             raise ValueError("ids must be integers")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise NodeIdentityError(
+        raise NodeIdentityDamagedError(
             f"{path} is damaged ({e}): it names the member this directory belongs to; restore it, "
             f"or delete it if you are sure which member's data this is") from None
     return member_id, cluster_id

@@ -436,7 +436,7 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.channel.startswith("aeron:ipc"):
+                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.

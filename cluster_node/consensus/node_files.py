@@ -464,17 +464,18 @@ class NodeStateFile:
 
     @staticmethod
     def _parse(path: Path, data: bytes) -> tuple[NodeState, int, bool]:
+        # Each refusal names the offset where the damage is, for the operator's one line.
         if len(data) != _NS_FILE_LENGTH:
             raise NodeStateError(
-                f"{path}: is {len(data) if len(data) <= _NS_FILE_LENGTH else 'more than ' + str(_NS_FILE_LENGTH)}"
-                f" bytes, expected {_NS_FILE_LENGTH}: not a node-state file or damaged; "
-                "restore it or remove it only if this node never voted"
+                f"{path}: damaged at offset {min(len(data), _NS_FILE_LENGTH)}: the file is "
+                f"{len(data) if len(data) <= _NS_FILE_LENGTH else 'more than ' + str(_NS_FILE_LENGTH)}"
+                f" bytes, a node-state file {_NS_FILE_LENGTH}"
             )
         magic, version, slot_length, slot_count, _created, crc = _NS_HEAD.unpack_from(data)
         if magic != _NS_MAGIC or crc != zlib.crc32(data[:24]):
-            raise NodeStateError(f"{path}: header is damaged (bad magic or checksum)")
+            raise NodeStateError(f"{path}: damaged at offset 0: the header's magic or checksum is wrong")
         if version != _NS_VERSION or slot_length != _NS_SLOT_LENGTH or slot_count != _NS_SLOT_COUNT:
-            raise NodeStateError(f"{path}: unsupported layout version {version}")
+            raise NodeStateError(f"{path}: at offset 4: unsupported layout version {version}")
         slots = []
         torn = False
         for k in range(_NS_SLOT_COUNT):
@@ -486,8 +487,8 @@ class NodeStateFile:
         valid = [(s.sequence, k, s) for k, s in enumerate(slots) if s is not None]
         if not valid:
             raise NodeStateError(
-                f"{path}: no intact candidate-term entry (both slots damaged); "
-                "the node cannot know which terms it voted in"
+                f"{path}: damaged at offsets {_NS_HEADER_LENGTH} and {_NS_HEADER_LENGTH + _NS_SLOT_LENGTH}: "
+                "no intact candidate-term entry (both slots damaged), so the node cannot know which terms it voted in"
             )
         _seq, newest, state = max(valid)
         return state, newest, torn
