@@ -60,6 +60,7 @@ from archive.storage import (
 )
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
+from media.private_files import FILE_MODE, make_private_dir
 from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
@@ -209,7 +210,7 @@ class Archive:
         self.driver = driver
         self.config = config
         self.dir = config.dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.dir)
         self._mark_fd = self._lock_directory()
         self.store = CatalogStore(self.dir, config.sync_level)
         self.catalog = self.store.catalog
@@ -241,7 +242,7 @@ class Archive:
 
     def _lock_directory(self) -> int:
         path = self.dir / MARK_FILE_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -121,7 +121,7 @@ class KeepAwake:
             _log().warning("keep_cpus_awake needs Linux (SCHED_IDLE); the CPUs are left to idle")
             return
         try:
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
+            self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:  # the helpers then spin without the lock
             _log().warning("keep_cpus_awake lock directory not made", dir=str(self.lock_dir), error=str(e))
         # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the

@@ -15,6 +15,7 @@ starts up.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -44,8 +45,9 @@ def configure(
 
     if path is not None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        out: TextIO = open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     else:
         out = stream if stream is not None else sys.stderr
 

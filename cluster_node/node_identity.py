@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from cluster_node.consensus.node_files import read_mark_file
+from media.private_files import create_new
 
 __all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "NodeIdentityDamagedError", "check_identity", "record_identity"]
 
@@ -81,7 +82,7 @@ def record_identity(node_dir: str | Path, member_id: int, cluster_id: int) -> No
     path = node_dir / IDENTITY_FILE_NAME
     tmp = path.with_suffix(".json.tmp")
     doc = {"member_id": member_id, "cluster_id": cluster_id, "created_ms": time.time_ns() // 1_000_000}
-    with open(tmp, "w", encoding="utf-8") as f:
+    with os.fdopen(create_new(tmp, os.O_WRONLY), "w", encoding="utf-8") as f:
         json.dump(doc, f)
         f.write("\n")
         f.flush()

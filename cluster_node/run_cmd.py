@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -26,6 +27,9 @@ def run(config_path: str, log_mode: str | None) -> None:
     from cluster_node.node import NodeStartError, run_node
     from cluster_node.service.api import ServiceLoadError
 
+    # Every file the node makes is its user's alone, also those libraries make without a mode
+    # (media.private_files sets explicit modes where the node creates files).
+    os.umask(0o077)
     try:
         cfg = load_node_config(config_path)
     except ConfigError as e:

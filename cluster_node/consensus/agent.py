@@ -88,6 +88,7 @@ from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_sna
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader, counters_path
 from media.doorbell import ring
+from media.private_files import FILE_MODE, make_private_dir
 from media.subscription import StopPolling
 
 __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
@@ -150,7 +151,7 @@ class RecordingLogFile:
         data = path.read_bytes() if path.exists() else b""
         self.log = RecordingLog.decode(data)
         valid = len(self.log.encode())
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         if valid < len(data):
             os.ftruncate(fd, valid)  # a torn last entry from a crash
         self.fd = fd
@@ -241,7 +242,7 @@ class ConsensusAgent:
         self.replay_stream_id = cl.replay_stream_id
         self.term_length = cl.log_term_length
         node_dir = config.node_dir
-        node_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(node_dir)
         self.recording_log_file = RecordingLogFile(node_dir / "recording.log")
         self.node_state = NodeStateFile.open(node_dir)
         self.rng = random.Random()

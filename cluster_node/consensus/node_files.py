@@ -88,6 +88,7 @@ from typing import Any
 import structlog
 
 from media.counters import pid_alive
+from media.private_files import FILE_MODE, create_new, make_private_dir
 
 __all__ = [
     "MARK_FILE_NAME",
@@ -271,8 +272,8 @@ class MarkFile:
         now = _now_ms() if now_ms is None else now_ms
         path = node_dir / MARK_FILE_NAME
         try:
-            node_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            make_private_dir(node_dir)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         except OSError as ex:
             raise MarkFileError(f"{path}: cannot open: {ex.strerror or ex}") from None
         try:
@@ -430,7 +431,7 @@ class NodeStateFile:
         node_dir = Path(node_dir)
         path = node_dir / NODE_STATE_FILE_NAME
         try:
-            node_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(node_dir)
             if not path.exists():
                 cls._create(path, _now_ms() if now_ms is None else now_ms, sync)
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -451,7 +452,7 @@ class NodeStateFile:
     def _create(path: Path, now_ms: int, sync: bool) -> None:
         tmp = path.with_name(path.name + ".tmp")
         data = _encode_ns_header(now_ms) + _encode_slot(NodeState(sequence=1)) + bytes(_NS_SLOT_LENGTH)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = create_new(tmp, os.O_WRONLY)
         try:
             os.write(fd, data)
             if sync:
