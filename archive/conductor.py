@@ -61,6 +61,7 @@ from archive.storage import (
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
 from media.private_files import FILE_MODE, make_private_dir
+from media.rate_limited_log import RateLimitedLog
 from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
@@ -235,6 +236,8 @@ class Archive:
         """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
         self.invalid_requests = 0
+        self.request_warnings = RateLimitedLog(log)
+        """Warnings about bad requests: anyone who can reach the control port sends those."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
 
@@ -274,6 +277,7 @@ class Archive:
         if self._closed:
             return
         self._closed = True
+        self.request_warnings.flush()
         for rs in list(self.recording_subscriptions.values()):
             self._stop_recording_subscription(rs, signal=False)
         for replay in self.replays.values():
@@ -322,7 +326,8 @@ class Archive:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
             self.invalid_requests += 1
-            log.warning("undecodable archive request dropped", error=str(e))
+            self.request_warnings.warning(("undecodable", type(e).__name__), "undecodable archive request dropped",
+                                          error=str(e))
             return
         if isinstance(request, c.ConnectRequest):
             self._on_connect(request, image_key)
@@ -330,7 +335,8 @@ class Archive:
         session = self.control_sessions.get(request.control_session_id)
         if session is None:
             self.invalid_requests += 1
-            log.warning("request for an unknown control session dropped", control_session_id=request.control_session_id)
+            self.request_warnings.warning("unknown session", "request for an unknown control session dropped",
+                                          control_session_id=request.control_session_id)
             return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)
@@ -354,7 +360,8 @@ class Archive:
             pub = self.driver.add_publication(request.response_channel, request.response_stream_id)
         except (ChannelError, ValueError) as e:
             self.invalid_requests += 1
-            log.warning("connect request with a bad response channel", error=str(e))
+            self.request_warnings.warning("bad response channel", "connect request with a bad response channel",
+                                          error=str(e))
             return
         session = ControlSession(control_session_id, pub, image_key)
         self.control_sessions[control_session_id] = session
