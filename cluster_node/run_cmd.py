@@ -36,7 +36,8 @@ def run(config_path: str, log_mode: str | None) -> None:
         raise click.ClickException(str(e)) from None
     mode = log_mode or cfg.logging.mode
     if mode == "json":
-        logsetup.configure("json", cfg.logging.level, cfg.log_file)
+        logsetup.configure("json", cfg.logging.level, cfg.log_file,
+                           max_file_bytes=cfg.logging.max_file_bytes, max_files=cfg.logging.max_files)
     else:
         logsetup.configure("console", cfg.logging.level)
     try:
