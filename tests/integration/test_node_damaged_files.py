@@ -2,8 +2,9 @@
 
 Each damaged file ends the start with one line on stderr that names the file, the offset of the
 damage and what to do, exit code DATA_DAMAGED, and no traceback (it used to be an "internal
-error" whose traceback was the only clue). The mark file is rewritten at every start, so a
-damaged one is taken over and said so, not refused.
+error" whose traceback was the only clue). A snapshot that cannot be loaded ends it the same
+way, naming the tool command that passes over it. The mark file is rewritten at every start, so
+a damaged one is taken over and said so, not refused.
 """
 
 from __future__ import annotations
@@ -99,3 +100,30 @@ def test_a_recording_log_whose_only_entry_is_torn_starts_on_the_archives_log_rec
         node.start()
         node.wait_ready(30)
         assert cluster.wait_for_leader(30) == 0
+
+
+def test_a_damaged_snapshot_ends_the_start_with_one_line_naming_the_tool_that_passes_over_it(tmp_path):
+    from archive.segments import segment_file_name
+    from archive.storage import list_segments
+    from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, RecordingLog
+    from tests.support.cluster import _node_command
+
+    cluster = TestCluster(tmp_path, nodes=1)
+    with cluster:
+        cluster.start()
+        node = cluster.nodes[0]
+        done = subprocess.run([*_node_command(), "tool", "--dir", str(node.dir), "snapshot"],
+                              capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert node.terminate() == 0
+        entries = RecordingLog.decode((node.dir / "recording.log").read_bytes()).entries
+        (cm,) = [e for e in entries if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == -1]
+        for base in list_segments(node.dir / "archive", cm.recording_id):
+            _truncate(node.dir / "archive" / segment_file_name(cm.recording_id, base), 0)
+        node.start()
+        rc = node.proc.wait(timeout=60)
+        err = node.stderr_path.read_text()
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == int(ExitCode.DATA_DAMAGED) and len(lines) == 1 and "Traceback" not in err, err
+        assert f"recording {cm.recording_id}" in lines[0]
+        assert f"cluster-node tool --dir {node.dir} invalidate-latest-snapshot" in lines[0]
