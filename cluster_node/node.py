@@ -47,7 +47,7 @@ from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
 from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
 from media.driver import open_media_driver
-from media.private_files import UnsafeDirectoryError, check_private_dir, make_private_dir
+from media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
 
 __all__ = ["run_node", "NodeStartError", "exit_on_component_failure"]
 
@@ -97,9 +97,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     try:
         # Its files are the member's whole history: no other user reads them (media.private_files).
         make_private_dir(node_dir)
-        check_private_dir(node_dir, "give the node a directory of this user's own ([node] dir)")
-    except UnsafeDirectoryError as e:
-        raise NodeStartError(str(e)) from None
+        tighten_own_dir(node_dir)
     except OSError as e:
         raise NodeStartError(f"cannot make the node directory {node_dir}: {e.strerror or e}") from None
     try:

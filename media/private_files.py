@@ -22,7 +22,10 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["FILE_MODE", "DIR_MODE", "UnsafeDirectoryError", "make_private_dir", "create_new", "check_private_dir"]
+__all__ = [
+    "FILE_MODE", "DIR_MODE", "UnsafeDirectoryError", "make_private_dir", "create_new", "check_private_dir",
+    "tighten_own_dir",
+]
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -37,6 +40,15 @@ def make_private_dir(path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     return path
+
+
+def tighten_own_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory of this user's 0700 when others could read or enter it (one made before
+    files were private, or by a tool under a looser umask). Another user's is left as it is:
+    the operator chose it, and the opens that follow say whether it can be used."""
+    st = os.stat(path)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, DIR_MODE)
 
 
 def create_new(path: str | os.PathLike[str], flags: int = os.O_RDWR) -> int:

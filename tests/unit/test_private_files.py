@@ -106,3 +106,20 @@ def test_a_pre_made_shm_root_not_ours_alone_is_refused(tmp_path, shm, how):
     line = str(info.value)
     assert "\n" not in line and line.startswith(str(shm)) and "[driver] dir" in line
     assert not any(shm.iterdir())  # nothing made in it
+
+
+def test_only_our_own_directories_are_tightened(tmp_path):
+    from media.private_files import tighten_own_dir
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    os.chmod(ours, 0o755)
+    tighten_own_dir(ours)
+    assert _mode(ours) == 0o700
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.chmod(theirs, 0o755)
+        os.chown(theirs, OTHER_UID, OTHER_UID)
+        tighten_own_dir(theirs)
+        assert _mode(theirs) == 0o755
