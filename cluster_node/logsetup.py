@@ -25,10 +25,9 @@ from typing import TextIO
 
 import structlog
 
+from media.private_files import DIR_MODE, FILE_MODE
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-
-
-_FILE_MODE = 0o600
 
 
 class RotatingFile:
@@ -43,12 +42,11 @@ class RotatingFile:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.keep = keep
-        self.rotations = 0
         self._at_line_start = True
         self._file = self._open()
 
     def _open(self) -> TextIO:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, _FILE_MODE)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         self._size = os.fstat(fd).st_size
         return open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed when rotated
 
@@ -62,14 +60,22 @@ class RotatingFile:
         return len(text)
 
     def _rotate(self) -> None:
+        """Logging must never fail the caller (a duty cycle): a rotation that fails (the
+        directory went read-only, a rename refused) goes on in the current file and is tried
+        again only after another ``max_bytes``."""
         self._file.close()
-        for k in range(self.keep - 1, 0, -1):
-            older = self.path.with_name(f"{self.path.name}.{k}")
-            if older.exists():
-                os.replace(older, self.path.with_name(f"{self.path.name}.{k + 1}"))
-        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        self.rotations += 1
+        rotated = True
+        try:
+            for k in range(self.keep - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{k}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{k + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        except OSError:
+            rotated = False
         self._file = self._open()
+        if not rotated:
+            self._size = 0
 
     def flush(self) -> None:
         self._file.flush()
@@ -104,7 +110,7 @@ def configure(
 
     if path is not None:
         path = Path(path)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         out: TextIO = RotatingFile(path, max_file_bytes, max_files)  # type: ignore[assignment]
     else:
         out = stream if stream is not None else sys.stderr

@@ -32,8 +32,8 @@ from cluster_node import affinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
-from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.damaged_files import check_node_files, damaged
+from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
 from cluster_node.node_identity import (

@@ -60,3 +60,19 @@ def test_the_logging_keys_are_read_and_checked(tmp_path):
         load_node_config(_config_with(tmp_path / "z", "max_files = 0\n"))
     with pytest.raises(ConfigError, match="logging.max_file_bytes: must be at least 4k"):
         load_node_config(_config_with(tmp_path / "s", "max_file_bytes = 100\n"))
+
+
+def test_a_rotation_that_fails_goes_on_in_the_current_file(tmp_path, monkeypatch):
+    path = tmp_path / "node.log"
+    out = logsetup.RotatingFile(path, max_bytes=4096, keep=2)
+    calls = []
+
+    def refuse(src, dst):
+        calls.append(dst)
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(logsetup.os, "replace", refuse)
+    for _ in range(100):
+        out.write("x" * 99 + "\n")  # 10,000 bytes: one failed rotation per 4096, not one per line
+    out.close()
+    assert len(calls) == 2 and path.stat().st_size == 10_000
