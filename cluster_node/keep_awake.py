@@ -206,7 +206,8 @@ def _die_with_parent() -> None:
 def _lock(lock_path: str) -> int:
     """The CPU's lock file, open (-1 if it cannot be: the helper then spins without it)."""
     try:
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link: in the temporary directory fallback another user could plant one.
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return -1
 
