@@ -61,6 +61,8 @@ from archive.storage import (
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
+from media.private_files import FILE_MODE, make_private_dir
+from media.rate_limited_log import RateLimitedLog
 from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
@@ -214,7 +216,7 @@ class Archive:
         self.driver = driver
         self.config = config
         self.dir = config.dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.dir)
         self._mark_fd = self._lock_directory()
         self.store = CatalogStore(self.dir, config.sync_level)
         self.catalog = self.store.catalog
@@ -241,6 +243,8 @@ class Archive:
         self.invalid_requests = 0
         self.errors = DistinctErrors("archive")
         """Bad requests and failures of one request, each kind logged once."""
+        self.request_warnings = RateLimitedLog(log)
+        """Warnings about bad requests: anyone who can reach the control port sends those."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
 
@@ -248,7 +252,7 @@ class Archive:
 
     def _lock_directory(self) -> int:
         path = self.dir / MARK_FILE_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -280,6 +284,7 @@ class Archive:
         if self._closed:
             return
         self._closed = True
+        self.request_warnings.flush()
         for rs in list(self.recording_subscriptions.values()):
             self._stop_recording_subscription(rs, signal=False)
         for replay in self.replays.values():
@@ -328,7 +333,8 @@ class Archive:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
             self.invalid_requests += 1
-            self.errors.record("undecodable request", "undecodable archive request dropped", error=str(e))
+            self.request_warnings.warning(("undecodable", type(e).__name__), "undecodable archive request dropped",
+                                          error=str(e))
             return
         if isinstance(request, c.ConnectRequest):
             self._on_connect(request, image_key)
@@ -336,8 +342,8 @@ class Archive:
         session = self.control_sessions.get(request.control_session_id)
         if session is None:
             self.invalid_requests += 1
-            self.errors.record("unknown control session", "request for an unknown control session dropped",
-                               control_session_id=request.control_session_id)
+            self.request_warnings.warning("unknown session", "request for an unknown control session dropped",
+                                          control_session_id=request.control_session_id)
             return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)
@@ -400,7 +406,8 @@ class Archive:
             pub = self.driver.add_publication(request.response_channel, request.response_stream_id)
         except (ChannelError, ValueError) as e:
             self.invalid_requests += 1
-            log.warning("connect request with a bad response channel", error=str(e))
+            self.request_warnings.warning("bad response channel", "connect request with a bad response channel",
+                                          error=str(e))
             return
         session = ControlSession(control_session_id, pub, image_key)
         self.control_sessions[control_session_id] = session

@@ -56,6 +56,7 @@ from archive.segments import (
     segment_base_position,
     segment_file_name,
 )
+from media.private_files import FILE_MODE, make_private_dir
 
 __all__ = [
     "CATALOG_FILE_NAME",
@@ -103,7 +104,7 @@ class CatalogStore:
         self.directory = Path(directory)
         self.path = self.directory / CATALOG_FILE_NAME
         self.sync_level = sync_level
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         if self.path.exists():
             try:
                 data = self.path.read_bytes()
@@ -112,7 +113,7 @@ class CatalogStore:
                 raise ArchiveStorageError(f"{self.path}: {e}") from None
         else:
             self.catalog = Catalog.create(capacity) if capacity else Catalog.create()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         self.flush()
 
     def flush(self) -> None:
@@ -191,7 +192,7 @@ class SegmentWriter:
         path = self.directory / segment_file_name(self.recording_id, base)
         created = not path.exists()
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as e:
             raise ArchiveStorageError(f"{path}: {e.strerror}") from None
         self._base = base

@@ -29,6 +29,7 @@ from archive.storage import (
     truncate_segments,
     verify_recording,
 )
+from media.private_files import FILE_MODE
 
 _MARK = "archive-mark.dat"
 
@@ -178,7 +179,7 @@ def truncate(directory: Path, recording_id: int, position: int) -> None:
     """Cut a stopped recording at POSITION (the archive must not be running)."""
     adir = _archive_dir(directory)
     mark = adir / _MARK
-    fd = os.open(mark, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(mark, os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

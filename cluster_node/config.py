@@ -52,7 +52,7 @@ Node file
     [timeouts]      election_timeout, leader_heartbeat_timeout, session_timeout, ...
     [driver]        dir, mtu, term_length, ipc_term_length, liveness and status timeouts
     [archive]       dir, segment_length, file_sync_level, control stream ids
-    [logging]       level, mode, file
+    [logging]       level, mode, file, max_file_bytes, max_files (rotation by size)
 
 The catchup endpoint may use port 0 (an ephemeral port, as in the reference's examples); every
 other endpoint needs a fixed port.
@@ -233,6 +233,7 @@ _SIZE_FIELDS = frozenset(
         "initial_window",
         "snapshot_interval",
         "max_receive_term_length",
+        "max_file_bytes",
     }
 )
 
@@ -404,6 +405,10 @@ class LoggingSection(_Section):
     mode: str = "json"
     file: str = ""
     """Empty: ``<node dir>/logs/node.log`` (json mode); ignored in console mode."""
+    max_file_bytes: int = 64 * 1024 * 1024
+    """The log file is rotated before it grows past this (``node.log`` -> ``node.log.1``)."""
+    max_files: int = 5
+    """Rotated files kept (``node.log.1`` .. ``node.log.<max_files>``); older ones are removed."""
 
 
 class NodeConfig(_Section):
@@ -995,6 +1000,10 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "logging.level", f"must be debug, info, warning or error, got {lg.level!r}")
     if lg.mode not in ("json", "console"):
         _fail(cfg, "logging.mode", f"must be json or console, got {lg.mode!r}")
+    if lg.max_file_bytes < 4096:
+        _fail(cfg, "logging.max_file_bytes", f"must be at least 4k, got {lg.max_file_bytes}")
+    if not 1 <= lg.max_files <= 1000:
+        _fail(cfg, "logging.max_files", f"must be from 1 to 1000, got {lg.max_files}")
 
 
 def _validate_client(cfg: ClientConfig) -> None:

@@ -118,7 +118,7 @@ class KeepAwake:
             _log().warning("keep_cpus_awake needs Linux (SCHED_IDLE); the CPUs are left to idle")
             return
         try:
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
+            self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:  # the helpers then spin without the lock
             _log().warning("keep_cpus_awake lock directory not made", dir=str(self.lock_dir), error=str(e))
         # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the
@@ -203,7 +203,8 @@ def _die_with_parent() -> None:
 def _lock(lock_path: str) -> int:
     """The CPU's lock file, open (-1 if it cannot be: the helper then spins without it)."""
     try:
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link: in the temporary directory fallback another user could plant one.
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return -1
 

@@ -96,6 +96,7 @@ from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
 from media.receive_set import ReceiveSetWaiter
+from media.private_files import make_private_dir
 from media.task_failure import TaskFailure, run_guarded
 from media.timerfd import NEVER, open_timerfd
 
@@ -279,7 +280,7 @@ class MediaDriver:
         self._rng = random.Random()
         self._ids = itertools.count(1)
         self._closed = False
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.dir)
         try:
             self.counters = CountersManager.create(counters_path(self.dir), config.max_counters)
         except CountersError:

@@ -41,6 +41,7 @@ from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
 from media.frames import frame_step, term_window
 from media.library_log import library_logger
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
+from media.private_files import FILE_MODE, make_private_dir
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription
 
@@ -325,8 +326,8 @@ class IpcTransport:
             doorbell = Doorbell()
         directory = self._stream_dir(stream_id)
         marker = directory / "subscribers" / doorbell.name.decode()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        make_private_dir(marker.parent)
+        marker.touch(mode=FILE_MODE)
         state = _IpcSub(sub, doorbell, marker, directory, own)
         self._subs.append(state)
 

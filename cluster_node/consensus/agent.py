@@ -85,12 +85,14 @@ from cluster_node.consensus.snapshot import (
     take_cm_snapshot,
 )
 from cluster_node.consensus.timers import Timers
+from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
+from media.private_files import FILE_MODE, make_private_dir
 from media.subscription import StopPolling
 
 __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
@@ -155,7 +157,7 @@ class RecordingLogFile:
         data = path.read_bytes() if path.exists() else b""
         self.log = RecordingLog.decode(data)
         valid = len(self.log.encode())
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         if valid < len(data):
             os.ftruncate(fd, valid)  # a torn last entry from a crash
         self.fd = fd
@@ -246,7 +248,7 @@ class ConsensusAgent:
         self.replay_stream_id = cl.replay_stream_id
         self.term_length = cl.log_term_length
         node_dir = config.node_dir
-        node_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(node_dir)
         self.recording_log_file = RecordingLogFile(node_dir / "recording.log")
         self.node_state = NodeStateFile.open(node_dir)
         self.rng = random.Random()
@@ -423,13 +425,14 @@ class ConsensusAgent:
                 records = await read_recording(self.archive, self.driver, cm.recording_id)
                 snap = decode_cm_snapshot(records)
             except (SnapshotIOError, SnapshotError, ArchiveError) as e:
-                raise RuntimeError(
+                raise damaged(
                     f"cannot load the consensus module snapshot (recording {cm.recording_id}) at log position "
                     f"{cm.log_position}: {e}; `cluster-node tool --dir {self.cfg.node_dir} "
                     "invalidate-latest-snapshot` makes the next start use the previous one") from None
             if snap.log_position != cm.log_position:
-                raise RuntimeError(f"consensus module snapshot recording {cm.recording_id} is at log position "
-                                   f"{snap.log_position}, recording.log says {cm.log_position}")
+                raise damaged(f"consensus module snapshot recording {cm.recording_id} is at log position "
+                              f"{snap.log_position}, recording.log says {cm.log_position}: `cluster-node tool --dir "
+                              f"{self.cfg.node_dir} invalidate-latest-snapshot` makes the next start use the previous one")
             restore_cm_snapshot(snap, self.sessions, self.timers, self.pending)
             service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
             position = cm.log_position
@@ -460,7 +463,7 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.channel.startswith("aeron:ipc"):
+                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.
@@ -474,7 +477,8 @@ class ConsensusAgent:
             log.info("log recording created", recording_id=self.recording_id)
         d = await self.archive.list_recording(self.recording_id)
         if d is None:
-            raise RuntimeError(f"log recording {self.recording_id} named by recording.log is not in the archive")
+            raise damaged(f"log recording {self.recording_id} named by {self.recording_log_file.path} is not in the "
+                          f"archive: restore the node directory from one backup, or {rebuild_hint(self.cfg.node_dir)}")
         self.initial_term_id = d.initial_term_id
         if d.term_buffer_length != self.term_length:
             log.warning("log term length differs from the recording's; using the recording's",
