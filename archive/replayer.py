@@ -39,7 +39,7 @@ import structlog
 import trio
 
 from archive.catalog import RecordingDescriptor
-from archive.checksums import CHECKSUM_OFFSET, check_frames
+from archive.checksums import CHECKSUM_OFFSET, check_frames, frame_checksum
 from archive.segments import NULL_POSITION
 from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader, damage_line
 from media import framescan
@@ -284,10 +284,7 @@ class ReplaySession:
         if self._checked_from is not None and length <= n:
             if position >= self._checked_from:
                 end = HEADER_LENGTH if _TYPE(head, 6)[0] == 0 else length
-                crc = zlib.crc32(head[0:12])
-                crc = zlib.crc32(head[16:CHECKSUM_OFFSET], crc)
-                crc = zlib.crc32(head[CHECKSUM_OFFSET + 4 : HEADER_LENGTH], crc)
-                crc = zlib.crc32(buffer[offset + HEADER_LENGTH : offset + end], crc)
+                crc = zlib.crc32(buffer[offset + HEADER_LENGTH : offset + end], frame_checksum(head, 0, HEADER_LENGTH))
                 if crc != struct.unpack_from("<I", head, CHECKSUM_OFFSET)[0]:
                     self._damaged(position)
             self._check(buffer, offset + length, offset + n, position + length)
@@ -313,7 +310,8 @@ class ReplaySession:
             offset, position = offset + checked_from - position, checked_from
             if offset >= limit:
                 return
-        bad = check_frames(buffer, offset, limit)
+        term_length = self.descriptor.term_buffer_length
+        bad = check_frames(buffer, offset, limit, position & (term_length - 1), term_length)
         if bad >= 0:
             self._damaged(position + bad - offset)
 

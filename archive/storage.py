@@ -252,10 +252,10 @@ class SegmentWriter:
         if self.session_id_override is not None:
             buffer, offset = _with_session_id(buffer, offset, length, self.session_id_override), 0
             if self.checksums:
-                stamp_checksums(buffer, 0, length)
+                stamp_checksums(buffer, 0, length, position & (self.term_length - 1), self.term_length)
         elif self.checksums:
             buffer, offset = bytearray(buffer[offset : offset + length]), 0
-            stamp_checksums(buffer, 0, length)
+            stamp_checksums(buffer, 0, length, position & (self.term_length - 1), self.term_length)
         if _PAD_TYPE.unpack_from(buffer, offset + 6)[0] == FRAME_TYPE_PAD:
             os.pwrite(fd, buffer[offset : offset + HEADER_LENGTH], file_offset)
             end = file_offset + length
@@ -409,7 +409,7 @@ def scan_tail(directory: Path, descriptor: RecordingDescriptor) -> TailScan:
         return TailScan(d.start_position)
     last = bases[-1]
     path = Path(directory) / segment_file_name(d.recording_id, last)
-    data = path.read_bytes()[: d.segment_file_length]
+    data = bytearray(path.read_bytes()[: d.segment_file_length])
     first = d.start_position - last if last == start_base else 0
     first = max(0, first)
     if first > len(data):
@@ -419,7 +419,8 @@ def scan_tail(directory: Path, descriptor: RecordingDescriptor) -> TailScan:
     if d.frame_checksums_from != NULL_POSITION:
         checked_from = max(first, d.frame_checksums_from - last)
         if checked_from < end:
-            bad = check_frames(data, checked_from, end)
+            mask = d.term_buffer_length - 1
+            bad = check_frames(bytearray(data), checked_from, end, checked_from & mask, d.term_buffer_length)
             if bad >= 0:
                 end, why = bad, "frame fails its checksum"
     if d.stop_position != NULL_POSITION:
@@ -670,7 +671,8 @@ def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> Verify
             if d.frame_checksums_from != NULL_POSITION:
                 checked_from = max(lead, d.frame_checksums_from - position + lead)
                 if checked_from < end:
-                    bad = check_frames(buf, checked_from, end)
+                    mask = d.term_buffer_length - 1
+                    bad = check_frames(bytearray(buf), checked_from, end, checked_from & mask, d.term_buffer_length)
                     if bad >= 0:
                         end, why = bad, "frame fails its checksum"
             if base + size < position + end - lead and why is None:
