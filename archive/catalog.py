@@ -772,8 +772,8 @@ def _zero_length_is_damage(buf: bytearray, offset: int, alignment: int, version:
         (stored,) = struct.unpack_from("<I", copy, _CHECKSUM_OFFSET)
         if stored in (_v1_checksum(copy, 0), _v2_checksum(copy, 0)):
             return True
-    return _next_sound_record(buf, offset, alignment, version) + DESCRIPTOR_HEADER_LENGTH <= len(buf) and any(
-        buf[_next_sound_record(buf, offset, alignment, version) :])
+    following = _next_sound_record(buf, offset, alignment, version)
+    return following < len(buf.rstrip(b"\0"))  # a sound record, not the zeros after the records
 
 
 def record_checksum(buf: bytes | bytearray, offset: int) -> int:
@@ -850,8 +850,9 @@ def _next_sound_record(buf: bytearray, offset: int, alignment: int, version: int
     """Where the walk goes on after the damaged record at ``offset``: the next aligned offset that
     holds a sound record or the end of the records (zeros from there on)."""
     position = offset + alignment
+    used = len(buf.rstrip(b"\0"))  # zeros from here on: the end of the records
     while position + DESCRIPTOR_HEADER_LENGTH <= len(buf):
-        if not any(buf[position:]):
+        if position >= used:
             return position
         if _record_problem(buf, position, version) is None:
             return position

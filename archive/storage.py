@@ -20,14 +20,19 @@ complete padding frame for a torn one.
 
 Crash recovery (:func:`recover`), run when the archive opens its directory:
 
-1. load the catalog leniently (checksums of records torn mid-write are repaired when the body
-   still decodes; an undecodable catalog is refused with the offset of the damage);
+1. load the catalog, every record's checksum checked (:func:`load_catalog`): a record that fails
+   is never used, the archive refuses to open (:class:`ArchiveDamagedError`, naming the
+   recording and ``cluster-node archive rebuild``), since its stop position or stream id could
+   make step 3 cut committed data;
 2. for every VALID recording, find the end of its data: the last segment file, scanned from its
-   first frame (:func:`archive.segments.scan_frames`) to the first frame that is not complete and
-   valid; the recovered stop position is that end;
-3. an active recording (no stop position: the archive died recording it) gets the recovered end
-   as its stop position; a stopped one whose data ends early (lost page cache at sync level 0)
-   is cut back to it; data beyond the stop position (a torn tail, or a truncation cut short) is
+   first frame to the first frame that is not complete, well formed and (where the recording has
+   them) matching its checksum (:func:`scan_tail`);
+3. what follows that end must be what a crash leaves: zeros up to the stop position (writes that
+   never reached the disk), or for an active recording one torn frame then zeros; anything else
+   is damage and the archive refuses to open, before anything is cut. Otherwise an active
+   recording (no stop position: the archive died recording it) gets the recovered end as its
+   stop position; a stopped one whose data ends early (lost page cache at sync level 0) is cut
+   back to it; data beyond the stop position (a torn tail, or a truncation cut short) is
    removed: the file holding the stop is truncated there and later files are deleted.
 
 Ordering of the writes that must survive: a truncation updates the catalog first, then removes
