@@ -247,6 +247,11 @@ def rebuild_catalog(directory: Path) -> RebuildResult:
         hints = [dr.hint for dr in old.damaged if dr.hint is not None]
         next_id = old.next_recording_id
     missing = sorted(set(segments) - set(sound))
+    if old is not None and not old.damaged and not missing:
+        result.kept = sorted(sound)
+        result.notes.append("every catalog entry is sound and every recording with segment files has one: "
+                            "nothing to rebuild")
+        return result
     unmatched = [h for h in hints if h.recording_id not in sound and h.recording_id not in segments]
     peers = [sound[r][0] for r in sorted(sound) if sound[r][1] == RecordingState.VALID]
     rebuilt: dict[int, RecordingDescriptor] = {}

@@ -232,6 +232,8 @@ def rebuild(directory: Path) -> None:
         os.close(fd)
     for line in result.notes:
         click.echo(line)
+    if not result.rebuilt and result.old_catalog is None:
+        return
     rebuilt = ", ".join(map(str, result.rebuilt)) or "none"
     click.echo(f"catalog of {adir} rebuilt: recordings rebuilt from their segment files: {rebuilt}; "
                f"kept: {', '.join(map(str, result.kept)) or 'none'}"

@@ -259,3 +259,12 @@ def test_a_version_1_catalog_opens_and_is_upgraded_records_first(tmp_path):
     upgraded = Catalog.from_bytes(path.read_bytes())
     assert upgraded.version == CATALOG_VERSION and upgraded.get(rid).stop_position == end
     assert upgraded.state(rid) == RecordingState.VALID
+
+
+def test_rebuild_of_a_sound_catalog_changes_nothing(tmp_path):
+    write_recording(tmp_path, messages_of(10))
+    before = (tmp_path / "archive.catalog").read_bytes()
+    out = CliRunner().invoke(cli, ["archive", "rebuild", "--dir", str(tmp_path)])
+    assert out.exit_code == 0 and "nothing to rebuild" in out.output
+    assert (tmp_path / "archive.catalog").read_bytes() == before
+    assert not any(p.name.startswith("archive.catalog.damaged-") for p in tmp_path.iterdir())
