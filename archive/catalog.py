@@ -165,6 +165,8 @@ class DamagedRecord(NamedTuple):
     """The state field as it reads (maybe damaged itself)."""
     hint: RecordingDescriptor | None
     """The body decoded as it reads, if it decodes: a hint for a rebuild, never the truth."""
+    recording_id: int | None = None
+    """The recording id as the damaged bytes read (None: not even that reads)."""
 
 
 class CatalogFullError(Exception):
@@ -383,9 +385,10 @@ class Catalog:
             if problem is not None:
                 message, at = problem
                 hint = _hint(buf, offset)
+                read_id = hint.recording_id if hint is not None else _raw_recording_id(buf, offset)
                 if strict:
-                    raise CatalogError(message, at, hint.recording_id if hint is not None else None)
-                damaged.append(DamagedRecord(offset, f"{message} (offset {at})", state, hint))
+                    raise CatalogError(message, at, read_id)
+                damaged.append(DamagedRecord(offset, f"{message} (offset {at})", state, hint, read_id))
                 offset = _next_sound_record(buf, offset, alignment, version)
                 continue
             if version == CATALOG_VERSION_1 and _v1_checksum(buf, offset) == _checksum:
@@ -819,6 +822,15 @@ def _record_problem(buf: bytearray, offset: int, version: int) -> tuple[str, int
     except CatalogError as e:
         return str(e).split(": ", 1)[-1], e.offset
     return None
+
+
+def _raw_recording_id(buf: bytearray, offset: int) -> int | None:
+    """The recording id field of a record whose body does not decode, if it reads as one."""
+    at = offset + DESCRIPTOR_HEADER_LENGTH + 16
+    if at + 8 > len(buf):
+        return None
+    (value,) = _I64.unpack_from(buf, at)
+    return value if 0 <= value < (1 << 62) else None
 
 
 def _hint(buf: bytearray, offset: int) -> RecordingDescriptor | None:

@@ -188,12 +188,18 @@ def verify(directory: Path, recording_id: int | None) -> None:
     adir = _archive_dir(directory)
     catalog = _lenient_catalog(adir)
     bad = 0
+    # Recordings with segment files and no sound entry: a damaged entry whose id field itself
+    # is damaged is theirs when there is only one.
+    orphans = sorted({name.split("-", 1)[0] for name in os.listdir(adir) if name.endswith(".rec")
+                      and name.split("-", 1)[0].isdigit()} - {str(d.recording_id) for d, _ in catalog.all_records()})
     for dr in catalog.damaged:
-        rid = dr.hint.recording_id if dr.hint is not None else None
+        rid = dr.recording_id
+        if rid is not None and str(rid) not in orphans and len(orphans) == 1 and len(catalog.damaged) == 1:
+            rid = int(orphans[0])
         if recording_id is not None and rid != recording_id:
             continue
         bad += 1
-        who = f"recording {rid}" if rid is not None else "a recording"
+        who = f"recording {rid}" if rid is not None else "a recording (its id does not read)"
         click.echo(f"{who}: BAD catalog entry at offset {dr.offset}: {dr.reason}; "
                    + REBUILD_HINT.format(dir=adir))
     if recording_id is not None and not bad:

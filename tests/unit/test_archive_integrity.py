@@ -196,6 +196,7 @@ def test_every_flipped_bit_of_a_catalog_entry_is_found_and_refused_never_cut(tmp
         assert out.exit_code == 1, i
         bad_lines = [line for line in out.output.splitlines() if "BAD" in line]
         assert len(bad_lines) == 1 and f"BAD catalog entry at offset {r.start}" in bad_lines[0], (i, out.output)
+        assert bad_lines[0].startswith(f"recording {first}: "), (i, bad_lines[0])
         assert f"recording {rid}: OK" in out.output  # the sound entry after it is still checked
         for command in (["archive", "list"], ["archive", "describe", str(first)]):
             out = CliRunner().invoke(cli, [*command, "--dir", str(tmp_path)])
