@@ -269,3 +269,29 @@ def test_rebuild_of_a_sound_catalog_changes_nothing(tmp_path):
     assert out.exit_code == 0 and "nothing to rebuild" in out.output
     assert (tmp_path / "archive.catalog").read_bytes() == before
     assert not any(p.name.startswith("archive.catalog.damaged-") for p in tmp_path.iterdir())
+
+
+def test_an_upgrade_cut_short_loads_and_completes(tmp_path):
+    """Version 1 -> 2 writes every record's new checksum before the header's version: a crash
+    in between leaves a version 1 header over records of both rules, which loads."""
+    rid, _ = write_recording(tmp_path, messages_of(20), checksums=False)
+    store = CatalogStore(tmp_path)
+    other = store.catalog.add_recording(
+        control_session_id=1, correlation_id=2, start_timestamp=3, start_position=0, initial_term_id=5,
+        segment_file_length=SEGMENT, term_buffer_length=TERM, mtu_length=1408, session_id=SESSION,
+        stream_id=STREAM + 5, stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="t",
+        stop_position=0)
+    store.close()
+    path = tmp_path / "archive.catalog"
+    data = bytearray(path.read_bytes())
+    r = Catalog.from_bytes(bytes(data)).record_range(rid)
+    length = struct.unpack_from("<i", data, r.start)[0]
+    data[r.start + 12 : r.start + 32] = bytes(20)  # the first record still by the version 1 rule
+    struct.pack_into("<I", data, r.start + 8, zlib.crc32(bytes(data[r.start + 32 : r.start + 32 + length])))
+    struct.pack_into("<i", data, 0, 1)  # the header not yet upgraded
+    path.write_bytes(bytes(data))
+    half = Catalog.from_bytes(bytes(data))
+    assert half.version == 1 and half.find(rid) is not None and half.find(other) is not None
+    CatalogStore_and_recover(tmp_path)
+    done = Catalog.from_bytes(path.read_bytes())
+    assert done.version == CATALOG_VERSION and done.find(rid) is not None and done.find(other) is not None
