@@ -126,6 +126,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 control_stream_id=cfg.archive.control_request_stream_id,
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
+                frame_checksums=cfg.archive.frame_checksums,
                 replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
