@@ -111,6 +111,10 @@ class ArchiveConfig:
     connect_timeout_ns: int = 5_000_000_000
     file_io_max_length: int = 1024 * 1024
     block_length: int = DEFAULT_BLOCK_LENGTH
+    frame_checksums: bool = True
+    """New recordings (and extensions of recordings written without them) carry a checksum in
+    every frame (archive.checksums), checked by replay and verify. A recording that has them
+    keeps them whatever this says."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -218,9 +222,13 @@ class Archive:
         self.dir = config.dir
         make_private_dir(self.dir)
         self._mark_fd = self._lock_directory()
-        self.store = CatalogStore(self.dir, config.sync_level)
-        self.catalog = self.store.catalog
-        self.repairs = recover(self.dir, self.store)
+        try:
+            self.store = CatalogStore(self.dir, config.sync_level)
+            self.catalog = self.store.catalog
+            self.repairs = recover(self.dir, self.store)
+        except BaseException:
+            os.close(self._mark_fd)  # a damaged archive is refused: leave the directory free
+            raise
         for r in self.repairs:
             log.warning(
                 "recording repaired at start", recording_id=r.recording_id, what=r.what,
@@ -237,6 +245,9 @@ class Archive:
         self.replications: dict[int, object] = {}
         self._progress: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        self.on_data_damaged: Callable[[str], None] | None = None
+        """Called with the one-line report when a replay finds a frame that fails its checksum:
+        the node stops there rather than go on as a member with a damaged log."""
         self.on_task_failure: Callable[[TaskFailure], None] | None = None
         """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
@@ -624,9 +635,16 @@ class Archive:
                 if session is not None:
                     session.error(rs.correlation_id, E.INVALID_EXTENSION, f"cannot extend recording {recording_id}: {problem}")
                 return
+            if self.config.frame_checksums and (
+                d.frame_checksums_from == NULL_POSITION or d.frame_checksums_from > d.stop_position
+            ):
+                self.catalog.set_frame_checksums_from(recording_id, d.stop_position)
+            elif d.frame_checksums_from > d.stop_position:
+                self.catalog.set_frame_checksums_from(recording_id, NULL_POSITION)
             self.catalog.update_stop_position(recording_id, NULL_POSITION)
             self.store.flush()
-            position = d.stop_position
+            d = self.catalog.get(recording_id)
+            position = image.join_position
             signal = c.RecordingSignal.EXTEND
         else:
             try:
@@ -641,7 +659,7 @@ class Archive:
                 session_id=image.session_id if rs.session_id_override is None else rs.session_id_override,
                 stream_id=image.stream_id, stripped_channel=rs.channel,
                 original_channel=rs.descriptor_channel or rs.channel, source_identity=image.source_identity,
-                grow=True,
+                grow=True, frame_checksums=self.config.frame_checksums,
             )
             self.store.flush()
             d = self.catalog.get(recording_id)
@@ -869,6 +887,8 @@ class Archive:
             self.replays.pop(replay.replay_session_id, None)
             if replay.error:
                 log.warning("replay ended early", replay_session_id=replay.replay_session_id, reason=replay.error)
+                if replay.damaged and self.on_data_damaged is not None:
+                    self.on_data_damaged(replay.error)
             else:
                 log.info("replay done", replay_session_id=replay.replay_session_id, position=replay.position)
 

@@ -51,7 +51,7 @@ Node file
 
     [timeouts]      election_timeout, leader_heartbeat_timeout, session_timeout, ...
     [driver]        dir, mtu, term_length, ipc_term_length, liveness and status timeouts
-    [archive]       dir, segment_length, file_sync_level, control stream ids
+    [archive]       dir, segment_length, file_sync_level, frame_checksums, control stream ids
     [logging]       level, mode, file, max_file_bytes, max_files (rotation by size)
 
 The catchup endpoint may use port 0 (an ephemeral port, as in the reference's examples); every
@@ -398,6 +398,9 @@ class ArchiveSection(_Section):
     max_concurrent_recordings: int = 20
     max_concurrent_replays: int = 20
     connect_timeout_ns: int = 5 * _S
+    frame_checksums: bool = True
+    """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
+    (archive/checksums.py); false records without (a recording that has them keeps them)."""
 
 
 class LoggingSection(_Section):

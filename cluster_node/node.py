@@ -18,6 +18,7 @@ stderr and its own exit code: cluster_node.exit_codes).
 from __future__ import annotations
 
 import concurrent.futures
+from contextlib import asynccontextmanager
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
+from archive.storage import ArchiveDamagedError
 from cluster_node import affinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
@@ -91,6 +93,21 @@ def _prepare_driver_dir(cfg: NodeConfig) -> None:
         ) from None
 
 
+@asynccontextmanager
+async def _open_archive_or_refuse(driver, config: ArchiveConfig):
+    """The node's archive; a damaged catalog or log found as it opens ends the node with
+    DATA_DAMAGED and the archive's one line (which recording, where, what to do)."""
+    opened = False
+    try:
+        async with open_archive(driver, config) as archive:
+            opened = True
+            yield archive
+    except ArchiveDamagedError as e:
+        if opened:
+            raise
+        fail(ExitCode.DATA_DAMAGED, str(e))
+
+
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
     node_dir = cfg.node_dir
@@ -152,11 +169,13 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 control_stream_id=cfg.archive.control_request_stream_id,
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
+                frame_checksums=cfg.archive.frame_checksums,
                 replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
-            async with open_archive(driver, archive_cfg) as _archive:
+            async with _open_archive_or_refuse(driver, archive_cfg) as _archive:
                 exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)
+                _archive.on_data_damaged = lambda line: fail(ExitCode.DATA_DAMAGED, line)
                 client = await ArchiveClient.connect(driver)
                 token = trio.lowlevel.current_trio_token()
 

@@ -27,6 +27,7 @@ EXPECTED_CORE = {
     "media/framescan.py",
     "archive/segments.py",
     "archive/catalog.py",
+    "archive/checksums.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",
