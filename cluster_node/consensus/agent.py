@@ -100,8 +100,10 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
-_ONE_SHOT_REPLIES_PER_S = 50
-_ONE_SHOT_REPLIES_OPEN = 32
+_ONE_SHOT_REPLIES_PER_S = 200
+_ONE_SHOT_REPLIES_OPEN = 64
+_ONE_SHOT_LINGER_S = 0.25
+"""How long a one-shot reply's publication stays after its event went out (retransmits)."""
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 _INGRESS_BLOCK = 64 * 1024
@@ -1073,10 +1075,10 @@ class ConsensusAgent:
         else:
             log.info("session event not delivered", **fields)
         if close_after:
-            await self._close_later(pub)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S if sent else 0.0)
 
-    async def _close_later(self, pub) -> None:
-        await trio.sleep(1.0)  # let the last event be sent (and retransmitted) first
+    async def _close_later(self, pub, linger_s: float = 1.0) -> None:
+        await trio.sleep(linger_s)  # let the last event be sent (and retransmitted) first
         pub.close()
 
     _SENDER = {
