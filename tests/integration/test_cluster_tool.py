@@ -339,6 +339,9 @@ def test_snapshot_on_the_live_leader_is_taken_by_every_member(cluster):
     assert term == cluster.nodes[cluster.leader_id].counters().term
     assert field(tool(leader_dir, "describe").output, "snapshots taken") == "1"
     assert field(tool(leader_dir, "describe").output, "cm state") == "ACTIVE (1)"
+    counters = json_of(leader_dir, "describe")["counters"]
+    assert 0 < counters["last_snapshot_duration_ns"] <= counters["max_snapshot_duration_ns"]
+    assert re.fullmatch(r"last \d+\.\d ms, max \d+\.\d ms", field(tool(leader_dir, "describe").output, "snapshot time"))
 
     # Every member snapshots at the same position; a follower's set lands when its service got there.
     cluster.wait_for(lambda: tool(follower_dir, "describe-latest-snapshot").exit_code == 0, 10,

@@ -18,11 +18,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import msgspec
 import trio
 
-from tests.support.cluster import Status, TestCluster, open_kv_client
+from tests.support.cluster import TEST_TIMEOUTS, Status, TestCluster, open_kv_client
 
 CLI = Path(sys.executable).with_name("cluster-node")
+ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30
 
 
@@ -135,3 +137,44 @@ def test_metrics_follow_a_failover(tmp_path):
                     _out, err = proc.communicate()
                 assert proc.returncode == 0, err
                 assert b"Traceback" not in err
+
+
+CLIENT_THAT_GOES_SILENT = """
+import sys, time, trio
+from cluster_node.config import load_client_config
+from tests.support.cluster import Status, open_kv_client
+
+async def main():
+    async with open_kv_client(load_client_config(sys.argv[1])) as kv:
+        assert (await kv.put("k", b"v")).status == Status.OK
+        print("connected", flush=True)
+        await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+def test_timed_out_sessions_and_slow_duty_cycles_are_counted(tmp_path):
+    from cluster_node.metrics import counters_snapshot
+
+    # Every pass is "slow" against a 1 µs threshold; a client silent for 1 s is timed out.
+    timeouts = msgspec.structs.replace(TEST_TIMEOUTS, session_timeout_ns=1_000_000_000, cycle_threshold_ns=1_000)
+    with TestCluster(tmp_path, timeouts=timeouts) as c:
+        leader = c.start()
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_GOES_SILENT, str(c.client_config_path)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        try:
+            ready, _, _ = select.select([client.stdout], [], [], DEADLINE_S)
+            assert ready and client.stdout.readline() == b"connected\n", client.stderr.read1()
+        finally:
+            client.kill()
+            client.wait()
+
+        def cluster_counters():
+            return counters_snapshot(c.nodes[leader].counters_path)["cluster"][str(leader)]
+
+        counted = c.wait_for(lambda: (lambda v: v if v["client_session_timeouts"] >= 1 else None)(cluster_counters()),
+                             10, "the leader counts the silent client's session as timed out")
+        assert counted["max_cycle_time_ns"] > 1_000
+        assert counted["cycle_time_threshold_exceeded"] > 0
+        assert counted["election_count"] >= 1 and counted["leader_member_id"] == leader
