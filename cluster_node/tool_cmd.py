@@ -8,6 +8,8 @@ Commands, by what they touch:
   ``recording-log``, ``recovery-plan``, ``errors``, ``describe-latest-snapshot``. They read the
   mark file (who runs there, and whether it is alive), the node-state file, ``recording.log``,
   the archive catalog and segment files, the driver's counters file and the node's JSON log.
+  ``describe``, ``list-members``, ``recording-log`` and ``errors`` print one JSON object with
+  ``--json`` (the keys are an interface: docs/operations.md lists them).
 * cluster control, on the leader of a running cluster: ``suspend``, ``resume``, ``snapshot``,
   ``shutdown``, ``abort``. They set the leader's ClusterControl counter (below).
 * offline edit, on a stopped node: ``invalidate-latest-snapshot`` rewrites ``recording.log``;
