@@ -151,7 +151,8 @@ def describe(directory: Path, recording_id: int, as_json: bool) -> None:
         fields = {name: getattr(d, name) for name in d.__struct_fields__}
         fields = {k: v if isinstance(v, (int, str, bool)) or v is None else str(v) for k, v in fields.items()}
         files = [f"{recording_id}-{b}.rec" for b in list_segments(adir, recording_id)]
-        click.echo(json.dumps({"archive_dir": str(adir), "descriptor": fields, "segment_files": files}, indent=2))
+        click.echo(json.dumps({"archive_dir": str(adir), "descriptor": fields, "checks": checks_text(d),
+                               "segment_files": files}, indent=2))
         return
     for name in d.__struct_fields__:
         click.echo(f"{name:20} {getattr(d, name)}")

@@ -239,7 +239,8 @@ def test_cli_list_and_describe_json_carry_the_fields_of_the_text(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     lines = text.splitlines()
-    assert len(doc["descriptor"]) == len(lines) - 1
+    assert lines[-2] == f"{'checks':20} {doc['checks']}"
+    assert len(doc["descriptor"]) == len(lines) - 2
     for line, (name, value) in zip(lines, doc["descriptor"].items()):
         assert line.split(None, 1)[0] == name
         assert line[20:].strip() == str(value)
