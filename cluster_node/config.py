@@ -64,7 +64,8 @@ Client file
     [client]
     ingress_endpoints = "0=127.0.0.1:20110,1=127.0.0.1:20111,2=127.0.0.1:20112"
     egress_endpoint = "127.0.0.1:0"     # port 0: pick a free port at connect time
-    message_timeout = "5s"
+    connect_timeout = "10s"             # the whole connect, elections included
+    message_timeout = "1s"              # a connect request unanswered this long is sent again
     keep_alive_interval = "1s"
     leader_silence_timeout = "10s"
 
@@ -488,8 +489,10 @@ class ClientSection(_Section):
     """Where this client receives egress; port 0 picks a free port at connect time."""
     ingress_stream_id: int = 101
     egress_stream_id: int = 102
-    message_timeout_ns: int = 5 * _S
-    """Deadline of a connect attempt (reference ``AeronCluster`` message timeout)."""
+    connect_timeout_ns: int = 10 * _S
+    """Deadline of a connect: until it passes the client asks every member, through elections."""
+    message_timeout_ns: int = 1 * _S
+    """A connect request unanswered this long is sent again (at most every second)."""
     keep_alive_interval_ns: int = 1 * _S
     leader_silence_timeout_ns: int = 10 * _S
     """With no sign of the leader (ingress not connected, egress image gone, no NewLeaderEvent)
@@ -1016,7 +1019,7 @@ def _validate_client(cfg: ClientConfig) -> None:
     host, port = _check_endpoint(c.egress_endpoint, "client.egress_endpoint", allow_port_zero=True)
     ports.add(host, port, "client.egress_endpoint")
     _check_stream_ids(cfg, "client", c, ("ingress_stream_id", "egress_stream_id"))
-    _check_positive(cfg, "client", c, ("message_timeout_ns", "keep_alive_interval_ns",
+    _check_positive(cfg, "client", c, ("connect_timeout_ns", "message_timeout_ns", "keep_alive_interval_ns",
                                        "leader_silence_timeout_ns", "reconnect_timeout_ns",
                                        "egress_buffer_messages"))
     _check_driver(cfg, cfg.driver)
@@ -1277,7 +1280,8 @@ def generate_loopback_cluster(
             ingress_endpoints=format_ingress_endpoints({m.id: m.ingress for m in members}),
             egress_endpoint=f"{host}:{ports[-1] if base_port is not None else 0}",
             leader_silence_timeout_ns=timeouts.leader_heartbeat_timeout_ns + 2 * timeouts.election_timeout_ns,
-            message_timeout_ns=5 * _S,
+            connect_timeout_ns=10 * _S,
+            message_timeout_ns=1 * _S,
         ),
         driver=msgspec.structs.replace(DEMO_DRIVER, term_length=1024 * 1024, ipc_term_length=1024 * 1024),
         source="generated client",

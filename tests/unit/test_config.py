@@ -234,7 +234,8 @@ egress_endpoint = "127.0.0.1:0"
 
 def test_client_config_defaults_and_errors() -> None:
     cfg = parse_client_config(CLIENT)
-    assert cfg.client.message_timeout_ns == 5 * 10**9
+    assert cfg.client.message_timeout_ns == 1 * 10**9
+    assert cfg.client.connect_timeout_ns == 10 * 10**9
     assert cfg.ingress_endpoints == {0: "127.0.0.1:20110", 1: "127.0.0.1:20111"}
     assert cfg.driver.term_length == 1024 * 1024  # client defaults, not the node's
     cfg2 = parse_client_config(CLIENT + '\n[driver]\nmtu = 4096\n')
