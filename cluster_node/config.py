@@ -471,7 +471,10 @@ class NodeConfig(_Section):
         return format_ingress_endpoints({m.id: m.ingress for m in self.cluster.members})
 
     def driver_kwargs(self) -> dict[str, Any]:
-        return self.driver.driver_kwargs(self.driver_dir)
+        """The node's driver sends from this member's own host (its consensus endpoint's), so
+        that peers, firewalls and source checks see the address the member is configured with."""
+        return dict(self.driver.driver_kwargs(self.driver_dir),
+                    publication_bind_host=_bind_host(self.this_member.consensus))
 
     def validate(self) -> "NodeConfig":
         """Raise ConfigError (one line) on the first problem; return self when the config is usable."""
@@ -480,6 +483,12 @@ class NodeConfig(_Section):
         except ConfigError as ex:
             raise _prefixed(self.source, ex) from None
         return self
+
+
+def _bind_host(endpoint: str) -> str | None:
+    """The host of ``endpoint`` to send from; None for a wildcard (any address)."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return None if host in ("", "0.0.0.0", "::") else host
 
 
 class ClientSection(_Section):
@@ -515,6 +524,11 @@ class ClientConfig(_Section):
     @property
     def ingress_endpoints(self) -> dict[int, str]:
         return parse_ingress_endpoints(self.client.ingress_endpoints)
+
+    def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
+        """The client's driver sends from its egress host: the leader answers a connect request
+        only on an egress channel whose host is the address the request came from."""
+        return dict(self.driver.driver_kwargs(default_dir), publication_bind_host=_bind_host(self.client.egress_endpoint))
 
     def validate(self) -> "ClientConfig":
         try:

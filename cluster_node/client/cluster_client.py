@@ -868,7 +868,7 @@ async def open_cluster_client(
                 base = "/dev/shm" if Path("/dev/shm").is_dir() else None
                 own_dir = Path(tempfile.mkdtemp(prefix="pycluster-client-", dir=base))
                 stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
-                driver = await stack.enter_async_context(open_media_driver(**config.driver.driver_kwargs(own_dir)))
+                driver = await stack.enter_async_context(open_media_driver(**config.driver_kwargs(own_dir)))
             client = ClusterClient(
                 config,
                 driver,

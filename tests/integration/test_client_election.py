@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,18 @@ def _kv_call(client: BlockingClusterClient, make, timeout: float):
     return decode_reply(raw)
 
 
+def _api_get(cluster: TestCluster, start: float, killed: int, result: list) -> None:
+    """The API's side of the test, in a thread of its own: connect and get ``k`` (the outcome,
+    or what went wrong, in ``result``)."""
+    try:
+        with BlockingClusterClient(cluster.client_config, connect_timeout=10) as api:
+            reply = _kv_call(api, lambda rid: Get(rid, "k"), 10 - (time.monotonic() - start))
+            ok = reply.status == Status.OK and reply.value == b"v1" and api.leader_member_id != killed
+            result.append("ok" if ok else f"reply {reply} from leader {api.leader_member_id}")
+    except Exception as e:  # noqa: BLE001 - reported by the test's assertion
+        result.append(f"{type(e).__name__}: {e}")
+
+
 @pytest.mark.slow
 def test_get_right_after_the_leaders_kill_succeeds_once_a_leader_is_elected(tmp_path) -> None:
     with TestCluster(tmp_path) as cluster:
@@ -51,12 +64,13 @@ def test_get_right_after_the_leaders_kill_succeeds_once_a_leader_is_elected(tmp_
             killed.append(leader)
             start = time.monotonic()
             cli = _start_cli(cluster.client_config_path, "--timeout", "10", "get", "k")
-            with BlockingClusterClient(cluster.client_config, connect_timeout=10) as api:
-                reply = _kv_call(api, lambda rid: Get(rid, "k"), 10 - (time.monotonic() - start))
-                assert reply.status == Status.OK and reply.value == b"v1"
-                assert api.leader_member_id != leader
+            api_result: list = []
+            api_thread = threading.Thread(target=_api_get, args=(cluster, start, leader, api_result))
+            api_thread.start()
             out, err = cli.communicate(timeout=30)
             assert (cli.returncode, out, err) == (0, "v1\n", ""), cluster.diagnostics()
+            api_thread.join(timeout=30)
+            assert api_result == ["ok"], api_result
             assert time.monotonic() - start < 12
             cluster.restart(leader)
             leader = cluster.wait_for_leader(exclude=[leader])
