@@ -559,6 +559,8 @@ class ClusterClient:
         pause_s: dict[int, float] = {}
         heard: dict[int, str] = {}
         """What each member last said, for the timeout's message."""
+        unanswered: set[int] = set()
+        """Members with a request of ours they have not answered yet."""
         newest_term, newest_leader = NULL_VALUE, NULL_VALUE
         if self.leader_member_id in self.ingress_endpoints:
             # The last known leader first: the others only if it does not answer soon.
@@ -571,6 +573,7 @@ class ClusterClient:
                 replies, self._connect_replies = self._connect_replies, []
                 now = time.monotonic_ns()
                 for member_id, reply in replies:
+                    unanswered.discard(member_id)
                     if isinstance(reply, Challenge):
                         raise AuthenticationError(
                             "the cluster asked for an authentication challenge, which this client does not answer")
@@ -597,7 +600,11 @@ class ClusterClient:
                         heard[member_id] = "no leader" if leader == NULL_VALUE else f"leader {leader}, term {term}"
                         if leader != NULL_VALUE and term >= newest_term:
                             if (term, leader) != (newest_term, newest_leader) or leader == member_id:
-                                next_ask_ns[leader] = now  # the new leader (or one finishing its election): now
+                                if leader not in unanswered or leader == member_id:
+                                    # The new leader (or one finishing its election): now, unless
+                                    # a request of ours is on its way to it (two would open two
+                                    # sessions).
+                                    next_ask_ns[leader] = now
                             newest_term, newest_leader = term, leader
                             for mid in self.ingress_endpoints:
                                 # Members first heard of here: after the leader has had its moment.
@@ -639,6 +646,7 @@ class ClusterClient:
                     if due <= now:
                         if self._send_connect_request(mid, pub):
                             heard.setdefault(mid, "no answer")
+                            unanswered.add(mid)
                             due = next_ask_ns[mid] = now + resend_ns
                         else:
                             due = now + int(_POLL_S * 1e9)
