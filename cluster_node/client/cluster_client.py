@@ -544,7 +544,7 @@ class ClusterClient:
         ``message_timeout`` (capped at ``_RESEND_MAX_S``) is asked again: the leader answers
         nothing to a request it refuses and rate limits its REDIRECTs, and a datagram may be
         lost. The leader may so get two requests of ours and open two sessions: the first OK is
-        kept and any other is closed (``_close_spare_session``). An OK from a member whose term
+        kept and any other is closed (``_send_close``). An OK from a member whose term
         is older than the newest leader heard of is a deposed leader's: closed, and the
         newest leader asked instead."""
         self._connecting = True
@@ -585,7 +585,9 @@ class ClusterClient:
                             self._send_close(pubs[member_id], reply.leadership_term_id, reply.cluster_session_id)
                             heard[member_id] = f"deposed leader of term {reply.leadership_term_id}"
                             continue
-                        pub = pubs.pop(member_id, None) or self._add_ingress(self.ingress_endpoints[member_id])
+                        pub = pubs.pop(member_id, None)
+                        if pub is None:
+                            continue  # a member no longer in the cluster's list: not one to keep
                         self._set_session(reply.cluster_session_id, reply.leadership_term_id, leader)
                         self._replace_ingress(pub)
                         self._last_leader_sign_ns = time.monotonic_ns()
