@@ -70,8 +70,10 @@ def check_node_files(node_dir: Path, archive_dir: Path) -> None:
         except RecordingLogError as e:
             raise damaged(f"{path} is damaged ({e}): restore it from a backup, or {rebuild}") from None
         last = rl.last_term()
-        if catalog is not None and last is not None and last.recording_id != NULL_VALUE \
-                and catalog.find(last.recording_id) is None:
+        # (A catalog with a damaged entry is the archive's to refuse, naming that entry: the
+        # recording this file names may be the damaged one.)
+        if catalog is not None and not catalog.damaged and last is not None \
+                and last.recording_id != NULL_VALUE and catalog.find(last.recording_id) is None:
             raise damaged(
                 f"{path} is damaged or belongs to another archive (its TERM entry at offset "
                 f"{rl._offsets[last.entry_index]} names log recording {last.recording_id}, which "
