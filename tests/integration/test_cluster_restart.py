@@ -28,6 +28,17 @@ def cluster(tmp_path):
         yield c
 
 
+async def _restart_all(cluster: TestCluster) -> int:
+    """Stop every member (SIGTERM), start them all again; the new leader's id."""
+    for n in cluster.nodes:
+        assert n.terminate() == 0
+    for n in cluster.nodes:
+        n.start()
+    for n in cluster.nodes:
+        n.wait_ready(30)
+    return await cluster.await_leader(30)
+
+
 async def _request(config, request, timeout_s: float = 10.0):
     async with open_cluster_client(config) as client:
         await client.offer_wait(encode_request(request), timeout_s)
@@ -51,13 +62,7 @@ async def test_after_a_whole_cluster_restart_with_many_old_sessions_the_leader_s
     async with trio.open_nursery() as nursery:
         for i in range(OLD_SESSIONS):
             nursery.start_soon(one_shot, i)
-    for n in cluster.nodes:
-        assert n.terminate() == 0
-    for n in cluster.nodes:
-        n.start()
-    for n in cluster.nodes:
-        n.wait_ready(30)
-    await cluster.await_leader(30)
+    await _restart_all(cluster)
     elected = time.monotonic()
     # Before the fix this took about half a second per old session (a minute here).
     with trio.fail_after(20):
@@ -90,13 +95,7 @@ async def test_a_snapshot_in_the_first_seconds_after_a_whole_cluster_restart_suc
     async with trio.open_nursery() as nursery:
         for i in range(40):
             nursery.start_soon(one_shot, i)
-    for n in cluster.nodes:
-        assert n.terminate() == 0
-    for n in cluster.nodes:
-        n.start()
-    for n in cluster.nodes:
-        n.wait_ready(30)
-    leader = await cluster.await_leader(30)
+    leader = await _restart_all(cluster)
     done = await trio.to_thread.run_sync(lambda: subprocess.run(
         [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
         capture_output=True, text=True, timeout=90))

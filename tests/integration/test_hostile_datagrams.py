@@ -40,6 +40,22 @@ def _invalid_packets(node) -> int:
         reader.close()
 
 
+def _third_party() -> socket.socket:
+    """A socket on another loopback address, standing for a host that asked for nothing."""
+    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    victim.bind(("127.0.0.9", 0))
+    victim.setblocking(False)
+    return victim
+
+
+def _assert_nothing_arrived(victim: socket.socket) -> None:
+    try:
+        got = victim.recv(65536)
+    except BlockingIOError:
+        return
+    raise AssertionError(f"a member sent {got[:40]!r} to a host that did not ask")
+
+
 def _send_crafted(endpoint: str, stream_id: int, session_id: int) -> None:
     host, port = endpoint.rsplit(":", 1)
     datagram = bytearray(crafted_pad_datagram())
@@ -93,9 +109,7 @@ async def _offer_connect_requests(cluster: TestCluster, member: int, channels: l
 
 async def test_connect_requests_naming_another_host_or_extra_parameters_get_no_answer(cluster: TestCluster) -> None:
     leader = cluster.start()
-    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    victim.bind(("127.0.0.9", 0))
-    victim.setblocking(False)
+    victim = _third_party()
     port = victim.getsockname()[1]
     errors = cluster.counters()[leader].errors
     try:
@@ -108,11 +122,7 @@ async def test_connect_requests_naming_another_host_or_extra_parameters_get_no_a
         # A real client's round trip after them: a reply to a refused request would be out by now.
         async with open_kv_client(cluster.client_config) as kv:
             await put_keys(kv, cluster, {"after": b"refusals"})
-        try:
-            got = victim.recv(65536)
-        except BlockingIOError:
-            got = None
-        assert got is None, f"the leader sent {got[:40]!r} to a host that did not ask"
+        _assert_nothing_arrived(victim)
     finally:
         victim.close()
     events = [e for e in cluster.nodes[leader].log_events() if e.get("event", "").startswith("connect request refused")]
@@ -147,9 +157,7 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
     cluster.start()
     node = cluster.nodes[0]
     errors_before = cluster.counters()[0].errors
-    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    victim.bind(("127.0.0.9", 0))
-    victim.setblocking(False)
+    victim = _third_party()
     port = victim.getsockname()[1]
     try:
         async with open_media_driver(dir=cluster.base_dir / "attacker-driver") as driver:
@@ -167,10 +175,6 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
             await cluster.await_for(refused, 10, "the archive refuses the connect request")
             # ... and the node's errors counter says so (an operator watches that one).
             await cluster.await_for(lambda: cluster.counters()[0].errors > errors_before, 10, "counted")
-        try:
-            got = victim.recv(65536)
-        except BlockingIOError:
-            got = None
-        assert got is None, f"the archive sent {got[:40]!r} to a host that did not ask"
+        _assert_nothing_arrived(victim)
     finally:
         victim.close()

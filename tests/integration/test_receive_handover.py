@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from media.driver import open_media_driver
-from tests.support.procs import free_udp_port
+from tests.integration.test_media_driver import _connected_pair
 
 _MINUTE = 60_000_000_000
 SLOW = dict(
@@ -31,18 +31,6 @@ SLOW = dict(
 """No periodic traffic: the only datagrams are the ones a test sends."""
 
 
-async def _until(cond, timeout=10.0):
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.005)
-
-
-async def _connected_pair(driver, stream_id: int = 9):
-    channel = f"aeron:udp?endpoint=127.0.0.1:{free_udp_port()}"
-    sub = driver.add_subscription(channel, stream_id)
-    pub = driver.add_publication(channel, stream_id)
-    await _until(lambda: pub.is_connected and sub.is_connected)
-    return pub, sub
 
 
 def _trio_reader(fd: int):
