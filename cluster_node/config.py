@@ -231,6 +231,7 @@ _SIZE_FIELDS = frozenset(
         "socket_buffer_bytes",
         "initial_window",
         "snapshot_interval",
+        "max_receive_term_length",
     }
 )
 
@@ -353,6 +354,16 @@ class DriverSection(_Section):
     status_message_timeout_ns: int = 200 * _MS
     heartbeat_interval_ns: int = 100 * _MS
     socket_buffer_bytes: int = 2 * 1024 * 1024
+    max_receive_term_length: int = 64 * 1024 * 1024
+    """The largest term a remote publication's SETUP may make this driver map (three terms per
+    image); a larger one is refused and counted (Images refused). At least ``term_length`` and
+    ``cluster.log_term_length``."""
+    max_images_per_endpoint: int = 256
+    """Images a receive endpoint (ingress, consensus, log, archive control) keeps at once."""
+    max_images_per_source: int = 64
+    """Images of one receive endpoint whose publications send from one host address."""
+    image_creations_per_s: int = 100
+    """New images a receive endpoint makes per second: forged SETUPs are cheap to send."""
 
     def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
         """Keyword arguments for ``media.driver.open_media_driver`` / ``DriverConfig``."""
@@ -367,6 +378,10 @@ class DriverSection(_Section):
             status_message_timeout_ns=self.status_message_timeout_ns,
             heartbeat_interval_ns=self.heartbeat_interval_ns,
             socket_buffer_bytes=self.socket_buffer_bytes,
+            max_receive_term_length=self.max_receive_term_length,
+            max_images_per_endpoint=self.max_images_per_endpoint,
+            max_images_per_source=self.max_images_per_source,
+            image_creations_per_s=self.image_creations_per_s,
         )
 
 
@@ -816,8 +831,14 @@ def _check_driver(cfg: Any, d: DriverSection) -> None:
             "status_message_timeout_ns",
             "heartbeat_interval_ns",
             "socket_buffer_bytes",
+            "max_images_per_endpoint",
+            "max_images_per_source",
+            "image_creations_per_s",
         ),
     )
+    if d.max_receive_term_length < d.term_length:
+        _fail(cfg, "driver.max_receive_term_length",
+              f"{d.max_receive_term_length} is smaller than driver.term_length ({d.term_length})")
     if d.status_message_timeout_ns >= d.image_liveness_timeout_ns:
         _fail(
             cfg,
@@ -944,6 +965,9 @@ def _validate_node(cfg: NodeConfig) -> None:
              "the mark file liveness timeout", 10 * _S)
 
     _check_driver(cfg, cfg.driver)
+    if cfg.driver.max_receive_term_length < c.log_term_length:
+        _fail(cfg, "driver.max_receive_term_length", f"{cfg.driver.max_receive_term_length} is smaller than "
+              f"cluster.log_term_length ({c.log_term_length}): followers could not receive the log")
     if cfg.driver.mtu > c.log_term_length // 8:
         _fail(cfg, "driver.mtu", f"{cfg.driver.mtu} is larger than an eighth of cluster.log_term_length")
     # The log is replicated over UDP: a follower whose driver declares the leader's image dead

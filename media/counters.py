@@ -129,6 +129,7 @@ class SystemCounter(IntEnum):
     IMAGES_UNAVAILABLE = 107, "Images unavailable"
     PUBLICATIONS_ACTIVE = 108, "Active publications"
     SUBSCRIPTIONS_ACTIVE = 109, "Active subscriptions"
+    IMAGES_REFUSED = 110, "Images refused"
 
 
 class CounterInfo(NamedTuple):

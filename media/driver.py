@@ -86,6 +86,7 @@ from media.channel import (
     parse,
 )
 from media.counters import CounterType, CountersError, CountersManager, SystemCounters, counters_path, pid_alive
+from media.distinct_errors import DistinctErrors
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
 from media.logbuffer import LogBuffer
@@ -133,6 +134,16 @@ class DriverConfig:
     publication_linger_ns: int = 1_000_000_000
     socket_buffer_bytes: int = 2 * 1024 * 1024
     max_counters: int = 1024
+    max_receive_term_length: int = 64 * 1024 * 1024
+    """The largest term a remote publication's SETUP may ask this driver to map for its image
+    (three terms each); a larger one is refused. Never less than ``network_term_length``."""
+    max_images_per_endpoint: int = 256
+    """Images of one receive endpoint (a channel's port), all sources together."""
+    max_images_per_source: int = 64
+    """Images of one receive endpoint whose publications send from one host address."""
+    image_creations_per_s: int = 100
+    """New images a receive endpoint makes per second (a burst of as many is allowed): forged
+    SETUPs cost the attacker a datagram each and the driver a mapping and three counters."""
     loss: LossConfig | None = None
 
     def __post_init__(self) -> None:
@@ -143,6 +154,11 @@ class DriverConfig:
             v = getattr(self, name)
             if v < 64 * 1024 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two of at least 64k, not {v}")
+        object.__setattr__(self, "max_receive_term_length",
+                           max(self.max_receive_term_length, self.network_term_length))
+        for name in ("max_images_per_endpoint", "max_images_per_source", "image_creations_per_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
 
 
 def _resolve(endpoint: tuple[str, int]) -> tuple:
@@ -242,6 +258,13 @@ class _ReceiveEndpoint:
         self.receiver_id = receiver_id
         self.groups: dict[int, list[_Group]] = {}
         self.setup_asked: dict = {}  # (addr, session) -> last ask ns
+        self.image_tokens = 0.0  # image creations allowed now (a token bucket, see _admit_image)
+        self.tokens_at_ns = 0
+
+    def image_count(self, host: str | None = None) -> int:
+        """Images behind this endpoint (from ``host`` only, when given)."""
+        return sum(1 for groups in self.groups.values() for g in groups for ni in g.images.values()
+                   if host is None or any(src[0] == host for src in ni.sources))
 
 
 class MediaDriver:
@@ -263,6 +286,8 @@ class MediaDriver:
             # Another live process owns this directory's counters: we are a client of its IPC.
             self.counters = CountersManager.create(self.dir / f"counters-{os.getpid()}.dat", config.max_counters)
         self.system = SystemCounters(self.counters)
+        self.errors = DistinctErrors("media.driver")
+        """Errors of the driver's work on hostile or broken input, each kind logged once."""
         self.ipc = IpcTransport(
             self.dir,
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
@@ -971,23 +996,43 @@ class MediaDriver:
                 self._invalid(e, addr)
                 continue
             now = time.monotonic_ns()
-            if isinstance(frame, frames.StatusMessage):
-                if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+            try:
+                if isinstance(frame, frames.StatusMessage):
+                    if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                        continue
+                    sc.status_messages_received.add(1)
+                    with np.lock:
+                        np.core.on_status(frame, addr, now)
+                elif isinstance(frame, frames.Nak):
+                    if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
+                        continue
+                    sc.nak_messages_received.add(1)
+                    with np.lock:
+                        np.core.on_nak(frame, now, np.pub.position)
+                elif isinstance(frame, frames.Rttm):
                     continue
-                sc.status_messages_received.add(1)
-                with np.lock:
-                    np.core.on_status(frame, addr, now)
-            elif isinstance(frame, frames.Nak):
-                if frame.session_id != np.pub.session_id or frame.stream_id != np.pub.stream_id:
-                    continue
-                sc.nak_messages_received.add(1)
-                with np.lock:
-                    np.core.on_nak(frame, now, np.pub.position)
-            elif isinstance(frame, frames.Rttm):
-                continue
-            else:
-                self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
+                else:
+                    self._invalid(FrameError(f"unexpected {type(frame).__name__} on a publication socket"), addr)
+            except Exception as e:  # noqa: BLE001 - one datagram's fault, never the driver's end
+                self._datagram_failed(e, addr, f"{type(frame).__name__} to publication stream {np.pub.stream_id}")
         return count
+
+    def _datagram_failed(self, error: Exception, addr, what: str, ep: _ReceiveEndpoint | None = None,
+                         view=None, n: int = 0) -> None:
+        """Handling one datagram raised (a fault its checks missed, found by hostile input): it
+        is counted as invalid and as an error, said once per kind, and the image it was for is
+        closed (its state may be half changed); the driver goes on with every other image."""
+        self.system.invalid_packets.add(1)
+        self.system.errors.add(1)
+        self.errors.record(f"datagram failed: {what}: {type(error).__name__}",
+                           f"handling a {what} failed: dropped", level="error", error=repr(error),
+                           source=str(addr), exc_info=error)
+        if ep is not None and view is not None and n >= 20:
+            session_id, stream_id = _SESSION_STREAM(view, 12)
+            for group in ep.groups.get(stream_id, ()):
+                ni = group.images.get(session_id)
+                if ni is not None:
+                    self._drop_image(ni)
 
     def _invalid(self, error: Exception, addr) -> None:
         self.system.invalid_packets.add(1)
@@ -1165,7 +1210,10 @@ class MediaDriver:
                         heapq.heappush(self._delayed, (due, next(self._seq), "recv", d, (ep, addr)))
                         self._poke_conductor()
             else:
-                self._on_datagram(ep, view, n, addr, now, touched)
+                try:
+                    self._on_datagram(ep, view, n, addr, now, touched)
+                except Exception as e:  # noqa: BLE001 - one datagram's fault, never the driver's end
+                    self._datagram_failed(e, addr, "datagram at a receive endpoint", ep, view, n)
         if count:
             sc.datagrams_received.add(count)
             sc.bytes_received.add(nbytes)
@@ -1518,7 +1566,11 @@ class MediaDriver:
                     continue
                 ni = group.images.get(frame.session_id)
                 if ni is None:
+                    if not self._admit_image(frame, ep, addr, now):
+                        return
                     ni = self._create_image(group, frame, ep, addr, now)
+                    if ni is None:
+                        return
                 else:
                     ni.core.on_setup_again(now)
                 ni.sources.setdefault(addr, ep)
@@ -1542,7 +1594,45 @@ class MediaDriver:
         ep.setup_asked[key] = now
         self._send(ep.sock, frames.encode_status(session_id, stream_id, 0, 0, 0, ep.receiver_id, send_setup=True), addr)
 
-    def _create_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> _NetImage:
+    def _admit_image(self, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> bool:
+        """May a SETUP from ``addr`` make a new image at ``ep``? Each bound of the config, each
+        refusal counted (Images refused) and said once per kind (media.distinct_errors)."""
+        cfg = self.config
+        reason = None
+        if setup.term_length > cfg.max_receive_term_length:
+            reason = f"term length {setup.term_length} is above max_receive_term_length {cfg.max_receive_term_length}"
+        else:
+            elapsed_s = (now - ep.tokens_at_ns) / 1e9
+            ep.tokens_at_ns = now
+            rate = cfg.image_creations_per_s
+            ep.image_tokens = min(float(rate), ep.image_tokens + elapsed_s * rate)
+            if ep.image_tokens < 1.0:
+                reason = f"more than {rate} new images a second at this endpoint"
+            elif ep.image_count() >= cfg.max_images_per_endpoint:
+                reason = f"the endpoint has max_images_per_endpoint ({cfg.max_images_per_endpoint}) images"
+            elif ep.image_count(addr[0]) >= cfg.max_images_per_source:
+                reason = f"the source host has max_images_per_source ({cfg.max_images_per_source}) images here"
+            else:
+                ep.image_tokens -= 1.0
+                return True
+        self.system.images_refused.add(1)
+        self.errors.record(f"image refused: {reason.split(' (')[0]}", "SETUP refused: " + reason,
+                           endpoint=f"{ep.addr[0]}:{ep.addr[1]}", source=str(addr), stream_id=setup.stream_id)
+        return False
+
+    def _create_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr,
+                      now: int) -> _NetImage | None:
+        """A new image for ``setup``; None (refused, counted) when the driver cannot make one
+        now (out of counters, of memory or mappings): the node goes on without it."""
+        try:
+            return self._make_image(group, setup, ep, addr, now)
+        except (CountersError, OSError, ValueError, MemoryError) as e:
+            self.system.images_refused.add(1)
+            self.errors.record(f"image refused: {type(e).__name__}", f"SETUP refused: cannot make the image: {e}",
+                               endpoint=f"{ep.addr[0]}:{ep.addr[1]}", source=str(addr), stream_id=setup.stream_id)
+            return None
+
+    def _make_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> _NetImage:
         core = ImageReceiverCore(
             session_id=setup.session_id, stream_id=setup.stream_id, initial_term_id=setup.initial_term_id,
             active_term_id=setup.active_term_id, term_offset=setup.term_offset, term_length=setup.term_length,
@@ -1552,15 +1642,23 @@ class MediaDriver:
             None, setup.term_length, setup.mtu, setup.initial_term_id, setup.session_id, setup.stream_id,
             core.join_position,
         )
+        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]}"
+        allocated = []
+        try:
+            for name, type_id, fn in (("rcv-hwm", CounterType.RECEIVER_HWM, lambda c=core: c.hwm_position),
+                                      ("rcv-pos", CounterType.RECEIVER_POS, lambda c=core: c.rebuild_position),
+                                      ("sub-pos", CounterType.SUBSCRIBER_POSITION,
+                                       lambda c=core: c.consumption_position)):
+                allocated.append((self.counters.allocate(f"{name}: {label}", type_id), fn))
+        except CountersError:
+            for counter, _fn in allocated:
+                counter.close()
+            lb.close()
+            raise
         ni = _NetImage(core, lb, group)
         ni.sources[addr] = ep
         group.images[setup.session_id] = ni
-        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]}"
-        ni.counters = [
-            (self.counters.allocate(f"rcv-hwm: {label}", CounterType.RECEIVER_HWM), lambda c=core: c.hwm_position),
-            (self.counters.allocate(f"rcv-pos: {label}", CounterType.RECEIVER_POS), lambda c=core: c.rebuild_position),
-            (self.counters.allocate(f"sub-pos: {label}", CounterType.SUBSCRIBER_POSITION), lambda c=core: c.consumption_position),
-        ]
+        ni.counters = allocated
         for sub in group.subscriptions:
             self._attach_image(ni, sub)
         self.system.images_available.add(1)

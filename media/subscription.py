@@ -25,7 +25,7 @@ import trio
 
 from media import framescan
 from media.channel import ChannelUri
-from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD, frame_step
+from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD, frame_step, max_message_length
 from media.logbuffer import META_LENGTH, LogBuffer
 
 _PUB_PARKED = LogBuffer.PUBLISHER_PARKED_OFFSET
@@ -136,6 +136,10 @@ class Image:
         self._progress_threshold = progress_threshold
         self._reported = join_position
         self._assembly: bytearray | None = None
+        self._max_message_length = max_message_length(log.term_length)
+        self.oversized_messages = 0
+        """Messages dropped while being reassembled: longer than any message of this term
+        length may be (frames.max_message_length)."""
         self._ints: memoryview | None = None
         self.closed = False
 
@@ -258,6 +262,12 @@ class Image:
                     self._assembly = bytearray(view[off + 32 : off + flen])
                 elif self._assembly is not None:
                     self._assembly += view[off + 32 : off + flen]
+                    if len(self._assembly) > self._max_message_length:
+                        # More fragments than any message may have (a sender that never
+                        # ends one): dropped, not grown without bound.
+                        self._assembly = None
+                        self.oversized_messages += 1
+                        continue
                     if flags & FLAG_END:
                         whole = self._assembly
                         self._assembly = None

@@ -8,6 +8,12 @@
 
 Every call crosses into the client's thread (``trio.from_thread``), a few tens of microseconds
 each: fine for scripts and tools, not for throughput (use the trio API there).
+
+The session is the trio client's, with its reconnects (a silent leader, requests unanswered for
+the leader-silence timeout, a session the cluster closed): a ``request`` whose session was
+replaced on the way times out and is not sent again; the caller decides whether to repeat it.
+Keyword arguments go to ``open_cluster_client`` (``reconnect_when_unanswered=False`` for a
+service that does not answer).
 """
 
 from __future__ import annotations

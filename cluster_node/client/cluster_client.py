@@ -21,8 +21,13 @@ Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.cod
 
 Connecting (``_connect``, the states of the reference's ``AsyncConnect``): one ingress
 publication per candidate member; the connect request goes to the first that connects (the known
-leader first); the reply is awaited on the egress subscription. A REDIRECT repeats this against
-the leader it names. The whole attempt has ``message_timeout`` to finish.
+leader first, given a moment to connect before any other is taken); the reply is awaited on the
+egress subscription. A REDIRECT naming another member as leader repeats this against it; one
+naming no leader (an election is on, or the member was cut off from the others) asks the other
+members first, the one that answered last, so that a member that cannot know the leader does
+not hold the client; one naming the member itself (it is finishing its election) asks it again.
+Redirects after the first wait a little, longer each time. The whole attempt has
+``message_timeout`` to finish.
 
 After connecting, a background task (the client's duty cycle) polls egress, hands session
 messages to the handler, sends keep-alives and watches the leader:
@@ -34,12 +39,25 @@ messages to the handler, sends keep-alives and watches the leader:
   leader is gone, for ``leader_silence_timeout`` with no NewLeaderEvent. The leader is taken to
   be gone for good (the cluster restarted, or the event was lost): the client connects anew to
   whichever member leads now, and gets a new session (``on_reconnect`` tells the application).
-  It keeps trying for ``reconnect_timeout``, then closes with ``error`` set.
+  It keeps trying for ``reconnect_timeout`` (a refusal for the session limit included: the new
+  leader may still hold sessions of clients that have moved on), then closes with ``error`` set.
+* **Unanswered requests**: messages were offered and nothing at all came back on egress for
+  this session (no reply, no event) for ``leader_silence_timeout``, while the ingress stays
+  connected. The member taken for the leader no longer leads for this session (it stepped down
+  and its open was never committed, and the event telling us was lost): the client connects anew,
+  as after a silent leader. This assumes the service answers requests; a client of a service
+  that never answers passes ``reconnect_when_unanswered=False``.
 * **SessionEvent CLOSED**: closed by the service (SERVICE_ACTION), the client closes, as the
   reference's does. Closed for TIMEOUT (the client was silent longer than the session timeout,
-  or a leader that restarted closed the sessions it inherited from the log), the client is still
-  here: it connects anew and gets a new session, as after a silent leader (the reference's
-  client closes here too, and every application has to reconnect by hand).
+  or a leader that restarted closed the sessions it inherited from the log) or for "election"
+  (the leader stepped down before the session's open was committed: the session never
+  happened), the client is still here: it connects anew and gets a new session, as after a
+  silent leader (the reference's client closes here too, and every application has to
+  reconnect by hand). An event of an earlier term than the session's is for an older session
+  with the same id (ids start again with each leader) and is ignored.
+
+Across a reconnect nothing is sent again: a message offered to the old session was applied once
+or not at all, and only the application knows whether to offer it again (``on_reconnect``).
 
 ``offer`` never waits: it returns the new ingress position (> 0) or a negative
 ``media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
@@ -123,6 +141,9 @@ _EGRESS_FRAGMENT_LIMIT = 256
 _REDIRECT_RETRY_S = 0.05
 _REDIRECT_RETRY_MAX_S = 0.5
 _LIVENESS_CHECK_S = 0.1
+_PREFERRED_CONNECT_S = 0.25
+"""A connect waits this long for the member it asks first before it takes any other that
+connects (a publication to a running member connects within a round trip or two)."""
 
 
 class ClusterClientError(Exception):
@@ -194,6 +215,7 @@ class ClusterClient:
         protocol_version: int = CLIENT_PROTOCOL_VERSION,
         encoded_credentials: bytes = b"",
         on_service_error: Callable[[ServiceRequestError], None] | None = None,
+        reconnect_when_unanswered: bool = True,
     ) -> None:
         c: ClientSection = config.client
         self.config = config
@@ -240,6 +262,10 @@ class ClusterClient:
         self._offers_since_keep_alive = 0
         self._next_keep_alive_ns = 0
         self._last_leader_sign_ns = time.monotonic_ns()
+        self._reconnect_when_unanswered = reconnect_when_unanswered
+        self._offers_since_answer = 0
+        self._unanswered_since_ns = 0
+        """When the duty cycle first saw offers with no answer since (0: everything answered)."""
 
         self.messages_received = 0
         self.service_errors_received = 0
@@ -250,6 +276,7 @@ class ClusterClient:
         self.reconnects = 0
         self._reconnect_wanted = False
         self.new_leader_events = 0
+        self.unanswered_reconnects = 0
 
     # ---------------------------------------------------------------- state
 
@@ -277,11 +304,12 @@ class ClusterClient:
     def offer(self, payload: bytes | bytearray | memoryview) -> int:
         """Send ``payload`` to the cluster; the new position (> 0) or a negative OfferResult."""
         pub = self._ingress
-        if pub is None or self._connecting:
+        if pub is None or self._connecting or self._reconnect_wanted:
             return OfferResult.CLOSED if self._closed else OfferResult.NOT_CONNECTED
         result = pub.offer(self._header + payload)
         if result > 0:
             self._offers_since_keep_alive += 1
+            self._offers_since_answer += 1
         return result
 
     async def offer_wait(self, payload: bytes | bytearray | memoryview, timeout: float = 5.0) -> int:
@@ -339,6 +367,8 @@ class ClusterClient:
             if session_id != self.cluster_session_id:
                 self.foreign_messages += 1
                 return
+            self._offers_since_answer = 0  # _answered(), inline on the hot path
+            self._unanswered_since_ns = 0
             self.messages_received += 1
             msg_header = SessionMessageHeader(term_id, session_id, timestamp)
             payload = buf[offset + SESSION_HEADER_LENGTH : offset + length]
@@ -371,9 +401,11 @@ class ClusterClient:
         if self._awaiting_correlation_id is not None and event.correlation_id == self._awaiting_correlation_id:
             self._connect_reply = event
             return
-        if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
+        if (event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE
+                or event.leadership_term_id < self.leadership_term_id):
             self.foreign_messages += 1
             return
+        self._answered()
         if event.code == EventCode.CLOSED:
             if event.detail == CloseReason.SERVICE_ACTION.name:  # the sessions core sends the reason's name
                 self._close_locally(f"the cluster closed the session: {event.detail}")
@@ -382,7 +414,9 @@ class ClusterClient:
                 # leader that restarted closed the sessions it inherited from the log). We are
                 # here, so we open a new session, as after a silent leader.
                 log.warning("the cluster closed the session, reconnecting", session=self.cluster_session_id,
-                            detail=event.detail)
+                            detail=event.detail, leader=event.leader_member_id)
+                if event.leader_member_id != NULL_VALUE and event.leader_member_id in self.ingress_endpoints:
+                    self.leader_member_id = event.leader_member_id  # asked first
                 self._reconnect_wanted = True
         elif event.code == EventCode.ERROR:
             # e.g. a message with a stale term; the session goes on.
@@ -393,6 +427,7 @@ class ClusterClient:
         if event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE:
             self.foreign_messages += 1
             return
+        self._answered()  # an error reply is an answer: the session is alive
         self.service_errors_received += 1
         error = ServiceRequestError(event)
         if self._on_message is None:
@@ -415,6 +450,10 @@ class ClusterClient:
             return
         if event.leadership_term_id < self.leadership_term_id:
             return  # a stale event from an earlier election
+        if (event.leadership_term_id == self.leadership_term_id and event.leader_member_id == self.leader_member_id
+                and self._ingress is not None):
+            self._answered()  # told again (a message of ours crossed the first one): nothing new
+            return
         try:
             endpoints = parse_ingress_endpoints(event.ingress_endpoints, "NewLeaderEvent.ingress_endpoints")
         except ConfigError:
@@ -425,6 +464,7 @@ class ClusterClient:
             log.warning("new leader without an ingress endpoint", leader=event.leader_member_id)
             return
         self.new_leader_events += 1
+        self._answered()
         self.ingress_endpoints = endpoints
         old_leader = self.leader_member_id
         self._set_session(self.cluster_session_id, event.leadership_term_id, event.leader_member_id)
@@ -435,6 +475,12 @@ class ClusterClient:
                  session=self.cluster_session_id)
         if self.on_new_leader is not None:
             self.on_new_leader(event.leadership_term_id, event.leader_member_id)
+
+    def _answered(self) -> None:
+        """Something came back for this session: every request offered so far is accounted for
+        (answered, or the cluster is speaking to us about the session)."""
+        self._offers_since_answer = 0
+        self._unanswered_since_ns = 0
 
     async def receive(self, timeout: float | None = None) -> tuple[bytes, SessionMessageHeader] | None:
         """The next session message kept for the application (when no ``on_message`` handler
@@ -469,6 +515,8 @@ class ClusterClient:
         targets = dict(sorted(self.ingress_endpoints.items(), key=lambda kv: kv[0] != self.leader_member_id))
         tried: list[str] = []
         retry_s = _REDIRECT_RETRY_S
+        redirects = 0
+        unhelpful: list[int] = []
         try:
             while True:
                 pubs = {mid: self._add_ingress(ep) for mid, ep in targets.items()}
@@ -499,14 +547,18 @@ class ClusterClient:
                         self._replace_ingress(pub)
                         pubs = {}
                         self._last_leader_sign_ns = time.monotonic_ns()
+                        self._answered()
                         self._next_keep_alive_ns = time.monotonic_ns() + self._keep_alive_interval_ns
                         log.info("connected", session=self.cluster_session_id, term=self.leadership_term_id,
                                  leader=self.leader_member_id)
                         return
                     if code == EventCode.REDIRECT:
-                        targets = self._redirect_targets(reply, member_id)
-                        if reply.leader_member_id == NULL_VALUE:
-                            # An election is on: ask again, less often the longer it takes.
+                        targets = redirect_order(self._redirect_targets(reply, member_id), member_id,
+                                                 reply.leader_member_id, unhelpful)
+                        redirects += 1
+                        if reply.leader_member_id in (NULL_VALUE, member_id) or redirects > 1:
+                            # An election is on (or members disagree): ask again, less often the
+                            # longer it takes.
                             await trio.sleep(min(retry_s, max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)))
                             retry_s = min(retry_s * 2, _REDIRECT_RETRY_MAX_S)
                         continue
@@ -551,11 +603,16 @@ class ClusterClient:
     async def _await_any_connected(
         self, pubs: dict[int, ExclusivePublication], deadline_ns: int
     ) -> tuple[int, ExclusivePublication] | None:
+        """The first of ``pubs`` (in order) to connect; the first alone is awaited for
+        ``_PREFERRED_CONNECT_S``, then whichever connects."""
         delay = 0.0005
+        any_after_ns = time.monotonic_ns() + int(_PREFERRED_CONNECT_S * 1e9)
         while True:
             for mid, pub in pubs.items():
                 if pub.is_connected:
                     return mid, pub
+                if time.monotonic_ns() < any_after_ns:
+                    break
             now = time.monotonic_ns()
             if now >= deadline_ns:
                 return None
@@ -597,6 +654,7 @@ class ClusterClient:
                     silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000)
         self._replace_ingress(None)
         self.cluster_session_id = NULL_VALUE
+        self._answered()
         self.reconnects += 1
         give_up_ns = time.monotonic_ns() + self._reconnect_timeout_ns
         last_error = "no attempt made"
@@ -609,6 +667,13 @@ class ClusterClient:
                 await self._connect(min(give_up_ns, now + self._message_timeout_ns))
             except ConnectTimeoutError as ex:
                 last_error = str(ex)
+                continue
+            except ClusterRejectedError as ex:
+                # This client was accepted before, so the refusal is the session limit: the new
+                # leader may still hold sessions of clients that have moved on (ours among them),
+                # until its session timeout. Ask again, as for a leader not yet elected.
+                last_error = str(ex)
+                await trio.sleep(min(_REDIRECT_RETRY_MAX_S, max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)))
                 continue
             except ClusterClientError as ex:
                 self._close_locally(str(ex))
@@ -635,6 +700,8 @@ class ClusterClient:
             return work
         if work or self._leader_alive():
             self._last_leader_sign_ns = now_ns
+        if self._offers_since_answer and not self._unanswered_since_ns:
+            self._unanswered_since_ns = now_ns
         if now_ns >= self._next_keep_alive_ns:
             if self._offers_since_keep_alive == 0 and self.send_keep_alive():
                 work += 1
@@ -643,12 +710,17 @@ class ClusterClient:
         return work
 
     def _leader_silent(self, now_ns: int) -> bool:
-        return (
-            not self._closed
-            and not self._connecting
-            and self.cluster_session_id != NULL_VALUE
-            and now_ns - self._last_leader_sign_ns >= self._silence_timeout_ns
-        )
+        if self._closed or self._connecting or self.cluster_session_id == NULL_VALUE:
+            return False
+        if now_ns - self._last_leader_sign_ns >= self._silence_timeout_ns:
+            return True
+        if (self._reconnect_when_unanswered and self._unanswered_since_ns
+                and now_ns - self._unanswered_since_ns >= self._silence_timeout_ns):
+            log.warning("requests unanswered, taking the session for dead", session=self.cluster_session_id,
+                        leader=self.leader_member_id, offers=self._offers_since_answer)
+            self.unanswered_reconnects += 1
+            return True
+        return False
 
     async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The client's duty cycle. It reads the driver's sockets itself while it waits for
@@ -703,6 +775,29 @@ class ClusterClient:
         self._close_locally(None)
 
 
+def redirect_order(targets: dict[int, str], asked_member_id: int, named_leader_id: int,
+                   unhelpful: list[int]) -> dict[int, str]:
+    """Whom to ask next after ``asked_member_id`` answered REDIRECT naming ``named_leader_id``
+    (``targets``: the members the redirect leaves, see ``_redirect_targets``).
+
+    ``unhelpful`` lists the members of this connect attempt that named no leader, the latest
+    last; it is updated here. They are asked after every other member, the longest ago first,
+    so that every member is asked in turn: one may be cut off from the rest and never learn the
+    leader while another already follows it. A member that names itself is finishing its
+    election: it is asked again."""
+    if named_leader_id == asked_member_id and asked_member_id in targets:
+        return {asked_member_id: targets[asked_member_id]}
+    if named_leader_id == NULL_VALUE:
+        if asked_member_id in unhelpful:
+            unhelpful.remove(asked_member_id)
+        unhelpful.append(asked_member_id)
+    if len(targets) == 1:
+        return targets
+    ordered = {mid: ep for mid, ep in targets.items() if mid not in unhelpful}
+    ordered.update((mid, targets[mid]) for mid in unhelpful if mid in targets)
+    return ordered
+
+
 def _unwrap(exc: BaseException) -> BaseException:
     """The single exception inside (nested) one-member exception groups, else ``exc``."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -721,6 +816,7 @@ async def open_cluster_client(
     protocol_version: int = CLIENT_PROTOCOL_VERSION,
     encoded_credentials: bytes = b"",
     on_service_error: Callable[[ServiceRequestError], None] | None = None,
+    reconnect_when_unanswered: bool = True,
 ) -> AsyncIterator[ClusterClient]:
     """Connect to the cluster and keep the session alive for the ``async with`` block.
 
@@ -746,6 +842,7 @@ async def open_cluster_client(
                 protocol_version=protocol_version,
                 encoded_credentials=encoded_credentials,
                 on_service_error=on_service_error,
+                reconnect_when_unanswered=reconnect_when_unanswered,
             )
             stack.callback(client.close)
             await client._connect(time.monotonic_ns() + client._message_timeout_ns)

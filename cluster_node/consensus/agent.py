@@ -637,7 +637,7 @@ class ConsensusAgent:
         elif t is fx.RollbackUncommitted:
             self._abandon_snapshot("the log is being torn down for an election")
             self._abandon_termination("an election started")
-            self.sessions.rollback(e.commit_position)
+            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=time.time_ns())
             self.timers.rollback(e.commit_position)
             self.pending.rollback(e.commit_position)
             self._appends.clear()
@@ -1031,6 +1031,9 @@ class ConsensusAgent:
                 self.counters["errors"].add(1)
                 return
             if not (m.election is None and m.role == Role.LEADER):
+                self.sessions.on_ingress_not_leading(
+                    term_id, session_id, leader_member_id=m.known_leader_member_id,
+                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
                 return
             if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now):
                 return
@@ -1053,15 +1056,21 @@ class ConsensusAgent:
         t = type(msg)
         if t is codecs.SessionConnectRequest:
             self.sessions.on_connect_request(
-                msg, is_leader=m.is_leader, leader_member_id=m.leader_member_id,
+                msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
                 leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
                 self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
+            else:
+                self.sessions.on_ingress_not_leading(
+                    msg.leadership_term_id, msg.cluster_session_id, leader_member_id=m.known_leader_member_id,
+                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
                                                self._cluster_now)
+            else:
+                self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
 
     def _poll_ingress(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time

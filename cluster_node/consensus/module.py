@@ -258,6 +258,14 @@ class ConsensusModule:
     def is_leader(self) -> bool:
         return self.role == Role.LEADER and self.election is None
 
+    @property
+    def known_leader_member_id(self) -> int:
+        """The leader this member would send a client to: the settled term's leader, or in an
+        election the leader it has found so far (NULL_VALUE before that; never the leader of the
+        term being left, which may be this very member that just stepped down)."""
+        election = self.election
+        return self.leader_member_id if election is None else election.leader_member_id
+
     def set_role(self, role: Role) -> None:
         if role != self.role:
             self.role = role

@@ -28,14 +28,23 @@ Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; a
 * a session with no ingress message or keep-alive for ``session_timeout_ns`` is closed with
   reason TIMEOUT and told CLOSED; activity is reset for every session after an election;
 * ingress and keep-alives carrying a leadership term other than the current one are dropped
-  (the client has not seen the NewLeaderEvent yet);
+  (the client has not seen the NewLeaderEvent yet); one of an earlier term is answered with the
+  NewLeaderEvent again (at most every ``answer_interval_ns``), in case it was lost;
 * after an election the new leader sends every open session a NewLeaderEvent; after a restart
   of the leader (a startup election: the whole cluster, or the leader alone) sessions from before
   are closed (TIMEOUT) instead, as the reference does, and their clients are told (SessionEvent
   CLOSED) in case they are still there, so they reconnect;
 * rollback: a session whose open event is after the commit position when a new leadership is
-  prepared never happened (it is dropped; the client times out or reconnects), and one whose
-  close event is after the commit position is open again.
+  prepared never happened: it is dropped and its client is told (SessionEvent CLOSED, detail
+  "election", as the reference's ``clearSessionsAfter``), so that it connects again at once; one
+  whose close event is after the commit position is open again. Every other session's egress is
+  released (the reference's ``ClusterSession.disconnect``): the next leader speaks to them;
+* a member that does not lead never leaves a client's ingress unanswered when it can say
+  something (beyond the reference, which ignores it): a session it dropped in a rollback is told
+  CLOSED again (its client missed the first event), and a session it knows from the log is sent
+  a NewLeaderEvent naming the leader it follows. At most one answer per session every
+  ``answer_interval_ns``; a session it knows nothing of cannot be answered (no egress channel),
+  and its client notices by itself that its requests go unanswered.
 """
 
 from __future__ import annotations
@@ -115,6 +124,17 @@ class CloseEgress:
 class SessionSettings:
     session_timeout_ns: int = 10_000_000_000
     max_sessions: int = 10
+    answer_interval_ns: int = 250_000_000
+    """A member that does not lead answers one session's ingress at most this often: a client
+    that pumps messages into it gets a few events, not one per message."""
+
+
+ELECTION_CLOSE_DETAIL = "election"
+"""The detail of the SessionEvent CLOSED that tells a client its session was rolled back with an
+uncommitted tail (the reference's text): the session never happened, connect again."""
+
+_GONE_LIMIT = 256
+"""Most sessions a member remembers having rolled back (the oldest are forgotten first)."""
 
 
 @dataclass(slots=True)
@@ -133,6 +153,20 @@ class ClusterSession:
     """Likewise for its SessionCloseEvent, once a close is decided."""
     close_reason: CloseReason = CloseReason.CLIENT_ACTION
     encoded_principal: bytes = b""
+    opened_term_id: int = NULL_VALUE
+    """The leadership term the session was opened in (the term its client sends with), when known."""
+    time_of_last_answer_ns: int = 0
+    """When a member that does not lead last answered this session's ingress."""
+
+
+@dataclass(slots=True)
+class GoneSession:
+    """A session this member opened as leader and rolled back: kept for a while so that ingress
+    still arriving from its client can be answered (the session's egress channel is known here
+    and nowhere else)."""
+
+    session: ClusterSession
+    dropped_at_ns: int
 
 
 NOT_IN_LOG = 2**63 - 1
@@ -150,10 +184,15 @@ class ClusterSessions:
     next_session_id: int = 1
     sessions: dict[int, ClusterSession] = field(default_factory=dict)
     closed_uncommitted: dict[int, ClusterSession] = field(default_factory=dict)
+    gone: dict[tuple[int, int], GoneSession] = field(default_factory=dict)
+    """Rolled-back sessions by (term opened in, session id): ids restart in a new term, the term
+    tells them apart."""
     effects: list = field(default_factory=list)
     rejected: int = 0
     timed_out: int = 0
     stale_term_dropped: int = 0
+    rolled_back: int = 0
+    answered_not_leading: int = 0
 
     # ------------------------------------------------------------------ connects (any role)
 
@@ -188,7 +227,7 @@ class ClusterSessions:
             return None
         session = ClusterSession(
             self.next_session_id, req.correlation_id, req.response_stream_id, req.response_channel,
-            SessionState.OPEN, now_ns, opened_log_position=NOT_IN_LOG,
+            SessionState.OPEN, now_ns, opened_log_position=NOT_IN_LOG, opened_term_id=leadership_term_id,
         )
         self.next_session_id += 1
         self.sessions[session.id] = session
@@ -210,6 +249,12 @@ class ClusterSessions:
             return False
         if leadership_term_id != current_term_id:
             self.stale_term_dropped += count
+            if leadership_term_id < current_term_id and self._answer_due(session, now_ns):
+                # The client missed this leader's NewLeaderEvent (or has yet to read it): again.
+                self.effects.append(SendEgress(
+                    session.id, session.response_channel, session.response_stream_id,
+                    NewLeaderEvent(current_term_id, session.id, self.member_id, self.ingress_endpoints),
+                ))
             return False
         session.time_of_last_activity_ns = now_ns
         return True
@@ -274,7 +319,7 @@ class ClusterSessions:
             self.sessions[event.cluster_session_id] = ClusterSession(
                 event.cluster_session_id, event.correlation_id, event.response_stream_id,
                 event.response_channel, SessionState.OPEN, 0, opened_log_position=log_position,
-                encoded_principal=event.encoded_principal,
+                encoded_principal=event.encoded_principal, opened_term_id=event.leadership_term_id,
             )
         if event.cluster_session_id >= self.next_session_id:
             self.next_session_id = event.cluster_session_id + 1
@@ -301,20 +346,100 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ leadership changes
 
-    def rollback(self, commit_position: int) -> None:
+    def rollback(self, commit_position: int, *, leadership_term_id: int = NULL_VALUE, now_ns: int = 0) -> None:
         """A new leadership is prepared: undo session changes the log will not keep. An event
         is kept when the commit position has reached the position after it (the log positions
         of the sessions are those, whether the leader appended the event or a follower applied
         it from the log: a follower that kept an open ending exactly at the commit position
-        must not drop it)."""
+        must not drop it).
+
+        A dropped session's client is told at once (CLOSED "election") and the session is kept
+        in :attr:`gone`; ``leadership_term_id`` is the term being left (for sessions whose own
+        term is not known). The egress of every session kept is released: a member that no
+        longer leads must not look like a live leader to the session's client."""
+        self._forget_gone(now_ns)
         for sid in [sid for sid, s in self.sessions.items() if s.opened_log_position > commit_position]:
-            del self.sessions[sid]
+            session = self.sessions.pop(sid)
+            self.rolled_back += 1
+            if session.opened_term_id == NULL_VALUE:
+                session.opened_term_id = leadership_term_id
+            session.time_of_last_answer_ns = now_ns  # told now: the next answer waits its interval
+            self.effects.append(SendEgress(
+                session.id, session.response_channel, session.response_stream_id,
+                self._closed_event(session, NULL_VALUE),
+            ))
+            self.effects.append(CloseEgress(session.id))
+            self._remember_gone(session, now_ns)
         for sid, s in list(self.closed_uncommitted.items()):
             if s.closed_log_position > commit_position and s.opened_log_position <= commit_position:
                 s.state = SessionState.OPEN
                 s.closed_log_position = NULL_POSITION
                 self.sessions[sid] = s
         self.closed_uncommitted.clear()
+        for sid in self.sessions:
+            self.effects.append(CloseEgress(sid))
+
+    @staticmethod
+    def _closed_event(session: ClusterSession, leader_member_id: int) -> SessionEvent:
+        return SessionEvent(session.id, session.correlation_id, session.opened_term_id, leader_member_id,
+                            EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, ELECTION_CLOSE_DETAIL)
+
+    def _remember_gone(self, session: ClusterSession, now_ns: int) -> None:
+        self.gone[(session.opened_term_id, session.id)] = GoneSession(session, now_ns)
+        while len(self.gone) > _GONE_LIMIT:
+            del self.gone[next(iter(self.gone))]
+
+    def _forget_gone(self, now_ns: int) -> None:
+        """Sessions rolled back longer ago than the session timeout: their clients have given
+        up on them by now (or notice unanswered requests by themselves)."""
+        if self.gone:
+            limit = self.settings.session_timeout_ns
+            for key in [k for k, g in self.gone.items() if now_ns - g.dropped_at_ns > limit]:
+                del self.gone[key]
+
+    # ------------------------------------------------------------------ ingress while not leading
+
+    def on_ingress_not_leading(self, leadership_term_id: int, cluster_session_id: int, *, leader_member_id: int,
+                               current_term_id: int, now_ns: int) -> bool:
+        """A session message or keep-alive reached this member while it does not lead (a
+        follower, a candidate, a leader still in its election). ``leader_member_id`` is the
+        leader it knows of (NULL_VALUE in an election that has not found one). The client
+        believes this member leads: tell it otherwise when possible (see the module docstring).
+        True when an answer was decided."""
+        gone = self.gone.get((leadership_term_id, cluster_session_id))
+        if gone is not None:
+            if now_ns - gone.dropped_at_ns > self.settings.session_timeout_ns:
+                del self.gone[(leadership_term_id, cluster_session_id)]
+                return False
+            session = gone.session
+            if not self._answer_due(session, now_ns):
+                return False
+            self.effects.append(SendEgress(
+                NULL_VALUE, session.response_channel, session.response_stream_id,
+                self._closed_event(session, leader_member_id),
+            ))
+            return True
+        session = self.sessions.get(cluster_session_id)
+        if (session is None or session.state != SessionState.OPEN or leader_member_id == NULL_VALUE
+                or leader_member_id == self.member_id or leadership_term_id > current_term_id
+                or not self._answer_due(session, now_ns)):
+            return False
+        self.effects.append(SendEgress(
+            NULL_VALUE, session.response_channel, session.response_stream_id,
+            NewLeaderEvent(current_term_id, session.id, leader_member_id, self.ingress_endpoints),
+        ))
+        return True
+
+    def on_close_request_not_leading(self, leadership_term_id: int, cluster_session_id: int) -> None:
+        """A client closing a session this member rolled back: nothing more to tell it."""
+        self.gone.pop((leadership_term_id, cluster_session_id), None)
+
+    def _answer_due(self, session: ClusterSession, now_ns: int) -> bool:
+        if now_ns - session.time_of_last_answer_ns < self.settings.answer_interval_ns:
+            return False
+        session.time_of_last_answer_ns = now_ns
+        self.answered_not_leading += 1
+        return True
 
     def on_new_leadership(self, *, is_leader: bool, is_startup: bool, leadership_term_id: int,
                           leader_member_id: int, now_ns: int) -> None:

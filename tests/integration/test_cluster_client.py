@@ -79,6 +79,10 @@ class FakeCluster:
         self.dropped = 0
         self.reject_auth = False
         self.echo = True
+        self.knows_no_leader: set[int] = set()
+        """Members that redirect without naming a leader (cut off from the others)."""
+        self.full = False
+        """The leader refuses connects for the session limit."""
 
     @property
     def endpoints_text(self) -> str:
@@ -121,7 +125,8 @@ class FakeCluster:
                 self.events.append(("connect", member, msg.correlation_id))
                 def event(code, session_id=NULL_VALUE, detail=""):
                     self.send(member, msg.response_channel, encode_egress(SessionEvent(
-                        session_id, msg.correlation_id, self.term, NULL_VALUE if self.leader is None else self.leader,
+                        session_id, msg.correlation_id, self.term,
+                        NULL_VALUE if self.leader is None or member in self.knows_no_leader else self.leader,
                         code, CLIENT_PROTOCOL_VERSION, detail)))
                 if member != self.leader:
                     event(EventCode.REDIRECT, detail=self.endpoints_text)
@@ -129,6 +134,8 @@ class FakeCluster:
                     event(EventCode.ERROR, detail="invalid client version")
                 elif self.reject_auth:
                     event(EventCode.AUTHENTICATION_REJECTED, detail="no entry")
+                elif self.full:
+                    event(EventCode.ERROR, detail="concurrent session limit")
                 else:
                     sid = self.next_session_id
                     self.next_session_id += 1
@@ -170,10 +177,11 @@ class FakeCluster:
                 pub.close()
                 self.outbox.pop(pub, None)
 
-    def close_session(self, sid: int, detail: str) -> None:
+    def close_session(self, sid: int, detail: str, term: int | None = None, leader: int | None = None) -> None:
         self.closed_sessions.add(sid)
         self.send(self.leader, self.sessions[sid], encode_egress(
-            SessionEvent(sid, 0, self.term, self.leader, EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, detail)))
+            SessionEvent(sid, 0, self.term if term is None else term, self.leader if leader is None else leader,
+                         EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, detail)))
 
 
 def client_config(endpoints: dict[int, str], **overrides) -> ClientConfig:
@@ -390,3 +398,76 @@ async def test_redirect_without_a_leader_is_retried_until_one_is_elected(fake, n
         connects = [e for e in fake.events if e[0] == "connect"]
         assert len(connects) >= 4 and connects[-1][1] == 2
         assert await client.offer_wait(b"hi") > 0
+
+
+# ------------------------------------------------------------- a leader that stopped leading (issue 34)
+
+
+async def test_unanswered_requests_to_a_member_that_stopped_leading_make_a_new_session(fake) -> None:
+    """The leader stepped down (cut off from the other members, not from us) before our session
+    was committed, and the event telling us was lost: its ingress stays connected, our requests
+    go unanswered, the new leader never heard of us. After the silence timeout the client takes
+    the session for dead and connects again, asking every member: the old leader, asked first,
+    knows no leader, and is asked again only after the others. The request offered to the dead
+    session is not sent again."""
+    got: list[bytes] = []
+    reconnected: list[int] = []
+    async with open_cluster_client(client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p)),
+                                   on_reconnect=reconnected.append) as client:
+        old = client.cluster_session_id
+        fake.knows_no_leader = {1, 0}
+        fake.elect(2, notify=False)  # member 1 keeps its ingress and drops our messages
+        start = trio.current_time()
+        await _send_all(client, [b"lost"])
+        await _until(lambda: len(reconnected) == 1, timeout=10)
+        assert trio.current_time() - start >= 0.6  # not before the silence timeout
+        assert client.cluster_session_id == reconnected[0] != old
+        assert client.leader_member_id == 2 and client.unanswered_reconnects == 1
+        connects = [e[1] for e in fake.events if e[0] == "connect"]
+        assert connects[-3:] == [1, 0, 2], connects
+        await _send_all(client, [b"next"])
+        await _until(lambda: got == [b"next"])
+        assert [r[3] for r in fake.received] == [b"next"]  # "lost" was applied nowhere, and not sent again
+
+
+async def test_a_session_closed_for_an_election_reconnects_at_once(fake) -> None:
+    """CLOSED "election": the leader stepped down before the session was committed; the client
+    connects again without waiting for any timeout."""
+    reconnected: list[int] = []
+    async with open_cluster_client(client_config(fake.endpoints, leader_silence_timeout_ns=5000 * MS),
+                                   on_reconnect=reconnected.append) as client:
+        old = client.cluster_session_id
+        start = trio.current_time()
+        fake.close_session(old, "election")
+        await _until(lambda: len(reconnected) == 1, timeout=10)
+        assert trio.current_time() - start < 2
+        assert client.cluster_session_id not in (old, -1) and client.unanswered_reconnects == 0
+
+
+async def test_an_event_of_an_older_term_is_for_an_older_session_with_the_same_id(fake) -> None:
+    """Session ids start again with each leader: a CLOSED for a rolled-back session of an
+    earlier term, repeated by the member that rolled it back, must not close ours."""
+    got: list[bytes] = []
+    async with open_cluster_client(client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p))) as client:
+        sid = client.cluster_session_id
+        fake.close_session(sid, "election", term=fake.term - 1)
+        fake.closed_sessions.discard(sid)
+        await _send_all(client, [b"after"])
+        await _until(lambda: got == [b"after"])  # the event came first, on the same stream
+        assert client.reconnects == 0 and client.cluster_session_id == sid and client.is_connected
+        assert client.foreign_messages >= 1
+
+
+async def test_a_reconnect_refused_for_the_session_limit_asks_again(fake) -> None:
+    """A new leader may hold, until its session timeout, sessions of clients that have moved on
+    (ours among them): a reconnect refused for the session limit is tried again, not the end."""
+    reconnected: list[int] = []
+    async with open_cluster_client(client_config(fake.endpoints), on_reconnect=reconnected.append) as client:
+        old = client.cluster_session_id
+        fake.full = True
+        fake.close_session(old, "election")
+        await _until(lambda: sum(1 for e in fake.events if e[0] == "connect") >= 4)
+        assert not client.is_closed and not reconnected
+        fake.full = False
+        await _until(lambda: len(reconnected) == 1)
+        assert client.is_connected and client.cluster_session_id not in (old, -1)

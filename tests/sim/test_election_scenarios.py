@@ -482,3 +482,24 @@ def test_heartbeats_due_within_the_slack_go_out_early_and_never_earlier() -> Non
     assert any(g < interval for g in gaps), "no heartbeat went out within the slack"
     assert sim.leader() == leader
     _no_violations(sim)
+
+
+def test_a_leader_cut_off_names_no_leader_to_clients_until_it_learns_the_new_one() -> None:
+    """A member that stepped down must not send clients back to itself (its term is over): in
+    its election it knows no leader until it follows the next one, which it then names."""
+    sim = _sim(seed=13, member_count=3, clients=0)
+    assert sim.run_until(sim.converged, 2_000 * MS)
+    old = sim.leader()
+    assert sim.core(old).known_leader_member_id == old
+    sim.partition([old])
+    sim.run_for(sim.settings.leader_heartbeat_timeout_ns + 100 * MS)
+    assert sim.core(old).election is not None
+    assert sim.core(old).leader_member_id == old  # the term left behind
+    assert sim.core(old).known_leader_member_id == -1
+    assert sim.run_until(lambda: sim.leader() not in (None, old), 5_000 * MS)
+    new = sim.leader()
+    assert sim.core(new).known_leader_member_id == new and sim.core(old).known_leader_member_id == -1
+    sim.heal()
+    _stop_clients_and_converge(sim)
+    assert sim.core(old).known_leader_member_id == sim.leader() != old
+    _no_violations(sim)

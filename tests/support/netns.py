@@ -1,8 +1,8 @@
 """Members on a LAN of network namespaces, so that a test can cut one off while it runs.
 
 ``NetnsLan(n)`` makes a bridge in this namespace (address ``<subnet>.254``, where the test's
-client lives) and, for each member i, a network namespace with one end of a veth pair
-(``<subnet>.<i+1>``) whose other end is on the bridge::
+client lives; a subnet of this process's own by default) and, for each member i, a network
+namespace with one end of a veth pair (``<subnet>.<i+1>``) whose other end is on the bridge::
 
     test process (client) ── bridge <subnet>.254 ─┬─ veth ── netns 0: member 0 at <subnet>.1
                                                  ├─ veth ── netns 1: member 1 at <subnet>.2
@@ -57,9 +57,13 @@ def unavailable() -> str | None:
 
 
 class NetnsLan:
-    def __init__(self, members: int, subnet: str = "10.213.0") -> None:
+    def __init__(self, members: int, subnet: str | None = None) -> None:
+        """``subnet``: the address's first three octets. By default one of this process's own
+        (``10.213.<pid % 250>``): test runs of other worktrees on the same machine make their
+        LANs at the same time, and two bridges of one subnet in the root namespace send each
+        other's datagrams astray (a client's connect then waits for seconds)."""
         self.members = members
-        self.subnet = subnet
+        self.subnet = subnet if subnet is not None else f"10.213.{os.getpid() % 250}"
         tag = f"pc{os.getpid() % 100000}"
         self.bridge = f"{tag}br"
         self.namespaces = [f"{tag}ns{i}" for i in range(members)]

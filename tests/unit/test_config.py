@@ -360,3 +360,13 @@ def test_service_errors_other_values_are_one_line_errors(value: str) -> None:
 def test_generated_cluster_carries_service_errors(tmp_path: Path) -> None:
     configs, _client = generate_loopback_cluster(3, tmp_path, service_errors="stop")
     assert {c.node.service_errors for c in configs} == {"stop"}
+
+
+def test_receive_bounds_parse_and_are_checked_against_the_terms_they_must_hold() -> None:
+    cfg = parse_node_config(MINIMAL + '\n[driver]\nmax_receive_term_length = "128m"\nmax_images_per_source = 8\n')
+    kwargs = cfg.driver_kwargs()
+    assert (kwargs["max_receive_term_length"], kwargs["max_images_per_source"]) == (128 * 1024 * 1024, 8)
+    with pytest.raises(ConfigError, match="driver.max_receive_term_length: .* smaller than cluster.log_term_length"):
+        parse_node_config(MINIMAL + '\n[driver]\nterm_length = "1m"\nmax_receive_term_length = "1m"\n')
+    with pytest.raises(ConfigError, match="driver.image_creations_per_s"):
+        parse_node_config(MINIMAL + "\n[driver]\nimage_creations_per_s = 0\n")

@@ -107,3 +107,26 @@ def test_a_padding_frame_of_unaligned_length_hiding_a_forged_header_is_refused()
         assert str(e) == "padding frame length 40 is not a multiple of 32"
     else:
         raise AssertionError(f"accepted: {run}")
+
+
+def test_a_message_that_never_ends_is_dropped_at_the_maximum_message_length():
+    """A sender that begins a message and sends middle fragments for ever: reassembly stops at
+    frames.max_message_length (8 KiB for a 64 KiB term) and the next message is delivered."""
+    from media.frames import FLAG_BEGIN, max_message_length
+
+    log = LogBuffer.create(None, TL, 1408, 0, 7, 9, 0)
+    off = 0
+    frames_: list[bytes] = [_frame(TYPE_DATA, 32 + 1024, 0, bytes(1024), flags=FLAG_BEGIN)]
+    frames_ += [_frame(TYPE_DATA, 32 + 1024, 0, bytes(1024), flags=0) for _ in range(12)]
+    frames_ += [_frame(TYPE_DATA, 32 + 5, 0, b"after", flags=FLAG_UNFRAGMENTED)]
+    for f in frames_:
+        f = bytearray(f)
+        f[8:12] = off.to_bytes(4, "little")
+        log.buffer[META_LENGTH + off: META_LENGTH + off + len(f)] = f
+        off += frame_step(len(f))
+    image = Image(log=log, subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
+                  join_position=0, source_identity="t")
+    got: list[bytes] = []
+    image.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 100)
+    assert got == [b"after"] and image.oversized_messages == 1
+    assert 12 * 1024 > max_message_length(TL)

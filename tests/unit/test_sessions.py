@@ -86,8 +86,11 @@ def test_ingress_refreshes_activity_and_a_silent_session_times_out():
     b = connect(s, corr=8, now=0)
     s.drain_effects()
     assert s.on_ingress(3, a.id, 3, 9 * S)
-    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped
+    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped, and told who leads now
     assert s.stale_term_dropped == 1
+    (told,) = events(s.drain_effects())
+    assert told == NewLeaderEvent(3, a.id, 1, ENDPOINTS)
+    assert not s.on_ingress(2, a.id, 3, 9 * S + 1) and s.drain_effects() == []  # not again at once
     assert s.check_timeouts(3, 11 * S) == 1  # b only
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, b.id, 11 * S, CloseReason.TIMEOUT)]
@@ -175,3 +178,79 @@ def test_an_event_ending_exactly_at_the_commit_position_is_committed():
     leader.on_commit(1192)  # the close ends at the commit position: final
     leader.rollback(commit_position=1192)
     assert not leader.sessions
+
+
+# ------------------------------------------------------------------ a leader that steps down (issue 34)
+
+
+def test_a_leader_stepping_down_tells_the_clients_of_sessions_the_log_will_not_keep():
+    """Opened and answered OK, never committed: at the rollback the client is told CLOSED
+    "election" on the session's own egress (so it connects again at once), with the term it
+    connected in; a committed session stays and only its egress is released."""
+    s = make()
+    kept = connect(s)
+    log(s, 196)
+    s.on_commit(196)
+    young = connect(s, corr=9)
+    log(s, 292)
+    s.rollback(commit_position=200, leadership_term_id=3, now_ns=10 * S)
+    effects = s.drain_effects()
+    (ev,) = events(effects)
+    assert ev.cluster_session_id == young.id and ev.code == EventCode.CLOSED and ev.detail == "election"
+    assert ev.leadership_term_id == 3 and ev.correlation_id == 9
+    sends = [e for e in effects if isinstance(e, SendEgress)]
+    assert sends[0].cluster_session_id == young.id  # the session's own publication, then released
+    assert effects.index(CloseEgress(young.id)) > effects.index(sends[0])
+    assert CloseEgress(kept.id) in effects and list(s.sessions) == [kept.id]
+    assert s.rolled_back == 1 and (3, young.id) in s.gone
+
+
+def test_a_member_that_does_not_lead_answers_a_rolled_back_session_again_and_never_a_flood():
+    s = make(answer_interval_ns=S // 4)
+    ghost = connect(s)
+    s.drain_effects()
+    s.rollback(commit_position=0, leadership_term_id=3, now_ns=10 * S)
+    s.drain_effects()
+    # Just told: not again at once (its offers still queued here come in a burst).
+    assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=10 * S + 1)
+    # Its client missed the event and keeps offering: told again, at most every answer interval.
+    assert s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=11 * S)
+    assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=11 * S + 1)
+    (send,) = [e for e in s.drain_effects() if isinstance(e, SendEgress)]
+    assert send.cluster_session_id == -1  # a short-lived publication: the session's was released
+    assert send.response_channel == "aeron:udp?endpoint=127.0.0.1:9999"
+    ev = send.message
+    assert (ev.code, ev.detail, ev.leader_member_id, ev.leadership_term_id) == (EventCode.CLOSED, "election", 2, 3)
+    assert s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=11 * S + S // 4)
+    # The same id in another term is another session (ids start again with each leader).
+    s.drain_effects()
+    assert not s.on_ingress_not_leading(4, ghost.id, leader_member_id=2, current_term_id=4, now_ns=12 * S)
+    # A client that closes it, or the session timeout, ends the answers.
+    s.on_close_request_not_leading(3, ghost.id)
+    assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=13 * S)
+
+
+def test_rolled_back_sessions_are_forgotten_after_the_session_timeout():
+    s = make(session_timeout_ns=10 * S)
+    ghost = connect(s)
+    s.rollback(commit_position=0, leadership_term_id=3, now_ns=10 * S)
+    s.drain_effects()
+    assert not s.on_ingress_not_leading(3, ghost.id, leader_member_id=2, current_term_id=4, now_ns=21 * S)
+    assert not s.gone
+
+
+def test_a_follower_sends_a_session_it_knows_to_the_leader_it_follows():
+    """A client offering to a follower (it missed the NewLeaderEvent) gets one naming the leader;
+    while no leader is known there is nothing useful to say, and a session unknown here has no
+    egress channel to say it on."""
+    s = make()
+    s.on_log_session_open(SessionOpenEvent(2, 7, 42, 0, 102, "aeron:udp?endpoint=127.0.0.1:9998"), 128)
+    assert not s.on_ingress_not_leading(2, 42, leader_member_id=-1, current_term_id=3, now_ns=S)
+    assert not s.on_ingress_not_leading(2, 42, leader_member_id=1, current_term_id=3, now_ns=S)  # 1 is this member
+    assert s.on_ingress_not_leading(2, 42, leader_member_id=0, current_term_id=3, now_ns=S)
+    (send,) = [e for e in s.drain_effects() if isinstance(e, SendEgress)]
+    assert send.message == NewLeaderEvent(3, 42, 0, ENDPOINTS) and send.cluster_session_id == -1
+    assert not s.on_ingress_not_leading(2, 42, leader_member_id=0, current_term_id=3, now_ns=S + 1)
+    assert not s.on_ingress_not_leading(2, 43, leader_member_id=0, current_term_id=3, now_ns=2 * S)
+    assert s.drain_effects() == []
+

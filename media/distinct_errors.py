@@ -1,0 +1,61 @@
+"""A log of distinct errors: each kind logged once, then only counted, in bounded memory.
+
+Input from the network is hostile: a flood of the same bad datagram must not become a flood of
+log lines (a full disk) nor a dict that grows with every forged source. Like the reference's
+distinct error log, each distinct error (a key chosen by the caller: the kind of fault, never
+the attacker's bytes or address) is logged the first time it is seen, and from then on only its
+count and last time move. At most ``max_kinds`` kinds are kept; past that, errors are counted
+under one overflow entry, which is logged once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+
+__all__ = ["DistinctErrors", "ErrorEntry"]
+
+_OVERFLOW = "(other errors: too many distinct kinds to keep each)"
+
+
+@dataclass
+class ErrorEntry:
+    """One kind of error: how often it happened, when first and last (wall clock, ms), and the
+    first occurrence's message."""
+
+    key: str
+    message: str
+    count: int
+    first_ms: int
+    last_ms: int
+
+
+class DistinctErrors:
+    def __init__(self, logger_name: str, max_kinds: int = 256) -> None:
+        self._log = structlog.get_logger(logger_name)
+        self._max_kinds = max_kinds
+        self._entries: dict[str, ErrorEntry] = {}
+        self.total = 0
+
+    def record(self, key: str, message: str, level: str = "warning", **fields) -> bool:
+        """Count one error of kind ``key``; log it (with ``fields``) only if the kind is new.
+        True when it was logged."""
+        now_ms = time.time_ns() // 1_000_000
+        self.total += 1
+        entry = self._entries.get(key)
+        if entry is None and len(self._entries) >= self._max_kinds:
+            key, message, fields = _OVERFLOW, _OVERFLOW, {}
+            entry = self._entries.get(key)
+        if entry is not None:
+            entry.count += 1
+            entry.last_ms = now_ms
+            return False
+        self._entries[key] = ErrorEntry(key, message, 1, now_ms, now_ms)
+        getattr(self._log, level)(message, kind=key, note="logged once; repeats are counted", **fields)
+        return True
+
+    def entries(self) -> list[ErrorEntry]:
+        """Every kind seen, most frequent first."""
+        return sorted(self._entries.values(), key=lambda e: -e.count)
