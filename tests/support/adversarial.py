@@ -63,6 +63,7 @@ class Report:
     send_errors: Counter = field(default_factory=Counter)
     sink_datagrams: int = 0
     held_back_sent: int = 0
+    sink_replies: int = 0
     targets: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     exited: dict[int, int] = field(default_factory=dict)
@@ -113,6 +114,7 @@ class Report:
             "send_errors": dict(self.send_errors),
             "held_back_frames_sent": self.held_back_sent,
             "replies_at_sink": self.sink_datagrams,
+            "sink_answers": self.sink_replies,
             "targets": dict(self.targets),
             "members": members,
             "members_alive": members - len(self.exited),
@@ -148,21 +150,27 @@ class _Senders:
         self.sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sink.bind(("127.0.0.1", 0))
         self.sink.setblocking(False)
+        self.sink_replies = 0
 
     @property
     def sink_addr(self) -> tuple[str, int]:
         return self.sink.getsockname()
 
-    def drain_sink(self) -> int:
+    def drain_sink(self, fuzzer: DatagramFuzzer, errors: Counter) -> int:
+        """Read what the members' publications sent the sink, and answer as the fuzzer says."""
         n = 0
-        while True:
+        for _ in range(5000):
             try:
-                self.sink.recv(65536)
+                data, addr = self.sink.recvfrom(65536)
             except (BlockingIOError, InterruptedError):
-                return n
+                break
             except OSError:
                 continue  # an ICMP error queued on the socket
             n += 1
+            for reply in fuzzer.on_sink(data):
+                _send(self.sink, reply, addr, errors)
+                self.sink_replies += 1
+        return n
 
     def drain_replies(self, fuzzer: DatagramFuzzer, errors: Counter) -> int:
         """Read what comes back to the sending sockets (status messages for forged sessions,
@@ -298,7 +306,7 @@ async def run_adversarial(
                     record(kind, mutation, source, target, d)
                 sent += len(batch)
                 due -= len(batch)
-            report.sink_datagrams += senders.drain_sink()
+            report.sink_datagrams += senders.drain_sink(fuzzer, report.send_errors)
             released += senders.drain_replies(fuzzer, report.send_errors)
             await trio.sleep(TICK_S)
         sample(time.monotonic())
@@ -307,6 +315,7 @@ async def run_adversarial(
     report.seconds = time.monotonic() - start
     report.datagrams = sent
     report.held_back_sent = released
+    report.sink_replies = senders.sink_replies
     report.sent_by_kind = Counter(fuzzer.sent)
     report.longest_commit_stall_s = _longest_stall(commit_samples)
     for m in report.exited:

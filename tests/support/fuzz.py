@@ -20,7 +20,12 @@ attack step, with the socket to send them from and the target to send them to:
 * ``setup-sweep``: a SETUP at a chosen term offset (0, 32, the term's end minus 64 or 32, any
   aligned offset, wrong ones) followed by a DATA frame there, sometimes a PAD to the term's end;
 * ``replay``: an earlier datagram again, to another port or with another session id (a
-  datagram "replayed from another session").
+  datagram "replayed from another session");
+* ``setup-flood``: SETUPs of many new sessions at once, to one endpoint from one source.
+
+The sink socket answers the members' publications as a receiver would (a status message for a
+SETUP), so that they connect and send, and now and then with hostile status messages and NAKs
+(:meth:`DatagramFuzzer.on_sink`).
 
 Any of these may then be mutated (``mutations``): truncated, extended, bits flipped,
 misaligned, version/type/length/session/stream fields overwritten, frames concatenated.
@@ -384,6 +389,7 @@ class DatagramFuzzer:
 
     KINDS = (
         ("random", 6), ("media", 30), ("cluster", 30), ("archive", 12), ("setup-sweep", 8), ("replay", 6),
+        ("setup-flood", 0.2),
     )
     MEDIA = ("DATA", "PAD", "SETUP", "SM", "NAK", "RTTM", "HB", "ERR", "UNKNOWN")
     MUTATIONS = (
@@ -445,6 +451,8 @@ class DatagramFuzzer:
             kind, datagrams = self._cluster(target, source)
         elif family == "archive":
             kind, datagrams = self._archive(target, source)
+        elif family == "setup-flood":
+            kind, datagrams = "setup-flood", self._setup_flood(target)
         elif family == "setup-sweep":
             kind, datagrams = "setup-sweep", self._setup_sweep(target, source)
         else:
@@ -653,6 +661,14 @@ class DatagramFuzzer:
                                                    F.TYPE_PAD))
         return [fs.setup]
 
+    def _setup_flood(self, target: Target) -> list[bytes]:
+        """SETUPs of many new sessions at once to one endpoint and stream, from one source:
+        what the bounds on images per endpoint, per source and per second are for."""
+        rng = self.rng
+        stream = target.stream_id if target.stream_id is not None else self._stream(target)
+        return [F.encode_setup(F.Setup(0, rng.randrange(-(2**31), 2**31), stream, 0, 0, self.term_length, self.mtu, 0))
+                for _ in range(rng.randrange(20, 120))]
+
     def _replay(self, target: Target) -> tuple[str, Target, list[bytes]]:
         rng = self.rng
         if not self._history:
@@ -666,6 +682,39 @@ class DatagramFuzzer:
         else:
             target = old_target if rng.random() < 0.3 else target
         return "replay", target, [bytes(d)]
+
+    # -------------------------------------------------------------- the sink as a receiver
+
+    def on_sink(self, datagram: bytes) -> list[bytes]:
+        """Replies of the sink socket (where every channel the fuzzer names points) to a
+        datagram a member's publication sent it: a status message for a SETUP, so that the
+        publication connects and sends (control responses, replays, egress), and for data
+        now and then a hostile status message or NAK (windows, positions and lengths at their
+        edges), from the receiver the publication knows."""
+        rng = self.rng
+        if len(datagram) < F.HEADER_LENGTH or datagram[4] != F.VERSION:
+            return []
+        ftype = datagram[6]
+        if ftype == F.TYPE_SETUP and len(datagram) >= F.SETUP_LENGTH:
+            _l, _v, _f, _t, offset, session, stream, initial, active, tl, _mtu, _ttl = F._SETUP.unpack_from(datagram)
+            window = rng.choice((tl // 2, tl // 2, 0, 2**31 - 1, 1))
+            return [F.encode_status(session, stream, active, offset, window, 0x5EED)]
+        if ftype != F.TYPE_DATA or rng.random() > 0.05:
+            return []
+        _l, _v, _f, _t, offset, session, stream, term_id, _rv = F.DATA_HEADER.unpack_from(datagram)
+        tl = self.term_length
+        choice = rng.randrange(4)
+        if choice == 0:
+            return [F.encode_nak(session, stream, rng.choice((term_id, term_id - 1, term_id + 1, 0)),
+                                 rng.choice((0, offset, tl - 32, 2**31 - 32)),
+                                 rng.choice((32, tl, 2**31 - 1, 4096)))]
+        if choice == 1:
+            return [F.encode_status(session, stream, rng.choice((term_id, term_id + 1, term_id + 1000)),
+                                    rng.choice((0, offset, tl - 32, tl)), rng.choice((0, 1, 2**31 - 1)), 0x5EED)]
+        if choice == 2:
+            return [F.encode_status(session, stream, term_id, offset, tl // 2, rng.randrange(-(2**63), 2**63),
+                                    send_setup=True)]
+        return [F.encode_rttm(session, stream, rng.randrange(0, 2**62), 0, 0x5EED, False)]
 
     # -------------------------------------------------------------- mutations
 
