@@ -39,6 +39,7 @@ import os
 import random
 import struct
 import time
+import typing
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,15 @@ log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
+MAX_TERM_JUMP = 1 << 31
+"""How far ahead of the highest term this member knows a consensus message may name a term. A
+real member is ahead by the elections held since, one per election timeout at most (this bound
+is decades of them); a term beyond it is forged or corrupt, and acting on it would start an
+election for nothing and persist a term the next nominations overflow."""
+_TERM_FIELDS = {
+    t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id"))
+    for t in typing.get_args(codecs.ConsensusMessage)
+}
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
@@ -993,6 +1003,14 @@ class ConsensusAgent:
             log.debug("bad consensus message dropped", error=str(e))
             return
         t = type(msg)
+        fields = _TERM_FIELDS.get(t)
+        if fields:
+            m = self.module
+            limit = max(m.leadership_term_id, m.candidate_term_id) + MAX_TERM_JUMP
+            if any(getattr(msg, f) > limit for f in fields):
+                self.counters["errors"].add(1)
+                log.debug("consensus message from an unreachable term dropped", message=t.__name__)
+                return
         if t in _DIGESTED and msg.members_digest not in (0, self._members_digest):
             self._on_members_mismatch(msg)
             return
