@@ -63,13 +63,20 @@ async def fuzz_under_load(cluster: TestCluster, seed: int, **run_kwargs) -> Repo
             finally:
                 writer.stop.set()
         summary = json.dumps(report.summary(len(cluster.nodes)))
-        print(summary)
         assert not report.exited, (
             f"seed {seed}: members exited {report.exited}; last datagrams sent to them: {report.dumps}\n"
             f"{summary}\n{cluster.diagnostics()}"
         )
-        await writer.verify()
-        await assert_same_state(kv, cluster, f"adversarial-{seed}")
+        try:
+            await writer.verify()
+            await assert_same_state(kv, cluster, f"adversarial-{seed}")
+        except AssertionError:
+            print(f"seed {seed}: {summary}")
+            raise
+        report.acked = len(writer.acked)
+        report.lost = report.duplicated = 0
+        summary = json.dumps(report.summary(len(cluster.nodes)))
+        print(summary)
     assert report.acked > 0, f"seed {seed}: no write acknowledged\n{summary}"
     assert report.commit_end > report.commit_start, f"seed {seed}: commit never advanced\n{summary}"
     assert report.elections == 0, (
