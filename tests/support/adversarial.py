@@ -32,16 +32,23 @@ from tests.support.fuzz import (
     MemberView,
     Target,
     counters_in_use,
-    system_counters,
     discover_targets,
     proc_figures,
     read_member_view,
+    system_counters,
 )
 
 SOURCE_HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 TICK_S = 0.01
 SAMPLE_S = 1.0
 RECENT_PER_MEMBER = 20_000
+WRITER_KEYS = 512
+"""Keys the load's AppendWriter spreads its tokens over: a value must stay under the largest
+reply (an eighth of a term) however long the run."""
+MAX_COMMIT_STALL_S = 10.0
+"""The longest the commit position may stand still under fuzzing: a few election timeouts.
+The fuzzer does not impersonate members (tests/support/fuzz.py), so no message may end a term;
+this bounds the stalls of a loaded machine."""
 
 
 @dataclass
@@ -85,9 +92,19 @@ class Report:
     lost: int = -1
     duplicated: int = -1
 
+    election_starts: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    """Per term left, the members that left it and why (from the members' logs)."""
+
     @property
     def elections(self) -> int:
         return max(0, self.last_term - self.first_term)
+
+    @property
+    def unexplained_elections(self) -> list[int]:
+        """Terms that ended with no member's leader heartbeat timing out: ended by a message.
+        (A member starved of CPU on a loaded machine misses heartbeats: a real fault.)"""
+        return sorted(term for term, starts in self.election_starts.items()
+                      if not any(reason == "leader heartbeat timeout" for _m, reason in starts))
 
     def bound_violations(self, bounds: Bounds) -> list[str]:
         out = []
@@ -125,6 +142,8 @@ class Report:
             "acknowledged_lost": self.lost,
             "duplicated": self.duplicated,
             "elections": self.elections,
+            "elections_by_reason": dict(Counter(r for starts in self.election_starts.values() for _m, r in starts)),
+            "unexplained_elections": self.unexplained_elections,
             "commit_start": self.commit_start,
             "commit_end": self.commit_end,
             "longest_commit_stall_s": round(self.longest_commit_stall_s, 2),
@@ -325,11 +344,23 @@ async def run_adversarial(
                 f.write(json.dumps({"t": at, "kind": kind, "mutation": mutation, "source": SOURCE_HOSTS[source],
                                     "role": role, "port": port, "hex": d.hex()}) + "\n")
         report.dumps[m] = str(path)
+    report.election_starts = election_starts(cluster)
     if writer is not None:
         report.sent_writes = len(writer.sent)
         report.acked = len(writer.acked)
         report.abandoned = len(writer.abandoned)
     return report
+
+
+def election_starts(cluster: TestCluster) -> dict[int, list[tuple[int, str]]]:
+    """Every election a member started after its election at start, from the members' logs:
+    ``{term left: [(member id, reason), ...]}``."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for n in cluster.nodes:
+        for e in n.log_events(current_process_only=False):
+            if e.get("event") == "election state" and e.get("from_state") == "CLOSED":
+                out.setdefault(e.get("leadership_term_id", -1), []).append((n.member_id, e.get("reason", "?")))
+    return out
 
 
 def _longest_stall(samples: list[tuple[float, int]]) -> float:

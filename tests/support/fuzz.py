@@ -241,13 +241,14 @@ class _Values:
     def int_for(self, name: str) -> int:
         rng = self.rng
         r = rng.random()
+        if "term_id" in name and not self.impersonate:
+            # Never a term a real member could send: stale, null, or further ahead than any
+            # member can be (past the consensus module's MAX_TERM_JUMP).
+            stale = [t for t in (self.term - 1, self.term - 2, 0, -1, -(2**63)) if t < self.term]
+            return rng.choice(stale + [2**62, 2**63 - 1, self.term + 2**31 + 1])
         if r < 0.15:
             return self.i64()
-        if "term_id" in name or name == "leadership_term_id":
-            if not self.impersonate:
-                # Never a term a real member could send now: stale, null or absurd ones only.
-                return rng.choice(tuple(t for t in (self.term - 1, self.term - 2, 0, -1, 2**63 - 1, 2**62)
-                                        if not self.term <= t <= self.term + 2) or (-1,))
+        if "term_id" in name:
             return rng.choice((self.term, self.term, self.term + 1, self.term - 1, self.term + 2, 0, -1, 2**63 - 1))
         if "position" in name:
             return rng.choice((self.commit, self.commit + 32 * rng.randrange(1, 64), max(0, self.commit - 64), 0, -1,
@@ -616,9 +617,14 @@ class DatagramFuzzer:
         payload = rng.choice((b"", rng.randbytes(rng.randrange(0, 200)),
                               msgspec.msgpack.encode([1, rng.randrange(2**31), "fuzz1", b"x"]),
                               msgspec.msgpack.encode([3, rng.randrange(2**31), "fuzz0", b"fuzz;"])))
+        if rng.random() < 0.3:
+            # The current term, for a session no client has (ids are handed out from 1 up):
+            # refused for the session, not for the term.
+            term, session = v.term, rng.choice((10**6 + rng.randrange(10**6), 2**63 - 1, -5, 0))
+        else:
+            term, session = v.int_for("leadership_term_id"), rng.choice((1, 2, 3, 0, -1, v.i64()))
         return struct.pack("<HHIqqq", 1, rng.choice((111, 111, 111, 0, 101)), rng.choice((0, 0, 1)),
-                           _s64(v.int_for("leadership_term_id")), rng.choice((1, 2, 3, 0, -1, _s64(v.i64()))),
-                           _s64(v.i64())) + payload
+                           _s64(term), _s64(session), _s64(v.i64())) + payload
 
     def _cluster(self, target: Target, source: int) -> tuple[str, list[bytes]]:
         rng = self.rng

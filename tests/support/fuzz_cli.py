@@ -20,10 +20,9 @@ from pathlib import Path
 import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
-from tests.support.adversarial import Bounds, run_adversarial
+from tests.support.adversarial import MAX_COMMIT_STALL_S, WRITER_KEYS, Bounds, run_adversarial
 from tests.support.cluster import TestCluster, open_kv_client
 
-MAX_COMMIT_STALL_S = 10.0
 
 
 async def _run(args: argparse.Namespace, base: Path) -> dict:
@@ -31,7 +30,7 @@ async def _run(args: argparse.Namespace, base: Path) -> dict:
     with TestCluster(base) as cluster:
         cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
-            writer = AppendWriter(kv, cluster, give_up_s=5.0)
+            writer = AppendWriter(kv, cluster, keys=WRITER_KEYS, give_up_s=5.0)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
                 try:
@@ -56,6 +55,8 @@ async def _run(args: argparse.Namespace, base: Path) -> dict:
                     report.lost = report.duplicated = 0
     if report.commit_end <= report.commit_start:
         failures.append("commit never advanced")
+    if report.unexplained_elections:
+        failures.append(f"terms {report.unexplained_elections} ended with no leader heartbeat timing out")
     if report.longest_commit_stall_s > MAX_COMMIT_STALL_S:
         failures.append(f"commit stood still for {report.longest_commit_stall_s:.1f} s")
     failures += report.bound_violations(Bounds())
