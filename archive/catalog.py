@@ -8,7 +8,7 @@ changed (:meth:`Catalog.take_dirty`) and fsyncs them; on start it hands the file
 ::
 
     offset 0                                  catalog header, 32 bytes
-    +0   version            i32   CATALOG_VERSION
+    +0   version            i32   CATALOG_VERSION (2; 1 is read, and upgraded by the store)
     +4   length             i32   header length = 32
     +8   next_recording_id  i64   id the next new recording gets
     +16  alignment          i32   record alignment, a power of two >= 32 (64 by default)
@@ -19,8 +19,12 @@ changed (:meth:`Catalog.take_dirty`) and fsyncs them; on start it hands the file
     record:
     +0   length             i32   descriptor body length in bytes (0 = no record here: end)
     +4   state              i32   INVALID 0 / VALID 1 / DELETED 2
-    +8   checksum           i32   zlib.crc32 of the body (stored as its unsigned 32 bits)
-    +12  reserved           20 bytes, zero
+    +8   checksum           u32   zlib.crc32 of bytes [+4, +8) (state), [+12, +32) and the body
+                                  (version 1: of the body only)
+    +12  reserved           i32   zero
+    +16  frame_checksums_from i64 position from which the recording's frames carry a checksum
+                                  (archive.checksums), -1: none (version 1 records: none)
+    +24  reserved           8 bytes, zero
     +32  descriptor body    `length` bytes:
          +0   control_session_id   i64
          +8   correlation_id       i64
@@ -45,13 +49,24 @@ later change (stop position and timestamp, start position after a purge, state) 
 fixed-size fields in place together with the checksum. So a change is a small contiguous byte
 range, ``[record + 8, end of the changed field)``, which the shell writes with one ``pwrite``.
 
+Integrity: every record's checksum is checked whenever a catalog is loaded, by the node and by
+every tool. A record that fails it is never used (its fields could send a recovery cutting data
+that is committed, or make it look for another stream): :meth:`Catalog.from_bytes` raises
+:class:`CatalogError` naming the recording (as the damaged entry reads) and the offset, and the
+entry is rebuilt from the segment files offline (``archive.rebuild``). In version 2 the checksum
+covers every byte of the record that has a meaning (the state and the frame checksum position
+too), so a flipped bit anywhere in an entry is found. A version 1 catalog is upgraded when the
+archive opens it for writing: every record's checksum is rewritten to the version 2 rule (and
+synced) before the header says version 2; a version 1 header over records of either rule (an
+upgrade cut short) loads.
+
 Crash ordering: adding a recording changes the record's bytes and the header's
 ``next_recording_id``. If only the record reached the disk, :meth:`Catalog.from_bytes` raises
 ``next_recording_id`` above the highest id found, so ids are never reused; if only the header did,
 the record slot is still zeros, which reads as the end of the records. A record whose bytes were
-torn *inside* fails its checksum: strict loading reports it (:class:`CatalogError` with its
-offset) and ``strict=False`` repairs the checksum of a body that still decodes, recording the
-offsets it repaired, so the shell can decide what to log and what to refuse.
+torn *inside* fails its checksum like a damaged one: it is reported, not guessed at. With
+``strict=False`` (the rebuild tool) a record that fails is left out and described in
+:attr:`Catalog.damaged` instead, with what its bytes still say as a hint.
 """
 
 from __future__ import annotations
@@ -78,14 +93,17 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "CatalogFullError",
+    "DamagedRecord",
     "RecordingDescriptor",
     "RecordingState",
     "UnknownRecordingError",
     "decode_descriptor_body",
     "encode_descriptor_body",
+    "record_checksum",
 ]
 
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
+CATALOG_VERSION_1 = 1
 CATALOG_HEADER_LENGTH = 32
 DESCRIPTOR_HEADER_LENGTH = 32
 DEFAULT_ALIGNMENT = 64
@@ -97,6 +115,7 @@ NULL_TIMESTAMP = -1
 
 _CATALOG_HEADER = struct.Struct("<iiqi12x")
 _DESCRIPTOR_HEADER = struct.Struct("<iiI20x")
+_FRAMES_FROM_OFFSET = 16
 _FIXED = struct.Struct("<qqqqqqqiiiiii")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
@@ -126,11 +145,28 @@ _STATES = frozenset(int(s) for s in RecordingState)
 
 
 class CatalogError(ValueError):
-    """The catalog's bytes are corrupt. ``offset`` is where the problem was found."""
+    """The catalog's bytes are corrupt. ``offset`` is where the problem was found;
+    ``recording_id`` the recording whose entry it is, as far as the damaged bytes tell (None when
+    they do not)."""
 
-    def __init__(self, message: str, offset: int) -> None:
-        super().__init__(f"corrupt catalog at offset {offset}: {message}")
+    def __init__(self, message: str, offset: int, recording_id: int | None = None) -> None:
+        who = f"entry of recording {recording_id} " if recording_id is not None else ""
+        super().__init__(f"damaged catalog {who}at offset {offset}: {message}")
         self.offset = offset
+        self.recording_id = recording_id
+
+
+class DamagedRecord(NamedTuple):
+    """A record that failed its checksum or does not decode (``strict=False`` loads)."""
+
+    offset: int
+    reason: str
+    state: int
+    """The state field as it reads (maybe damaged itself)."""
+    hint: RecordingDescriptor | None
+    """The body decoded as it reads, if it decodes: a hint for a rebuild, never the truth."""
+    recording_id: int | None = None
+    """The recording id as the damaged bytes read (None: not even that reads)."""
 
 
 class CatalogFullError(Exception):
@@ -171,6 +207,9 @@ class RecordingDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     stripped_channel: str
     original_channel: str
     source_identity: str
+    frame_checksums_from: int = NULL_POSITION
+    """Position from which the recording's frames carry checksums (-1: none). Kept in the record
+    header, not the body: it is not part of the archive protocol's descriptor."""
 
     @property
     def is_active(self) -> bool:
@@ -275,8 +314,11 @@ class Catalog:
         self._states = states
         self._end = end  # offset where the next record goes
         self._dirty: list[ByteRange] = []
-        self.repaired: list[int] = []
-        """Offsets of records whose checksum a non-strict load repaired."""
+        self.version = CATALOG_VERSION
+        self._v1_records: set[int] = set()
+        """Offsets of records still checksummed by the version 1 rule (a version 1 catalog)."""
+        self.damaged: list[DamagedRecord] = []
+        """Records a non-strict load left out, in file order."""
 
     # ------------------------------------------------------------------ construction
 
@@ -298,16 +340,16 @@ class Catalog:
         """Load and validate a catalog image; raise :class:`CatalogError` (with the offset) if corrupt.
 
         Checked: header version, header length, alignment, next id; every record's length (it must
-        fit), state, body layout, and the checksum of VALID records; duplicate recording ids.
-        With ``strict=False`` a VALID record with a wrong checksum but a well-formed body is
-        accepted and its checksum rewritten (dirty, offsets in :attr:`repaired`). Records in other
-        states are not checksummed: their bodies are decoded only to reserve their ids.
+        fit), checksum, state and body layout; duplicate recording ids. With ``strict=False`` a
+        record that fails is skipped and described in :attr:`damaged` (the walk finds the next
+        record by its checksum, so a damaged length does not hide the records after it); the
+        header must still be sound.
         """
         buf = bytearray(data)
         if len(buf) < CATALOG_HEADER_LENGTH:
             raise CatalogError(f"{len(buf)} bytes is too short for the catalog header", 0)
         version, header_length, next_id, alignment = _CATALOG_HEADER.unpack_from(buf, 0)
-        if version != CATALOG_VERSION:
+        if version not in (CATALOG_VERSION, CATALOG_VERSION_1):
             raise CatalogError(f"unsupported catalog version {version} (expected {CATALOG_VERSION})", 0)
         if header_length != CATALOG_HEADER_LENGTH:
             raise CatalogError(f"catalog header length {header_length} (expected {CATALOG_HEADER_LENGTH})", 4)
@@ -323,47 +365,42 @@ class Catalog:
 
         records: list[_Record] = []
         states: dict[int, RecordingState] = {}
-        repaired: list[int] = []
+        damaged: list[DamagedRecord] = []
+        v1_records: list[int] = []
         offset = first
         while offset + DESCRIPTOR_HEADER_LENGTH <= len(buf):
-            length, state, checksum = _DESCRIPTOR_HEADER.unpack_from(buf, offset)
-            if length == 0:
-                break
-            body_offset = offset + DESCRIPTOR_HEADER_LENGTH
-            if length < 0 or body_offset + length > len(buf):
-                raise CatalogError(f"record length {length} runs past the catalog end {len(buf)}", offset)
-            if state not in _STATES:
-                raise CatalogError(f"record state {state} is not INVALID/VALID/DELETED", offset + _STATE_OFFSET)
-            body = bytes(buf[body_offset : body_offset + length])
-            if state == RecordingState.VALID:
-                actual = zlib.crc32(body)
-                if actual != checksum:
-                    if strict:
-                        raise CatalogError(
-                            f"checksum {checksum:#010x} of a VALID record does not match {actual:#010x}",
-                            offset + _CHECKSUM_OFFSET,
-                        )
-                    decode_descriptor_body(body, body_offset)  # a body that does not decode is fatal
-                    _DESCRIPTOR_HEADER.pack_into(buf, offset, length, state, actual)
-                    repaired.append(offset)
+            length, state, _checksum = _DESCRIPTOR_HEADER.unpack_from(buf, offset)
+            if length == 0 and not _zero_length_is_damage(buf, offset, alignment, version):
+                break  # the end of the records (bytes of a torn add after it are cleared below)
+            problem = _record_problem(buf, offset, version)
+            if problem is None:
+                body_offset = offset + DESCRIPTOR_HEADER_LENGTH
+                body = bytes(buf[body_offset : body_offset + length])
                 descriptor = decode_descriptor_body(body, body_offset)
                 recording_id = descriptor.recording_id
-            else:
-                try:
-                    recording_id = decode_descriptor_body(body, body_offset).recording_id
-                except CatalogError:
-                    # A dead record with a garbled body: it still occupies its slot.
-                    offset += align(DESCRIPTOR_HEADER_LENGTH + length, alignment)
-                    continue
-            if recording_id < 0:
-                raise CatalogError(f"negative recording id {recording_id}", body_offset + 16)
-            if recording_id in states:
-                raise CatalogError(f"duplicate recording id {recording_id}", body_offset + 16)
+                if recording_id < 0:
+                    problem = f"negative recording id {recording_id}", body_offset + 16
+                elif recording_id in states:
+                    problem = f"duplicate recording id {recording_id}", body_offset + 16
+            if problem is not None:
+                message, at = problem
+                hint = _hint(buf, offset)
+                read_id = hint.recording_id if hint is not None else _raw_recording_id(buf, offset)
+                if strict:
+                    raise CatalogError(message, at, read_id)
+                damaged.append(DamagedRecord(offset, f"{message} (offset {at})", state, hint, read_id))
+                offset = _next_sound_record(buf, offset, alignment, version)
+                continue
+            if version == CATALOG_VERSION_1 and _v1_checksum(buf, offset) == _checksum:
+                v1_records.append(offset)
             records.append(_Record(recording_id, offset, length))
             states[recording_id] = RecordingState(state)
             offset += align(DESCRIPTOR_HEADER_LENGTH + length, alignment)
         end = min(offset, len(buf))
         catalog = cls(buf, alignment, next_id, records, states, end)
+        catalog.version = version
+        catalog._v1_records = set(v1_records)
+        catalog.damaged = damaged
         if buf.count(0, end) != len(buf) - end:
             # Leftovers of a record torn before its length was written: clear them so that a record
             # added here later cannot be followed by garbage that reads as another record.
@@ -374,10 +411,36 @@ class Catalog:
             if highest >= next_id:
                 # The record reached the disk before the header did: never hand out its id again.
                 catalog._set_next_recording_id(highest + 1)
-        catalog.repaired = repaired
-        for record_offset in repaired:
-            catalog._dirty.append(ByteRange(record_offset, record_offset + DESCRIPTOR_HEADER_LENGTH))
         return catalog
+
+    @property
+    def needs_upgrade(self) -> bool:
+        """A version 1 catalog: :meth:`upgrade_records` then :meth:`upgrade_header`."""
+        return self.version != CATALOG_VERSION
+
+    def upgrade_records(self) -> None:
+        """First step of the version 1 -> 2 upgrade: every record gets "no frame checksums" and a
+        checksum by the version 2 rule. The shell writes and syncs this before
+        :meth:`upgrade_header`, so a crash in between leaves a version 1 header over records that
+        a version 1 load accepts."""
+        for record in self._records.values():
+            if record.offset in self._v1_records:
+                _I64.pack_into(self._buf, record.offset + _FRAMES_FROM_OFFSET, NULL_POSITION)
+                struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET,
+                                 _v2_checksum(self._buf, record.offset))
+                self._mark(record.offset + _CHECKSUM_OFFSET, record.offset + DESCRIPTOR_HEADER_LENGTH)
+        self._v1_records = set()
+
+    def upgrade_header(self) -> None:
+        """Second step of the upgrade: the header says version 2."""
+        struct.pack_into("<i", self._buf, 0, CATALOG_VERSION)
+        self.version = CATALOG_VERSION
+        self._mark(0, 4)
+
+    def _checksum_of(self, offset: int) -> int:
+        if offset in self._v1_records:
+            return _v1_checksum(self._buf, offset)
+        return _v2_checksum(self._buf, offset)
 
     def to_bytes(self) -> bytes:
         """The whole catalog image (what the file holds after all dirty ranges are written)."""
@@ -471,18 +534,29 @@ class Catalog:
         stop_position: int = NULL_POSITION,
         stop_timestamp: int = NULL_TIMESTAMP,
         grow: bool = False,
+        frame_checksums: bool = False,
+        frame_checksums_from: int | None = None,
+        recording_id: int | None = None,
+        state: RecordingState = RecordingState.VALID,
     ) -> int:
         """Add a VALID recording and return its new id.
 
         Raises :class:`CatalogFullError` when the record does not fit, unless ``grow`` is set, in
         which case the catalog doubles (see :meth:`grow`) until it fits. ValueError for fields out
-        of range or strings longer than :data:`MAX_STRING_LENGTH` bytes.
+        of range or strings longer than :data:`MAX_STRING_LENGTH` bytes. ``frame_checksums``: the
+        recording's frames carry checksums from its start position. ``recording_id`` and
+        ``state`` are for a rebuild of the catalog, which keeps the ids the segment files name.
         """
+        if self.needs_upgrade:
+            raise ValueError("a version 1 catalog is upgraded before it gets new records")
         if start_position < 0:
             raise ValueError(f"start position must be >= 0, got {start_position}")
         if stop_position != NULL_POSITION and stop_position < start_position:
             raise ValueError(f"stop position {stop_position} precedes start position {start_position}")
-        recording_id = self._next_recording_id
+        if recording_id is None:
+            recording_id = self._next_recording_id
+        elif recording_id in self._states or recording_id < 0:
+            raise ValueError(f"recording id {recording_id} is taken or negative")
         descriptor = RecordingDescriptor(
             control_session_id=control_session_id,
             correlation_id=correlation_id,
@@ -514,18 +588,40 @@ class Catalog:
                 capacity *= 2
             self.grow(capacity)
         offset = self._end
-        _DESCRIPTOR_HEADER.pack_into(self._buf, offset, len(body), RecordingState.VALID, zlib.crc32(body))
+        state = RecordingState(state)
+        _DESCRIPTOR_HEADER.pack_into(self._buf, offset, len(body), state, 0)
+        if frame_checksums_from is None:
+            frame_checksums_from = start_position if frame_checksums else NULL_POSITION
+        _check_range("frame_checksums_from", frame_checksums_from, NULL_POSITION, _I64_MAX)
+        _I64.pack_into(self._buf, offset + _FRAMES_FROM_OFFSET, frame_checksums_from)
         body_offset = offset + DESCRIPTOR_HEADER_LENGTH
         self._buf[body_offset : body_offset + len(body)] = body
         # The slot is zero already (create/from_bytes/grow guarantee it); make the tail certain.
         self._buf[body_offset + len(body) : offset + needed] = bytes(offset + needed - body_offset - len(body))
+        struct.pack_into("<I", self._buf, offset + _CHECKSUM_OFFSET, _v2_checksum(self._buf, offset))
         self._mark(offset, offset + needed)
         self._records[recording_id] = _Record(recording_id, offset, len(body))
         self._order.append(recording_id)
-        self._states[recording_id] = RecordingState.VALID
+        self._states[recording_id] = state
         self._end = offset + needed
-        self._set_next_recording_id(recording_id + 1)
+        if recording_id >= self._next_recording_id:
+            self._set_next_recording_id(recording_id + 1)
         return recording_id
+
+    def set_frame_checksums_from(self, recording_id: int, position: int) -> ByteRange:
+        """The recording's frames carry checksums from ``position`` on (-1: none): set when a
+        recording written without them is extended by an archive that writes them."""
+        record = self._valid_record(recording_id)
+        _check_range("frame_checksums_from", position, NULL_POSITION, _I64_MAX)
+        _I64.pack_into(self._buf, record.offset + _FRAMES_FROM_OFFSET, position)
+        struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET, self._checksum_of(record.offset))
+        return self._mark(record.offset + _CHECKSUM_OFFSET, record.offset + _FRAMES_FROM_OFFSET + 8)
+
+    def set_next_recording_id(self, next_id: int) -> None:
+        """Raise the id the next new recording gets (a rebuild keeps ids the old catalog gave)."""
+        if next_id < self._next_recording_id:
+            raise ValueError(f"next recording id {next_id} is below {self._next_recording_id}")
+        self._set_next_recording_id(next_id)
 
     def _set_next_recording_id(self, next_id: int) -> None:
         self._next_recording_id = next_id
@@ -541,8 +637,7 @@ class Catalog:
     def _write_fields(self, record: _Record, field_offset: int, fmt: str, *values: int) -> ByteRange:
         body_offset = record.offset + DESCRIPTOR_HEADER_LENGTH
         struct.pack_into(fmt, self._buf, body_offset + field_offset, *values)
-        body = self._buf[body_offset : body_offset + record.body_length]
-        struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET, zlib.crc32(body))
+        struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET, self._checksum_of(record.offset))
         return self._mark(record.offset + _CHECKSUM_OFFSET, body_offset + field_offset + struct.calcsize(fmt))
 
     def update_stop_position(self, recording_id: int, stop_position: int) -> ByteRange:
@@ -586,9 +681,8 @@ class Catalog:
         if record is None:
             raise UnknownRecordingError(recording_id)
         state = RecordingState(state)
-        body_offset = record.offset + DESCRIPTOR_HEADER_LENGTH
-        body = self._buf[body_offset : body_offset + record.body_length]
-        _DESCRIPTOR_HEADER.pack_into(self._buf, record.offset, record.body_length, state, zlib.crc32(body))
+        struct.pack_into("<i", self._buf, record.offset + _STATE_OFFSET, state)
+        struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET, self._checksum_of(record.offset))
         self._states[recording_id] = state
         return self._mark(record.offset + _STATE_OFFSET, record.offset + _CHECKSUM_OFFSET + 4)
 
@@ -599,7 +693,11 @@ class Catalog:
 
     def _decode(self, record: _Record) -> RecordingDescriptor:
         body_offset = record.offset + DESCRIPTOR_HEADER_LENGTH
-        return decode_descriptor_body(self._buf[body_offset : body_offset + record.body_length], body_offset)
+        d = decode_descriptor_body(self._buf[body_offset : body_offset + record.body_length], body_offset)
+        if record.offset in self._v1_records:
+            return d
+        frames_from = _I64.unpack_from(self._buf, record.offset + _FRAMES_FROM_OFFSET)[0]
+        return d if frames_from == NULL_POSITION else msgspec.structs.replace(d, frame_checksums_from=frames_from)
 
     def find(self, recording_id: int) -> RecordingDescriptor | None:
         """The descriptor of a VALID recording, else None."""
@@ -622,6 +720,10 @@ class Catalog:
         if record is None:
             raise UnknownRecordingError(recording_id)
         return ByteRange(record.offset, record.offset + self.record_length(record.body_length))
+
+    def all_records(self) -> list[tuple[RecordingDescriptor, RecordingState]]:
+        """Every sound record, whatever its state, in file order (for a rebuild)."""
+        return [(self._decode(self._records[rid]), self._states[rid]) for rid in self._order]
 
     def __len__(self) -> int:
         """Number of VALID recordings."""
@@ -659,6 +761,115 @@ class Catalog:
             if d.stream_id == stream_id and d.session_id == session_id and channel_fragment in d.stripped_channel:
                 return recording_id
         return None
+
+
+def _zero_length_is_damage(buf: bytearray, offset: int, alignment: int, version: int) -> bool:
+    """A record length of 0 ends the records, unless it is a damaged length: the body there still
+    decodes to a record whose checksum matches, or a sound record follows."""
+    if not any(buf[offset:]):
+        return False
+    hint = _hint(buf, offset)
+    if hint is not None:
+        copy = bytearray(buf[offset : offset + DESCRIPTOR_HEADER_LENGTH + _MAX_BODY_LENGTH])
+        struct.pack_into("<i", copy, 0, len(encode_descriptor_body(hint)))
+        (stored,) = struct.unpack_from("<I", copy, _CHECKSUM_OFFSET)
+        if stored in (_v1_checksum(copy, 0), _v2_checksum(copy, 0)):
+            return True
+    following = _next_sound_record(buf, offset, alignment, version)
+    return following < len(buf.rstrip(b"\0"))  # a sound record, not the zeros after the records
+
+
+def record_checksum(buf: bytes | bytearray, offset: int) -> int:
+    """The checksum the record at ``offset`` of a (version 2) catalog image must carry."""
+    return _v2_checksum(bytearray(buf), offset) if isinstance(buf, bytes) else _v2_checksum(buf, offset)
+
+
+def _v1_checksum(buf: bytearray, offset: int) -> int:
+    (length,) = struct.unpack_from("<i", buf, offset)
+    body = offset + DESCRIPTOR_HEADER_LENGTH
+    return zlib.crc32(memoryview(buf)[body : body + length])
+
+
+def _v2_checksum(buf: bytearray, offset: int) -> int:
+    """Over the state, the header's bytes after the checksum, and the body: every byte of the
+    record that means something (the length is checked by the body decoding to exactly it)."""
+    (length,) = struct.unpack_from("<i", buf, offset)
+    view = memoryview(buf)
+    crc = zlib.crc32(view[offset + _STATE_OFFSET : offset + _CHECKSUM_OFFSET])
+    crc = zlib.crc32(view[offset + _CHECKSUM_OFFSET + 4 : offset + DESCRIPTOR_HEADER_LENGTH], crc)
+    return zlib.crc32(view[offset + DESCRIPTOR_HEADER_LENGTH : offset + DESCRIPTOR_HEADER_LENGTH + length], crc)
+
+
+_MAX_BODY_LENGTH = _FIXED.size + 3 * (4 + MAX_STRING_LENGTH)
+
+
+def _record_problem(buf: bytearray, offset: int, version: int) -> tuple[str, int] | None:
+    """Why the record at ``offset`` cannot be used (message, offset of the problem), or None."""
+    length, state, checksum = _DESCRIPTOR_HEADER.unpack_from(buf, offset)
+    body_offset = offset + DESCRIPTOR_HEADER_LENGTH
+    if length < _FIXED.size or length > _MAX_BODY_LENGTH or body_offset + length > len(buf):
+        return f"record length {length} is impossible", offset
+    if version == CATALOG_VERSION_1:
+        ok = checksum in (_v1_checksum(buf, offset), _v2_checksum(buf, offset))
+    else:
+        ok = checksum == _v2_checksum(buf, offset)
+    if not ok:
+        return f"the entry fails its checksum ({checksum:#010x} stored)", offset + _CHECKSUM_OFFSET
+    if state not in _STATES:
+        return f"record state {state} is not INVALID/VALID/DELETED", offset + _STATE_OFFSET
+    try:
+        decode_descriptor_body(buf[body_offset : body_offset + length], body_offset)
+    except CatalogError as e:
+        return str(e).split(": ", 1)[-1], e.offset
+    return None
+
+
+def _raw_recording_id(buf: bytearray, offset: int) -> int | None:
+    """The recording id field of a record whose body does not decode, if it reads as one."""
+    at = offset + DESCRIPTOR_HEADER_LENGTH + 16
+    if at + 8 > len(buf):
+        return None
+    (value,) = _I64.unpack_from(buf, at)
+    return value if 0 <= value < (1 << 62) else None
+
+
+def _hint(buf: bytearray, offset: int) -> RecordingDescriptor | None:
+    """The body of a damaged record decoded as it reads, when it decodes at all."""
+    (length,) = struct.unpack_from("<i", buf, offset)
+    body_offset = offset + DESCRIPTOR_HEADER_LENGTH
+    candidates = [length] if 0 < length <= _MAX_BODY_LENGTH else []
+    for n in candidates:
+        try:
+            return decode_descriptor_body(buf[body_offset : body_offset + n], body_offset)
+        except CatalogError:
+            pass
+    # A damaged length: the body still says how long it is (its strings' lengths).
+    pos = body_offset + _FIXED.size
+    for _ in range(3):
+        if pos + 4 > len(buf):
+            return None
+        (n,) = _U32.unpack_from(buf, pos)
+        if n > MAX_STRING_LENGTH:
+            return None
+        pos += 4 + n
+    try:
+        return decode_descriptor_body(buf[body_offset:pos], body_offset)
+    except CatalogError:
+        return None
+
+
+def _next_sound_record(buf: bytearray, offset: int, alignment: int, version: int) -> int:
+    """Where the walk goes on after the damaged record at ``offset``: the next aligned offset that
+    holds a sound record or the end of the records (zeros from there on)."""
+    position = offset + alignment
+    used = len(buf.rstrip(b"\0"))  # zeros from here on: the end of the records
+    while position + DESCRIPTOR_HEADER_LENGTH <= len(buf):
+        if position >= used:
+            return position
+        if _record_problem(buf, position, version) is None:
+            return position
+        position += alignment
+    return len(buf)
 
 
 def _first_record_offset(alignment: int) -> int:

@@ -60,6 +60,9 @@ from archive.storage import (
 )
 from media.channel import ChannelError, parse
 from media.counters import CountersReader
+from media.distinct_errors import DistinctErrors
+from media.private_files import FILE_MODE, make_private_dir
+from media.rate_limited_log import RateLimitedLog
 from media.task_failure import TaskFailure, run_guarded
 
 __all__ = [
@@ -101,9 +104,17 @@ class ArchiveConfig:
     sync_level: int = 0
     max_concurrent_recordings: int = 20
     max_concurrent_replays: int = 20
+    max_control_sessions: int = 64
+    """Control sessions at once; a connect request past it is refused (each session holds a
+    publication to its client)."""
+    max_concurrent_replications: int = 8
     connect_timeout_ns: int = 5_000_000_000
     file_io_max_length: int = 1024 * 1024
     block_length: int = DEFAULT_BLOCK_LENGTH
+    frame_checksums: bool = True
+    """New recordings (and extensions of recordings written without them) carry a checksum in
+    every frame (archive.checksums), checked by replay and verify. A recording that has them
+    keeps them whatever this says."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -209,11 +220,15 @@ class Archive:
         self.driver = driver
         self.config = config
         self.dir = config.dir
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.dir)
         self._mark_fd = self._lock_directory()
-        self.store = CatalogStore(self.dir, config.sync_level)
-        self.catalog = self.store.catalog
-        self.repairs = recover(self.dir, self.store)
+        try:
+            self.store = CatalogStore(self.dir, config.sync_level)
+            self.catalog = self.store.catalog
+            self.repairs = recover(self.dir, self.store)
+        except BaseException:
+            os.close(self._mark_fd)  # a damaged archive is refused: leave the directory free
+            raise
         for r in self.repairs:
             log.warning(
                 "recording repaired at start", recording_id=r.recording_id, what=r.what,
@@ -230,10 +245,17 @@ class Archive:
         self.replications: dict[int, object] = {}
         self._progress: dict[int, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
+        self.on_data_damaged: Callable[[str], None] | None = None
+        """Called with the one-line report when a replay finds a frame that fails its checksum:
+        the node stops there rather than go on as a member with a damaged log."""
         self.on_task_failure: Callable[[TaskFailure], None] | None = None
         """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
         self.invalid_requests = 0
+        self.errors = DistinctErrors("archive")
+        """Bad requests and failures of one request, each kind logged once."""
+        self.request_warnings = RateLimitedLog(log)
+        """Warnings about bad requests: anyone who can reach the control port sends those."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
 
@@ -241,7 +263,7 @@ class Archive:
 
     def _lock_directory(self) -> int:
         path = self.dir / MARK_FILE_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -273,6 +295,7 @@ class Archive:
         if self._closed:
             return
         self._closed = True
+        self.request_warnings.flush()
         for rs in list(self.recording_subscriptions.values()):
             self._stop_recording_subscription(rs, signal=False)
         for replay in self.replays.values():
@@ -321,7 +344,8 @@ class Archive:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
             self.invalid_requests += 1
-            log.warning("undecodable archive request dropped", error=str(e))
+            self.request_warnings.warning(("undecodable", type(e).__name__), "undecodable archive request dropped",
+                                          error=str(e))
             return
         if isinstance(request, c.ConnectRequest):
             self._on_connect(request, image_key)
@@ -329,7 +353,8 @@ class Archive:
         session = self.control_sessions.get(request.control_session_id)
         if session is None:
             self.invalid_requests += 1
-            log.warning("request for an unknown control session dropped", control_session_id=request.control_session_id)
+            self.request_warnings.warning("unknown session", "request for an unknown control session dropped",
+                                          control_session_id=request.control_session_id)
             return
         if session.image_key != image_key:
             # A session is its client's: requests naming it must come the way its connect
@@ -355,14 +380,54 @@ class Archive:
             session.error(correlation_id, E.UNKNOWN_RECORDING, f"unknown recording {e.args[0]}")
         except (ChannelError, ValueError, ArchiveStorageError) as e:
             session.error(correlation_id, E.GENERIC, str(e))
+        except Exception as e:  # noqa: BLE001 - one request's fault: answered, counted, the archive goes on
+            self.invalid_requests += 1
+            self.errors.record(f"request failed: {type(request).__name__}: {type(e).__name__}",
+                               "archive request failed", level="error", error=repr(e), exc_info=e)
+            session.error(correlation_id, E.GENERIC, f"{type(request).__name__} failed: {type(e).__name__}")
+
+    def _response_channel_refusal(self, channel: str, image_key: tuple) -> str | None:
+        """Why a control session's response channel is refused (None: usable). Over IPC (this
+        host) any; over UDP only ``aeron:udp?endpoint=H:P`` with H the address the request came
+        from: a connect request names where the archive sends, and a forged one would make it
+        send to a third party."""
+        sub_id, image_session_id = image_key
+        sub = next((s for s in self._control_subs if id(s) == sub_id), None)
+        image = None if sub is None else next((i for i in sub.images if i.session_id == image_session_id), None)
+        if image is None or image.source_identity.startswith("ipc:"):
+            return None
+        try:
+            uri = parse(channel)
+        except ChannelError:
+            return "unparsable: the response channel is not a channel URI"
+        if not uri.is_udp or uri.endpoint is None:
+            return "not udp: a remote client's response channel must be aeron:udp?endpoint=H:P"
+        if any(getattr(uri, name) is not None for name in ("control", "control_mode", "term_length", "mtu")):
+            return "parameters: the response channel may name its endpoint only"
+        source = image.source_identity.split(",")[0].rpartition(":")[0].strip("[]")
+        if uri.endpoint[0] != source:
+            return f"source: the response endpoint's host {uri.endpoint[0]} is not the request's source {source}"
+        return None
 
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
+        if len(self.control_sessions) >= self.config.max_control_sessions:
+            self.invalid_requests += 1
+            self.errors.record("connect refused: max_control_sessions",
+                               f"archive connect refused: {len(self.control_sessions)} control sessions already")
+            return
+        refusal = self._response_channel_refusal(request.response_channel, image_key)
+        if refusal is not None:
+            # No answer: the channel it names is not one this archive will send to.
+            self.invalid_requests += 1
+            self.errors.record(f"connect refused: {refusal.split(':')[0]}", "archive connect refused: " + refusal)
+            return
         control_session_id = next(self._ids)
         try:
             pub = self.driver.add_publication(request.response_channel, request.response_stream_id)
         except (ChannelError, ValueError) as e:
             self.invalid_requests += 1
-            log.warning("connect request with a bad response channel", error=str(e))
+            self.request_warnings.warning("bad response channel", "connect request with a bad response channel",
+                                          error=str(e))
             return
         session = ControlSession(control_session_id, pub, image_key)
         self.control_sessions[control_session_id] = session
@@ -579,9 +644,16 @@ class Archive:
                 if session is not None:
                     session.error(rs.correlation_id, E.INVALID_EXTENSION, f"cannot extend recording {recording_id}: {problem}")
                 return
+            if self.config.frame_checksums and (
+                d.frame_checksums_from == NULL_POSITION or d.frame_checksums_from > d.stop_position
+            ):
+                self.catalog.set_frame_checksums_from(recording_id, d.stop_position)
+            elif d.frame_checksums_from > d.stop_position:
+                self.catalog.set_frame_checksums_from(recording_id, NULL_POSITION)
             self.catalog.update_stop_position(recording_id, NULL_POSITION)
             self.store.flush()
-            position = d.stop_position
+            d = self.catalog.get(recording_id)
+            position = image.join_position
             signal = c.RecordingSignal.EXTEND
         else:
             try:
@@ -596,7 +668,7 @@ class Archive:
                 session_id=image.session_id if rs.session_id_override is None else rs.session_id_override,
                 stream_id=image.stream_id, stripped_channel=rs.channel,
                 original_channel=rs.descriptor_channel or rs.channel, source_identity=image.source_identity,
-                grow=True,
+                grow=True, frame_checksums=self.config.frame_checksums,
             )
             self.store.flush()
             d = self.catalog.get(recording_id)
@@ -824,6 +896,8 @@ class Archive:
             self.replays.pop(replay.replay_session_id, None)
             if replay.error:
                 log.warning("replay ended early", replay_session_id=replay.replay_session_id, reason=replay.error)
+                if replay.damaged and self.on_data_damaged is not None:
+                    self.on_data_damaged(replay.error)
             else:
                 log.info("replay done", replay_session_id=replay.replay_session_id, position=replay.position)
 
@@ -886,6 +960,8 @@ class Archive:
             raise ArchiveRequestError(E.GENERIC, "this archive has no replication channel configured")
         if r.dst_recording_id != c.NULL_VALUE:
             self._check_quiet(r.dst_recording_id, "replicate into")
+        if len(self.replications) >= self.config.max_concurrent_replications:
+            raise ArchiveRequestError(E.GENERIC, f"already {len(self.replications)} replications active")
         replication_id = next(self._ids)
         replication = ReplicationSession(self, session.control_session_id, r, replication_id)
         self.replications[replication_id] = replication

@@ -20,12 +20,18 @@ of an active one: a replay of an active recording follows it as it grows, waking
 recorder's progress. The replay ends (its publication is closed, so subscribers see end of stream)
 when it reaches its limit, when a stopped recording has nothing more, when it is stopped, or when
 no subscriber connects within the connect timeout or stays connected.
+
+Frames that carry checksums (``archive.checksums``) are checked after they are read and before
+they are committed to the publication: a frame that fails ends the replay with
+:class:`~archive.storage.ArchiveDamagedError` (:attr:`ReplaySession.damaged`), and neither it nor
+anything after it is sent, so a damaged copy of the log is never served or applied.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,7 +39,9 @@ import structlog
 import trio
 
 from archive.catalog import RecordingDescriptor
-from archive.storage import ArchiveStorageError, SegmentReader
+from archive.checksums import CHECKSUM_OFFSET, check_frames, frame_checksum
+from archive.segments import NULL_POSITION
+from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader, damage_line
 from media import framescan
 from media.frames import HEADER_LENGTH
 
@@ -121,6 +129,10 @@ class ReplaySession:
         self._head = memoryview(bytearray(HEADER_LENGTH))  # the first frame header of a block
         self._zeros = memoryview(bytes(self._max_read))
         self._reader = SegmentReader(directory, descriptor)
+        self._directory = directory
+        self._checked_from = None if descriptor.frame_checksums_from == NULL_POSITION else descriptor.frame_checksums_from
+        self.damaged = False
+        """The replay ended at a frame that fails its checksum."""
         self._stopped = False
         self._wake = trio.Event()
         self._wait_scope: trio.CancelScope | None = None
@@ -183,6 +195,7 @@ class ReplaySession:
             await self._replay()
         except ArchiveStorageError as e:
             self.error = str(e)
+            self.damaged = isinstance(e, ArchiveDamagedError)
             log.error("replay failed", replay_session_id=self.replay_session_id, error=str(e))
         finally:
             self.state = ReplayState.DONE
@@ -221,6 +234,7 @@ class ReplaySession:
                 pad = _I32(head, 0)[0]
                 n = pad if n < pad and position + pad <= bound else n
                 reader.read_into(position, view, n)
+                self._check(view, 0, n, position)
                 length = self._whole_frames(view, self._ints, 0, n, position)
                 if length > 0:
                     result = await self._until_accepted(lambda: pub.offer_block(view, 0, length, rewrite_ids=False))
@@ -246,9 +260,8 @@ class ReplaySession:
             if length == 0 and end == bound and self._limit_counter is not None:
                 await self._pause(_MAX_PAUSE_S)  # the limit counter points inside a frame
                 continue
-            raise ArchiveStorageError(
-                f"recording {self.recording_id}: no valid frame at position {position} of its segment files"
-            )
+            raise ArchiveDamagedError(damage_line(self._directory, self.recording_id, position,
+                                                  "no valid frame there in its segment files"))
 
     def _read_frames_into(self, pub, offset: int, position: int, n: int) -> int:
         """Read ``n`` recorded bytes from ``position`` straight into the publication's claimed
@@ -267,9 +280,16 @@ class ReplaySession:
         if first < HEADER_LENGTH:
             buffer[offset + HEADER_LENGTH : offset + n] = self._zeros[: n - HEADER_LENGTH]
             return -1
+        length = (first + 31) & ~31
+        if self._checked_from is not None and length <= n:
+            if position >= self._checked_from:
+                end = HEADER_LENGTH if _TYPE(head, 6)[0] == 0 else length
+                crc = zlib.crc32(buffer[offset + HEADER_LENGTH : offset + end], frame_checksum(head, 0, HEADER_LENGTH))
+                if crc != struct.unpack_from("<I", head, CHECKSUM_OFFSET)[0]:
+                    self._damaged(position)
+            self._check(buffer, offset + length, offset + n, position + length)
         _IDS(head, 12, pub.session_id, pub.stream_id, pub.log.term_id_of(position))
         buffer[offset + 4 : offset + HEADER_LENGTH] = head[4:]
-        length = (first + 31) & ~31
         if length > n:
             length = 0
         elif length < n:
@@ -279,6 +299,24 @@ class ReplaySession:
             start = max(length, 4)  # 4: a first frame that does not fit leaves its header too
             buffer[offset + start : offset + n] = self._zeros[: n - start]
         return length
+
+    def _check(self, buffer, offset: int, limit: int, position: int) -> None:
+        """Raise ArchiveDamagedError if a whole frame of ``buffer[offset:limit]`` (read from
+        ``position``) that should carry a checksum fails it."""
+        checked_from = self._checked_from
+        if checked_from is None or offset >= limit:
+            return
+        if position < checked_from:
+            offset, position = offset + checked_from - position, checked_from
+            if offset >= limit:
+                return
+        term_length = self.descriptor.term_buffer_length
+        bad = check_frames(buffer, offset, limit, position & (term_length - 1), term_length)
+        if bad >= 0:
+            self._damaged(position + bad - offset)
+
+    def _damaged(self, position: int) -> None:
+        raise ArchiveDamagedError(damage_line(self._directory, self.recording_id, position, "frame fails its checksum"))
 
     async def _until_accepted(self, attempt: Callable[[], int]) -> int | None:
         """Call ``attempt`` (an offer or a claim) until it succeeds; its result, or None when the

@@ -29,7 +29,8 @@ private struct so the archive does not depend on the driver's frame module::
     12 session_id     i32
     16 stream_id      i32
     20 term_id        i32
-    24 reserved_value i64
+    24 reserved_value i64   low 32 bits: the frame's checksum in recordings that have them
+                            (``archive.checksums``)
 
 Frames start on 32-byte boundaries; the next frame starts at ``align(frame_length)``.
 

@@ -20,14 +20,19 @@ complete padding frame for a torn one.
 
 Crash recovery (:func:`recover`), run when the archive opens its directory:
 
-1. load the catalog leniently (checksums of records torn mid-write are repaired when the body
-   still decodes; an undecodable catalog is refused with the offset of the damage);
+1. load the catalog, every record's checksum checked (:func:`load_catalog`): a record that fails
+   is never used, the archive refuses to open (:class:`ArchiveDamagedError`, naming the
+   recording and ``cluster-node archive rebuild``), since its stop position or stream id could
+   make step 3 cut committed data;
 2. for every VALID recording, find the end of its data: the last segment file, scanned from its
-   first frame (:func:`archive.segments.scan_frames`) to the first frame that is not complete and
-   valid; the recovered stop position is that end;
-3. an active recording (no stop position: the archive died recording it) gets the recovered end
-   as its stop position; a stopped one whose data ends early (lost page cache at sync level 0)
-   is cut back to it; data beyond the stop position (a torn tail, or a truncation cut short) is
+   first frame to the first frame that is not complete, well formed and (where the recording has
+   them) matching its checksum (:func:`scan_tail`);
+3. what follows that end must be what a crash leaves: zeros up to the stop position (writes that
+   never reached the disk), or for an active recording one torn frame then zeros; anything else
+   is damage and the archive refuses to open, before anything is cut. Otherwise an active
+   recording (no stop position: the archive died recording it) gets the recovered end as its
+   stop position; a stopped one whose data ends early (lost page cache at sync level 0) is cut
+   back to it; data beyond the stop position (a torn tail, or a truncation cut short) is
    removed: the file holding the stop is truncated there and later files are deleted.
 
 Ordering of the writes that must survive: a truncation updates the catalog first, then removes
@@ -43,8 +48,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor, RecordingState
+from archive.checksums import check_frames, stamp_checksums
 from archive.segments import (
     FRAME_TYPE_DATA,
     FRAME_TYPE_PAD,
@@ -56,10 +63,17 @@ from archive.segments import (
     segment_base_position,
     segment_file_name,
 )
+from media.private_files import FILE_MODE, make_private_dir
 
 __all__ = [
     "CATALOG_FILE_NAME",
+    "ArchiveDamagedError",
     "ArchiveStorageError",
+    "TailScan",
+    "checks_text",
+    "damage_line",
+    "load_catalog",
+    "scan_tail",
     "CatalogStore",
     "FrameInfo",
     "Repair",
@@ -85,6 +99,15 @@ class ArchiveStorageError(Exception):
     """A file of the archive cannot be used as asked (the message names the file and why)."""
 
 
+class ArchiveDamagedError(ArchiveStorageError):
+    """Committed data or its catalog entry is damaged (a checksum fails, a frame is broken where
+    the recording says there is data): it is never served, applied or cut. The message names the
+    recording, the position or offset, and what the operator can do."""
+
+
+REBUILD_HINT = "with the node stopped, rebuild the catalog from the segment files: cluster-node archive rebuild --dir {dir}"
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -103,20 +126,22 @@ class CatalogStore:
         self.directory = Path(directory)
         self.path = self.directory / CATALOG_FILE_NAME
         self.sync_level = sync_level
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         if self.path.exists():
-            try:
-                data = self.path.read_bytes()
-                self.catalog = Catalog.from_bytes(data, strict=False)
-            except CatalogError as e:
-                raise ArchiveStorageError(f"{self.path}: {e}") from None
+            self.catalog = load_catalog(self.path)
         else:
             self.catalog = Catalog.create(capacity) if capacity else Catalog.create()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        if self.catalog.needs_upgrade:
+            # Version 1 -> 2: the records' new checksums are on disk before the header says so.
+            self.catalog.upgrade_records()
+            self.flush(force_sync=True)
+            self.catalog.upgrade_header()
+            self.flush(force_sync=True)
         self.flush()
 
-    def flush(self) -> None:
-        """Write every changed byte range; fsync at sync level 1 and above."""
+    def flush(self, force_sync: bool = False) -> None:
+        """Write every changed byte range; fsync at sync level 1 and above (or when forced)."""
         ranges = self.catalog.take_dirty()
         if not ranges:
             return
@@ -125,7 +150,7 @@ class CatalogStore:
             written = os.pwrite(self._fd, data, r.start)
             if written != len(data):
                 raise ArchiveStorageError(f"{self.path}: short write of {written}/{len(data)} bytes")
-        if self.sync_level >= 1:
+        if self.sync_level >= 1 or force_sync:
             os.fsync(self._fd)
 
     def close(self) -> None:
@@ -133,6 +158,22 @@ class CatalogStore:
             self.flush()
             os.close(self._fd)
             self._fd = -1
+
+
+def load_catalog(path: Path) -> Catalog:
+    """The catalog file at ``path``, every record's checksum checked; :class:`ArchiveDamagedError`
+    naming the recording and what to do when one fails, ArchiveStorageError when unreadable."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ArchiveStorageError(f"{path}: {e.strerror}") from None
+    try:
+        return Catalog.from_bytes(data)
+    except CatalogError as e:
+        raise ArchiveDamagedError(
+            f"{path}: {e}: it is not used; " + REBUILD_HINT.format(dir=path.parent)
+        ) from None
 
 
 # ---------------------------------------------------------------------------------- segments
@@ -175,6 +216,9 @@ class SegmentWriter:
     ) -> None:
         self.directory = Path(directory)
         self.session_id_override = session_id_override
+        self.checksums = descriptor.frame_checksums_from != NULL_POSITION and position >= descriptor.frame_checksums_from
+        """Frames get their checksum (archive.checksums) in a copy of each block before it is
+        written: the image's log buffer is read by others and is never changed."""
         self.recording_id = descriptor.recording_id
         self.start_position = descriptor.start_position
         self.term_length = descriptor.term_buffer_length
@@ -191,7 +235,7 @@ class SegmentWriter:
         path = self.directory / segment_file_name(self.recording_id, base)
         created = not path.exists()
         try:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         except OSError as e:
             raise ArchiveStorageError(f"{path}: {e.strerror}") from None
         self._base = base
@@ -213,6 +257,11 @@ class SegmentWriter:
         fd = self._fd
         if self.session_id_override is not None:
             buffer, offset = _with_session_id(buffer, offset, length, self.session_id_override), 0
+            if self.checksums:
+                stamp_checksums(buffer, 0, length, position & (self.term_length - 1), self.term_length)
+        elif self.checksums:
+            buffer, offset = bytearray(buffer[offset : offset + length]), 0
+            stamp_checksums(buffer, 0, length, position & (self.term_length - 1), self.term_length)
         if _PAD_TYPE.unpack_from(buffer, offset + 6)[0] == FRAME_TYPE_PAD:
             os.pwrite(fd, buffer[offset : offset + HEADER_LENGTH], file_offset)
             end = file_offset + length
@@ -334,23 +383,79 @@ class SegmentReader:
 # ---------------------------------------------------------------------------------- recovery
 
 
-def recovered_end(directory: Path, descriptor: RecordingDescriptor) -> int:
-    """Where the complete frames of a recording end, by scanning its last segment file."""
+class TailScan(NamedTuple):
+    """What a scan of a recording's last segment file found."""
+
+    end: int
+    """Position where its good frames end (complete, well formed, checksums matching)."""
+    damage: str | None = None
+    """Why the bytes after ``end`` are not a tail torn by a crash (None: they are, or there are none)."""
+
+
+def scan_tail(directory: Path, descriptor: RecordingDescriptor) -> TailScan:
+    """Where the good frames of a recording end, by scanning its last segment file, and whether
+    what follows them may be cut.
+
+    A crash leaves at most one partly written frame after the last good one, then zeros (a write
+    never leaves bytes after ones it did not write); the lost page cache of an OS crash at sync
+    level 0 leaves zeros. So the bytes after ``end`` are cut only when they are:
+
+    * a stopped recording (its stop position in the catalog): zeros up to the stop position (the
+      last writes never reached the disk; data beyond the stop position is never data);
+    * an active one (the archive stopped while recording): zeros beyond one frame (``mtu``).
+
+    Anything else (a frame that fails its checksum with data after it, a broken frame before data)
+    is damage: :attr:`TailScan.damage` says what and where, and nothing is cut.
+    """
     d = descriptor
     bases = list_segments(directory, d.recording_id)
     start_base = segment_base_position(d.start_position, d.start_position, d.term_buffer_length, d.segment_file_length)
     bases = [b for b in bases if b >= start_base]
     if not bases:
-        return d.start_position
+        return TailScan(d.start_position)
     last = bases[-1]
     path = Path(directory) / segment_file_name(d.recording_id, last)
-    data = path.read_bytes()[: d.segment_file_length]
+    data = bytearray(path.read_bytes()[: d.segment_file_length])
     first = d.start_position - last if last == start_base else 0
     first = max(0, first)
     if first > len(data):
-        return last + first if last == start_base else last
+        return TailScan(last + first if last == start_base else last)
     end = scan_frames(data, first, len(data), term_length=d.term_buffer_length, stream_id=d.stream_id)
-    return last + end
+    why = None
+    if d.frame_checksums_from != NULL_POSITION:
+        checked_from = max(first, d.frame_checksums_from - last)
+        if checked_from < end:
+            mask = d.term_buffer_length - 1
+            bad = check_frames(bytearray(data), checked_from, end, checked_from & mask, d.term_buffer_length)
+            if bad >= 0:
+                end, why = bad, "frame fails its checksum"
+    if d.stop_position != NULL_POSITION:
+        if last + end >= d.stop_position:
+            return TailScan(last + end)
+        rest_from, rest_to = end, min(len(data), d.stop_position - last)
+        allowance = "data up to the stop position"
+    else:
+        rest_from, rest_to = min(len(data), end + align(max(d.mtu_length, HEADER_LENGTH))), len(data)
+        allowance = "data after it"
+    rest = data[rest_from:rest_to]
+    if not rest.count(0) == len(rest):
+        if why is None:
+            why = _why_bad(data, end, last + end, d, len(data)) if end + HEADER_LENGTH <= len(data) else "frame is cut short"
+        return TailScan(last + end, f"{why}, with {allowance}")
+    return TailScan(last + end)
+
+
+def recovered_end(directory: Path, descriptor: RecordingDescriptor) -> int:
+    """Where the good frames of a recording end, by scanning its last segment file."""
+    return scan_tail(directory, descriptor).end
+
+
+def damage_line(directory: Path, recording_id: int, position: int, why: str) -> str:
+    """The one line that reports damaged recorded data, with what the operator can do."""
+    return (f"recording {recording_id} in {directory} is damaged at position {position}: {why}; it is not used. "
+            f"Replace this member's archive with a copy from a member whose `cluster-node archive verify` "
+            f"passes, or, if the other members hold the log, cut it there (cluster-node archive truncate "
+            f"--dir {directory} {recording_id} {position}) and the member catches up from them")
 
 
 def truncate_segments(directory: Path, descriptor: RecordingDescriptor, position: int, sync_level: int = 0) -> None:
@@ -397,19 +502,28 @@ class Repair:
 
 
 def recover(directory: Path, store: CatalogStore, now_ns: int | None = None) -> list[Repair]:
-    """Reconcile the catalog with the segment files after a crash (see the module docstring)."""
+    """Reconcile the catalog with the segment files after a crash (see the module docstring).
+
+    Damage (:func:`scan_tail`) raises :class:`ArchiveDamagedError` before anything is cut."""
     catalog = store.catalog
     now_ns = time.time_ns() if now_ns is None else now_ns
     repairs: list[Repair] = []
+    scans = {}
+    for d in catalog:
+        scan = scan_tail(directory, d)
+        if scan.damage is not None:
+            raise ArchiveDamagedError(damage_line(directory, d.recording_id, scan.end, scan.damage))
+        scans[d.recording_id] = scan
     for d in list(catalog):
-        end = recovered_end(directory, d)
+        end = scans[d.recording_id].end
         if d.stop_position == NULL_POSITION:
             catalog.update_recording_stopped(d.recording_id, end, now_ns)
             repairs.append(Repair(d.recording_id, "active at crash: stop position recovered", NULL_POSITION, end))
             stop = end
         elif end < d.stop_position:
             catalog.update_recording_stopped(d.recording_id, end, d.stop_timestamp)
-            repairs.append(Repair(d.recording_id, "data ends before the stop position", d.stop_position, end))
+            repairs.append(Repair(d.recording_id, "data ends before the stop position (zeros from there: "
+                                                  "writes lost before they reached the disk)", d.stop_position, end))
             stop = end
         else:
             stop = d.stop_position
@@ -446,6 +560,7 @@ def iter_frames(
     end = d.stop_position if to_position is None else to_position
     if end == NULL_POSITION:
         end = recovered_end(directory, d)
+    checked_from = d.frame_checksums_from if d.frame_checksums_from != NULL_POSITION else None
     reader = SegmentReader(directory, d)
     try:
         while position < end:
@@ -460,6 +575,11 @@ def iter_frames(
                 aligned = align(flen)
                 if ftype == FRAME_TYPE_DATA and offset + aligned > len(data):
                     break  # continue in the next chunk
+                if checked_from is not None and position + offset >= checked_from:
+                    frame_end = offset + (aligned if ftype == FRAME_TYPE_DATA else HEADER_LENGTH)
+                    if check_frames(data, offset, frame_end) >= 0:
+                        raise ArchiveDamagedError(damage_line(directory, d.recording_id, position + offset,
+                                                              "frame fails its checksum"))
                 payload = data[offset + HEADER_LENGTH : offset + flen] if ftype == FRAME_TYPE_DATA else b""
                 yield FrameInfo(position + offset, flen, flags, ftype, toff, sid, stid, tid, rv, payload)
                 offset += aligned
@@ -478,6 +598,8 @@ class VerifyResult:
     checked_to: int
     bad_position: int | None = None
     reason: str = ""
+    checks: str = ""
+    """What was checked: frame checksums, or the frames' structure only (and why)."""
 
 
 def _why_bad(data: bytes, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
@@ -502,10 +624,32 @@ def _why_bad(data: bytes, offset: int, position: int, d: RecordingDescriptor, li
     return "frame crosses a term boundary"
 
 
+def checks_text(d: RecordingDescriptor) -> str:
+    """What :func:`verify_recording` can check of this recording, for the tools' output."""
+    if d.frame_checksums_from == NULL_POSITION:
+        return "structure only (written without frame checksums)"
+    if d.frame_checksums_from <= d.start_position:
+        return "frame checksums"
+    return f"structure only before position {d.frame_checksums_from} (written without checksums), checksums after"
+
+
 def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> VerifyResult:
-    """Check every frame from the start to the stop position; report the first bad one."""
+    """Check every frame from the start to the stop position; report the first bad one.
+
+    A frame is bad when its header is impossible, when it fails its checksum (recordings written
+    with them), or when its segment file ends before it does (a file cut short reads as zeros,
+    which would pass for a frame's payload). An active recording (the archive stopped while
+    recording it) is checked to the end of its good frames, and whatever follows them must be a
+    tail torn by a crash (:func:`scan_tail`)."""
     d = descriptor
-    stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(directory, d)
+    checks = checks_text(d)
+    if d.stop_position != NULL_POSITION:
+        stop = d.stop_position
+    else:
+        tail = scan_tail(directory, d)
+        stop = tail.end
+        if tail.damage is not None:
+            return VerifyResult(d.recording_id, False, 0, d.start_position, tail.end, tail.damage, checks)
     position = d.start_position
     frames = 0
     reader = SegmentReader(directory, d)
@@ -513,15 +657,42 @@ def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> Verify
         while position < stop:
             seg_end = reader.segment_end(position)
             chunk_end = min(stop, seg_end)
+            base = seg_end - d.segment_file_length
+            path = Path(directory) / segment_file_name(d.recording_id, base)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return VerifyResult(d.recording_id, False, frames, position, position,
+                                    f"segment file {path.name} is missing", checks)
             try:
                 data = reader.read(position, chunk_end - position)
             except ArchiveStorageError as e:
-                return VerifyResult(d.recording_id, False, frames, position, position, str(e))
+                return VerifyResult(d.recording_id, False, frames, position, position, str(e), checks)
             # scan_frames checks term offsets against the buffer's own offsets: give it a buffer
             # that starts on a term boundary.
             lead = position & (d.term_buffer_length - 1)
             buf = bytes(lead) + data
             end = scan_frames(buf, lead, len(buf), term_length=d.term_buffer_length, stream_id=d.stream_id)
+            why = None
+            if d.frame_checksums_from != NULL_POSITION:
+                checked_from = max(lead, d.frame_checksums_from - position + lead)
+                if checked_from < end:
+                    mask = d.term_buffer_length - 1
+                    bad = check_frames(bytearray(buf), checked_from, end, checked_from & mask, d.term_buffer_length)
+                    if bad >= 0:
+                        end, why = bad, "frame fails its checksum"
+            if base + size < position + end - lead and why is None:
+                # The file ends inside the frames read: its last frame is cut short.
+                frame_start = position
+                off = lead
+                while off < end:
+                    (flen,) = struct.unpack_from("<i", buf, off)
+                    if position + off - lead + align(flen) > base + size:
+                        frame_start = position + off - lead
+                        break
+                    off += align(flen)
+                end = frame_start - position + lead
+                why = f"frame cut short: segment file {path.name} ends at position {base + size}"
             n = 0
             off = lead
             while off < end:
@@ -529,10 +700,11 @@ def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> Verify
                 off += align(flen)
                 n += 1
             frames += n
-            if end < len(buf):
+            if end < len(buf) or why is not None:
                 bad = position + end - lead
-                return VerifyResult(d.recording_id, False, frames, bad, bad, _why_bad(buf, end, bad, d, len(buf)))
+                reason = why or _why_bad(buf, end, bad, d, len(buf))
+                return VerifyResult(d.recording_id, False, frames, bad, bad, reason, checks)
             position = chunk_end
     finally:
         reader.close()
-    return VerifyResult(d.recording_id, True, frames, stop)
+    return VerifyResult(d.recording_id, True, frames, stop, checks=checks)

@@ -8,11 +8,10 @@ process wakes it with a *synchronous* wake-up, which puts the woken process on t
 on the guess that the sender is about to sleep. The leader is not about to sleep: it sends the
 new entry to the first follower, that follower is woken onto the leader's CPU and preempts it,
 and the datagram to the second follower leaves only once the first follower has recorded the
-entry and answered. The other CPU meanwhile sits idle. Measured on the 2-core VM
-(``scripts/cluster_cpu.py --rate 100``, throwaway timestamps at each send and receive of every
-process): the gap between the leader's two sends of one entry had a median of 397 µs, the first
-follower running on the leader's CPU. Keeping the leader's threads on
-CPUs of their own and the followers' on the others removes that (see the README's figures).
+entry and answered. The other CPU meanwhile sits idle (timestamps at each send and receive of
+every process show the gap between the leader's two sends of one entry, the first follower
+running on the leader's CPU). Keeping the leader's threads on CPUs of their own and the
+followers' on the others removes that.
 
 A member changes role at run time (elections), so the setting is per role: ``leader_cpus`` and
 ``follower_cpus`` in the ``[node]`` table. Candidates use the follower set. An empty set means

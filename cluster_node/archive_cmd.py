@@ -1,4 +1,5 @@
-"""``cluster-node archive``: look into an archive directory (list, describe, dump, verify, truncate).
+"""``cluster-node archive``: look into an archive directory (list, describe, dump, verify), and
+repair one offline (truncate, rebuild).
 
 The tools read the catalog and the segment files directly, so they work on a stopped node and on
 a running one (read-only commands). ``truncate`` changes the archive and refuses to run while an
@@ -7,6 +8,12 @@ a node directory (holding ``archive/archive.catalog``).
 
 ``dump`` decodes what it recognises: cluster log messages (session messages and the other log
 messages of ``cluster_node.codecs``); anything else is shown as the first bytes in hex.
+
+Every command checks the catalog entries' checksums as it reads them: a damaged entry is named
+(recording and offset) and never used. ``verify`` checks every frame too (its checksum, where the
+recording has them; its structure; that its segment file holds all of it) and exits 1 with one
+line per damaged recording. ``rebuild`` makes damaged catalog entries again from the segment
+files (``archive.rebuild``); like ``truncate`` it needs the node stopped and locks the directory.
 """
 
 from __future__ import annotations
@@ -20,15 +27,20 @@ import click
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
 from archive.segments import FRAME_TYPE_DATA, is_aligned
+from archive.rebuild import RebuildError, rebuild_catalog
 from archive.storage import (
     CATALOG_FILE_NAME,
+    REBUILD_HINT,
     ArchiveStorageError,
+    checks_text,
+    load_catalog,
     iter_frames,
     list_segments,
     recovered_end,
     truncate_segments,
     verify_recording,
 )
+from media.private_files import FILE_MODE
 
 _MARK = "archive-mark.dat"
 
@@ -43,13 +55,31 @@ def _archive_dir(directory: Path) -> Path:
 
 
 def _catalog(directory: Path) -> Catalog:
+    try:
+        return load_catalog(directory / CATALOG_FILE_NAME)
+    except ArchiveStorageError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _lenient_catalog(directory: Path) -> Catalog:
     path = directory / CATALOG_FILE_NAME
     try:
         return Catalog.from_bytes(path.read_bytes(), strict=False)
     except CatalogError as e:
-        raise click.ClickException(f"{path}: {e}") from None
+        raise click.ClickException(f"{path}: {e}; {REBUILD_HINT.format(dir=directory)}") from None
     except OSError as e:
         raise click.ClickException(f"{path}: {e.strerror}") from None
+
+
+def _locked(adir: Path, what: str) -> int:
+    """Hold the archive directory's lock (the running archive holds it): a file descriptor."""
+    fd = os.open(adir / _MARK, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise click.ClickException(f"an archive is running on {adir}: stop its node first, then {what}") from None
+    return fd
 
 
 def _descriptor(catalog: Catalog, recording_id: int) -> RecordingDescriptor:
@@ -103,6 +133,7 @@ def describe(directory: Path, recording_id: int) -> None:
     d = _descriptor(_catalog(adir), recording_id)
     for name in d.__struct_fields__:
         click.echo(f"{name:20} {getattr(d, name)}")
+    click.echo(f"{'checks':20} {checks_text(d)}")
     bases = list_segments(adir, recording_id)
     click.echo(f"{'segments':20} {len(bases)}: " + ", ".join(f"{recording_id}-{b}.rec" for b in bases))
 
@@ -153,21 +184,67 @@ def dump(directory: Path, recording_id: int, from_position: int | None, to_posit
 @_dir_option
 @click.argument("recording_id", type=int, required=False)
 def verify(directory: Path, recording_id: int | None) -> None:
-    """Check every frame of every (or one) recording; report the first bad one of each."""
+    """Check every catalog entry and every frame of every (or one) recording; one line per
+    recording, the first damage of each; exit 1 when anything is damaged."""
     adir = _archive_dir(directory)
-    catalog = _catalog(adir)
-    descriptors = [_descriptor(catalog, recording_id)] if recording_id is not None else list(catalog)
+    catalog = _lenient_catalog(adir)
     bad = 0
+    # Recordings with segment files and no sound entry: a damaged entry whose id field itself
+    # is damaged is theirs when there is only one.
+    orphans = sorted({name.split("-", 1)[0] for name in os.listdir(adir) if name.endswith(".rec")
+                      and name.split("-", 1)[0].isdigit()} - {str(d.recording_id) for d, _ in catalog.all_records()})
+    for dr in catalog.damaged:
+        rid = dr.recording_id
+        if rid is not None and str(rid) not in orphans and len(orphans) == 1 and len(catalog.damaged) == 1:
+            rid = int(orphans[0])
+        if recording_id is not None and rid != recording_id:
+            continue
+        bad += 1
+        who = f"recording {rid}" if rid is not None else "a recording (its id does not read)"
+        click.echo(f"{who}: BAD catalog entry at offset {dr.offset}: {dr.reason}; "
+                   + REBUILD_HINT.format(dir=adir))
+    if recording_id is not None and not bad:
+        descriptors = [_descriptor(catalog, recording_id)]
+    else:
+        descriptors = [] if recording_id is not None else list(catalog)
     for d in descriptors:
         r = verify_recording(adir, d)
         if r.ok:
-            click.echo(f"recording {d.recording_id}: OK, {r.frames} frames, [{d.start_position}, {r.checked_to})")
+            click.echo(f"recording {d.recording_id}: OK, {r.frames} frames, [{d.start_position}, {r.checked_to}), "
+                       f"checked: {r.checks}")
         else:
             bad += 1
             click.echo(f"recording {d.recording_id}: BAD at position {r.bad_position} "
-                       f"(after {r.frames} good frames): {r.reason}")
+                       f"(after {r.frames} good frames): {r.reason} (checked: {r.checks})")
     if bad:
         raise SystemExit(1)
+
+
+@archive.command()
+@_dir_option
+def rebuild(directory: Path) -> None:
+    """Rebuild damaged catalog entries from the segment files (the node must be stopped).
+
+    Sound entries are kept; the old catalog is kept beside the new one. Run `verify` after it."""
+    adir = _archive_dir(directory) if (directory / CATALOG_FILE_NAME).exists() or (
+        directory / "archive" / CATALOG_FILE_NAME).exists() else (
+        directory / "archive" if (directory / "archive").is_dir() else directory)
+    fd = _locked(adir, "rebuild its catalog")
+    try:
+        try:
+            result = rebuild_catalog(adir)
+        except (RebuildError, OSError) as e:
+            raise click.ClickException(f"cannot rebuild the catalog of {adir}: {e}") from None
+    finally:
+        os.close(fd)
+    for line in result.notes:
+        click.echo(line)
+    if not result.rebuilt and result.old_catalog is None:
+        return
+    rebuilt = ", ".join(map(str, result.rebuilt)) or "none"
+    click.echo(f"catalog of {adir} rebuilt: recordings rebuilt from their segment files: {rebuilt}; "
+               f"kept: {', '.join(map(str, result.kept)) or 'none'}"
+               + (f"; the old catalog is {result.old_catalog.name}" if result.old_catalog else ""))
 
 
 @archive.command()
@@ -177,13 +254,8 @@ def verify(directory: Path, recording_id: int | None) -> None:
 def truncate(directory: Path, recording_id: int, position: int) -> None:
     """Cut a stopped recording at POSITION (the archive must not be running)."""
     adir = _archive_dir(directory)
-    mark = adir / _MARK
-    fd = os.open(mark, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _locked(adir, "truncate (or truncate through it)")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise click.ClickException(f"an archive is running on {adir}: stop it, or truncate through it") from None
         catalog = _catalog(adir)
         d = _descriptor(catalog, recording_id)
         stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)

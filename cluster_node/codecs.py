@@ -663,12 +663,20 @@ class CloseSession(Message, tag=30):
 
 
 class ScheduleTimer(Message, tag=31):
+    """``log_position``: the position after the log entry whose callback asked (the service's
+    ``Cluster.log_position``); the consensus module applies the request in log order by it
+    (consensus.timers). NULL_POSITION: apply as it comes."""
+
     correlation_id: I64
     deadline: I64
+    log_position: Position = NULL_POSITION
 
 
 class CancelTimer(Message, tag=32):
+    """``log_position``: as ScheduleTimer's."""
+
     correlation_id: I64
+    log_position: Position = NULL_POSITION
 
 
 class ServiceAck(Message, tag=33):

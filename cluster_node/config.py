@@ -1,8 +1,9 @@
 """Node and client configuration: TOML files -> validated, frozen config structs.
 
 A node reads one TOML file (``configs/node0.toml``); a client reads ``configs/client.toml``. Every
-value has the reference system's default (DESIGN.md section 5, aeron-facts 1.15), so a file needs
-only what differs. Loading is strict because a typo in a timeout is a silent outage later:
+value has the reference system's (Aeron Cluster's) default, so a file needs only what differs
+(docs/architecture.md lists the departures). Loading is strict because a typo in a timeout is a
+silent outage later:
 
 * an unknown key is an error naming the key (with the closest known key as a hint);
 * endpoints must be ``host:port``; two endpoints of the cluster (or of the client) on the same
@@ -50,8 +51,8 @@ Node file
 
     [timeouts]      election_timeout, leader_heartbeat_timeout, session_timeout, ...
     [driver]        dir, mtu, term_length, ipc_term_length, liveness and status timeouts
-    [archive]       dir, segment_length, file_sync_level, control stream ids
-    [logging]       level, mode, file
+    [archive]       dir, segment_length, file_sync_level, frame_checksums, control stream ids
+    [logging]       level, mode, file, max_file_bytes, max_files (rotation by size)
 
 The catchup endpoint may use port 0 (an ephemeral port, as in the reference's examples); every
 other endpoint needs a fixed port.
@@ -232,6 +233,7 @@ _SIZE_FIELDS = frozenset(
         "initial_window",
         "snapshot_interval",
         "max_receive_term_length",
+        "max_file_bytes",
     }
 )
 
@@ -396,6 +398,9 @@ class ArchiveSection(_Section):
     max_concurrent_recordings: int = 20
     max_concurrent_replays: int = 20
     connect_timeout_ns: int = 5 * _S
+    frame_checksums: bool = True
+    """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
+    (archive/checksums.py); false records without (a recording that has them keeps them)."""
 
 
 class LoggingSection(_Section):
@@ -403,6 +408,10 @@ class LoggingSection(_Section):
     mode: str = "json"
     file: str = ""
     """Empty: ``<node dir>/logs/node.log`` (json mode); ignored in console mode."""
+    max_file_bytes: int = 64 * 1024 * 1024
+    """The log file is rotated before it grows past this (``node.log`` -> ``node.log.1``)."""
+    max_files: int = 5
+    """Rotated files kept (``node.log.1`` .. ``node.log.<max_files>``); older ones are removed."""
 
 
 class NodeConfig(_Section):
@@ -994,6 +1003,10 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "logging.level", f"must be debug, info, warning or error, got {lg.level!r}")
     if lg.mode not in ("json", "console"):
         _fail(cfg, "logging.mode", f"must be json or console, got {lg.mode!r}")
+    if lg.max_file_bytes < 4096:
+        _fail(cfg, "logging.max_file_bytes", f"must be at least 4k, got {lg.max_file_bytes}")
+    if not 1 <= lg.max_files <= 1000:
+        _fail(cfg, "logging.max_files", f"must be from 1 to 1000, got {lg.max_files}")
 
 
 def _validate_client(cfg: ClientConfig) -> None:
@@ -1120,8 +1133,8 @@ DEMO_DRIVER = DriverSection(
 and 8 KiB datagrams. The demo cluster runs on the loopback interface, whose MTU is 64 KiB: the
 reference's 1408 is sized for Ethernet frames, and a loopback datagram of 8 KiB carries six times
 the messages for the same per-datagram cost at every hop (client to leader, the log to each
-follower). Measured (``scripts/cluster_cpu.py --max``, echoes/s at saturation): 70-76k at 1408,
-79k at 4 KiB, 84-90k at 8 KiB, 88k at 16 and 32 KiB. Members on a real network keep the
+follower). ``scripts/cluster_cpu.py --max`` (echoes/s at saturation) rises with the datagram
+size up to 8 KiB and no further beyond it. Members on a real network keep the
 reference's 1408 (a larger datagram would be split into IP fragments)."""
 
 

@@ -19,6 +19,11 @@ buffers and rebuilds its state from the archive and the node directory. But file
 memory until they are removed, and a killed node removes nothing. So a starting node removes the
 driver directories (under the same root) whose node directory no longer exists: a cluster whose
 directory was deleted (a test's, a demo's) leaves its shared memory until the next node starts.
+
+The root's name is predictable, so another user of the host could make it first (or replace a
+driver directory in it) to read or swap the node's shared memory: :func:`prepare` makes the
+root and the node's driver directory 0700 and refuses to use either when it is not this user's
+own, with one line (``media.private_files``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ import os
 import shutil
 from pathlib import Path
 
+from media.private_files import FILE_MODE, check_private_dir, make_private_dir
+
 __all__ = [
-    "SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "in_shm_root", "claim", "sweep_orphans",
+    "SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "in_shm_root", "prepare", "claim",
+    "sweep_orphans",
 ]
 
 SHM_ROOT = Path("/dev/shm")
@@ -59,10 +67,28 @@ def default_driver_dir(node_dir: str | Path) -> Path:
     return root / f"{node_dir.name or 'node'}-{digest}"
 
 
+def prepare(driver_dir: Path) -> None:
+    """Make ``driver_dir`` (and, for one under the shared-memory root, the root) if missing, and
+    check that each is this user's own (``media.private_files.check_private_dir``); raises
+    ``UnsafeDirectoryError`` with the line for the operator."""
+    driver_dir = Path(driver_dir)
+    if in_shm_root(driver_dir):
+        root = driver_dir.parent
+        make_private_dir(root)
+        check_private_dir(root, f"remove it (rm -r {root}, as its owner or root), or set [driver] dir in the "
+                                f"config to a directory of this user's")
+    make_private_dir(driver_dir)
+    check_private_dir(driver_dir, f"remove it (rm -r {driver_dir}), or set [driver] dir in the config to a "
+                                  f"directory of this user's")
+
+
 def claim(driver_dir: Path, node_dir: Path) -> None:
     """Write the owner file of a driver directory under the shared-memory root."""
-    driver_dir.mkdir(parents=True, exist_ok=True)
-    (driver_dir / OWNER_FILE_NAME).write_text(str(Path(node_dir).resolve()) + "\n")
+    make_private_dir(driver_dir)
+    path = driver_dir / OWNER_FILE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(Path(node_dir).resolve()) + "\n")
 
 
 def sweep_orphans(root: Path | None = None) -> list[Path]:

@@ -43,6 +43,9 @@ class ExitCode(enum.IntEnum):
     """State that must be on disk before the node acts on it could not be written."""
     SERVICE_ERROR_STOP = 8
     """A service callback raised and the config's policy is to stop (``service_errors = "stop"``)."""
+    DATA_DAMAGED = 9
+    """A file of the node is damaged (the catalog, the recorded log, recording.log, node-state,
+    a snapshot): the node will not use, serve or cut it; the line names it and what to do."""
     INTERNAL = 70
     """Any other unexpected error (a bug): the log file has the traceback."""
 

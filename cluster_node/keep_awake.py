@@ -3,15 +3,14 @@
 Why
 ===
 A node waits for its next datagram asleep in ``epoll_wait``; when nothing else runs on its CPU,
-the kernel idles that CPU with ``HLT``. On bare metal, waking from that costs a few µs. In a
-virtual machine whose host does not poll for its guests' halts (no ``cpuidle-haltpoll`` driver,
-as on the 2-core development VM: ``/sys/devices/system/cpu/cpuidle/current_driver`` is
-``none``), a halted vCPU is a host thread asleep, and a wake-up costs a trip through the host:
-50-90 µs there (``scripts/calibration.py``'s ``wake_cpu_us``), and a client's round trip
+the kernel idles that CPU with ``HLT``. On bare metal, waking from that is cheap. In a
+virtual machine whose host does not poll for its guests' halts (no ``cpuidle-haltpoll`` driver:
+``/sys/devices/system/cpu/cpuidle/current_driver`` is ``none``), a halted vCPU is a host thread
+asleep, and a wake-up costs a trip through the host (``scripts/calibration.py``'s
+``wake_cpu_us`` shows it), and a client's round trip
 through the cluster crosses four of them (the leader for the client's message, a follower for
 the log, the leader's service thread for the commit, the client for the reply). Spinning in the node's own threads does not help: a Python thread
-that spins takes the CPU and the GIL from the work it waits for (measured worse, see the
-README's figures).
+that spins takes the CPU and the GIL from the work it waits for (measured worse).
 
 What
 ====
@@ -40,11 +39,9 @@ Only one helper spins on a CPU at a time, machine-wide: members sharing a machin
 helpers for the same CPUs, and a rung helper first takes the CPU's lock file (see
 :func:`_helper` for why).
 
-Measured on the 2-core VM (``scripts/cluster_cpu.py --rate 1000 --seconds 6``, by turns without
-and with it, three pairs): round trip p50 902 / 981 / 923 µs against 1,085 / 1,136 / 1,074; full
-``scripts/bench_cluster.py`` runs, nine pairs: p50 at 1,000/s 756-1,064 µs against 890-1,304, lower
-in eight.
-See the README's figures (ninth session of 2026-11-26).
+On such a VM it lowers the round trip's p50 at 1,000 messages/s (``scripts/cluster_cpu.py --rate
+1000`` or ``scripts/bench_cluster.py``, by turns without and with ``--keep-cpus-awake``; see
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -121,7 +118,7 @@ class KeepAwake:
             _log().warning("keep_cpus_awake needs Linux (SCHED_IDLE); the CPUs are left to idle")
             return
         try:
-            self.lock_dir.mkdir(parents=True, exist_ok=True)
+            self.lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:  # the helpers then spin without the lock
             _log().warning("keep_cpus_awake lock directory not made", dir=str(self.lock_dir), error=str(e))
         # A pipe per helper: a ring is one byte, and a byte read by one reader is gone for the
@@ -206,7 +203,8 @@ def _die_with_parent() -> None:
 def _lock(lock_path: str) -> int:
     """The CPU's lock file, open (-1 if it cannot be: the helper then spins without it)."""
     try:
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link: in the temporary directory fallback another user could plant one.
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return -1
 
@@ -219,8 +217,8 @@ def _helper(cpu: int, lock_path: str, fd: int = 0) -> int:
     helpers for the same CPUs): a rung helper first takes the CPU's lock file (``flock``),
     waiting in the kernel, without CPU, while another one spins. Several idle-class spinners on
     one CPU take turns on it, and each switch between those processes costs the woken work its
-    warm caches (measured: six spinners on two CPUs gave a round trip p99 of 4.8-4.9 ms where
-    two gave 1.6-4.0). The lock goes when the spinner stops, or dies."""
+    warm caches (measured: six spinners on two CPUs gave a worse round trip p99 than two). The
+    lock goes when the spinner stops, or dies."""
     import fcntl
 
     _die_with_parent()
@@ -246,7 +244,7 @@ def _helper(cpu: int, lock_path: str, fd: int = 0) -> int:
             except BlockingIOError:
                 if monotonic_ns() >= until:
                     break
-            for _ in range(2000):  # some 20-50 µs of plain work between looks at the pipe
+            for _ in range(2000):  # a short stretch of plain work between looks at the pipe
                 pass
         if lock >= 0:
             fcntl.flock(lock, fcntl.LOCK_UN)

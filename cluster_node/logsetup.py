@@ -7,6 +7,9 @@ Two renderings of the same structlog events:
 * ``json``: one JSON object per line, appended to a file; for node processes, so that logs can be
   searched and fed to tools. Every line carries an ISO timestamp, the level and the logger name.
 
+A node runs for months, so its log file is rotated by size (:class:`RotatingFile`, the
+``[logging]`` keys ``max_file_bytes`` and ``max_files``): a node cannot fill its disk with its log.
+
 Library modules (``media``, ``archive``, ``cluster_node``) only ever call
 ``structlog.get_logger(name)``; what happens to the events is decided here, by the process that
 starts up.
@@ -15,13 +18,73 @@ starts up.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TextIO
 
 import structlog
 
+from media.private_files import DIR_MODE, FILE_MODE
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class RotatingFile:
+    """A log file (created 0600) that is renamed away before it grows past ``max_bytes``:
+    ``path`` -> ``path.1`` -> ... -> ``path.<keep>``; the oldest is removed.
+
+    Rotation happens only at the start of a line (``print`` writes the line and its newline
+    separately), so no line is ever split between two files. Written under structlog's lock for
+    the stream (one per file object), so threads do not interleave."""
+
+    def __init__(self, path: Path, max_bytes: int, keep: int) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._at_line_start = True
+        self._file = self._open()
+
+    def _open(self) -> TextIO:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        self._size = os.fstat(fd).st_size
+        return open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed when rotated
+
+    def write(self, text: str) -> int:
+        if self._at_line_start and self._size and self._size + len(text) >= self.max_bytes:
+            self._rotate()
+        self._file.write(text)
+        self._size += len(text)
+        if text:
+            self._at_line_start = text.endswith("\n")
+        return len(text)
+
+    def _rotate(self) -> None:
+        """Logging must never fail the caller (a duty cycle): a rotation that fails (the
+        directory went read-only, a rename refused) goes on in the current file and is tried
+        again only after another ``max_bytes``."""
+        self._file.close()
+        rotated = True
+        try:
+            for k in range(self.keep - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{k}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{k + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        except OSError:
+            rotated = False
+        self._file = self._open()
+        if not rotated:
+            self._size = 0
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def configure(
@@ -29,11 +92,14 @@ def configure(
     level: str = "info",
     path: str | Path | None = None,
     stream: TextIO | None = None,
+    max_file_bytes: int = 64 * 1024 * 1024,
+    max_files: int = 5,
 ) -> None:
     """Configure structlog for this process.
 
     ``mode`` is ``console`` or ``json``. With ``path`` the events go to that file (its parent directory
-    is created), otherwise to ``stream`` (default stderr).
+    is created 0700, the file 0600), rotated past ``max_file_bytes`` with ``max_files`` rotated
+    files kept; otherwise to ``stream`` (default stderr).
     """
     if mode not in ("console", "json"):
         raise ValueError(f"unknown log mode {mode!r}: use 'console' or 'json'")
@@ -44,8 +110,8 @@ def configure(
 
     if path is not None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        out: TextIO = RotatingFile(path, max_file_bytes, max_files)  # type: ignore[assignment]
     else:
         out = stream if stream is not None else sys.stderr
 

@@ -18,6 +18,7 @@ stderr and its own exit code: cluster_node.exit_codes).
 from __future__ import annotations
 
 import concurrent.futures
+from contextlib import asynccontextmanager
 import os
 import signal
 import sys
@@ -28,19 +29,27 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
+from archive.storage import ArchiveDamagedError
 from cluster_node import affinity
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
-from cluster_node.driver_dir import claim, in_shm_root, sweep_orphans
+from cluster_node.damaged_files import check_node_files, damaged
+from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
-from cluster_node.node_identity import NodeIdentityError, check_identity, record_identity
+from cluster_node.node_identity import (
+    NodeIdentityDamagedError,
+    NodeIdentityError,
+    check_identity,
+    record_identity,
+)
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
 from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
 from media.driver import open_media_driver
+from media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
 
 __all__ = ["run_node", "NodeStartError", "exit_on_component_failure"]
 
@@ -57,9 +66,18 @@ service threads hand work to each other many times per client request; with the 
 thread woken by a doorbell could wait up to 5 ms for the busy other one to let go."""
 
 
-def _prepare_shm_driver_dir(cfg: NodeConfig) -> None:
-    """For a driver directory in shared memory (the default): remove those of deleted node
-    directories, which nothing else would, and mark this one as the node directory's."""
+def _prepare_driver_dir(cfg: NodeConfig) -> None:
+    """The driver directory (and the shared-memory root it is in) must be this user's alone
+    (cluster_node.driver_dir.prepare). For one in shared memory (the default): remove those of
+    deleted node directories, which nothing else would, and mark this one as the node
+    directory's."""
+    try:
+        prepare(cfg.driver_dir)
+    except UnsafeDirectoryError as e:
+        raise NodeStartError(str(e)) from None
+    except OSError as e:
+        raise NodeStartError(f"cannot use the driver directory {cfg.driver_dir}: {e.strerror or e} "
+                             f"(set [driver] dir in the config to another directory)") from None
     if cfg.driver.dir or not in_shm_root(cfg.driver_dir):
         return
     removed = sweep_orphans()
@@ -75,12 +93,34 @@ def _prepare_shm_driver_dir(cfg: NodeConfig) -> None:
         ) from None
 
 
+@asynccontextmanager
+async def _open_archive_or_refuse(driver, config: ArchiveConfig):
+    """The node's archive; a damaged catalog or log found as it opens ends the node with
+    DATA_DAMAGED and the archive's one line (which recording, where, what to do)."""
+    opened = False
+    try:
+        async with open_archive(driver, config) as archive:
+            opened = True
+            yield archive
+    except ArchiveDamagedError as e:
+        if opened:
+            raise
+        fail(ExitCode.DATA_DAMAGED, str(e))
+
+
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
     node_dir = cfg.node_dir
-    node_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        # Its files are the member's whole history: no other user reads them (media.private_files).
+        make_private_dir(node_dir)
+        tighten_own_dir(node_dir)
+    except OSError as e:
+        raise NodeStartError(f"cannot make the node directory {node_dir}: {e.strerror or e}") from None
     try:
         identity_recorded = check_identity(node_dir, cfg.member_id, cfg.node.cluster_id)
+    except NodeIdentityDamagedError as e:
+        raise damaged(str(e)) from None
     except NodeIdentityError as e:
         raise NodeStartError(str(e)) from None
     try:
@@ -100,7 +140,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             mark.close()
             raise NodeStartError(f"cannot record the node directory's identity in {node_dir}: "
                                  f"{e.strerror or e}") from None
-    _prepare_shm_driver_dir(cfg)
+    try:
+        check_node_files(node_dir, cfg.archive_dir)
+    except BaseException:
+        mark.close()
+        raise
+    _prepare_driver_dir(cfg)
     service = load_service(cfg.node.service)
     try:
         skip_positions = skip_positions_of(node_dir)
@@ -124,11 +169,13 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 control_stream_id=cfg.archive.control_request_stream_id,
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
+                frame_checksums=cfg.archive.frame_checksums,
                 replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
-            async with open_archive(driver, archive_cfg) as _archive:
+            async with _open_archive_or_refuse(driver, archive_cfg) as _archive:
                 exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)
+                _archive.on_data_damaged = lambda line: fail(ExitCode.DATA_DAMAGED, line)
                 client = await ArchiveClient.connect(driver)
                 token = trio.lowlevel.current_trio_token()
 
@@ -162,6 +209,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     service_errors=cfg.node.service_errors, skip_positions=skip_positions,
                     error_counter=driver.counters.allocate(service_errors_label(cfg.member_id),
                                                            SERVICE_ERRORS_TYPE_ID, cfg.member_id),
+                    recovery_state=agent.recovery_state,
                 )
                 agent.service_bell = container.commit_doorbell.name
                 agent.service_parked = container.is_parked

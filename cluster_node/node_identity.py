@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from cluster_node.consensus.node_files import read_mark_file
+from media.private_files import create_new
 
-__all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "check_identity", "record_identity"]
+__all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "NodeIdentityDamagedError", "check_identity", "record_identity"]
 
 IDENTITY_FILE_NAME = "node-identity.json"
 _MAX_LENGTH = 4096
@@ -30,6 +31,10 @@ _MAX_LENGTH = 4096
 
 class NodeIdentityError(Exception):
     """The directory belongs to another member or cluster, or its identity file is damaged."""
+
+
+class NodeIdentityDamagedError(NodeIdentityError):
+    """The identity file cannot be decoded (a damaged file, not another member's directory)."""
 
 
 def _read(path: Path) -> tuple[int, int] | None:
@@ -45,7 +50,7 @@ def _read(path: Path) -> tuple[int, int] | None:
         if type(member_id) is not int or type(cluster_id) is not int:
             raise ValueError("ids must be integers")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise NodeIdentityError(
+        raise NodeIdentityDamagedError(
             f"{path} is damaged ({e}): it names the member this directory belongs to; restore it, "
             f"or delete it if you are sure which member's data this is") from None
     return member_id, cluster_id
@@ -77,7 +82,7 @@ def record_identity(node_dir: str | Path, member_id: int, cluster_id: int) -> No
     path = node_dir / IDENTITY_FILE_NAME
     tmp = path.with_suffix(".json.tmp")
     doc = {"member_id": member_id, "cluster_id": cluster_id, "created_ms": time.time_ns() // 1_000_000}
-    with open(tmp, "w", encoding="utf-8") as f:
+    with os.fdopen(create_new(tmp, os.O_WRONLY), "w", encoding="utf-8") as f:
         json.dump(doc, f)
         f.write("\n")
         f.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -22,25 +23,35 @@ def run(config_path: str, log_mode: str | None) -> None:
     failure has its own exit code and one line on stderr (cluster_node/exit_codes.py,
     docs/operations.md)."""
     from cluster_node import logsetup
+    from cluster_node.exit_codes import NodeFailure
     from cluster_node.node import NodeStartError, run_node
     from cluster_node.service.api import ServiceLoadError
 
+    # Every file the node makes is its user's alone, also those libraries make without a mode
+    # (media.private_files sets explicit modes where the node creates files).
+    os.umask(0o077)
     try:
         cfg = load_node_config(config_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     mode = log_mode or cfg.logging.mode
     if mode == "json":
-        logsetup.configure("json", cfg.logging.level, cfg.log_file)
+        logsetup.configure("json", cfg.logging.level, cfg.log_file,
+                           max_file_bytes=cfg.logging.max_file_bytes, max_files=cfg.logging.max_files)
     else:
         logsetup.configure("console", cfg.logging.level)
     try:
         trio.run(run_node, cfg)
     except (NodeStartError, ServiceLoadError) as e:
         raise click.ClickException(str(e)) from None
+    except NodeFailure as e:
+        _node_failure(e)
     except KeyboardInterrupt:
         sys.exit(130)
     except BaseExceptionGroup as group:
+        failure = _find(group, NodeFailure)
+        if failure is not None:
+            _node_failure(failure)
         # Start-up failures that are the operator's to fix (a port in use, a bad channel, a
         # directory that cannot be written) come wrapped by the task groups: one line for them.
         leaf = _operator_error(group)
@@ -49,6 +60,24 @@ def run(config_path: str, log_mode: str | None) -> None:
         raise click.ClickException(str(leaf)) from None
     except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, one line here
         _internal_error(e)
+
+
+def _node_failure(failure) -> None:
+    """A failure with an exit code of its own (``NodeFailure``, e.g. a damaged file): its one line
+    on stderr, as :func:`cluster_node.exit_codes.fail` writes it, and its code."""
+    import structlog
+
+    structlog.get_logger("node").error("node failed", exit_code=int(failure.code), reason=str(failure))
+    click.echo(f"error: {failure} (exit code {int(failure.code)})", err=True)
+    sys.exit(int(failure.code))
+
+
+def _find(group: BaseExceptionGroup, kind: type) -> BaseException | None:
+    for e in group.exceptions:
+        found = _find(e, kind) if isinstance(e, BaseExceptionGroup) else (e if isinstance(e, kind) else None)
+        if found is not None:
+            return found
+    return None
 
 
 def _internal_error(error: BaseException) -> None:

@@ -81,7 +81,14 @@ from archive.segments import (
     segment_file_name,
     segments_for_range,
 )
-from archive.storage import CATALOG_FILE_NAME, ArchiveStorageError, iter_frames, list_segments, recovered_end
+from archive.storage import (
+    CATALOG_FILE_NAME,
+    REBUILD_HINT,
+    ArchiveStorageError,
+    iter_frames,
+    list_segments,
+    recovered_end,
+)
 from cluster_node.codecs import (
     LOG_CODEC,
     SESSION_HEADER_LENGTH,
@@ -355,8 +362,14 @@ def _read_recording_log(path: Path, required: bool) -> RecordingLog | None:
 
 def _read_catalog(archive_dir: Path, required: bool) -> Catalog | None:
     file = archive_dir / CATALOG_FILE_NAME
-    return _read_decoded(file, required, f"no archive catalog at {file}",
-                         lambda data: Catalog.from_bytes(data, strict=False), CatalogError)
+    def decode(data: bytes) -> Catalog:
+        try:
+            return Catalog.from_bytes(data)
+        except CatalogError as e:
+            raise CatalogError(f"{str(e).split(': ', 1)[-1]}; {REBUILD_HINT.format(dir=archive_dir)}", e.offset,
+                               e.recording_id) from None
+
+    return _read_decoded(file, required, f"no archive catalog at {file}", decode, CatalogError)
 
 
 def _live_recording_positions(node: NodeDir) -> dict[int, int]:

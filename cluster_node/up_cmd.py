@@ -899,6 +899,7 @@ class _Screen:
 def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, no_pin: bool,
        keep_cpus_awake: bool, once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
     """Start a local cluster (one process per member), show its members live, stop it on Ctrl-C."""
+    os.umask(0o077)  # the members' consoles and directories are the user's alone, as the nodes' files
     plan = plan_cluster(nodes, base_dir, service, config_dir, fresh, pin=not no_pin, keep_cpus_awake=keep_cpus_awake)
     members = _members_from(plan.node_config_paths)
     interactive = sys.stdout.isatty() and not once

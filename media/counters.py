@@ -55,6 +55,8 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from media.private_files import FILE_MODE, create_new, make_private_dir
+
 COUNTERS_FILE_NAME = "counters.dat"
 MAGIC = b"PYCNTRS\0"
 VERSION = 1
@@ -262,19 +264,22 @@ class CountersManager:
         if not 0 < max_counters <= MAX_COUNTERS_LIMIT:
             raise CountersError(f"max_counters must be in 1..{MAX_COUNTERS_LIMIT}, got {max_counters}")
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path.parent)
         # The owner check and the replace under one lock: two processes starting on the same
         # directory at once would otherwise both find no owner and both take the file (the
         # first then writing counters nobody sees).
-        lock_fd = os.open(path.parent / ".counters.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = os.open(path.parent / ".counters.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             owner = _read_owner_pid(path)
-            if owner is not None and owner != os.getpid() and pid_alive(owner):
+            # A zombie owner (exited, not yet reaped by its parent) writes nothing any more: its
+            # file is taken over like a dead process's, so that the node's tools and the node
+            # itself read the one current counters.dat.
+            if owner is not None and owner != os.getpid() and pid_alive(owner, zombie_is_alive=False):
                 raise CountersError(f"{path} is in use by live process pid {owner}; stop it or use another directory")
             length = file_length(max_counters)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = create_new(tmp)
             try:
                 os.ftruncate(fd, length)  # zero-filled: every slot UNUSED, every value 0
                 map_ = mmap.mmap(fd, length, access=mmap.ACCESS_WRITE)

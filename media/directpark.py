@@ -4,10 +4,10 @@ A duty cycle that parks (the consensus agent, the cluster client and the service
 per message each) waits on one file descriptor: an epoll set of its own holding its sockets or
 doorbell and a timerfd for its deadline. Through trio that wait is ``wait_readable`` on the set:
 the fd is registered in trio's epoll set, the task is suspended, the run loop sleeps in its
-``epoll_wait``, wakes, reschedules the task and resumes it. On the 2-core VM that costs some
-25 µs per wake-up more than a thread blocking in ``epoll_wait`` itself (a UDP ping-pong between
-two processes with a 1 ms pause, p50 of 3,000: 160 µs both blocking in the kernel, 213 µs both
-waiting through trio), and a round trip through the cluster has four such wake-ups.
+``epoll_wait``, wakes, reschedules the task and resumes it. That costs noticeably more per
+wake-up than a thread blocking in ``epoll_wait`` itself (a UDP ping-pong between two processes
+is clearly slower with both waiting through trio than with both blocking in the kernel), and a
+round trip through the cluster has four such wake-ups.
 
 When nothing else in the loop can run before the fd is ready, suspending the task buys nothing:
 no other task is scheduled, the task itself is not cancelled, and every other task waits either
@@ -31,8 +31,8 @@ own (tests' ``MockClock``) or is a guest run, :meth:`DirectPark.wait` answers No
 caller waits through trio as before. ``PYCLUSTER_DIRECT_PARK=0`` turns it off.
 
 The checks are a few attribute reads and one pass over the run's tasks (a few dozen in a node):
-a wait that finds its fd ready costs about 3 µs with 40 tasks in the run, the system call
-included, against the 25 µs it saves.
+a wait that finds its fd ready costs a small fraction of what it saves, the system call
+included.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ the doorbell in this process's registry and ends its wait directly, which saves 
 receive and a socket buffer per wake-up. Rings from any other thread or process go through the
 socket.
 
-**The wait** needs a timeout, and a trio cancel scope for it costs some 8-10 µs per wait on the
-2-core VM (enter and exit), paid by the service thread once per committed log entry. Where Linux
+**The wait** needs a timeout, and a trio cancel scope for it (enter and exit) costs a noticeable
+share of a wake-up, paid by the service thread once per committed log entry. Where Linux
 offers timerfd and eventfd, a doorbell waits instead on an epoll set of its own holding the
 socket, a timerfd (media/timerfd.py) for the timeout, moved only when a wait asks for an earlier
 deadline than the one it holds (a later one lets it expire: that wait returns early and its
@@ -136,7 +136,7 @@ class Doorbell:
         """Read every pending ring; return the distinct message bytes seen.
 
         With the epoll set, what is ready is asked of the set first, so an empty socket or
-        eventfd is not read (a read that fails with EAGAIN raises, at some µs a time)."""
+        eventfd is not read (a read that fails with EAGAIN raises, which costs more than asking)."""
         seen = b""
         if self._local_rings:
             for b in set(self._local_rings):

@@ -42,8 +42,8 @@ whose callback sends.
 (:meth:`MediaDriver.claim_receive`): it then calls :meth:`MediaDriver.receive_work` at the start of
 each pass and parks on the epoll set itself (:meth:`MediaDriver.park`), so a datagram
 wakes the task that acts on it directly. Without the claim a datagram costs two task steps: the receiver's, which reads it, and
-the duty cycle's, woken by the receiver (on the 2-core VM a reader task handing over to another
-task costs a UDP echo about 50 µs more than one task reading and answering). While the claim is
+the duty cycle's, woken by the receiver (a reader task handing over to another task makes a UDP
+echo measurably slower than one task reading and answering). While the claim is
 held the receiver task sleeps; a duty cycle must give the claim back
 (:meth:`MediaDriver.unclaim_receive`) before it awaits anything that may need a datagram read
 (an archive request, for instance), since nobody else reads the sockets meanwhile.
@@ -73,7 +73,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import structlog
 import trio
 
 from media import frames
@@ -89,6 +88,7 @@ from media.counters import CounterType, CountersError, CountersManager, SystemCo
 from media.distinct_errors import DistinctErrors
 from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM, term_window
 from media.ipc import IpcTransport
+from media.library_log import library_logger
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
 from media.publication import ExclusivePublication, OfferResult, Publication
@@ -96,12 +96,13 @@ from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
 from media.receive_set import ReceiveSetWaiter
+from media.private_files import make_private_dir
 from media.task_failure import TaskFailure, run_guarded
 from media.timerfd import NEVER, open_timerfd
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]
 
-log = structlog.get_logger("media.driver")
+log = library_logger("media.driver")
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _check_data_run = frames.check_data_run
 _SESSION_STREAM = struct.Struct("<ii").unpack_from
@@ -279,7 +280,7 @@ class MediaDriver:
         self._rng = random.Random()
         self._ids = itertools.count(1)
         self._closed = False
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.dir)
         try:
             self.counters = CountersManager.create(counters_path(self.dir), config.max_counters)
         except CountersError:
@@ -1247,8 +1248,8 @@ class MediaDriver:
         Two rounds: one datagram from each ready socket, then, for the sockets the set still
         reports ready, batches read until the socket is empty. A lone datagram (a request, a
         reply) thus costs one more ``epoll_wait`` instead of a ``recvfrom`` that fails with
-        EAGAIN: on the 2-core VM the raised BlockingIOError took about 7.7 µs of an instrumented
-        UDP echo's 77 µs from wake-up to reply, an empty poll 0.4-0.8 µs."""
+        EAGAIN: a raised BlockingIOError costs a tenth of a UDP echo's path from wake-up to
+        reply, an empty poll a fraction of that."""
         if self._control_pending:
             self._flush_control()
         epoll = self._rx_epoll
@@ -1292,10 +1293,9 @@ class MediaDriver:
         retries) run in the claimant's step, from :meth:`receive_work`, when due, and
         :meth:`park` wakes for them. An idle node then wakes once per timer tick with one task
         step instead of one step per loop, two of them woken by trio timeouts (a cancel scope's
-        deadline, delivered as ``Cancelled`` through the sleeping task's stack): the CPU of an
-        idle node's periodic wake-up went from 630-716 to 499-524 µs on the 2-core VM, where a
-        wake-up runs from cold caches (README, Figures, fifth session of 2026-11-26). The
-        loops still run their own passes when poked (a new image, an offer, data let through by
+        deadline, delivered as ``Cancelled`` through the sleeping task's stack), which lowers
+        the CPU an idle node spends per periodic wake-up, where a wake-up runs from cold caches.
+        The loops still run their own passes when poked (a new image, an offer, data let through by
         flow control)."""
         me = trio.lowlevel.current_task()
         self._rx_claimed_by = me
@@ -1440,8 +1440,8 @@ class MediaDriver:
         NAKs wait until it parks or reads again (:meth:`_flush_control`): it polls its
         subscriptions right after this, and its answer (a UDP echo's reply, a follower's
         AppendPosition) then goes out before the control work, not after it; the status
-        message also carries the position after that poll. On the 2-core VM the control work
-        was about 6-8 µs of a UDP echo's path from wake-up to reply."""
+        message also carries the position after that poll. The control work is a measurable
+        part of a UDP echo's path from wake-up to reply."""
         if not touched:
             return
         for ni, wake in touched.items():

@@ -33,14 +33,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import structlog
 import trio
 
 from media.channel import DEFAULT_IPC_TERM_LENGTH, DEFAULT_MTU, ChannelUri
 from media.counters import pid_alive
 from media.doorbell import NEW_PUBLICATION, Doorbell, doorbell_pid, ring
 from media.frames import frame_step, term_window
+from media.library_log import library_logger
 from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, LogBuffer, LogBufferError
+from media.private_files import FILE_MODE, make_private_dir
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.subscription import Image, Subscription
 
@@ -59,7 +60,7 @@ def _peer_gone(pid: int, my_pid: int, heartbeat_ns: int, now_ns: int, liveness_n
         return heartbeat_ns < _PROCESS_START_NS
     return (now_ns - heartbeat_ns > liveness_ns and judgeable) or not pid_alive(pid)
 
-log = structlog.get_logger("media.ipc")
+log = library_logger("media.ipc")
 _PREFIX = struct.Struct("<iBBH").unpack_from
 
 
@@ -325,8 +326,8 @@ class IpcTransport:
             doorbell = Doorbell()
         directory = self._stream_dir(stream_id)
         marker = directory / "subscribers" / doorbell.name.decode()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        make_private_dir(marker.parent)
+        marker.touch(mode=FILE_MODE)
         state = _IpcSub(sub, doorbell, marker, directory, own)
         self._subs.append(state)
 

@@ -58,6 +58,7 @@ from media.frames import (
     compute_position,
     term_id_at,
 )
+from media.private_files import create_new, make_private_dir
 
 __all__ = [
     "LogBuffer",
@@ -148,9 +149,9 @@ class LogBuffer:
             file_obj = None
         else:
             path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(path.parent)
             tmp = path.with_name(path.name + ".tmp")
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = create_new(tmp)
             try:
                 os.ftruncate(fd, size)  # sparse: every term starts zeroed
                 mem = mmap.mmap(fd, size)

@@ -320,9 +320,9 @@ class Image:
             # Walk frame lengths only (a padding frame can only be a term's last frame, and its
             # body is zeros, so it may end a block like any frame). After 32 frames of under
             # 3 KiB on average with a large block still ahead, numpy follows the rest of the
-            # chain (media.framescan): it runs at about 3 GB/s whatever the frame size, while the
-            # walk costs about a microsecond per frame (1 GB/s for 1 KiB frames), so numpy pays
-            # up to frames of about 3 KiB (scripts/bench_archive.py's recording figures).
+            # chain (media.framescan): its speed does not depend on the frame size, while the
+            # walk costs a fixed time per frame, so numpy pays for frames of up to a few KiB
+            # (scripts/bench_archive.py's recording figures show the crossover).
             end_i = (base + max(limit, (flen + 31) & ~31)) >> 2
             steps = 0
             while i < end_i:
@@ -488,7 +488,7 @@ class Subscription:
             return
         # Optionally spin a few scheduler passes before parking (the reference's backoff idle
         # strategy). Off by default: on a 2-core machine a spinning reader steals the core its
-        # writer needs (measured: IPC ping-pong p50 192 us without, 1370 us with 50 passes).
+        # writer needs (measured: an IPC ping-pong's p50 several times worse with 50 passes).
         for _ in range(self.spin_before_park):
             await trio.lowlevel.checkpoint()
             if self._changed or self.has_data():

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable, Protocol
 
-import structlog
+from media.library_log import library_logger
 
 __all__ = ["TaskFailure", "run_guarded"]
 
-log = structlog.get_logger("media.task_failure")
+log = library_logger("media.task_failure")
 
 
 class TaskFailure(Exception):

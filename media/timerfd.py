@@ -2,9 +2,9 @@
 
 Why a file descriptor rather than a trio timeout: the driver's sockets are one epoll set, and a
 duty cycle that reads them itself (``MediaDriver.claim_receive``) parks on that set once per
-message it waits for. Giving that park a timeout with a trio cancel scope costs some 8-10 µs per
-wait on the 2-core VM (the scope's enter and exit, each through a context manager and the
-deadline heap), about as much as the rest of a UDP echo's path from wake-up to reply. A timerfd
+message it waits for. Giving that park a timeout with a trio cancel scope costs, per wait, the
+scope's enter and exit, each through a context manager and the deadline heap: a sizeable share
+of a UDP echo's path from wake-up to reply. A timerfd
 in the same epoll set gives the same timeout for one system call, and only when the deadline
 changes (``MediaDriver.park``).
 

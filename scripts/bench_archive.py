@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Archive benchmark: recording and replay throughput beside plain-Python file I/O.
 
-    .venv/bin/python scripts/bench_archive.py [--quick]
+    .venv/bin/python scripts/bench_archive.py [--quick] [--no-checksums]
 
 Everything runs in one process, on files in a temporary directory (``--dir`` to choose one):
 
@@ -18,6 +18,9 @@ Everything runs in one process, on files in a temporary directory (``--dir`` to 
   to an IPC subscription in the same process that consumes whole blocks; bytes per second from
   the replay request to the last byte received.
 * **baseline read**: the segment files read back with ``os.preadv`` in the replay's read size.
+
+Recordings carry frame checksums as the archive's default does (``ArchiveConfig.frame_checksums``,
+``archive.checksums``); ``--no-checksums`` records without them, for the cost side by side.
 
 The page cache is warm in both the archive's and the baseline's runs, so the figures compare CPU
 work, not disks. The last line printed is one JSON object. ``--quick`` finishes within 30 s.
@@ -47,6 +50,7 @@ from media.driver import open_media_driver  # noqa: E402
 TERM = 16 * 1024 * 1024
 SEGMENT = 128 * 1024 * 1024
 BLOCK = 1024 * 1024
+CHECKSUMS = ArchiveConfig.frame_checksums
 
 
 class _Counter:
@@ -74,7 +78,7 @@ async def bench_record(directory: Path, message_size: int, total_bytes: int, syn
             control_session_id=0, correlation_id=0, start_timestamp=time.time_ns(), start_position=0,
             initial_term_id=pub.initial_term_id, segment_file_length=SEGMENT, term_buffer_length=TERM,
             mtu_length=pub.mtu, session_id=pub.session_id, stream_id=5, stripped_channel="aeron:ipc",
-            original_channel="aeron:ipc", source_identity="bench",
+            original_channel="aeron:ipc", source_identity="bench", frame_checksums=CHECKSUMS,
         )
         store.flush()
         d = store.catalog.get(rid)
@@ -252,6 +256,7 @@ async def main(args) -> dict:
         "recovery_scan_mb_per_s": recovery_scan_mb_per_s(),
         "detail": results,
         "quick": args.quick,
+        "frame_checksums": CHECKSUMS,
     }
     if not args.dir:
         import shutil
@@ -269,7 +274,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller volumes, within 30 s")
     p.add_argument("--dir", help="directory for the files (default: a temporary one, removed after)")
+    p.add_argument("--no-checksums", action="store_true", help="record without frame checksums")
     args = p.parse_args()
+    CHECKSUMS = CHECKSUMS and not args.no_checksums
     summary = trio.run(main, args)
     from calibration import calibration
 

@@ -76,15 +76,10 @@ def client_cpus(spec: str | None, leader_cpus: tuple[int, ...], follower_cpus: t
 
     Why one might pin it: a client left to the OS runs mostly on the leader's CPU (the leader's
     service thread sends it the echo, and the kernel wakes a datagram's reader on the sender's
-    CPU), where its send wakes the leader, which then waits for the client's CPU. Followed with
-    ``perf sched`` beside ``scripts/hops.py`` in a slow hour (4,796 round trips at 1,000/s): the
-    client sent 71 % of its messages from the leader's CPU, and those round trips took a median
-    1,276 µs (client send -> leader read 264 µs) against 962 µs (64 µs) for those sent from the
-    followers' CPU. Why it is not the default: by turns, ``cluster_cpu.py --rate 1000`` gave a
-    lower p50 with the client on the followers' CPU in that slow hour (3 pairs of 3), but none
-    in a fast one (7 pairs: 750-992 µs against 760-898), and full ``bench_cluster.py`` runs
-    were split (lower in 1 pair of 3). On the followers' CPU the client delays the followers
-    instead. ValueError for a bad list, or a list given with unpinned members (members started
+    CPU), where its send wakes the leader, which then waits for the client's CPU
+    (``scripts/hops.py --sched`` shows it: round trips sent from the leader's CPU are slower).
+    Why it is not the default: by turns, ``cluster_cpu.py --rate 1000`` showed no consistent
+    gain with the client on the followers' CPU, where it delays the followers instead. ValueError for a bad list, or a list given with unpinned members (members started
     later by this process would inherit the client's CPUs)."""
     if spec is None or spec.strip() == "any":
         return ()

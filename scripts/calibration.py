@@ -7,10 +7,9 @@ latency, idle CPU) scales with that. ``python_loop_s`` is the best of three runs
 
 ``wake_cpu_us`` is the CPU time one wake-up from sleep costs a thread here: the median of 20
 sleeps of 50 ms in ``epoll.poll``, by the thread's CPU clock (an idle node sleeps about 100 ms
-between heartbeats; the longer the sleep, the colder the caches: on the 2-core VM 37 µs after
-2 ms, 64 after 10, 85 after 100). On bare metal it is a few µs; in a virtual machine whose host
-turned guest halt polling off it is tens of µs, spent before any Python runs on every wake-up of
-a node (a datagram, a heartbeat timer): it bounds the idle cluster's CPU and adds to every hop
+between heartbeats; the longer the sleep, the colder the caches). On bare metal it is a few
+µs; in a virtual machine whose host turned guest halt polling off it is tens of µs, spent
+before any Python runs on every wake-up of a node (a datagram, a heartbeat timer): it bounds the idle cluster's CPU and adds to every hop
 of a round trip.
 """
 

@@ -1,4 +1,4 @@
-"""The layering rules of DESIGN.md, checked on the source.
+"""The project's layering rules (docs/architecture.md, "Layers"), checked on the source.
 
 * ``media`` imports nothing from ``archive`` or ``cluster_node``; ``archive`` nothing from
   ``cluster_node``.
@@ -27,6 +27,7 @@ EXPECTED_CORE = {
     "media/framescan.py",
     "archive/segments.py",
     "archive/catalog.py",
+    "archive/checksums.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",

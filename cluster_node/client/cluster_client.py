@@ -90,7 +90,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
-import structlog
 import trio
 
 from cluster_node.codecs import (
@@ -118,6 +117,7 @@ from cluster_node.codecs import (
 from cluster_node.config import ClientConfig, ClientSection, ConfigError, parse_ingress_endpoints
 from media.channel import parse_endpoint
 from media.driver import MediaDriver, open_media_driver
+from media.library_log import library_logger
 from media.publication import ExclusivePublication, OfferResult
 
 __all__ = [
@@ -132,7 +132,7 @@ __all__ = [
     "MessageHandler",
 ]
 
-log = structlog.get_logger("cluster_node.client")
+log = library_logger("cluster_node.client")
 
 MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
 """``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""

@@ -75,7 +75,9 @@ from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Ro
 from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
-from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings
+from cluster_node.consensus.sessions import (
+    AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings, response_channel_refusal,
+)
 from cluster_node.consensus.snapshot import (
     SnapshotError,
     decode_cm_snapshot,
@@ -84,11 +86,14 @@ from cluster_node.consensus.snapshot import (
     take_cm_snapshot,
 )
 from cluster_node.consensus.timers import Timers
+from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
-from media.counters import CountersError, CountersReader, counters_path
+from media.counters import CountersError, CountersReader
+from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
+from media.private_files import FILE_MODE, make_private_dir
 from media.subscription import StopPolling
 
 __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
@@ -96,6 +101,10 @@ __all__ = ["ConsensusAgent", "CounterTypes", "RecordingLogFile"]
 log = structlog.get_logger("consensus")
 
 _FRAGMENTS = 256
+_ONE_SHOT_REPLIES_PER_S = 200
+_ONE_SHOT_REPLIES_OPEN = 64
+_ONE_SHOT_LINGER_S = 0.25
+"""How long a one-shot reply's publication stays after its event went out (retransmits)."""
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 MAX_TERM_JUMP = 1 << 31
 """How far ahead of the highest term this member knows a consensus message may name a term. A
@@ -115,8 +124,8 @@ _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
 _FOLLOWER_SERVICE_RING_NS = 10_000_000
 """How often, at most, a follower rings its service thread for commits: nobody waits on a
 follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
-than one per commit: a thread wake-up costs some 200 µs of CPU on the 2-core VM, and at 1,000
-messages/s the followers' service threads woke for nearly every message). The leader rings for
+than one per commit: a thread wake-up costs CPU, and at 1,000 messages/s the followers' service
+threads would wake for nearly every message). The leader rings for
 every commit: its service's replies are the clients' round trip."""
 _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
@@ -160,7 +169,7 @@ class RecordingLogFile:
         data = path.read_bytes() if path.exists() else b""
         self.log = RecordingLog.decode(data)
         valid = len(self.log.encode())
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         if valid < len(data):
             os.ftruncate(fd, valid)  # a torn last entry from a crash
         self.fd = fd
@@ -251,7 +260,7 @@ class ConsensusAgent:
         self.replay_stream_id = cl.replay_stream_id
         self.term_length = cl.log_term_length
         node_dir = config.node_dir
-        node_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(node_dir)
         self.recording_log_file = RecordingLogFile(node_dir / "recording.log")
         self.node_state = NodeStateFile.open(node_dir)
         self.rng = random.Random()
@@ -330,6 +339,12 @@ class ConsensusAgent:
         self.suspended = False
         self.errors = 0
         self._members_digest = config.members_digest
+        self.input_errors = DistinctErrors("consensus.agent")
+        """Hostile or broken input from clients and members, each kind logged once."""
+        self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
+        self._reply_tokens = float(_ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
+        self._reply_tokens_ns = time.monotonic_ns()
+        self._one_shot_open = 0
         self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
         self._snapshot: _PendingSnapshot | None = None
@@ -340,6 +355,7 @@ class ConsensusAgent:
         self.terminated = trio.Event()
         """Set when this member has stopped at the termination position (the node exits)."""
         self._recovery_counter = None
+        self._recovery_state: tuple[int, int] | None = None
         self._service_acks: deque = deque()
         self._snapshot_interval = cl.snapshot_interval
         self._last_snapshot_position = 0
@@ -351,7 +367,9 @@ class ConsensusAgent:
         self._tasks = nursery
         cfg = self.cfg
         me = cfg.this_member
-        self._counters_reader = CountersReader.open(counters_path(self.driver.dir))
+        # The driver's own counters file: the archive's recording positions are there (it is
+        # not counters.dat when a predecessor's process still holds that name).
+        self._counters_reader = CountersReader.open(self.driver.counters.path)
         await self._recover_log_recording()
         rl = self.recording_log_file.log
         stop = await self.archive.get_stop_position(self.recording_id)
@@ -419,13 +437,14 @@ class ConsensusAgent:
                 records = await read_recording(self.archive, self.driver, cm.recording_id)
                 snap = decode_cm_snapshot(records)
             except (SnapshotIOError, SnapshotError, ArchiveError) as e:
-                raise RuntimeError(
+                raise damaged(
                     f"cannot load the consensus module snapshot (recording {cm.recording_id}) at log position "
                     f"{cm.log_position}: {e}; `cluster-node tool --dir {self.cfg.node_dir} "
                     "invalidate-latest-snapshot` makes the next start use the previous one") from None
             if snap.log_position != cm.log_position:
-                raise RuntimeError(f"consensus module snapshot recording {cm.recording_id} is at log position "
-                                   f"{snap.log_position}, recording.log says {cm.log_position}")
+                raise damaged(f"consensus module snapshot recording {cm.recording_id} is at log position "
+                              f"{snap.log_position}, recording.log says {cm.log_position}: `cluster-node tool --dir "
+                              f"{self.cfg.node_dir} invalidate-latest-snapshot` makes the next start use the previous one")
             restore_cm_snapshot(snap, self.sessions, self.timers, self.pending)
             service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
             position = cm.log_position
@@ -437,6 +456,16 @@ class ConsensusAgent:
                                                 CounterTypes.RECOVERY_STATE, position)
         counter.set(service_recording_id)
         self._recovery_counter = counter
+        self._recovery_state = (position, service_recording_id)
+
+    def recovery_state(self) -> tuple[int, int]:
+        """(snapshot log position, service snapshot recording id; -1: none) of this start: what
+        the service thread must start from, handed to it directly (node.py) rather than read
+        from a counters file, which a predecessor that is still there (a zombie, a reused pid)
+        can make another process's file."""
+        if self._recovery_state is None:
+            raise RuntimeError("the recovery state is read before the consensus module started")
+        return self._recovery_state
 
     async def _recover_log_recording(self) -> None:
         """Find the log recording; on a node's first start, create an empty one at position 0."""
@@ -446,7 +475,7 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.channel.startswith("aeron:ipc"):
+                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.
@@ -460,7 +489,8 @@ class ConsensusAgent:
             log.info("log recording created", recording_id=self.recording_id)
         d = await self.archive.list_recording(self.recording_id)
         if d is None:
-            raise RuntimeError(f"log recording {self.recording_id} named by recording.log is not in the archive")
+            raise damaged(f"log recording {self.recording_id} named by {self.recording_log_file.path} is not in the "
+                          f"archive: restore the node directory from one backup, or {rebuild_hint(self.cfg.node_dir)}")
         self.initial_term_id = d.initial_term_id
         if d.term_buffer_length != self.term_length:
             log.warning("log term length differs from the recording's; using the recording's",
@@ -559,6 +589,52 @@ class ConsensusAgent:
             if unclaimed:
                 self.driver.claim_receive(duties=True)
 
+    def _service_limit(self) -> int:
+        """How far the service may apply the log: the commit position, except on a follower
+        reading the live log, where it is also no further than this module's log adapter.
+
+        The service's requests (timers, service messages) then always reach this module after
+        the module applied the entry that caused them, on a follower as on the leader (which
+        applies what it appends before its service sees it): a timer re-armed in its own
+        ``on_timer_event`` is not removed by the event that ran it (consensus.timers). The
+        reference bounds its followers' services the same way (the commit-position counter is
+        the log adapter's position)."""
+        m = self.module
+        commit = m.commit_position
+        local = self.local
+        if (m.role == Role.LEADER or self._replay is not None or local is None
+                or self._log_adapter_sub is None or self._log_adapter_session != local.session_id):
+            return commit
+        image = self._log_adapter_image
+        if image is None:
+            return min(commit, self.counters["commit-pos"].get())
+        return min(commit, image.position)
+
+    def _publish_service_limit(self) -> int:
+        """Move the commit-position counter (the service's bound) to :meth:`_service_limit`
+        and wake the service for it (a follower's wake-ups batched, see _service_ring_allowed)."""
+        m = self.module
+        local = self.local
+        work = 0
+        if (m.role != Role.LEADER and self._replay is None and self._snapshot is None and local is not None
+                and self._log_adapter_sub is not None and self._log_adapter_session == local.session_id
+                and self._adapter_position() < m.commit_position):
+            # Apply what was just committed now rather than in the next pass: the service waits
+            # for it.
+            work = self._adapter_poll(m.commit_position)
+        counter = self.counters["commit-pos"]
+        limit = self._service_limit()
+        if limit <= counter.get():
+            return work
+        counter.set(limit)
+        parked = self.service_parked
+        if parked is None or parked():
+            if self._service_ring_allowed(self._now):
+                self._ring_service()
+            else:
+                self._service_ring_due = True  # rung by a later pass or the park's deadline
+        return work + 1
+
     def _service_ring_allowed(self, now: int) -> bool:
         """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
         return self.module.role == Role.LEADER or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS
@@ -577,9 +653,8 @@ class ConsensusAgent:
             # The service thread's reply is the client's round trip; what is left of this pass
             # (sends, the other follower's AppendPosition) is not. When both threads share a CPU
             # (leader_cpus of one CPU), yielding lets the woken service thread run now instead
-            # of after this pass and the next (the system call also lets go of the GIL).
-            # scripts/cluster_cpu.py --rate 1000, 4 runs each: p50 961-1,039 µs against
-            # 1,018-1,058; alone on its CPU it returns at once.
+            # of after this pass and the next (the system call also lets go of the GIL);
+            # alone on its CPU it returns at once.
             os.sched_yield()
 
     async def _execute_one(self, e) -> None:
@@ -602,17 +677,11 @@ class ConsensusAgent:
         elif t is fx.WriteRecordingLog:
             self.recording_log_file.apply(e.writes)
         elif t is fx.CommitPositionChanged:
-            self.counters["commit-pos"].set(e.position)
             self.sessions.on_commit(e.position)
             self.timers.on_commit(e.position)
             if m.role == Role.LEADER:
                 self.pending.on_commit(e.position)
-            parked = self.service_parked
-            if parked is None or parked():
-                if self._service_ring_allowed(self._now):
-                    self._ring_service()
-                else:
-                    self._service_ring_due = True  # rung by a later pass or the park's deadline
+            self._publish_service_limit()
         elif t is fx.RoleChanged:
             self.counters["role"].set(e.role)
             self.affinity.apply(e.role == Role.LEADER)
@@ -946,6 +1015,8 @@ class ConsensusAgent:
                 self._appends.append((e.message, lambda position, e=e: self.sessions.on_event_appended(e, position)))
             elif type(e) is SendEgress:
                 pub = self._egress.get(e.cluster_session_id)
+                if pub is None and e.cluster_session_id == NULL_VALUE and not self._one_shot_reply_allowed():
+                    continue
                 if pub is None:
                     try:
                         pub = self.driver.add_publication(f"{e.response_channel}", self.cfg.cluster.egress_stream_id
@@ -963,25 +1034,61 @@ class ConsensusAgent:
                     self._tasks.start_soon(self._close_later, pub)
         self._flush_appends()
 
+    def _one_shot_reply_allowed(self) -> bool:
+        """May a reply that needs a publication of its own (a REDIRECT or ERROR to a connect
+        request) go out now? At most _ONE_SHOT_REPLIES_PER_S a second and _ONE_SHOT_REPLIES_OPEN
+        at once: each costs a socket, a log buffer and counters for a few seconds, and connect
+        requests cost their sender one datagram. A refused one is counted and said once."""
+        now = time.monotonic_ns()
+        rate = _ONE_SHOT_REPLIES_PER_S
+        self._reply_tokens = min(float(rate), self._reply_tokens + (now - self._reply_tokens_ns) / 1e9 * rate)
+        self._reply_tokens_ns = now
+        if self._reply_tokens >= 1.0 and self._one_shot_open < _ONE_SHOT_REPLIES_OPEN:
+            self._reply_tokens -= 1.0
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record("connect reply dropped: rate", "a reply to a connect request was not sent: "
+                                 f"more than {rate} a second or {_ONE_SHOT_REPLIES_OPEN} under way")
+        return False
+
     async def _send_egress(self, pub, message, close_after: bool) -> None:
         """Send a session event, retrying while the client's egress connects (bounded)."""
+        if close_after:
+            self._one_shot_open += 1
+            try:
+                await self._send_egress_once(pub, message, True)
+            finally:
+                self._one_shot_open -= 1
+        else:
+            await self._send_egress_once(pub, message, False)
+
+    async def _send_egress_once(self, pub, message, close_after: bool) -> None:
         data = EGRESS_CODEC.encode(message)
         sent = False
-        with trio.move_on_after(5.0):
+        # A client that asked is listening and connects within a round trip; a one-shot reply
+        # (to a connect request) holds its publication only briefly, so that forged requests
+        # naming channels nobody listens on free the reply budget soon (_one_shot_reply_allowed).
+        with trio.move_on_after(1.0 if close_after else 5.0):
             while pub.offer(data) < 0:
                 if pub.closed:
                     break
                 await trio.sleep(0.005)
             else:
                 sent = True
-        log.info("session event sent" if sent else "session event not delivered",
-                 message=type(message).__name__, session=getattr(message, "cluster_session_id", None),
-                 code=getattr(getattr(message, "code", None), "name", None))
+        fields = dict(event_type=type(message).__name__, session=getattr(message, "cluster_session_id", None),
+                      code=getattr(getattr(message, "code", None), "name", None))
+        if sent:
+            log.debug("session event sent", **fields)
+        elif close_after:
+            self.input_errors.record("connect reply not delivered", "a reply to a connect request was not "
+                                     "delivered (nobody listened on its channel)", level="info", **fields)
+        else:
+            log.info("session event not delivered", **fields)
         if close_after:
-            await self._close_later(pub)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S if sent else 0.0)
 
-    async def _close_later(self, pub) -> None:
-        await trio.sleep(1.0)  # let the last event be sent (and retransmitted) first
+    async def _close_later(self, pub, linger_s: float = 1.0) -> None:
+        await trio.sleep(linger_s)  # let the last event be sent (and retransmitted) first
         pub.close()
 
     _SENDER = {
@@ -1073,6 +1180,15 @@ class ConsensusAgent:
             return
         t = type(msg)
         if t is codecs.SessionConnectRequest:
+            refusal = response_channel_refusal(msg.response_channel, msg.response_stream_id,
+                                               self._ingress_source_host(header.session_id),
+                                               self.cfg.cluster.egress_stream_id)
+            if refusal is not None:
+                # No answer at all: the channel it names is not one this member will send to.
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"connect refused: {refusal.split(':')[0]}",
+                                         "connect request refused (no answer sent): " + refusal)
+                return
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
                 leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
@@ -1090,7 +1206,44 @@ class ConsensusAgent:
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
 
+    def _ingress_source_host(self, image_session_id: int) -> str | None:
+        """The address the ingress image of ``image_session_id`` receives from (its first
+        source, as the driver names it ``host:port``); None for an IPC image (same host)."""
+        for image in self._ingress_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_identity
+                if source.startswith("ipc:"):
+                    return None
+                host = source.split(",")[0].rpartition(":")[0]
+                return host[1:-1] if host.startswith("[") else host
+        return ""  # no such image (closed meanwhile): matches no host
+
     def _poll_ingress(self) -> int:
+        """Clients' messages (:meth:`_poll_ingress_unguarded`); a message whose handling raises
+        is skipped (the image has moved past it), counted and said once per kind, and the duty
+        cycle goes on: one client's bytes never end the node."""
+        try:
+            return self._poll_ingress_unguarded()
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            self._input_failed("ingress", e)
+            return 1
+
+    def _poll_consensus(self) -> int:
+        """Other members' messages, guarded as :meth:`_poll_ingress` is (a member's bytes may be
+        forged)."""
+        try:
+            return self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
+        except Exception as e:  # noqa: BLE001 - see _poll_ingress
+            self._input_failed("consensus", e)
+            return 1
+
+    def _input_failed(self, stream: str, error: Exception) -> None:
+        self.counters["errors"].add(1)
+        self.input_errors.record(f"{stream} message failed: {type(error).__name__}",
+                                 f"handling a {stream} message failed: it is skipped", level="error",
+                                 error=repr(error), exc_info=error)
+
+    def _poll_ingress_unguarded(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time
         (consensus.message_runs), everything else one message at a time (:meth:`_on_ingress`)."""
         sub = self._ingress_sub
@@ -1103,10 +1256,15 @@ class ConsensusAgent:
         for image in sub.images:
             # Once a message waits in _appends (the log refused it), everything after it waits
             # behind it, as one by one: messages enter the log in the order they were taken.
-            if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
-                work += 1
-            else:
-                work += image.poll(self._on_ingress, _FRAGMENTS)
+            try:
+                if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
+                    work += 1
+                    continue
+            except Exception as e:  # noqa: BLE001 - a run that raises would be read again and again
+                self._input_failed("ingress", e)
+                image.close()  # that client's stream: its session times out
+                continue
+            work += image.poll(self._on_ingress, _FRAGMENTS)
         return work
 
     def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
@@ -1143,9 +1301,9 @@ class ConsensusAgent:
         if isinstance(msg, codecs.SessionMessage):
             self.pending.enqueue(bytes(msg.payload))
         elif type(msg) is codecs.ScheduleTimer:
-            self.timers.schedule(msg.correlation_id, msg.deadline)
+            self.timers.schedule(msg.correlation_id, msg.deadline, msg.log_position)
         elif type(msg) is codecs.CancelTimer:
-            self.timers.cancel(msg.correlation_id)
+            self.timers.cancel(msg.correlation_id, msg.log_position)
         elif type(msg) is codecs.CloseSession:
             if m.is_leader:
                 self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
@@ -1174,7 +1332,7 @@ class ConsensusAgent:
         elif t is codecs.SessionCloseEvent:
             self.sessions.on_log_session_close(msg)
         elif t is codecs.TimerEvent:
-            self.timers.on_log_timer_event(msg.correlation_id)
+            self.timers.on_log_timer_event(msg.correlation_id, header.position)
         elif (t is codecs.ClusterActionRequest and msg.action == codecs.ClusterAction.SNAPSHOT
               and msg.flags == codecs.CLUSTER_ACTION_FLAGS_DEFAULT and self._replay is None):
             # A live snapshot request: our state must stay as of this entry until our service has
@@ -1329,14 +1487,20 @@ class ConsensusAgent:
             self._cluster_now = time.time_ns()
             # A leader takes its clients' messages first and sends them on to the followers at
             # once: a client's round trip waits on that, not on the rest of the pass (the
-            # leader read -> log send hop of scripts/hops.py, 5 pairs of runs: 94-105 µs against
-            # 103-114). Suspended (or snapshotting, terminating), ingress is left unread (as the
+            # leader read -> log send hop of scripts/hops.py). Suspended (or snapshotting, terminating), ingress is left unread (as the
             # reference): client messages wait in the image, the clients are back-pressured,
             # and resume takes them in order. A follower reads ingress to redirect clients.
             leading = m.is_leader and self._leader_active()
             work = self._poll_ingress() + self._send_log() if leading else 0
-            work += self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
-            work += self._from_service.poll(self._on_service, _FRAGMENTS)
+            work += self._poll_consensus()
+            if self.pending.has_room or not leading:
+                # A settled, active leader's full queue of service messages back-pressures its
+                # service (which waits in Cluster.offer) until its appends are committed. Nobody
+                # else's: a follower's queue drains only as the leader's copies arrive, which
+                # needs its service to join each new log (a service waiting in offer joins
+                # none), and a leader that appends nothing (suspended, a snapshot or termination
+                # under way) waits for its service's ack.
+                work += self._from_service.poll(self._on_service, _FRAGMENTS)
             self._service_drained.set()
             if not leading and not m.is_leader:
                 work += self._poll_ingress()
@@ -1357,6 +1521,9 @@ class ConsensusAgent:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
                     work += 1
+                if self.suspended and now >= self._suspended_reminder_ns:
+                    self._suspended_reminder_ns = now + self.cfg.timeouts.leader_heartbeat_interval_ns
+                    work += min(1, self.sessions.remind_suspended(m.leadership_term_id))
             else:
                 work += self._follower_work()
             if self.sessions.effects:
@@ -1401,6 +1568,7 @@ class ConsensusAgent:
             if effects:
                 await self._execute(effects)
                 work += 1
+            work += self._publish_service_limit()
             if self._service_ring_due and self._service_ring_allowed(now):
                 self._ring_service()
             if now // 1_000_000 - last_activity_ms >= 1000:
@@ -1442,9 +1610,9 @@ class ConsensusAgent:
         effects, and all log data recorded. What arrives meanwhile ends the park at once (the
         park looks at the subscriptions first, and its wait at the sockets).
 
-        Measured (``scripts/ab --runs 5 HEAD -- scripts/cluster_cpu.py --rate 1000``): the
-        followers' CPU per message 322 -> 278 µs; the round trip and the idle cluster's CPU did
-        not move beyond the noise of the VM."""
+        Parking at once saves the followers an empty pass per message (their CPU per message
+        drops in ``scripts/cluster_cpu.py --rate 1000``); the round trip and the idle cluster's
+        CPU are unchanged."""
         m = self.module
         return (m.election is None and not unrecorded and not m.has_effects and not self.sessions.effects
                 and self._replay is None and self._replication is None and self._snapshot is None
@@ -1880,12 +2048,10 @@ class ConsensusAgent:
         (``timeouts.commit_spin``; False).
 
         A leader with log entries on their way to the followers expects their AppendPositions
-        within a round trip. Sleeping costs more than waiting awake: on the 2-core VM a process
-        woken from sleep pays some 50-130 µs before its first instruction, and the follower's
-        send wakes a halted CPU. Measured (``scripts/ab --runs 2 HEAD -- scripts/cluster_cpu.py
-        --rate 1000``, members pinned): round trip p50 1,089 / 1,115 -> 1,015 / 1,029 µs, p99
-        2,000 / 1,993 -> 1,739 / 1,777 µs, the leader's CPU per message slightly *down* (778 /
-        782 -> 758 / 738 µs); at 200/s within the noise. The spin blocks this thread's trio
+        within a round trip. Sleeping costs more than waiting awake: a process woken from sleep
+        pays for the wake-up before its first instruction (on a VM a trip through the host), and
+        the follower's send wakes a halted CPU. The spin lowers the round trip at 1,000
+        messages/s without raising the leader's CPU per message. The spin blocks this thread's trio
         loop, so it is short and bounded: the other duties here (the driver's sender and
         conductor, the archive) wait at most ``commit_spin``; the reading system call lets the
         service thread take the GIL."""

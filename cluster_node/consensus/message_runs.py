@@ -3,10 +3,10 @@
 Why
 ===
 At full load a leader's ingress image holds hundreds of session messages when its duty cycle
-comes round (``scripts/cluster_cpu.py --max``: 256 a poll, the fragment limit, in nine polls of
-ten), and a follower's log adapter finds as many newly committed. Taken one by one, each costs a
+comes round (``scripts/cluster_cpu.py --max`` shows most polls taking the fragment limit), and
+a follower's log adapter finds as many newly committed. Taken one by one, each costs a
 handler call and a header unpack, and on the leader a session lookup, a copy into a bytearray,
-a timestamp pack and an offer: about 3 µs, a fifth of the leader's CPU per message. Yet such a
+a timestamp pack and an offer: a large share of the leader's CPU per message. Yet such a
 run is uniform: one frame per message, each a session message whose 32-byte session header
 names the same session and term.
 

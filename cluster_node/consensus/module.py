@@ -75,10 +75,14 @@ __all__ = ["ConsensusSettings", "ConsensusModule", "Role"]
 _S = 1_000_000_000
 _MS = 1_000_000
 
+MAX_TERM_JUMP = 1 << 20
+"""How far beyond every term it knows a consensus message may name a term (see
+``ConsensusModule._term_too_far``): about twelve days of one failed election a second."""
+
 
 @dataclass(frozen=True, slots=True)
 class ConsensusSettings:
-    """Timing and identity settings of the core; defaults are the reference's (DESIGN.md 5)."""
+    """Timing and identity settings of the core; defaults are the reference's (Aeron Cluster's)."""
 
     election_timeout_ns: int = 1 * _S
     election_status_interval_ns: int = 100 * _MS
@@ -97,9 +101,8 @@ class ConsensusSettings:
     the leader's own commit at once; a follower's commit only moves its service, so telling it
     of every entry cost each follower a wake-up per message for nothing. 0: every advance.
     40 ms rather than 10: at 1,000 messages/s each CommitPosition also wakes each follower's
-    service thread, on the followers' shared CPU (scripts/cluster_cpu.py --rate 1000, 5 runs
-    each, twice: the followers' CPU per message 234 against 273 µs and 260 against 289 µs, p50
-    1,031 against 1,116 µs and 1,117 against 1,182 µs)."""
+    service thread, on the followers' shared CPU, so a longer interval lowers the followers' CPU
+    per message and the round trip (compare with ``scripts/cluster_cpu.py --rate 1000``)."""
     heartbeat_slack_ns: int = 0
     """A heartbeat due within this much counts as due (the shell's timer grid may wake it that
     much early: media.driver, *phase grid*)."""
@@ -177,6 +180,8 @@ class ConsensusModule:
         """A termination (SHUTDOWN/ABORT) is under way: followers that stopped are expected to be
         silent, so the leader does not step down for an inactive follower quorum; the
         termination timeout bounds its wait instead."""
+        self.term_jumps_refused = 0
+        """Consensus messages dropped for naming a term too far ahead (:meth:`_term_too_far`)."""
         self.termination_position = NULL_POSITION
         """A follower told to stop at this position (TerminationPosition from its leader)."""
         self.election_count = 0
@@ -652,6 +657,23 @@ class ConsensusModule:
             work += 1
         return work
 
+    def _term_too_far(self, msg: object) -> bool:
+        """Does ``msg`` name a term more than MAX_TERM_JUMP beyond any this member knows? Such a
+        term is adopted and persisted by every member that sees it, and one near the top of the
+        int64 range overflowed the node-state file at the next nomination, at every restart. A
+        real member's term grows by one per election it starts."""
+        known = max(self.leadership_term_id, self.candidate_term_id, self.log_leadership_term_id)
+        limit = known + MAX_TERM_JUMP
+        t = type(msg)
+        if t is codecs.RequestVote or t is codecs.Vote:
+            return msg.candidate_term_id > limit or msg.log_leadership_term_id > limit
+        if t is codecs.NewLeadershipTerm:
+            return msg.leadership_term_id > limit or msg.next_leadership_term_id > limit
+        if t is codecs.CanvassPosition:
+            return msg.leadership_term_id > limit or msg.log_leadership_term_id > limit
+        term = getattr(msg, "leadership_term_id", None)
+        return term is not None and term > limit
+
     def on_message(self, from_member_id: int, msg: object, now_ns: int) -> None:
         """A consensus message from ``from_member_id``. Messages naming a member other than the
         sender, or members unknown to us, are dropped."""
@@ -660,6 +682,10 @@ class ConsensusModule:
             from_member_id, msg
         ):
             self.dropped_message_count += 1
+            return
+        if self._term_too_far(msg):
+            self.dropped_message_count += 1
+            self.term_jumps_refused += 1
             return
         election = self.election
         t = type(msg)

@@ -88,6 +88,7 @@ from typing import Any
 import structlog
 
 from media.counters import pid_alive
+from media.private_files import FILE_MODE, create_new, make_private_dir
 
 __all__ = [
     "MARK_FILE_NAME",
@@ -271,8 +272,8 @@ class MarkFile:
         now = _now_ms() if now_ms is None else now_ms
         path = node_dir / MARK_FILE_NAME
         try:
-            node_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            make_private_dir(node_dir)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         except OSError as ex:
             raise MarkFileError(f"{path}: cannot open: {ex.strerror or ex}") from None
         try:
@@ -430,7 +431,7 @@ class NodeStateFile:
         node_dir = Path(node_dir)
         path = node_dir / NODE_STATE_FILE_NAME
         try:
-            node_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(node_dir)
             if not path.exists():
                 cls._create(path, _now_ms() if now_ms is None else now_ms, sync)
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -451,7 +452,7 @@ class NodeStateFile:
     def _create(path: Path, now_ms: int, sync: bool) -> None:
         tmp = path.with_name(path.name + ".tmp")
         data = _encode_ns_header(now_ms) + _encode_slot(NodeState(sequence=1)) + bytes(_NS_SLOT_LENGTH)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = create_new(tmp, os.O_WRONLY)
         try:
             os.write(fd, data)
             if sync:
@@ -464,17 +465,18 @@ class NodeStateFile:
 
     @staticmethod
     def _parse(path: Path, data: bytes) -> tuple[NodeState, int, bool]:
+        # Each refusal names the offset where the damage is, for the operator's one line.
         if len(data) != _NS_FILE_LENGTH:
             raise NodeStateError(
-                f"{path}: is {len(data) if len(data) <= _NS_FILE_LENGTH else 'more than ' + str(_NS_FILE_LENGTH)}"
-                f" bytes, expected {_NS_FILE_LENGTH}: not a node-state file or damaged; "
-                "restore it or remove it only if this node never voted"
+                f"{path}: damaged at offset {min(len(data), _NS_FILE_LENGTH)}: the file is "
+                f"{len(data) if len(data) <= _NS_FILE_LENGTH else 'more than ' + str(_NS_FILE_LENGTH)}"
+                f" bytes, a node-state file {_NS_FILE_LENGTH}"
             )
         magic, version, slot_length, slot_count, _created, crc = _NS_HEAD.unpack_from(data)
         if magic != _NS_MAGIC or crc != zlib.crc32(data[:24]):
-            raise NodeStateError(f"{path}: header is damaged (bad magic or checksum)")
+            raise NodeStateError(f"{path}: damaged at offset 0: the header's magic or checksum is wrong")
         if version != _NS_VERSION or slot_length != _NS_SLOT_LENGTH or slot_count != _NS_SLOT_COUNT:
-            raise NodeStateError(f"{path}: unsupported layout version {version}")
+            raise NodeStateError(f"{path}: at offset 4: unsupported layout version {version}")
         slots = []
         torn = False
         for k in range(_NS_SLOT_COUNT):
@@ -486,8 +488,8 @@ class NodeStateFile:
         valid = [(s.sequence, k, s) for k, s in enumerate(slots) if s is not None]
         if not valid:
             raise NodeStateError(
-                f"{path}: no intact candidate-term entry (both slots damaged); "
-                "the node cannot know which terms it voted in"
+                f"{path}: damaged at offsets {_NS_HEADER_LENGTH} and {_NS_HEADER_LENGTH + _NS_SLOT_LENGTH}: "
+                "no intact candidate-term entry (both slots damaged), so the node cannot know which terms it voted in"
             )
         _seq, newest, state = max(valid)
         return state, newest, torn

@@ -45,20 +45,24 @@ class PendingServiceMessages:
     log_service_session_id: int = NULL_SERVICE_SESSION_ID
     """The highest service session id known to be in the log."""
     pending: deque = field(default_factory=deque)
-    dropped_full: int = 0
 
     def __len__(self) -> int:
         return len(self.pending)
 
-    def enqueue(self, payload: bytes) -> int | None:
-        """A message from the service: its service session id, or None when full.
+    @property
+    def has_room(self) -> bool:
+        """Fewer than ``capacity`` messages wait. The owner stops reading the service's stream
+        while this is False (the service then waits in ``Cluster.offer``): a message is never
+        refused here, as a refusal on one member only would give the next messages different
+        ids on different members."""
+        return len(self.pending) < self.capacity
+
+    def enqueue(self, payload: bytes) -> int:
+        """A message from the service: its service session id (always taken, see has_room).
 
         A message whose id the log already holds is not kept: a service replaying the log after a
         restart offers again what it offered the first time, and those are in the log already.
         """
-        if len(self.pending) >= self.capacity:
-            self.dropped_full += 1
-            return None
         sid = self.next_service_session_id
         self.next_service_session_id += 1
         if sid > self.log_service_session_id:

@@ -12,7 +12,7 @@ and syncs. The consensus core hands those patches out as ``WriteRecordingLog`` e
 
 Entry layout
 ============
-Entries follow the reference fields and offsets (aeron-facts 1.14), little-endian, each padded
+Entries follow the reference's (Aeron Cluster's RecordingLog) fields and offsets, little-endian, each padded
 to a multiple of 64 bytes (at most 4096), with a CRC-32 in the entry's last four bytes so that a
 torn write is recognised::
 

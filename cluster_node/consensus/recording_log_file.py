@@ -14,6 +14,7 @@ from pathlib import Path
 import structlog
 
 from cluster_node.consensus.recording_log import RecordingLog
+from media.private_files import FILE_MODE
 
 __all__ = ["RecordingLogFile", "RECORDING_LOG_FILE_NAME"]
 
@@ -28,7 +29,7 @@ class RecordingLogFile:
     def __init__(self, directory: str | os.PathLike[str], fsync: bool = True) -> None:
         self.path = Path(directory) / RECORDING_LOG_FILE_NAME
         self._fsync = fsync
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         data = b""
         size = os.fstat(self._fd).st_size
         if size:

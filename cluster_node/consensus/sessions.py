@@ -19,7 +19,7 @@ authenticator beyond the protocol version), becomes OPEN when its SessionOpenEve
 CLOSING when a close is decided, and is forgotten once its SessionCloseEvent is appended. A
 rejected request never becomes a session: it gets SessionEvent ERROR and nothing is logged.
 
-Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``; aeron-facts 1.6):
+Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``):
 
 * a connect request to a follower or a candidate is answered REDIRECT, detail = every member's
   ingress endpoint (``"0=h:p,1=h:p,..."``), with the leader's id (-1 while there is none);
@@ -67,6 +67,7 @@ from cluster_node.codecs import (
     SessionOpenEvent,
     semantic_version_major,
 )
+from media.channel import ChannelError, parse
 
 __all__ = [
     "SessionState",
@@ -77,6 +78,7 @@ __all__ = [
     "SendEgress",
     "CloseEgress",
     "SessionSettings",
+    "response_channel_refusal",
 ]
 
 
@@ -132,6 +134,42 @@ class SessionSettings:
 ELECTION_CLOSE_DETAIL = "election"
 """The detail of the SessionEvent CLOSED that tells a client its session was rolled back with an
 uncommitted tail (the reference's text): the session never happened, connect again."""
+
+SUSPENDED_DETAIL = "suspended"
+"""The detail of the SessionEvent OK a suspended leader sends its sessions now and then
+(:meth:`ClusterSessions.remind_suspended`): alive, your requests wait until resume."""
+
+def response_channel_refusal(channel: str, stream_id: int, source_host: str | None,
+                             egress_stream_id: int) -> str | None:
+    """Why a connect request's response channel is refused, or None when it may be used.
+
+    Every connect request, even one answered with a REDIRECT, makes the receiving member send to
+    the channel the request names: left open, that sends a member's traffic anywhere (a spoofed
+    source reflects it at a third party) and lets a request pick the term length, the control
+    mode and the stream. Accepted: ``aeron:udp?endpoint=H:P`` and nothing else, H the address
+    the request came from (``source_host``, None for a request over IPC: the same host), P not
+    0, on the cluster's egress stream. The kind of refusal is the text before the first colon."""
+    try:
+        uri = parse(channel)
+    except ChannelError:
+        return "unparsable: the response channel is not a channel URI"
+    if uri.is_ipc and source_host is None:
+        return None
+    if not uri.is_udp or uri.endpoint is None:
+        return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
+    others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
+                                "term_id", "term_offset", "alias") if getattr(uri, name) is not None]
+    if others or uri.extra:
+        return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
+    if stream_id != egress_stream_id:
+        return f"stream: the response stream must be the cluster's egress stream {egress_stream_id}, not {stream_id}"
+    host, port = uri.endpoint
+    if port == 0:
+        return "port: the response endpoint's port is 0"
+    if source_host is not None and host != source_host:
+        return f"source: the response endpoint's host {host} is not the address the request came from ({source_host})"
+    return None
+
 
 _GONE_LIMIT = 256
 """Most sessions a member remembers having rolled back (the oldest are forgotten first)."""
@@ -284,6 +322,21 @@ class ClusterSessions:
         it lost the request that waited in its ingress). Each gets a whole timeout from now."""
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
+
+    def remind_suspended(self, leadership_term_id: int) -> int:
+        """Leader, suspended: tell each open session that the cluster is alive and its requests
+        wait (SessionEvent OK, detail SUSPENDED_DETAIL). Beyond the reference: a client takes
+        requests that go unanswered for its leader-silence timeout as a dead session and moves
+        to another one, which would drop the replies to the requests that waited here. The
+        caller sends it about once per leader heartbeat interval while suspended."""
+        for session in self.sessions.values():
+            if session.state == SessionState.OPEN:
+                self.effects.append(SendEgress(
+                    session.id, session.response_channel, session.response_stream_id,
+                    SessionEvent(session.id, NULL_VALUE, leadership_term_id, self.member_id, EventCode.OK,
+                                 CLIENT_PROTOCOL_VERSION, SUSPENDED_DETAIL),
+                ))
+        return len(self.sessions)
 
     def check_timeouts(self, current_term_id: int, now_ns: int) -> int:
         """Leader: close sessions silent for longer than the session timeout."""

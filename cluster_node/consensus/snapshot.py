@@ -163,7 +163,7 @@ def restore_cm_snapshot(snap: ConsensusModuleSnapshot, sessions, timers, pending
             SessionState.OPEN, 0, opened_log_position=s.opened_log_position,
         )
     for correlation_id, deadline in snap.timers:
-        timers.schedule(correlation_id, deadline)
+        timers.load(correlation_id, deadline)
     pending.next_service_session_id = snap.next_service_session_id
     pending.log_service_session_id = snap.log_service_session_id
     pending.capacity = snap.pending_message_capacity

@@ -4,7 +4,7 @@ Facts this relies on (measured on the project's machines):
 
 * ``SPARK_LOCAL_IP=127.0.0.1`` keeps the driver on loopback; ``PYSPARK_PYTHON`` is set to this
   interpreter so Python workers run with the project's packages (the venv), which they import to
-  decode; on a real cluster ship the package instead (``--py-files``, see the README).
+  decode; on a real cluster ship the package instead (``--py-files``, see docs/pipeline.md).
 * The UI is off and Spark's own logging is cut to errors; progress bars appear only when stderr is
   a terminal. ``--conf`` pairs from the command line override any of these.
 * ``fast_start`` adds ``-XX:TieredStopAtLevel=1`` to the driver JVM: about a third less CPU to
@@ -14,6 +14,7 @@ Facts this relies on (measured on the project's machines):
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -33,13 +34,27 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
 
 
+_log4j_path: str | None = None
+
+
 def _log4j_file() -> str:
-    path = os.path.join(tempfile.gettempdir(), "cluster-node-pipeline-log4j2.properties")
-    if not os.path.exists(path):
-        with open(path + ".tmp", "w") as f:
+    """Spark's logging config, in a file of this process's own: a fixed name in the shared temp
+    directory could be made first by another user, and the JVM would load theirs."""
+    global _log4j_path
+    if _log4j_path is None:
+        fd, path = tempfile.mkstemp(prefix="cluster-node-pipeline-", suffix="-log4j2.properties")
+        with os.fdopen(fd, "w") as f:
             f.write(_LOG4J2)
-        os.replace(path + ".tmp", path)
-    return path
+        atexit.register(_remove, path)
+        _log4j_path = path
+    return _log4j_path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def register_sources(spark) -> None:

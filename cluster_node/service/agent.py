@@ -39,8 +39,11 @@ Talking back (``Cluster`` handle, implemented here):
 * ``offer(payload)``: a session message with ``cluster_session_id = service_id`` to the consensus
   module, which appends it to the log as a service message (exactly once, see the consensus
   module's pending-message tracker); it comes back to every service with ``session=None``.
-* ``schedule_timer`` / ``cancel_timer`` / ``close_client_session``: ScheduleTimer, CancelTimer,
+* ``schedule_timer`` / ``cancel_timer`` / ``close_client_session``: ScheduleTimer, CancelTimer
+  (each with the log position of the entry being applied: consensus.timers orders them by it),
   CloseSession messages to the consensus module.
+* All four wait while the stream to the consensus module is full (:meth:`_send_accepted`):
+  none is ever refused on one member and taken on another.
 * ``ClientSession.offer``: on the leader, the container's egress publication to that client; on a
   follower :data:`MOCKED_OFFER` and nothing is sent (the reference does the same).
 
@@ -92,15 +95,26 @@ from cluster_node.codecs import (
 )
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
 from cluster_node.service.errors import ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop, payload_prefix
+from media.publication import OfferResult
 from media.subscription import StopPolling
 
-__all__ = ["ServiceAgent", "ServiceAgentError"]
+__all__ = ["ServiceAgent", "ServiceAgentError", "ServiceStopping"]
 
 EgressOffer = Callable[[ClientSession, bytes | bytearray | memoryview], int]
 
 
 class ServiceAgentError(RuntimeError):
     """The log or the consensus module broke the agent's expectations (a bug, not bad input)."""
+
+
+class ServiceStopping(BaseException):
+    """A request of the service's waited for the consensus module while the node stops: the
+    service thread ends here (a BaseException, so that no callback boundary records it as the
+    service's error, which would apply the rest of the entry on this member only)."""
+
+
+_SEND_PAUSE_MIN_S = 0.00005
+_SEND_PAUSE_MAX_S = 0.001
 
 
 class ServiceAgent:
@@ -121,6 +135,8 @@ class ServiceAgent:
         egress_send: Callable[[ClientSession, bytes], int] | None = None,
         skip_positions: Collection[int] = (),
         on_skip: Callable[[int, str], None] | None = None,
+        stopping: Callable[[], bool] | None = None,
+        pause: Callable[[float], None] | None = None,
     ) -> None:
         self.service = service
         self._member_id = member_id
@@ -139,6 +155,13 @@ class ServiceAgent:
         """Log positions whose entries the service is not given (the operator's skip list,
         merged with the snapshot's)."""
         self._on_skip = on_skip
+        self._stopping = stopping or (lambda: False)
+        """True once the node stops: a request waiting for room gives up (ServiceStopping)."""
+        self._pause = pause or (lambda _s: None)
+        """``pause(seconds)`` between tries of a refused request (the container's time.sleep,
+        which lets the consensus module's thread have the GIL)."""
+        self.offer_waits = 0
+        """Requests that found the stream to the consensus module full and waited for room."""
         self.service_errors = 0
         """Callback failures handled under ``record`` since this agent started."""
         self.entries_skipped = 0
@@ -146,7 +169,10 @@ class ServiceAgent:
         self._log_position = 0
         self._leadership_term_id = NULL_VALUE
         self._time = 0
-        self._time_unit = ClusterTimeUnit.MILLIS
+        self._time_unit = ClusterTimeUnit.NANOS
+        """Cluster time is the leader's wall clock in epoch nanoseconds on every member (the
+        consensus module writes NANOS into every NewLeadershipTermEvent), so ``on_start`` already
+        sees the unit the first entry will carry."""
         self._sessions: dict[int, ClientSession] = {}
         self.ack_id = 0
         self.started = False
@@ -166,13 +192,16 @@ class ServiceAgent:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, snapshot=None, log_position: int = 0, *, sessions=(), leadership_term_id: int = NULL_VALUE,
-              time_unit: ClusterTimeUnit | None = None, skipped_positions: Collection[int] = ()) -> None:
+              time_unit: ClusterTimeUnit | None = None, skipped_positions: Collection[int] = (),
+              role: Role | int | None = None) -> None:
         """Start the service (with its snapshot records, if any); the ack to the consensus
         module goes out with the next :meth:`check_positions` that finds it reachable.
 
         ``sessions`` are the snapshot's ClientSession records: they are open again before the
         service's ``on_start`` sees the snapshot; ``skipped_positions`` its skip list, kept on
-        top of the operator's."""
+        top of the operator's. ``role`` is the member's role now: ``on_role_change`` tells the
+        service of it right after ``on_start``, so a service learns its first role as it learns
+        every later one."""
         self._log_position = log_position
         if leadership_term_id != NULL_VALUE:
             self._leadership_term_id = leadership_term_id
@@ -185,9 +214,12 @@ class ServiceAgent:
             self._sessions[session.id] = session
             if self._on_session_change is not None:
                 self._on_session_change(session, True)
+        if role is not None and int(role) in (0, 1, 2):
+            self._role = Role(role)
         self.service.on_start(self, snapshot)
         self.started = True
         self.pending_ack_position = log_position
+        self.service.on_role_change(self._role)
 
     def ack_snapshot(self, recording_id: int) -> bool:
         """Tell the consensus module the snapshot asked for is taken (``recording_id``) or failed
@@ -411,22 +443,71 @@ class ServiceAgent:
         return self._sessions.get(cluster_session_id)
 
     def close_client_session(self, cluster_session_id: int) -> bool:
+        """False, and nothing sent, for a session that is not open (unknown, or closed already:
+        a kick racing the client's own close is normal, and the same on every member)."""
         session = self._sessions.get(cluster_session_id)
         if session is None:
-            raise KeyError(f"unknown client session {cluster_session_id}")
+            return False
         if session.is_closing:
             return True
-        if self._send(SERVICE_TO_CONSENSUS_CODEC.encode(CloseSession(cluster_session_id))) > 0:
-            session.is_closing = True
-            return True
-        return False
+        self._send_accepted(SERVICE_TO_CONSENSUS_CODEC.encode(CloseSession(cluster_session_id)))
+        session.is_closing = True
+        return True
 
     def offer(self, payload) -> int:
+        """Append a service message: waits until the consensus module's stream takes it (see
+        :meth:`_send_accepted`), so every member gives the same message the same id. Returns the
+        stream position (> 0). A payload longer than the stream's maximum message length raises
+        ``MessageTooLongError`` (a ``ValueError``), alike on every member."""
         data = encode_session_message(self._leadership_term_id, self.service_id, 0, payload)
-        return self._send(data)
+        return self._send_accepted(data)
 
     def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
-        return self._send(SERVICE_TO_CONSENSUS_CODEC.encode(ScheduleTimer(correlation_id, deadline))) > 0
+        """Always True: the request waits for room like :meth:`offer` (never "try again")."""
+        self._send_accepted(SERVICE_TO_CONSENSUS_CODEC.encode(
+            ScheduleTimer(correlation_id, deadline, self._log_position)))
+        return True
 
     def cancel_timer(self, correlation_id: int) -> bool:
-        return self._send(SERVICE_TO_CONSENSUS_CODEC.encode(CancelTimer(correlation_id))) > 0
+        """Always True (the request waits for room); cancelling an unknown timer does nothing."""
+        self._send_accepted(SERVICE_TO_CONSENSUS_CODEC.encode(CancelTimer(correlation_id, self._log_position)))
+        return True
+
+    # ------------------------------------------------------------------ requests that must not be lost
+
+    def _send_accepted(self, data: bytes) -> int:
+        """Offer ``data`` to the consensus module until its stream takes it; the position.
+
+        A request from a log callback must reach the consensus module on every member or on
+        none: a service message refused on one member and taken on another would give the
+        following messages different service session ids on the two (exactly-once across a
+        failover rests on those ids), and a lost ScheduleTimer would leave the members' timer
+        tables different. The stream between the two threads refuses only while it is full
+        (back-pressure: the consensus module drains it on every pass) or not yet connected, so
+        the service thread waits here, yielding the GIL to the consensus module. A node that is
+        stopping ends the wait with :class:`ServiceStopping` (the thread ends; nothing after it
+        is applied, as when the process dies)."""
+        result = self._send(data)
+        if result > 0:
+            return result
+        return self._wait_send(data, result)
+
+    def _wait_send(self, data: bytes, result: int) -> int:
+        self.offer_waits += 1
+        pause_s = 0.0
+        waited_s = 0.0
+        warned_s = 5.0
+        while result <= 0:
+            if result in (OfferResult.CLOSED, OfferResult.MAX_POSITION_EXCEEDED):
+                raise ServiceStopping(f"the stream to the consensus module is {OfferResult(result).name}")
+            if self._stopping():
+                raise ServiceStopping("the node is stopping")
+            self._pause(pause_s)
+            waited_s += pause_s
+            pause_s = min(_SEND_PAUSE_MAX_S, pause_s * 2 or _SEND_PAUSE_MIN_S)
+            if waited_s >= warned_s:
+                warned_s += 5.0
+                self._on_error(f"the consensus module has not taken a request for {waited_s:.0f} s "
+                               f"({OfferResult(result).name}); still waiting")
+            result = self._send(data)
+        return result

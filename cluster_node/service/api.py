@@ -11,10 +11,16 @@ The **Cluster** handle is how the service acts:
 
 * ``offer(payload)``: append a message to the log (as a service message, delivered back to every
   member's service with ``session=None``). The consensus module keeps it pending until it is
-  committed, so it takes effect exactly once even across a leader failover.
+  committed, so it takes effect exactly once even across a leader failover. It waits while the
+  stream to the consensus module is full and never fails for back-pressure (a refusal on one
+  member only would break exactly-once).
 * ``schedule_timer(correlation_id, deadline)`` / ``cancel_timer(correlation_id)``: timers live in
   the consensus module; on expiry the leader appends a TimerEvent and every member's service gets
-  ``on_timer_event``. Schedule and cancel only from inside a log callback.
+  ``on_timer_event``. Schedule and cancel only from inside a log callback; a request counts at
+  the log position of the entry that made it (re-arming a timer inside its own
+  ``on_timer_event`` works on every member).
+
+docs/service.md is the whole contract: what runs on every member, what may fail, cluster time.
 * ``client_sessions`` / ``get_client_session(id)`` / ``close_client_session(id)`` and, per
   session, ``ClientSession.offer(payload)`` to reply on the client's egress. Only the leader
   really sends; on followers ``offer`` returns :data:`MOCKED_OFFER` and sends nothing.
@@ -133,7 +139,9 @@ class Cluster(Protocol):
         ...
 
     @property
-    def time_unit(self) -> ClusterTimeUnit: ...
+    def time_unit(self) -> ClusterTimeUnit:
+        """NANOS (epoch nanoseconds), from ``on_start`` on."""
+        ...
 
     @property
     def client_sessions(self) -> Collection[ClientSession]: ...
@@ -141,15 +149,18 @@ class Cluster(Protocol):
     def get_client_session(self, cluster_session_id: int) -> ClientSession | None: ...
 
     def close_client_session(self, cluster_session_id: int) -> bool:
-        """Ask the consensus module to close the session (SessionCloseEvent SERVICE_ACTION)."""
+        """Ask the consensus module to close the session (SessionCloseEvent SERVICE_ACTION);
+        False, and nothing done, for a session that is not open (closed already, or unknown)."""
         ...
 
     def offer(self, payload: bytes | bytearray | memoryview) -> int:
-        """Append a service message to the log; a positive value when accepted, else negative."""
+        """Append a service message to the log; waits for room, returns a positive value.
+        Raises ``ValueError`` (MessageTooLongError) for a payload over the maximum length."""
         ...
 
     def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
-        """Schedule (or reschedule) a timer at ``deadline`` in cluster time; False: try again."""
+        """Schedule (or reschedule) a timer at ``deadline`` in cluster time (epoch ns); waits for
+        room, returns True."""
         ...
 
     def cancel_timer(self, correlation_id: int) -> bool: ...
@@ -221,7 +232,8 @@ class ClusteredService:
         """Write the whole state; it must be enough for ``on_start`` to rebuild it."""
 
     def on_role_change(self, new_role: Role) -> None:
-        pass
+        """Right after ``on_start`` with the first role, then at every change (not from the log:
+        no state changes)."""
 
     def on_terminate(self, cluster: Cluster) -> None:
         pass

@@ -58,7 +58,7 @@ from cluster_node.consensus.snapshot import (
     decode_service_snapshot,
     encode_service_snapshot,
 )
-from cluster_node.service.agent import ServiceAgent
+from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import (
     MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
 )
@@ -135,6 +135,7 @@ class ServiceContainer:
         service_errors: ServiceErrorPolicy | str = ServiceErrorPolicy.RECORD,
         skip_positions: Collection[int] = (),
         error_counter=None,
+        recovery_state: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.service = service
         self.member_id = member_id
@@ -164,6 +165,9 @@ class ServiceContainer:
         self.skip_positions = frozenset(skip_positions)
         self._error_counter = error_counter
         """Something with ``add(1)`` (a driver counter), counting the failures recorded."""
+        self._given_recovery_state = recovery_state
+        """``() -> (snapshot log position, service snapshot recording id)``, from the node's
+        consensus module (see _recovery_state)."""
         self.error_log = ErrorDeduper()
         self.commit_doorbell = Doorbell()
         self.agent: ServiceAgent | None = None
@@ -207,6 +211,13 @@ class ServiceContainer:
         try:
             trio.run(self._run)
         except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
+            leaf = e
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, ServiceStopping) and self._stop.is_set():
+                # A request waiting for the consensus module as the node stops: an orderly end.
+                log.info("service thread stopped while a request waited for the consensus module", reason=str(leaf))
+                return
             self.error = e
             stop = _service_error_stop(e)
             if stop is None:
@@ -300,6 +311,7 @@ class ServiceContainer:
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
             service_errors=self.service_errors, on_service_error=self._on_service_error,
             egress_send=self._egress_publish, skip_positions=self.skip_positions, on_skip=self._on_skip,
+            stopping=self._stop.is_set, pause=time.sleep,
         )
         self._ipc_driver = IpcDriver(ipc)
         await self._start_agent(agent)
@@ -366,7 +378,7 @@ class ServiceContainer:
                     # A settled pass that did work (a batch of log entries, a message from the
                     # consensus module) goes straight to the park, which returns at once when
                     # more is waiting, instead of running an empty pass first: on the leader
-                    # that pass cost about 50-65 µs per committed entry, on the leader's core.
+                    # that pass would cost CPU per committed entry, on the leader's core.
                     if not await self._park(from_cm, log_sub, image):
                         await trio.lowlevel.checkpoint()  # the other tasks of this loop
                     continue
@@ -414,8 +426,14 @@ class ServiceContainer:
         return self._archive
 
     def _recovery_state(self) -> tuple[int, int]:
-        """(snapshot log position, service snapshot recording id) from the RecoveryState counter;
-        (0, -1) when there is none (no snapshot, or a container without a consensus module)."""
+        """(snapshot log position, service snapshot recording id) of this start.
+
+        In a node the consensus module hands it over (``recovery_state``): the RecoveryState it
+        made for this start, never a file that may be another process's. Without one, the
+        RecoveryState counter in the driver directory's counters file; (0, -1) when there is
+        none (no snapshot, or a container without a consensus module)."""
+        if self._given_recovery_state is not None:
+            return self._given_recovery_state()
         try:
             reader = CountersReader.open(counters_path(self.driver_dir))
         except (CountersError, OSError):
@@ -431,8 +449,12 @@ class ServiceContainer:
 
     async def _start_agent(self, agent: ServiceAgent) -> None:
         position, recording_id = self._recovery_state()
+        role = self._role() if self._role is not None else None
         if recording_id == NULL_VALUE:
-            agent.start(None, 0)
+            if position != 0:
+                raise ServiceStartError(f"the recovery state names a snapshot at log position {position} "
+                                        "but no service snapshot recording")
+            agent.start(None, 0, role=role)
             return
         try:
             archive = await self._archive_client()
@@ -445,7 +467,7 @@ class ServiceContainer:
                                     f"{snap.log_position}, the recovery plan says {position}")
         agent.start(BytesSnapshotReader(snap.user_records), snap.log_position, sessions=snap.sessions,
                     leadership_term_id=snap.leadership_term_id, time_unit=snap.time_unit,
-                    skipped_positions=snap.skipped_positions)
+                    skipped_positions=snap.skipped_positions, role=role)
         log.info("service snapshot loaded", recording_id=recording_id, log_position=snap.log_position,
                  sessions=len(snap.sessions), records=len(snap.user_records))
 

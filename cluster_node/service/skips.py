@@ -28,6 +28,8 @@ from pathlib import Path
 
 import msgspec
 
+from media.private_files import create_new
+
 __all__ = ["SKIP_FILE_NAME", "SkipEntry", "SkipListError", "read_skips", "skip_positions", "add_skip"]
 
 SKIP_FILE_NAME = "service-skips.json"
@@ -102,7 +104,7 @@ def add_skip(node_dir: str | Path, log_position: int, note: str = "") -> tuple[l
     tmp = path.with_name(path.name + ".tmp")
     data = msgspec.json.format(msgspec.json.encode(_SkipFile(_FORMAT, entries)), indent=2) + b"\n"
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(create_new(tmp, os.O_WRONLY), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

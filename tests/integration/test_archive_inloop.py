@@ -205,3 +205,28 @@ async def test_a_recording_written_by_record_now_is_not_rung_for_each_append_and
                     await trio.sleep(0.01)
             assert archive.recorded_position(rid) == (pub.position, False)
             await client.close()
+
+
+async def test_control_sessions_are_bounded_and_a_request_that_raises_is_answered_and_counted(tmp_path, monkeypatch):
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        config = ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM, max_control_sessions=2)
+        async with open_archive(driver, config) as archive:
+            first = await ArchiveClient.connect(driver)
+            second = await ArchiveClient.connect(driver)
+            with pytest.raises(ArchiveError):
+                await ArchiveClient.connect(driver, response_timeout_s=1.0)  # refused: no answer
+            assert [e.key for e in archive.errors.entries()] == ["connect refused: max_control_sessions"]
+            await second.close()
+            await trio.testing.wait_all_tasks_blocked()
+
+            def broken(session, request):
+                raise RuntimeError("a fault the request's checks missed")
+
+            monkeypatch.setattr(archive, "_on_ListRecordingsRequest", broken, raising=False)
+            with pytest.raises(ArchiveError) as e:
+                await first.list_recordings(0, 10)
+            assert "ListRecordingsRequest failed: RuntimeError" in str(e.value)
+            assert any(k.key.startswith("request failed: ListRecordingsRequest") for k in archive.errors.entries())
+            with pytest.raises(ArchiveError, match="unknown recording 7"):  # the session still answers
+                await first.get_recording_position(7)
+            await first.close()

@@ -71,3 +71,36 @@ async def test_after_a_whole_cluster_restart_with_many_old_sessions_the_leader_s
     print(f"first write {time.monotonic() - elected:.2f} s after the election")
     reply = await _request(cluster.client_config, Get(3, f"k{OLD_SESSIONS - 1}"))
     assert (reply.status, reply.value) == (Status.OK, b"v%d" % (OLD_SESSIONS - 1))
+
+
+async def test_a_snapshot_in_the_first_seconds_after_a_whole_cluster_restart_succeeds(cluster: TestCluster) -> None:
+    """It used to fail while the restarted leader's service was still busy with its replay (the
+    archive had dropped the service's connection meanwhile), and kept the leader in SNAPSHOT."""
+    import subprocess
+
+    from tests.support.cluster import _node_command
+
+    cluster.start()
+    limiter = trio.CapacityLimiter(4)
+
+    async def one_shot(i: int) -> None:
+        async with limiter:
+            assert (await _request(cluster.client_config, Put(1, f"k{i}", b"v"))).status == Status.OK
+
+    async with trio.open_nursery() as nursery:
+        for i in range(40):
+            nursery.start_soon(one_shot, i)
+    for n in cluster.nodes:
+        assert n.terminate() == 0
+    for n in cluster.nodes:
+        n.start()
+    for n in cluster.nodes:
+        n.wait_ready(30)
+    leader = await cluster.await_leader(30)
+    done = await trio.to_thread.run_sync(lambda: subprocess.run(
+        [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
+        capture_output=True, text=True, timeout=90))
+    assert done.returncode == 0, (done.stdout, done.stderr, cluster.diagnostics())
+    assert "SNAPSHOT applied successfully" in done.stdout
+    reply = await _request(cluster.client_config, Put(2, "after", b"snapshot"))
+    assert reply.status == Status.OK

@@ -70,3 +70,104 @@ async def test_the_crafted_padding_datagram_at_every_port_is_counted_and_dropped
     exited = {n.member_id: n.proc.returncode for n in cluster.nodes if not n.running}
     assert not exited, f"members exited: {exited}\n{cluster.diagnostics()}"
     assert cluster.leader() == leader
+
+
+async def _offer_connect_requests(cluster: TestCluster, member: int, channels: list[str]) -> None:
+    """Connect requests naming ``channels`` for their replies, sent to ``member``'s ingress by
+    a publication of this process's own driver."""
+    from cluster_node.codecs import CLIENT_PROTOCOL_VERSION, INGRESS_CODEC, SessionConnectRequest
+    from media.driver import open_media_driver
+
+    node = cluster.nodes[member]
+    async with open_media_driver(dir=cluster.base_dir / "attacker-driver") as driver:
+        pub = driver.add_publication(f"aeron:udp?endpoint={node.cfg.this_member.ingress}",
+                                     node.cfg.cluster.ingress_stream_id)
+        await cluster.await_for(lambda: pub.is_connected, 10, "the attacker's ingress connected")
+        for i, channel in enumerate(channels):
+            request = SessionConnectRequest(1000 + i, node.cfg.cluster.egress_stream_id, CLIENT_PROTOCOL_VERSION,
+                                            channel)
+            data = INGRESS_CODEC.encode(request)
+            await cluster.await_for(lambda: pub.offer(data) > 0, 10, "the connect request offered")
+        await cluster.await_for(lambda: pub.sender_position() >= pub.position, 10, "the requests sent")
+
+
+async def test_connect_requests_naming_another_host_or_extra_parameters_get_no_answer(cluster: TestCluster) -> None:
+    leader = cluster.start()
+    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    victim.bind(("127.0.0.9", 0))
+    victim.setblocking(False)
+    port = victim.getsockname()[1]
+    errors = cluster.counters()[leader].errors
+    try:
+        await _offer_connect_requests(cluster, leader, [
+            f"aeron:udp?endpoint=127.0.0.9:{port}",  # a third party: reflection
+            f"aeron:udp?endpoint=127.0.0.1:{port}|control=127.0.0.9:{port}",
+            f"aeron:udp?endpoint=127.0.0.1:{port}|term-length=1g",
+        ])
+        await cluster.await_for(lambda: cluster.counters()[leader].errors >= errors + 3, 10, "three refusals counted")
+        # A real client's round trip after them: a reply to a refused request would be out by now.
+        async with open_kv_client(cluster.client_config) as kv:
+            await put_keys(kv, cluster, {"after": b"refusals"})
+        try:
+            got = victim.recv(65536)
+        except BlockingIOError:
+            got = None
+        assert got is None, f"the leader sent {got[:40]!r} to a host that did not ask"
+    finally:
+        victim.close()
+    events = [e for e in cluster.nodes[leader].log_events() if e.get("event", "").startswith("connect request refused")]
+    assert sorted(e["kind"] for e in events) == ["connect refused: parameters", "connect refused: source"]
+
+
+async def test_a_flood_of_connect_requests_to_a_follower_is_answered_within_bounds(cluster: TestCluster) -> None:
+    leader = cluster.start()
+    follower = next(m for m in range(3) if m != leader)
+    errors = cluster.counters()[follower].errors
+    await _offer_connect_requests(cluster, follower, [f"aeron:udp?endpoint=127.0.0.1:{20000 + i}" for i in range(300)])
+    await cluster.await_for(lambda: cluster.counters()[follower].errors > errors, 10, "replies beyond the bound dropped")
+    assert cluster.nodes[follower].running
+    # A client that asks the flooded member first may wait for its reply budget to refill (a
+    # few seconds): the bound protects the member, not that one connect.
+    for _attempt in range(5):
+        try:
+            async with open_kv_client(cluster.client_config) as kv:
+                await put_keys(kv, cluster, {"after": b"flood"})
+            break
+        except Exception as e:  # noqa: BLE001 - ConnectTimeoutError, in exception groups
+            print(f"connect after the flood: {e!r}")
+    else:
+        raise AssertionError(f"no client could connect after the flood\n{cluster.diagnostics()}")
+    assert all(n.running for n in cluster.nodes), cluster.diagnostics()
+
+
+async def test_an_archive_connect_request_naming_another_host_gets_no_answer(cluster: TestCluster) -> None:
+    from archive import codecs as ac
+    from media.driver import open_media_driver
+
+    cluster.start()
+    node = cluster.nodes[0]
+    victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    victim.bind(("127.0.0.9", 0))
+    victim.setblocking(False)
+    port = victim.getsockname()[1]
+    try:
+        async with open_media_driver(dir=cluster.base_dir / "attacker-driver") as driver:
+            pub = driver.add_publication(f"aeron:udp?endpoint={node.cfg.this_member.archive}",
+                                         node.cfg.archive.control_request_stream_id)
+            await cluster.await_for(lambda: pub.is_connected, 10, "connected to the archive's control port")
+            data = ac.encode_request(ac.ConnectRequest(1, 20, ac.PROTOCOL_VERSION if hasattr(ac, "PROTOCOL_VERSION")
+                                                       else 1, f"aeron:udp?endpoint=127.0.0.9:{port}"))
+            await cluster.await_for(lambda: pub.offer(data) > 0, 10, "the connect request offered")
+
+            def refused() -> bool:
+                return any(e.get("event", "").startswith("archive connect refused: source")
+                           for e in node.log_events())
+
+            await cluster.await_for(refused, 10, "the archive refuses the connect request")
+        try:
+            got = victim.recv(65536)
+        except BlockingIOError:
+            got = None
+        assert got is None, f"the archive sent {got[:40]!r} to a host that did not ask"
+    finally:
+        victim.close()

@@ -157,3 +157,14 @@ def test_a_member_that_canvasses_again_gets_a_new_catchup_replay_for_the_same_po
     assert any(isinstance(e, fx.StopCatchupReplay) and e.follower_member_id == follower for e in effects)
     leader.on_message(follower, ask, now)
     assert started() == 1
+
+
+def test_a_request_vote_for_a_term_far_beyond_any_known_is_dropped_and_nothing_is_persisted() -> None:
+    from cluster_node.consensus.module import MAX_TERM_JUMP
+
+    core = _core()
+    core.on_message(1, codecs.RequestVote(0, 1024, 2**63 - 1, 1, V), 1)
+    assert core.drain_effects() == [] and core.term_jumps_refused == 1
+    assert core.candidate_term_id == 0
+    core.on_message(1, codecs.RequestVote(0, 1024, MAX_TERM_JUMP, 1, V), 1)  # far, but within the bound
+    assert fx.PersistCandidateTerm(MAX_TERM_JUMP, 1024, 1) in core.drain_effects()

@@ -715,6 +715,14 @@ CLOSED_PREFIX = "__closed__"
 FAIL_SNAPSHOT_KEY = "__failsnapshot__"
 SLOW_SNAPSHOT_KEY = "__slowsnapshot__"
 RAISE_PREFIX = "__raise__"
+PERIODIC_PREFIX = "__periodic__"
+PERIODIC_STOP_PREFIX = "__pstop__"
+PERIODIC_NEXT_PREFIX = "__pnext__"
+PERIODIC_FIRED_PREFIX = "__pfired__"
+PERIODIC_EARLY_PREFIX = "__pearly__"
+PERIODIC_SKIPPED_PREFIX = "__pskipped__"
+BURST_PREFIX = "__burst__"
+BURST_APPLIED_PREFIX = "__b__"
 SLOW_PREFIX = "__slow__"
 SLOW_APPLY_S = 0.005
 
@@ -743,6 +751,14 @@ class DigestKvService(KeyValueService):
     * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
     * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
     * while ``__slowsnapshot__`` is a number, ``on_take_snapshot`` takes that many seconds;
+    * a PUT of ``__periodic__<id>`` with an 8-byte period in milliseconds starts periodic timer
+      ``<id>``: each firing counts one in ``__pfired__<id>`` and re-arms the same id, inside
+      ``on_timer_event``, for the next period (``__pnext__<id>``); an event before the deadline
+      counts in ``__pearly__<id>``, periods missed while the cluster was down in
+      ``__pskipped__<id>``; a PUT of ``__pstop__<id>`` cancels it;
+    * a PUT of ``__burst__<n>`` with a 4-byte count offers that many service messages from the
+      one callback, message ``i`` appending one ``x`` to ``__b__<n>_<i>`` (a digest also writes
+      ``.bursts``: each such key's length, 1 when applied exactly once);
     * a PUT of ``__raise__<n>`` stores its value, then raises ValueError (before any reply): a
       service callback that fails part way, the same on every member (``service_errors``);
     * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
@@ -762,8 +778,31 @@ class DigestKvService(KeyValueService):
         super().on_take_snapshot(writer)
 
     def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
+        next_key = f"{PERIODIC_NEXT_PREFIX}{correlation_id}"
+        if next_key in self.data:
+            self._periodic_fired(correlation_id, timestamp, next_key)
+            return
         key = f"{FIRED_PREFIX}{correlation_id}"
         self.data[key] = self.data.get(key, b"") + b"x"
+
+    def _periodic_fired(self, correlation_id: int, timestamp: int, next_key: str) -> None:
+        """A periodic timer: counted once per deadline and re-armed, in this callback, for the
+        next period (periods missed while the cluster was down are counted as skipped)."""
+        deadline = int.from_bytes(self.data[next_key], "little")
+        if timestamp < deadline:
+            self._count(f"{PERIODIC_EARLY_PREFIX}{correlation_id}")  # an event for no due deadline
+            return
+        self._count(f"{PERIODIC_FIRED_PREFIX}{correlation_id}")
+        period_ns = int.from_bytes(self.data[f"{PERIODIC_PREFIX}{correlation_id}"], "little") * 1_000_000
+        following = deadline + period_ns
+        while following <= timestamp:
+            following += period_ns
+            self._count(f"{PERIODIC_SKIPPED_PREFIX}{correlation_id}")
+        self.data[next_key] = following.to_bytes(8, "little")
+        self.cluster.schedule_timer(correlation_id, following)
+
+    def _count(self, key: str) -> None:
+        self.data[key] = (int.from_bytes(self.data.get(key, b""), "little") + 1).to_bytes(8, "little")
 
     def on_session_message(self, session, timestamp: int, payload) -> None:
         try:
@@ -780,7 +819,20 @@ class DigestKvService(KeyValueService):
         if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
                 and self.cluster is not None and session is not None):
             key, value = request[2], request[3]
-            if key.startswith(TIMER_PREFIX) and isinstance(value, bytes) and len(value) == 8:
+            if key.startswith(PERIODIC_PREFIX) and isinstance(value, bytes) and len(value) == 8:
+                correlation_id = int(key[len(PERIODIC_PREFIX):])
+                deadline = timestamp + int.from_bytes(value, "little") * 1_000_000
+                self.data[f"{PERIODIC_NEXT_PREFIX}{correlation_id}"] = deadline.to_bytes(8, "little")
+                self.cluster.schedule_timer(correlation_id, deadline)
+            elif key.startswith(PERIODIC_STOP_PREFIX):
+                correlation_id = int(key[len(PERIODIC_STOP_PREFIX):])
+                self.data.pop(f"{PERIODIC_NEXT_PREFIX}{correlation_id}", None)
+                self.cluster.cancel_timer(correlation_id)
+            elif key.startswith(BURST_PREFIX) and isinstance(value, bytes) and len(value) == 4:
+                n = key[len(BURST_PREFIX):]
+                for i in range(int.from_bytes(value, "little")):
+                    self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{BURST_APPLIED_PREFIX}{n}_{i}", b"x"]))
+            elif key.startswith(TIMER_PREFIX) and isinstance(value, bytes) and len(value) == 8:
                 delay_ns = int.from_bytes(value, "little") * 1_000_000
                 self.cluster.schedule_timer(int(key[len(TIMER_PREFIX):]), timestamp + delay_ns)
             elif key.startswith(SERVICE_MESSAGE_PREFIX):
@@ -800,6 +852,8 @@ class DigestKvService(KeyValueService):
                 base = Path(directory) / f"member{self.cluster.member_id}-{tag}"
                 # The key list first (to see what differs), the digest last (tests wait for it).
                 base.with_suffix(".keys").write_text("".join(f"{k}\n" for k in sorted(self.data)))
+                counts = {k: len(v) for k, v in self.data.items() if k.startswith(BURST_APPLIED_PREFIX)}
+                base.with_suffix(".bursts").write_text(json.dumps(counts))
                 base.with_suffix(".txt").write_text(f"{self.cluster.log_position} {digest}\n")
 
 
@@ -827,6 +881,14 @@ def read_digests(cluster: TestCluster, tag: str) -> dict[int, str]:
 
 
 __all__ = [
+    "PERIODIC_PREFIX",
+    "PERIODIC_STOP_PREFIX",
+    "PERIODIC_NEXT_PREFIX",
+    "PERIODIC_FIRED_PREFIX",
+    "PERIODIC_EARLY_PREFIX",
+    "PERIODIC_SKIPPED_PREFIX",
+    "BURST_PREFIX",
+    "BURST_APPLIED_PREFIX",
     "TIMER_PREFIX",
     "FIRED_PREFIX",
     "SERVICE_MESSAGE_PREFIX",

@@ -6,6 +6,10 @@ failing seed with the command that replays it, and prints one JSON object last::
 
     {"seeds": N, "violations": V, "seeds_per_s": R, "first_failing_seed": F or null, ...}
 
+``--service-layer`` sweeps the service-layer simulator instead
+(``tests.support.service_sim``: timers and service messages from callbacks, back-pressure,
+leadership changes; equal timer tables and exactly-once service messages on every member).
+
 Exit status 1 when any seed failed, 2 on bad arguments.
 """
 
@@ -17,12 +21,18 @@ import multiprocessing
 import sys
 import time
 
+from tests.support.service_sim import ServiceLayerSim
 from tests.support.sim import Simulation, random_config, replay_command, run_seed, stress_config
 
 _STRESS = False
+_SERVICE_LAYER = False
 
 
 def _run(seed: int) -> tuple[int, list[str], int, int]:
+    if _SERVICE_LAYER:
+        sim = ServiceLayerSim(seed)
+        sim.run()
+        return seed, sim.violations, len(sim.log), sim.now
     r = run_seed(seed, _STRESS)
     return seed, r.violations, r.events, r.sim_time_ns
 
@@ -47,9 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--verbose", action="store_true", help="print the full trace of each seed")
     p.add_argument("--stress", action="store_true", help="the harsher fault mix (stress_config)")
+    p.add_argument("--service-layer", action="store_true",
+                   help="the service-layer simulator (timers, service messages, back-pressure)")
     args = p.parse_args(argv)
-    global _STRESS
+    global _STRESS, _SERVICE_LAYER
     _STRESS = args.stress
+    _SERVICE_LAYER = args.service_layer
+    if args.service_layer and args.verbose:
+        print("error: --verbose is for the consensus simulator", file=sys.stderr)
+        return 2
     if args.seeds < 1 or args.jobs < 1 or args.start_seed < 0:
         print("error: --seeds and --jobs must be >= 1 and --start-seed >= 0", file=sys.stderr)
         return 2
@@ -79,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
                 failing.append(seed)
                 violations += len(found)
                 print(f"seed {seed} FAILED: {found[0]}", file=sys.stderr)
-                print(f"  replay with: {replay_command(seed, args.stress)}", file=sys.stderr)
+                if args.service_layer:
+                    print(f"  replay with: scripts/simulate --service-layer --seeds 1 --start-seed {seed}",
+                          file=sys.stderr)
+                else:
+                    print(f"  replay with: {replay_command(seed, args.stress)}", file=sys.stderr)
             if done % 1000 == 0:
                 rate = done / (time.perf_counter() - started)
                 print(f"{done} seeds, {len(failing)} failing, {rate:.1f} seeds/s", file=sys.stderr)
@@ -100,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 "events": events,
                 "jobs": args.jobs,
                 "stress": args.stress,
+                "service_layer": args.service_layer,
             }
         )
     )

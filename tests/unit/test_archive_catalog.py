@@ -23,6 +23,7 @@ from archive.catalog import (
     UnknownRecordingError,
     decode_descriptor_body,
     encode_descriptor_body,
+    record_checksum,
 )
 from archive.segments import NULL_POSITION
 
@@ -84,7 +85,9 @@ def test_record_layout_on_disk() -> None:
     length, state, checksum = struct.unpack_from("<iiI", data, FIRST)
     body = data[FIRST + BODY : FIRST + BODY + length]
     assert state == RecordingState.VALID
-    assert checksum == zlib.crc32(body)
+    header_rest = data[FIRST + 12 : FIRST + BODY]
+    assert checksum == zlib.crc32(body, zlib.crc32(header_rest, zlib.crc32(data[FIRST + 4 : FIRST + 8])))
+    assert struct.unpack_from("<q", header_rest, 4)[0] == NULL_POSITION  # frames without checksums
     assert struct.unpack_from("<qqqqqqq", body, 0) == (11, 22, 0, 1_000, -1, 4096, NULL_POSITION)
     assert struct.unpack_from("<iiiiii", body, 56) == (0, 128 * 1024 * 1024, 64 * 1024 * 1024, 1408, -9, 1001)
     (n,) = struct.unpack_from("<I", body, 80)
@@ -323,7 +326,7 @@ def _corrupt(data: bytearray, offset: int, fmt: str, value: int) -> bytes:
         (lambda rec: 16, "<i", 16, 16),  # alignment too small
         (lambda rec: rec, "<i", 100_000, None),  # record length past the end
         (lambda rec: rec, "<i", -64, None),  # negative record length
-        (lambda rec: rec + 4, "<i", 3, "rec+4"),  # unknown state
+        (lambda rec: rec + 4, "<i", 3, "rec+8"),  # unknown state: fails the checksum
         (lambda rec: rec + 8, "<I", 12345, "rec+8"),  # checksum of a VALID record
         (lambda rec: rec + BODY + 40, "<q", 4096, "rec+8"),  # body changed behind the checksum
     ],
@@ -347,7 +350,7 @@ def test_corrupt_string_length_in_a_record_reports_offset_inside_the_body() -> N
     body = bytearray(data[rec + BODY : rec + BODY + length])
     struct.pack_into("<I", body, 80, 10_000)  # stripped_channel length
     data[rec + BODY : rec + BODY + length] = body
-    struct.pack_into("<I", data, rec + 8, zlib.crc32(bytes(body)))  # checksum consistent: layout is bad
+    struct.pack_into("<I", data, rec + 8, record_checksum(data, rec))  # checksum consistent: layout is bad
     with pytest.raises(CatalogError) as info:
         Catalog.from_bytes(bytes(data))
     assert info.value.offset == rec + BODY + 80
@@ -357,7 +360,7 @@ def test_invalid_utf8_in_a_record() -> None:
     data, rec = _image()
     length = struct.unpack_from("<i", data, rec)[0]
     data[rec + BODY + 84] = 0xFF
-    struct.pack_into("<I", data, rec + 8, zlib.crc32(bytes(data[rec + BODY : rec + BODY + length])))
+    struct.pack_into("<I", data, rec + 8, record_checksum(data, rec))
     with pytest.raises(CatalogError) as info:
         Catalog.from_bytes(bytes(data))
     assert info.value.offset == rec + BODY + 84
@@ -367,7 +370,7 @@ def test_duplicate_recording_id() -> None:
     data, rec = _image()
     length = struct.unpack_from("<i", data, rec)[0]
     struct.pack_into("<q", data, rec + BODY + 16, 0)  # second record claims id 0
-    struct.pack_into("<I", data, rec + 8, zlib.crc32(bytes(data[rec + BODY : rec + BODY + length])))
+    struct.pack_into("<I", data, rec + 8, record_checksum(data, rec))
     with pytest.raises(CatalogError, match="duplicate") as info:
         Catalog.from_bytes(bytes(data))
     assert info.value.offset == rec + BODY + 16
@@ -381,34 +384,60 @@ def test_too_short_catalog(size: int) -> None:
     assert info.value.offset == 0
 
 
-def test_bad_checksum_is_ignored_on_a_deleted_record() -> None:
+def test_bad_checksum_of_a_deleted_record_is_damage_too() -> None:
     catalog = Catalog.create(2048)
     a, b = add(catalog), add(catalog)
     catalog.change_state(a, RecordingState.DELETED)
     data = bytearray(catalog.to_bytes())
     struct.pack_into("<I", data, catalog.record_range(a).start + 8, 1)
-    loaded = Catalog.from_bytes(bytes(data))
-    assert loaded.state(a) == RecordingState.DELETED and loaded.find(b) is not None
+    with pytest.raises(CatalogError, match=f"entry of recording {a} "):
+        Catalog.from_bytes(bytes(data))
 
 
-def test_non_strict_load_repairs_a_torn_checksum() -> None:
+def test_a_torn_stop_position_is_refused_not_repaired() -> None:
+    """A record whose bytes disagree with its checksum is never trusted, torn or flipped alike:
+    strict loads refuse it, naming the recording; a lenient load (the rebuild) leaves it out and
+    keeps what it reads as a hint."""
     data, rec = _image()
     struct.pack_into("<q", data, rec + BODY + 48, 4096)  # stop position reached disk, checksum did not
-    with pytest.raises(CatalogError):
+    with pytest.raises(CatalogError, match="entry of recording 1 at offset") as info:
         Catalog.from_bytes(bytes(data))
+    assert info.value.recording_id == 1
     catalog = Catalog.from_bytes(bytes(data), strict=False)
-    assert catalog.repaired == [rec]
-    assert catalog.get(1).stop_position == 4096
-    disk = bytearray(data)
-    apply(disk, catalog)
-    assert Catalog.from_bytes(bytes(disk)).get(1).stop_position == 4096
+    assert catalog.find(1) is None and catalog.find(0) is not None
+    [damaged] = catalog.damaged
+    assert damaged.offset == rec and damaged.hint is not None and damaged.hint.stop_position == 4096
 
 
-def test_non_strict_load_still_rejects_an_undecodable_valid_record() -> None:
-    data, rec = _image()
-    struct.pack_into("<I", data, rec + BODY + 80, 10_000)
-    with pytest.raises(CatalogError):
-        Catalog.from_bytes(bytes(data), strict=False)
+def test_lenient_load_finds_the_records_after_a_damaged_length() -> None:
+    catalog = Catalog.create(4096)
+    ids = [add(catalog) for _ in range(3)]
+    data = bytearray(catalog.to_bytes())
+    second = catalog.record_range(ids[1]).start
+    struct.pack_into("<i", data, second, 7)  # a length that puts the next record elsewhere
+    loaded = Catalog.from_bytes(bytes(data), strict=False)
+    assert [d.recording_id for d in loaded] == [ids[0], ids[2]]
+    assert loaded.damaged[0].hint is not None and loaded.damaged[0].hint.recording_id == ids[1]
+    struct.pack_into("<i", data, second, 0)  # a length of 0 with records after it: damage, not the end
+    with pytest.raises(CatalogError, match=f"recording {ids[1]}"):
+        Catalog.from_bytes(bytes(data))
+
+
+def test_every_flipped_bit_of_a_record_is_found() -> None:
+    """One bit flipped anywhere in a record (header and body) fails the load, naming the record's
+    offset; none is silently accepted, repaired or read as the end of the catalog."""
+    catalog = Catalog.create(4096)
+    a, b, c = add(catalog), add(catalog, stop_position=4096), add(catalog)
+    data = catalog.to_bytes()
+    r = catalog.record_range(b)
+    used = r.start + BODY + struct.unpack_from("<i", data, r.start)[0]
+    for i in range(r.start, used):
+        for bit in range(8):
+            bad = bytearray(data)
+            bad[i] ^= 1 << bit
+            with pytest.raises(CatalogError) as info:
+                Catalog.from_bytes(bytes(bad))
+            assert r.start <= info.value.offset < r.end, (i, bit, str(info.value))
 
 
 def test_record_without_header_update_does_not_reuse_its_id() -> None:

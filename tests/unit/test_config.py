@@ -94,6 +94,7 @@ def test_reference_defaults() -> None:
     assert c.max_sessions == 10 and c.appointed_leader_id == -1
     assert cfg.driver.mtu == 1408
     assert cfg.archive.segment_length == 128 * 1024 * 1024
+    assert cfg.archive.frame_checksums is True
     assert cfg.member_id == 1 and cfg.this_member.ingress == "127.0.0.1:20111"
     assert cfg.ingress_endpoints_text == "0=127.0.0.1:20110,1=127.0.0.1:20111"
     assert cfg.archive_dir == Path("var/n1/archive")

@@ -279,3 +279,30 @@ def test_processes_starting_at_once_on_one_directory_get_one_owner(tmp_path):
     for p in procs:
         p.join(timeout=30)
     assert outcomes == ["owner"] + ["refused"] * (n - 1)
+
+
+def test_a_zombie_owners_counters_file_is_taken_over(tmp_path):
+    """A predecessor that exited but was not reaped (its parent never waited) still answers
+    signal 0; it writes nothing any more, so its counters.dat is replaced rather than left for
+    readers to find stale beside a counters-<pid>.dat of the new process."""
+    import time as _time
+
+    path = tmp_path / "counters.dat"
+    child = subprocess.Popen([sys.executable, "-c",
+                              f"from media.counters import CountersManager; CountersManager.create({str(path)!r}, 8)"])
+    try:
+        deadline = _time.monotonic() + 30
+        while True:
+            try:
+                state = open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0]
+            except OSError:
+                state = "?"
+            if state == "Z" and path.exists():
+                break
+            assert _time.monotonic() < deadline, "the child did not exit"
+            _time.sleep(0.01)
+        manager = CountersManager.create(path, 8)  # not refused, not counters-<pid>.dat
+        assert manager.path == path
+        manager.close()
+    finally:
+        child.wait()

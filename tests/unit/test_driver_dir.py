@@ -45,7 +45,7 @@ def test_sweep_removes_only_directories_of_deleted_node_directories(tmp_path):
 
 def test_a_driver_directory_that_cannot_be_made_stops_the_node_with_one_line(tmp_path, monkeypatch):
     from cluster_node.config import generate_loopback_cluster
-    from cluster_node.node import NodeStartError, _prepare_shm_driver_dir
+    from cluster_node.node import NodeStartError, _prepare_driver_dir
 
     monkeypatch.setattr(driver_dir, "SHM_ROOT", tmp_path / "shm")
     (tmp_path / "shm").mkdir()
@@ -53,4 +53,4 @@ def test_a_driver_directory_that_cannot_be_made_stops_the_node_with_one_line(tmp
     cfg = generate_loopback_cluster(3, tmp_path / "cluster")[0][0]
     assert cfg.driver_dir.parent == tmp_path / "shm" / f"pycluster-{os.getuid()}"
     with pytest.raises(NodeStartError, match=r"cannot use the driver directory .*\[driver\] dir"):
-        _prepare_shm_driver_dir(cfg)
+        _prepare_driver_dir(cfg)

@@ -3,6 +3,8 @@ the service sends back, with no container and no transport."""
 
 from __future__ import annotations
 
+import pytest
+
 from cluster_node.codecs import (
     CONSENSUS_TO_SERVICE_CODEC,
     LOG_CODEC,
@@ -23,7 +25,7 @@ from cluster_node.codecs import (
     decode_session_message,
     encode_session_message,
 )
-from cluster_node.service.agent import ServiceAgent
+from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import MOCKED_OFFER, ClusteredService, Role
 
 
@@ -96,7 +98,7 @@ def test_start_acks_the_consensus_module():
     rig.accept = False  # the consensus module's subscription is not there yet
     rig.agent.start(None, log_position=0)
     rig.agent.check_positions()
-    assert rig.service.calls == [("start", None)] and rig.to_cm == []
+    assert rig.service.calls == [("start", None), ("role", Role.FOLLOWER)] and rig.to_cm == []
     rig.accept = True
     rig.agent.check_positions()
     rig.agent.check_positions()
@@ -114,7 +116,7 @@ def test_log_entries_reach_the_service_in_order_with_log_time():
     rig.log(encode_session_message(3, -7, 1003, b"from a service"))
     rig.log(LOG_CODEC.encode(TimerEvent(3, 42, 1004)))
     rig.log(LOG_CODEC.encode(SessionCloseEvent(3, 5, 1005, CloseReason.TIMEOUT)))
-    assert rig.service.calls[1:] == [
+    assert rig.service.calls[2:] == [
         ("term", 3, 1),
         ("open", 5, 1001),
         ("message", 5, 1002, b"hello"),
@@ -151,11 +153,63 @@ def test_cluster_handle_sends_to_the_consensus_module():
     assert rig.agent.close_client_session(5) and rig.agent.get_client_session(5).is_closing
     assert rig.agent.offer(b"svc") > 0
     sent = rig.sent()
-    assert sent[:3] == [ScheduleTimer(7, 5000), CancelTimer(7), CloseSession(5)]
+    position = rig.agent.log_position
+    assert sent[:3] == [ScheduleTimer(7, 5000, position), CancelTimer(7, position), CloseSession(5)]
     hdr, payload = sent[3]
     assert hdr.cluster_session_id == 0 and payload == b"svc"
+
+
+def test_a_request_the_stream_refuses_waits_for_room_and_is_never_lost():
+    """Back-pressure on the stream to the consensus module: offer, schedule_timer and
+    cancel_timer wait until it is taken (the same message gets the same id on every member)."""
+    rig = Rig()
+    rig.agent.start(None)
+    refusals = []
+
+    def send(data: bytes) -> int:
+        if len(refusals) < 5:
+            refusals.append(data)
+            return -2  # BACK_PRESSURED
+        rig.to_cm.append(data)
+        return 1
+
+    rig.agent._send = send
+    assert rig.agent.offer(b"one") > 0 and rig.agent.schedule_timer(8, 1)
+    assert len(refusals) == 5 and rig.agent.offer_waits == 1
+    assert len(rig.sent()) == 2 and rig.sent()[1] == ScheduleTimer(8, 1, rig.agent.log_position)
+
+
+def test_a_request_waiting_for_room_ends_the_thread_when_the_node_stops():
+    stopping = []
+    rig = Rig()
+    rig.agent._stopping = lambda: bool(stopping)
+    rig.agent.start(None)
     rig.accept = False
-    assert not rig.agent.schedule_timer(8, 1)  # back-pressured: the service tries again
+    stopping.append(True)
+    with pytest.raises(ServiceStopping):
+        rig.agent.offer(b"lost with the process")
+
+
+def test_close_client_session_of_an_unknown_or_closed_session_is_a_no_op():
+    rig = Rig()
+    rig.agent.start(None)
+    rig.to_cm.clear()
+    assert rig.agent.close_client_session(12345) is False and rig.to_cm == []
+
+
+def test_time_unit_is_nanos_from_on_start_and_the_initial_role_is_told():
+    seen = []
+
+    class Svc(ClusteredService):
+        def on_start(self, cluster, snapshot):
+            seen.append(("unit", cluster.time_unit))
+
+        def on_role_change(self, new_role):
+            seen.append(("role", new_role))
+
+    agent = ServiceAgent(Svc(), member_id=0, send_to_consensus=lambda d: 1)
+    agent.start(None, role=Role.LEADER)
+    assert seen == [("unit", ClusterTimeUnit.NANOS), ("role", Role.LEADER)]
 
 
 def test_requested_ack_and_termination_wait_for_the_position():

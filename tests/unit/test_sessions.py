@@ -254,3 +254,39 @@ def test_a_follower_sends_a_session_it_knows_to_the_leader_it_follows():
     assert not s.on_ingress_not_leading(2, 43, leader_member_id=0, current_term_id=3, now_ns=2 * S)
     assert s.drain_effects() == []
 
+
+
+def test_a_suspended_leader_tells_each_open_session_its_requests_wait_and_a_resume_restarts_timeouts():
+    from cluster_node.consensus.sessions import SUSPENDED_DETAIL
+
+    s = make(session_timeout_ns=10)
+    a, b = connect(s, corr=7), connect(s, corr=8)
+    s.drain_effects()
+    assert s.remind_suspended(3) == 2
+    told = events(s.drain_effects())
+    assert sorted(e.cluster_session_id for e in told) == [a.id, b.id]
+    assert all(e.code == EventCode.OK and e.detail == SUSPENDED_DETAIL and e.leadership_term_id == 3 for e in told)
+    s.on_resume(now_ns=1_000)
+    assert s.check_timeouts(3, 1_005) == 0  # silent since before the resume, but not counted
+    assert s.check_timeouts(3, 1_011) == 2
+
+
+def test_a_response_channel_must_be_a_plain_udp_endpoint_of_the_requests_source():
+    from cluster_node.consensus.sessions import response_channel_refusal as refusal
+
+    ok = "aeron:udp?endpoint=10.0.0.5:4000"
+    assert refusal(ok, 102, "10.0.0.5", 102) is None
+    assert refusal("aeron:ipc", 102, None, 102) is None  # over IPC: the same host
+    cases = {
+        ("aeron:udp?endpoint=10.0.0.9:4000", 102, "10.0.0.5"): "source",
+        ("aeron:udp?endpoint=10.0.0.5:4000|control=10.0.0.5:4001", 102, "10.0.0.5"): "parameters",
+        ("aeron:udp?endpoint=10.0.0.5:4000|term-length=1g", 102, "10.0.0.5"): "parameters",
+        (ok, 7, "10.0.0.5"): "stream",
+        ("aeron:udp?endpoint=10.0.0.5:0", 102, "10.0.0.5"): "port",
+        ("aeron:ipc", 102, "10.0.0.5"): "not udp",
+        ("aeron:udp?control-mode=manual", 102, "10.0.0.5"): "not udp",
+        ("http://x", 102, "10.0.0.5"): "unparsable",
+    }
+    for (channel, stream, source), kind in cases.items():
+        why = refusal(channel, stream, source, 102)
+        assert why is not None and why.split(":")[0] == kind, (channel, why)

@@ -24,15 +24,38 @@ def test_timers_fire_in_deadline_then_id_order_and_reschedule_replaces():
     assert t.snapshot() == [(1, 100)]
 
 
-def test_log_timer_event_before_the_local_schedule_skips_it():
+def test_a_request_made_before_an_applied_timer_event_is_superseded_by_it():
     t = Timers()
-    t.on_log_timer_event(9)  # the leader fired before our service asked
-    t.schedule(9, 10)
-    assert len(t) == 0 and not t.expired_early
-    t.schedule(9, 20)  # a later, genuine reschedule is kept
+    t.on_log_timer_event(9, 500)  # the leader fired before our service's request reached us
+    assert not t.schedule(9, 10, log_position=400)  # made before the event: in log order, undone by it
+    assert len(t) == 0 and t.superseded == 1
+    assert t.schedule(9, 20, log_position=500)  # the re-arm inside on_timer_event: after it
     assert t.snapshot() == [(9, 20)]
-    t.on_log_timer_event(9)
-    assert len(t) == 0 and not t.expired_early
+    t.on_log_timer_event(9, 900)
+    assert len(t) == 0
+    assert not t.event_positions or t.event_positions[9] == 900
+
+
+def test_a_re_arm_that_arrives_before_its_event_is_applied_is_not_lost():
+    """What the issue saw on followers: the service's re-arm reached the module before the event
+    that ran it; that order cannot occur once the service is bounded by the log adapter, and a
+    request made at the event's own position is after it in log order."""
+    t = Timers()
+    t.schedule(7, 100, log_position=64)
+    t.on_log_timer_event(7, 128)
+    assert t.schedule(7, 150, log_position=128)
+    assert t.snapshot() == [(7, 150)]
+
+
+def test_superseded_requests_apply_again_when_the_event_is_rolled_back():
+    t = Timers()
+    t.schedule(1, 10, log_position=64)
+    t.on_fired(1, 320)  # appended, not committed
+    assert not t.schedule(1, 99, log_position=256)  # made before the event: superseded
+    t.rollback(commit_position=300)  # the event is gone with the uncommitted tail
+    assert t.snapshot() == [(1, 99)]
+    assert t.schedule(1, 40, log_position=300)
+    assert t.snapshot() == [(1, 40)]
 
 
 def test_uncommitted_fired_timers_come_back_on_rollback():
@@ -71,10 +94,13 @@ def test_follower_drops_what_the_log_holds_and_stays_in_step():
     assert p.enqueue(b"z") == ids[4] + 3 and len(p) == 1  # new
 
 
-def test_pending_capacity_is_back_pressure():
+def test_pending_capacity_is_back_pressure_never_a_refusal():
+    """A full queue still takes the message and gives it the next id (a refusal on one member
+    only would shift every later id there); has_room tells the owner to stop reading."""
     p = PendingServiceMessages(capacity=2)
-    assert p.enqueue(b"1") and p.enqueue(b"2") and p.enqueue(b"3") is None
-    assert p.dropped_full == 1
+    a = p.enqueue(b"1")
+    assert p.has_room and p.enqueue(b"2") == a + 1 and not p.has_room
+    assert p.enqueue(b"3") == a + 2 and len(p) == 3
 
 
 @settings(max_examples=100, deadline=None)
