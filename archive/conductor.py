@@ -362,8 +362,9 @@ class Archive:
             # to the control port could close, stop or truncate for another client (the
             # consensus module's own recordings included) by guessing a small session id.
             self.invalid_requests += 1
-            log.warning("request for another client's control session dropped",
-                        control_session_id=request.control_session_id)
+            self.request_warnings.warning("another client's session",
+                                          "request for another client's control session dropped",
+                                          control_session_id=request.control_session_id)
             return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)

@@ -29,7 +29,7 @@ import pytest
 import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
-from tests.support.adversarial import MAX_COMMIT_STALL_S, WRITER_KEYS, Bounds, Report, run_adversarial
+from tests.support.adversarial import MAX_COMMIT_STALL_S, VERIFY_WINDOW, WRITER_KEYS, Bounds, Report, run_adversarial
 from tests.support.cluster import TestCluster, open_kv_client
 
 DEFAULT_SEED = int(os.environ.get("ADVERSARIAL_SEED", "2026"))
@@ -66,7 +66,7 @@ async def fuzz_under_load(cluster: TestCluster, seed: int, **run_kwargs) -> Repo
             f"{summary}\n{cluster.diagnostics()}"
         )
         try:
-            await writer.verify()
+            await writer.verify(window=VERIFY_WINDOW)
             await assert_same_state(kv, cluster, f"adversarial-{seed}")
         except AssertionError:
             print(f"seed {seed}: {summary}")

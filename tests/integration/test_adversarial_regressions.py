@@ -87,8 +87,10 @@ class Forger:
 
 
 def _sink() -> socket.socket:
+    """Where a connect request of the forger asks for replies: on the forger's own host (an
+    archive answers a remote client only there)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
+    s.bind(("127.0.0.2", 0))
     s.settimeout(0.1)
     return s
 
@@ -130,7 +132,7 @@ async def test_a_forged_request_naming_another_clients_archive_session_is_droppe
         )
         forger.send(datagram)
         sentinel = ac.encode_request(ac.ConnectRequest(
-            99, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint=127.0.0.1:{sink.getsockname()[1]}"))
+            99, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint=127.0.0.2:{sink.getsockname()[1]}"))
         forger.send(forger.data_datagram(sentinel))
         await cluster.await_for(lambda: _received_any(sink), 10, "the archive answers the sentinel connect request")
     finally:

@@ -45,6 +45,9 @@ RECENT_PER_MEMBER = 20_000
 WRITER_KEYS = 512
 """Keys the load's AppendWriter spreads its tokens over: a value must stay under the largest
 reply (an eighth of a term) however long the run."""
+VERIFY_WINDOW = 8
+"""Reads in flight when the writes are verified: a long run's values are tens of kilobytes, and
+the service drops a reply its client's egress has no room for."""
 MAX_COMMIT_STALL_S = 10.0
 """The longest the commit position may stand still under fuzzing: a few election timeouts.
 The fuzzer does not impersonate members (tests/support/fuzz.py), so no message may end a term;

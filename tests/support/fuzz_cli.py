@@ -20,7 +20,7 @@ from pathlib import Path
 import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
-from tests.support.adversarial import MAX_COMMIT_STALL_S, WRITER_KEYS, Bounds, run_adversarial
+from tests.support.adversarial import MAX_COMMIT_STALL_S, VERIFY_WINDOW, WRITER_KEYS, Bounds, run_adversarial
 from tests.support.cluster import TestCluster, open_kv_client
 
 
@@ -43,7 +43,7 @@ async def _run(args: argparse.Namespace, base: Path) -> dict:
             if report.exited:
                 failures.append(f"members exited: {report.exited}; datagrams sent to them last: {report.dumps}")
             else:
-                for check, name in ((writer.verify, "writes"),
+                for check, name in ((lambda: writer.verify(window=VERIFY_WINDOW), "writes"),
                                     (lambda: assert_same_state(kv, cluster, f"fuzz-{args.seed}"), "state")):
                     try:
                         await check()
