@@ -70,7 +70,8 @@ class Forger:
                 data, _ = self.sock.recvfrom(65536)
             except socket.timeout:
                 continue
-            if len(data) >= F.SM_LENGTH and data[6] == F.TYPE_SM and struct.unpack_from("<i", data, 8)[0] == self.session_id:
+            if (len(data) >= F.SM_LENGTH and data[6] == F.TYPE_SM
+                    and struct.unpack_from("<i", data, 8)[0] == self.session_id):
                 return
         raise AssertionError(f"no status message from {self.addr} for the forged session")
 

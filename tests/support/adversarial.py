@@ -116,7 +116,8 @@ class Report:
                 out.append(f"member {m} peak RSS {peak} kB > {bounds.peak_rss_kb} kB")
         for m, peak in self.peak_fds.items():
             if peak > self.fds_start.get(m, 0) + bounds.extra_fds:
-                out.append(f"member {m} held {peak} fds, {self.fds_start.get(m)} at the start (+{bounds.extra_fds} allowed)")
+                out.append(f"member {m} held {peak} fds, {self.fds_start.get(m)} at the start"
+                           f" (+{bounds.extra_fds} allowed)")
         for m, peak in self.peak_counters.items():
             cap = self.counters_capacity.get(m, 0)
             if cap and peak > cap * bounds.counters_share:

@@ -510,14 +510,15 @@ class DatagramFuzzer:
             body = rng.randbytes(rng.choice((0, 1, 31, 32, 100, rng.randrange(0, self.mtu))))
             flen = rng.choice((F.HEADER_LENGTH + len(body),) * 4 + (0, 1, 31, 33, 40, 2**31 - 1, -1, tl - offset))
             flags = rng.choice((F.FLAG_UNFRAGMENTED, F.FLAG_BEGIN, F.FLAG_END, 0, F.FLAG_EOS, 0xFF))
-            padding = bytes(F.align(F.HEADER_LENGTH + len(body)) - F.HEADER_LENGTH - len(body)) if rng.random() < 0.8 else b""
+            unaligned = F.HEADER_LENGTH + len(body)
+            padding = bytes(F.align(unaligned) - unaligned) if rng.random() < 0.8 else b""
             return F.encode_data_header(flen, flags, offset, session, stream, term_id,
                                         rng.choice((0, -1, 2**63 - 1)), ftype) + body + padding
         if name == "SETUP":
             mtu = rng.choice((self.mtu, self.mtu, 1408, 64, 65504, 32, 0, 65536, 33))
             return F._SETUP.pack(F.SETUP_LENGTH, F.VERSION, 0, F.TYPE_SETUP, offset, session, stream, term_id,
-                                 F.wrap_i32(term_id + rng.choice((0, 0, 1, 5, -1, 2**31 - 1))), self._term_length(), mtu,
-                                 rng.choice((0, 1, 255)))
+                                 F.wrap_i32(term_id + rng.choice((0, 0, 1, 5, -1, 2**31 - 1))), self._term_length(),
+                                 mtu, rng.choice((0, 1, 255)))
         if name == "SM":
             window = rng.choice((0, 1, 64 * 1024, tl, 2**31 - 1, -1))
             consumption_offset = rng.choice((0, 32, tl - 32, tl, 2**31 - 1, -1))
