@@ -212,3 +212,45 @@ async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: T
     async with open_kv_client(cluster.client_config) as kv:
         await put_keys(kv, cluster, keys)
     assert cluster.nodes[follower].running, f"follower {follower} stopped\n{cluster.diagnostics()}"
+
+
+# ------------------------------------------------------------------------------------------ archive sessions
+
+
+@pytest.mark.xfail(strict=True, reason="archive control sessions are bounded (64) but never time out and have no "
+                   "per-source share: one remote client holding them all leaves a restarted follower no way to "
+                   "catch up from the leader's archive (issue 26)")
+async def test_a_remote_client_holding_every_archive_session_does_not_stop_a_follower_catching_up(
+        cluster: TestCluster) -> None:
+    """Found with the fuzzer's connect requests: the leader's archive answers every remote
+    connect request up to ``max_control_sessions``, and keeps each session while its response
+    channel is connected, without a keepalive. Here one client (a media driver of its own,
+    answering as any receiver does) opens them all, then a follower that was down must catch
+    up from the leader's archive."""
+    from archive.conductor import ArchiveConfig
+    from media.driver import open_media_driver
+
+    leader = cluster.start()
+    follower = (leader + 1) % 3
+    node = cluster.nodes[leader]
+    cluster.nodes[follower].kill()
+    async with open_kv_client(cluster.client_config) as kv:
+        await put_keys(kv, cluster, {f"while-down-{i}": b"v" * 100 for i in range(200)})
+    async with open_media_driver(dir=cluster.base_dir / "holder-driver") as driver:
+        pub = driver.add_publication(f"aeron:udp?endpoint={node.cfg.this_member.archive}",
+                                     node.cfg.archive.control_request_stream_id)
+        sink = _sink()
+        port = sink.getsockname()[1]
+        sink.close()
+        sub = driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 20)
+        await cluster.await_for(lambda: pub.is_connected, 10, "connected to the leader's archive control port")
+        sessions = ArchiveConfig.max_control_sessions  # (the node's archive keeps the default)
+        for i in range(sessions):
+            request = ac.encode_request(ac.ConnectRequest(i + 1, 20, ac.PROTOCOL_SEMANTIC_VERSION,
+                                                          f"aeron:udp?endpoint=127.0.0.1:{port}"))
+            await cluster.await_for(lambda: pub.offer(request) > 0, 10, "a connect request offered")
+        await cluster.await_for(lambda: len(sub.images) >= sessions - 2, 20,
+                                "the archive opens (nearly) every control session for the holder")
+        cluster.restart(follower)
+        await cluster.await_for(lambda: cluster.caught_up([n.member_id for n in cluster.nodes]), 30,
+                                f"follower {follower} catches up while another client holds the archive's sessions")

@@ -86,6 +86,7 @@ class Report:
     fds_start: dict[int, int] = field(default_factory=dict)
     peak_fds: dict[int, int] = field(default_factory=dict)
     peak_counters: dict[int, int] = field(default_factory=dict)
+    counters_at_peak: dict[int, dict[str, int]] = field(default_factory=dict)
     counters_capacity: dict[int, int] = field(default_factory=dict)
     dumps: dict[int, str] = field(default_factory=dict)
     system_counters: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -156,6 +157,7 @@ class Report:
             "fds_at_start": {str(k): v for k, v in self.fds_start.items()},
             "counters_in_use": {str(k): v for k, v in self.peak_counters.items()},
             "counters_capacity": {str(k): v for k, v in self.counters_capacity.items()},
+            "counters_by_kind_at_peak": {str(k): v for k, v in self.counters_at_peak.items()},
             "dumps": {str(k): v for k, v in self.dumps.items()},
             "system_counters": {str(k): v for k, v in self.system_counters.items()},
         }
@@ -290,7 +292,9 @@ async def run_adversarial(
                 report.system_counters[m] = system
             used = counters_in_use(n)
             if used is not None:
-                report.peak_counters[m] = max(report.peak_counters.get(m, 0), used[0])
+                if used[0] > report.peak_counters.get(m, -1):
+                    report.peak_counters[m] = used[0]
+                    report.counters_at_peak[m] = {k: v for k, v in used[2].items() if v > 2}
                 report.counters_capacity[m] = used[1]
 
     start = time.monotonic()

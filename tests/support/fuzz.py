@@ -778,8 +778,10 @@ def proc_figures(pid: int) -> dict[str, int] | None:
     return out
 
 
-def counters_in_use(node) -> tuple[int, int] | None:
-    """``(allocated counters, capacity)`` of a running member's counters file."""
+def counters_in_use(node) -> tuple[int, int, dict[str, int]] | None:
+    """``(allocated counters, capacity, allocated by kind)`` of a running member's counters
+    file; a counter's kind is its label up to the first colon (``rcv-hwm``, ``pub-pos``...),
+    or, for a label of words only, its first two words."""
     from media.counters import CountersError, CountersReader
 
     if not node.running:
@@ -789,7 +791,9 @@ def counters_in_use(node) -> tuple[int, int] | None:
     except (CountersError, OSError, ValueError):
         return None
     try:
-        return sum(1 for _ in reader.counters()), reader.max_counters
+        kinds = Counter(c.label.split(":", 1)[0] if ":" in c.label else " ".join(c.label.split()[:2])
+                        for c in reader.counters())
+        return sum(kinds.values()), reader.max_counters, dict(kinds.most_common())
     except CountersError:
         return None
     finally:
