@@ -19,6 +19,7 @@ files (``archive.rebuild``); like ``truncate`` it needs the node stopped and loc
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 
@@ -103,19 +104,33 @@ _dir_option = click.option("--dir", "directory", required=True, type=click.Path(
                            help="archive directory, or node directory holding archive/")
 
 
+_json_option = click.option("--json", "as_json", is_flag=True,
+                            help="One JSON object with the fields of the text (keys in docs/operations.md).")
+
+
 @archive.command("list")
 @_dir_option
-def list_cmd(directory: Path) -> None:
+@_json_option
+def list_cmd(directory: Path, as_json: bool) -> None:
     """List the recordings as a table."""
     adir = _archive_dir(directory)
     catalog = _catalog(adir)
     rows = [("id", "start", "stop", "bytes", "stream", "session", "segments", "channel")]
+    recordings = []
     for d in catalog:
         stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
+        segments = len(list_segments(adir, d.recording_id))
         rows.append((
             str(d.recording_id), str(d.start_position), _stop_text(d), str(stop - d.start_position),
-            str(d.stream_id), str(d.session_id), str(len(list_segments(adir, d.recording_id))), d.original_channel,
+            str(d.stream_id), str(d.session_id), str(segments), d.original_channel,
         ))
+        recordings.append({"recording_id": d.recording_id, "start_position": d.start_position,
+                           "stop_position": d.stop_position, "active": d.stop_position == NULL_POSITION,
+                           "end_position": stop, "bytes": stop - d.start_position, "stream_id": d.stream_id,
+                           "session_id": d.session_id, "segment_files": segments, "channel": d.original_channel})
+    if as_json:
+        click.echo(json.dumps({"archive_dir": str(adir), "recordings": recordings}, indent=2))
+        return
     if len(rows) == 1:
         click.echo(f"no recordings in {adir}")
         return
@@ -127,10 +142,18 @@ def list_cmd(directory: Path) -> None:
 @archive.command()
 @_dir_option
 @click.argument("recording_id", type=int)
-def describe(directory: Path, recording_id: int) -> None:
+@_json_option
+def describe(directory: Path, recording_id: int, as_json: bool) -> None:
     """Every field of one recording's descriptor, and its segment files."""
     adir = _archive_dir(directory)
     d = _descriptor(_catalog(adir), recording_id)
+    if as_json:
+        fields = {name: getattr(d, name) for name in d.__struct_fields__}
+        fields = {k: v if isinstance(v, (int, str, bool)) or v is None else str(v) for k, v in fields.items()}
+        files = [f"{recording_id}-{b}.rec" for b in list_segments(adir, recording_id)]
+        click.echo(json.dumps({"archive_dir": str(adir), "descriptor": fields, "checks": checks_text(d),
+                               "segment_files": files}, indent=2))
+        return
     for name in d.__struct_fields__:
         click.echo(f"{name:20} {getattr(d, name)}")
     click.echo(f"{'checks':20} {checks_text(d)}")

@@ -13,8 +13,12 @@ does its work and closes the session. ``put``/``get``/``delete``/``append`` spea
 service's protocol (``cluster_node.service.examples.kv``) and match the reply by request id;
 ``send`` offers raw text and prints the first reply (the ``echo`` service sends it back).
 
-Exit codes: 0 done; 1 an error (one line on stderr: no leader within the config's message
-timeout, no reply within ``--timeout``, the cluster refused the session, a bad config, the
+``--timeout`` is one deadline for the whole call: until it passes, the connect asks every member
+again and again (a call made during an election waits for the new leader), and what is left of it
+after the connect is the wait for the reply (``watch``: for the connect).
+
+Exit codes: 0 done; 1 an error (one line on stderr: no leader within ``--timeout``, naming what
+each member said; no reply within ``--timeout``, the cluster refused the session, a bad config, the
 service raised on the request: "the service failed on the message at log position P: ..."), also
 a ``get``/``delete`` of a key that is not there; 130 interrupted.
 """
@@ -36,9 +40,19 @@ DEFAULT_CONFIG = Path("var/cluster/client.toml")
 
 class _Ctx:
     def __init__(self, config_path: Path, timeout_s: float, verbose: bool) -> None:
+        import time
+
         self.config_path = config_path
         self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        """The whole call's deadline (``--timeout`` from the start)."""
         self.verbose = verbose
+
+    def left_s(self) -> float:
+        """What is left of ``--timeout`` (a little at least, so that a reply already there is read)."""
+        import time
+
+        return max(0.05, self.deadline - time.monotonic())
 
 
 def _say(ctx: _Ctx, text: str) -> None:
@@ -56,9 +70,9 @@ def _connect(ctx: _Ctx, **kwargs):
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     try:
-        c = BlockingClusterClient(cfg, **kwargs)
+        c = BlockingClusterClient(cfg, connect_timeout=ctx.left_s(), **kwargs)
     except ConnectTimeoutError as e:
-        raise click.ClickException(f"no leader: {e}") from None
+        raise click.ClickException(f"no leader within {ctx.timeout_s:g}s ({e.members})") from None
     except ClusterClientError as e:
         raise click.ClickException(str(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the driver cannot bind the egress port
@@ -88,7 +102,7 @@ def _request(ctx: _Ctx, make_payload: Callable[[int], bytes]) -> "object":
 
     with _connect(ctx) as c:
         try:
-            raw = c.request(make_payload(request_id), timeout=ctx.timeout_s, match=match)
+            raw = c.request(make_payload(request_id), timeout=ctx.left_s(), match=match)
         except (TimeoutError, trio.TooSlowError):
             raise click.ClickException(
                 f"no reply within {ctx.timeout_s:g}s (leader member {c.leader_member_id}, term {c.leadership_term_id});"
@@ -126,8 +140,8 @@ def _interruptible(fn: Callable[..., None]) -> Callable[..., None]:
 @click.group("client")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=f"Client TOML config (default {DEFAULT_CONFIG}, written by `cluster-node up`; or configs/client.toml).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=5.0, show_default=True,
-              help="Seconds to wait for a reply.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
+              help="Seconds for the whole call: the connect (through an election) and the reply.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the session (id, leader, term) on stderr.")
 @click.pass_context
 def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool) -> None:
@@ -219,9 +233,9 @@ def send(ctx: _Ctx, text: str, no_reply: bool) -> None:
     with _connect(ctx) as c:
         try:
             if no_reply:
-                c.offer_wait(text.encode(), timeout=ctx.timeout_s)
+                c.offer_wait(text.encode(), timeout=ctx.left_s())
                 return
-            raw = c.request(text.encode(), timeout=ctx.timeout_s)
+            raw = c.request(text.encode(), timeout=ctx.left_s())
         except (TimeoutError, trio.TooSlowError):
             raise click.ClickException(
                 f"no reply within {ctx.timeout_s:g}s (leader member {c.leader_member_id}, term {c.leadership_term_id})"

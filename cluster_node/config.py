@@ -64,7 +64,8 @@ Client file
     [client]
     ingress_endpoints = "0=127.0.0.1:20110,1=127.0.0.1:20111,2=127.0.0.1:20112"
     egress_endpoint = "127.0.0.1:0"     # port 0: pick a free port at connect time
-    message_timeout = "5s"
+    connect_timeout = "10s"             # the whole connect, elections included
+    message_timeout = "1s"              # a connect request unanswered this long is sent again
     keep_alive_interval = "1s"
     leader_silence_timeout = "10s"
 
@@ -473,7 +474,10 @@ class NodeConfig(_Section):
         return format_ingress_endpoints({m.id: m.ingress for m in self.cluster.members})
 
     def driver_kwargs(self) -> dict[str, Any]:
-        return self.driver.driver_kwargs(self.driver_dir)
+        """The node's driver sends from this member's own host (its consensus endpoint's), so
+        that peers, firewalls and source checks see the address the member is configured with."""
+        return dict(self.driver.driver_kwargs(self.driver_dir),
+                    publication_bind_host=_bind_host(self.this_member.consensus))
 
     def validate(self) -> "NodeConfig":
         """Raise ConfigError (one line) on the first problem; return self when the config is usable."""
@@ -484,6 +488,12 @@ class NodeConfig(_Section):
         return self
 
 
+def _bind_host(endpoint: str) -> str | None:
+    """The host of ``endpoint`` to send from; None for a wildcard (any address)."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return None if host in ("", "0.0.0.0", "::") else host
+
+
 class ClientSection(_Section):
     ingress_endpoints: str
     """``"0=host:port,1=host:port,..."`` (reference ``AeronCluster.Context.ingressEndpoints``)."""
@@ -491,8 +501,10 @@ class ClientSection(_Section):
     """Where this client receives egress; port 0 picks a free port at connect time."""
     ingress_stream_id: int = 101
     egress_stream_id: int = 102
-    message_timeout_ns: int = 5 * _S
-    """Deadline of a connect attempt (reference ``AeronCluster`` message timeout)."""
+    connect_timeout_ns: int = 10 * _S
+    """Deadline of a connect: until it passes the client asks every member, through elections."""
+    message_timeout_ns: int = 1 * _S
+    """A connect request unanswered this long is sent again (at most every second)."""
     keep_alive_interval_ns: int = 1 * _S
     leader_silence_timeout_ns: int = 10 * _S
     """With no sign of the leader (ingress not connected, egress image gone, no NewLeaderEvent)
@@ -515,6 +527,11 @@ class ClientConfig(_Section):
     @property
     def ingress_endpoints(self) -> dict[int, str]:
         return parse_ingress_endpoints(self.client.ingress_endpoints)
+
+    def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
+        """The client's driver sends from its egress host: the leader answers a connect request
+        only on an egress channel whose host is the address the request came from."""
+        return dict(self.driver.driver_kwargs(default_dir), publication_bind_host=_bind_host(self.client.egress_endpoint))
 
     def validate(self) -> "ClientConfig":
         try:
@@ -1019,7 +1036,7 @@ def _validate_client(cfg: ClientConfig) -> None:
     host, port = _check_endpoint(c.egress_endpoint, "client.egress_endpoint", allow_port_zero=True)
     ports.add(host, port, "client.egress_endpoint")
     _check_stream_ids(cfg, "client", c, ("ingress_stream_id", "egress_stream_id"))
-    _check_positive(cfg, "client", c, ("message_timeout_ns", "keep_alive_interval_ns",
+    _check_positive(cfg, "client", c, ("connect_timeout_ns", "message_timeout_ns", "keep_alive_interval_ns",
                                        "leader_silence_timeout_ns", "reconnect_timeout_ns",
                                        "egress_buffer_messages"))
     _check_driver(cfg, cfg.driver)
@@ -1280,7 +1297,8 @@ def generate_loopback_cluster(
             ingress_endpoints=format_ingress_endpoints({m.id: m.ingress for m in members}),
             egress_endpoint=f"{host}:{ports[-1] if base_port is not None else 0}",
             leader_silence_timeout_ns=timeouts.leader_heartbeat_timeout_ns + 2 * timeouts.election_timeout_ns,
-            message_timeout_ns=5 * _S,
+            connect_timeout_ns=10 * _S,
+            message_timeout_ns=1 * _S,
         ),
         driver=msgspec.structs.replace(DEMO_DRIVER, term_length=1024 * 1024, ipc_term_length=1024 * 1024),
         source="generated client",

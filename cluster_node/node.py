@@ -198,6 +198,9 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
                 container_holder: list[ServiceContainer] = []
                 agent = ConsensusAgent(cfg, driver, client, service_bell=b"")
+                # The archive's bad requests and failed requests count as the node's errors too
+                # (an operator watches one counter).
+                _archive.errors.on_record = agent.counters["errors"].add
                 container = ServiceContainer(
                     service, member_id=cfg.member_id, driver_dir=driver.dir,
                     commit_position=agent.counters["commit-pos"].get,

@@ -6,6 +6,7 @@ it, and on a dead node's directory (showing the last values and that the owner i
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from pathlib import Path
@@ -99,9 +100,36 @@ def render(path: Path, type_id: int | None, label_filter: str | None) -> str:
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between redraws.")
 @click.option("--type", "type_id", metavar="TYPE", callback=parse_type, help="Only this counter type (name or id).")
 @click.option("--filter", "label_filter", metavar="TEXT", help="Only counters whose label contains TEXT.")
-def stat(directory: Path, watch: bool, interval: float, type_id: int | None, label_filter: str | None) -> None:
-    """Show the counters of a media driver."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the file's owner, every counter, "
+              "and the consensus counters by member (keys in docs/operations.md).")
+@click.option("--prometheus", is_flag=True, help="The counters in the Prometheus text format: printed once, "
+              "or served at /metrics with --listen.")
+@click.option("--listen", metavar="HOST:PORT", help="With --prometheus: serve /metrics here until Ctrl-C "
+              "(a separate process; the node is not touched).")
+@click.option("--node-label", default="", metavar="NAME", help="With --prometheus: a node=NAME label on every sample.")
+def stat(directory: Path, watch: bool, interval: float, type_id: int | None, label_filter: str | None,
+         as_json: bool, prometheus: bool, listen: str | None, node_label: str) -> None:
+    """Show the counters of a media driver (and of the cluster node using it)."""
+    if listen is not None and not prometheus:
+        raise click.UsageError("--listen needs --prometheus")
+    if as_json and (prometheus or watch):
+        raise click.UsageError("--json prints one object: not with --prometheus or --watch")
     path = find_counters_file(directory)
+    if as_json:
+        from cluster_node.metrics import counters_snapshot
+
+        try:
+            snapshot = counters_snapshot(path)
+        except CountersError as e:
+            raise click.ClickException(str(e)) from None
+        snapshot["counters"] = [c for c in snapshot["counters"]
+                                if (type_id is None or c["type_id"] == type_id)
+                                and (label_filter is None or label_filter in c["label"])]
+        click.echo(json.dumps(snapshot, indent=2))
+        return
+    if prometheus:
+        _prometheus(path, listen, node_label)
+        return
     if not watch:
         click.echo(render(path, type_id, label_filter))
         return
@@ -113,3 +141,28 @@ def stat(directory: Path, watch: bool, interval: float, type_id: int | None, lab
             time.sleep(interval)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a watch ends: exit 0, no traceback
+
+
+def _prometheus(path: Path, listen: str | None, node_label: str) -> None:
+    """Print the exposition once, or serve it until Ctrl-C (each scrape reads the file afresh)."""
+    from cluster_node.metrics import parse_listen, prometheus_text, serve_prometheus
+
+    if listen is None:
+        click.echo(prometheus_text(path, node_label), nl=False)
+        return
+    try:
+        host, port = parse_listen(listen)
+        server = serve_prometheus(path, host, port, node_label)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {listen}: {e.strerror or e}") from None
+    bound_host, bound_port = server.server_address[:2]
+    click.echo(f"serving the counters of {path} at http://{listen.rpartition(':')[0] or bound_host}:{bound_port}/metrics",
+               err=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

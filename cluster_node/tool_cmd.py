@@ -8,6 +8,8 @@ Commands, by what they touch:
   ``recording-log``, ``recovery-plan``, ``errors``, ``describe-latest-snapshot``. They read the
   mark file (who runs there, and whether it is alive), the node-state file, ``recording.log``,
   the archive catalog and segment files, the driver's counters file and the node's JSON log.
+  ``describe``, ``list-members``, ``recording-log`` and ``errors`` print one JSON object with
+  ``--json`` (the keys are an interface: docs/operations.md lists them).
 * cluster control, on the leader of a running cluster: ``suspend``, ``resume``, ``snapshot``,
   ``shutdown``, ``abort``. They set the leader's ClusterControl counter (below).
 * offline edit, on a stopped node: ``invalidate-latest-snapshot`` rewrites ``recording.log``;
@@ -144,7 +146,17 @@ COUNTER_TYPES = {
     "append_position": 240,
     "snapshot_count": 205,
     "service_errors": SERVICE_ERRORS_TYPE_ID,
+    "election_count": 238,
+    "leader_member_id": 1201,
+    "client_session_timeouts": 213,
+    "max_cycle_time_ns": 216,
+    "cycle_time_threshold_exceeded": 217,
+    "last_snapshot_duration_ns": 1202,
+    "max_snapshot_duration_ns": 234,
 }
+PEER_APPEND_POSITION_TYPE_ID = 1203
+"""Each member's append position as this node, leading, last heard it (keyed by member id; -1
+when the node does not lead)."""
 ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
 ROLE_LEADER = 2
 CM_STATE_NAMES = {0: "INIT", 1: "ACTIVE", 2: "SUSPENDED", 3: "SNAPSHOT", 4: "QUITTING", 5: "TERMINATING", 6: "CLOSED"}
@@ -201,6 +213,8 @@ class NodeDir:
     counters_current: bool
     counters_owner_pid: int | None
     counters_note: str
+    member_positions: dict[int, int] = dataclasses.field(default_factory=dict)
+    """member id -> append position, as this node last heard it while leading (empty otherwise)."""
 
     @property
     def member_id(self) -> int:
@@ -291,33 +305,41 @@ def open_node_dir(path: Path, now_ms: int | None = None) -> NodeDir:
         running, why = True, ""
     driver_dir = mark.driver_dir or path / "driver"
     counters_path = driver_dir / COUNTERS_FILE_NAME
-    counters, owner, note = _read_node_counters(counters_path, mark.member_id)
+    counters, owner, note, positions = _read_node_counters(counters_path, mark.member_id)
     current = running and counters is not None and owner == mark.pid
     if counters is not None and not current:
         note = f"last values, written by pid {owner} which is not the running node" if running else f"last values of pid {owner}"
-    return NodeDir(path, mark, running, why, counters_path, counters, current, owner, note)
+    return NodeDir(path, mark, running, why, counters_path, counters, current, owner, note, positions)
 
 
 def _age_text(age_ms: int) -> str:
     return f"{max(age_ms, 0) / 1000:.1f}s"
 
 
-def _read_node_counters(path: Path, member_id: int) -> tuple[dict[str, int] | None, int | None, str]:
-    """The consensus counters of ``member_id`` in the counters file at ``path``."""
+def _read_node_counters(path: Path, member_id: int) -> tuple[dict[str, int] | None, int | None, str, dict[int, int]]:
+    """The consensus counters of ``member_id`` in the counters file at ``path``, and the members'
+    append positions it keeps as leader (those it knows: -1 is left out)."""
     try:
         reader = CountersReader.open(path)
     except CountersError as e:
-        return None, None, str(e)
+        return None, None, str(e), {}
     with reader:
         values: dict[str, int] = {}
+        positions: dict[int, int] = {}
         suffix = f"member {member_id}"
         for info in reader.counters():
+            if not info.label.endswith(suffix):
+                continue
+            if info.type_id == PEER_APPEND_POSITION_TYPE_ID:
+                if info.value >= 0:
+                    positions.setdefault(info.registration_id, info.value)
+                continue
             for name, type_id in COUNTER_TYPES.items():
-                if info.type_id == type_id and info.label.endswith(suffix) and name not in values:
+                if info.type_id == type_id and name not in values:
                     values[name] = info.value
         if not values:
-            return None, reader.owner_pid, f"no cluster counters for member {member_id} in {path}"
-        return values, reader.owner_pid, "current"
+            return None, reader.owner_pid, f"no cluster counters for member {member_id} in {path}", {}
+        return values, reader.owner_pid, "current", positions
 
 
 def _read_node_state(path: Path) -> tuple[NodeState, bool] | str:
@@ -545,15 +567,54 @@ def is_leader(ctx: click.Context) -> None:
     sys.exit(1)
 
 
+def _echo_json(doc: dict[str, Any]) -> None:
+    click.echo(json.dumps(doc, indent=2))
+
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True,
+                           help="One JSON object with the fields of the text (keys in docs/operations.md).")
+
+
+def member_lags(node: NodeDir) -> list[dict[str, int]]:
+    """``[{member_id, append_position, lag}]``: each member's append position as the node, leading,
+    last heard it, and how far it is behind the leader's own append position (empty when the
+    node does not lead or its counters are not current)."""
+    if not node.counters_current or not node.member_positions:
+        return []
+    leader_append = node.counter("append_position")
+    out = []
+    for member_id, position in sorted(node.member_positions.items()):
+        lag = None if leader_append is None else max(0, leader_append - position)
+        out.append({"member_id": member_id, "append_position": position, "lag": lag})
+    return out
+
+
+def _entry_json(e: Entry | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {"entry_index": e.entry_index, "type": ENTRY_TYPE_NAMES.get(e.entry_type, str(e.entry_type)),
+            "valid": e.is_valid, "recording_id": e.recording_id, "leadership_term_id": e.leadership_term_id,
+            "term_base_log_position": e.term_base_log_position, "log_position": e.log_position,
+            "open": e.entry_type == ENTRY_TYPE_TERM and e.log_position < 0, "timestamp": e.timestamp,
+            "service_id": e.service_id, "archive_endpoint": e.archive_endpoint}
+
+
 @tool.command()
 @click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
               help="Stream id of the cluster log (finds the log recording before the first term).")
+@JSON_OPTION
 @click.pass_context
-def describe(ctx: click.Context, log_stream_id: int) -> None:
+def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
     """The node's mark file, counters, recording.log and archive, in one page."""
     node = _node(ctx)
     m = node.mark
     now = _now_ms()
+    doc: dict[str, Any] = {
+        "node_dir": str(node.path), "running": node.running, "status": node.status_line(),
+        "member_id": m.member_id, "cluster_id": m.cluster_id, "pid": m.pid,
+        "start_timestamp_ms": m.start_timestamp_ms, "activity_timestamp_ms": m.activity_timestamp_ms,
+        "activity_age_ms": m.age_ms(now), "details": dict(sorted(m.details.items())),
+    }
     out = [
         f"node directory    {node.path}",
         f"status            {node.status_line()}",
@@ -567,17 +628,31 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
     state = _read_node_state(node.path)
     if isinstance(state, tuple):
         ns, torn = state
+        doc["candidate_term"] = {"candidate_term_id": ns.candidate_term_id, "log_position": ns.log_position,
+                                 "torn_slot_seen": torn}
         out.append(f"candidate term    {ns.candidate_term_id} (node-state.dat, at log position {ns.log_position}"
                    + ("; a torn slot write was seen, the previous entry is used)" if torn else ")"))
     else:
+        doc["candidate_term"] = {"error": state}
         out.append(f"candidate term    ? ({state})")
 
     if node.counters is None:
+        doc["counters"] = {"path": str(node.counters_path), "current": False, "note": node.counters_note}
         out.append(f"counters          none ({node.counters_note})")
     else:
+        counters = {"path": str(node.counters_path), "current": node.counters_current, "note": node.counters_note,
+                    **{name: node.counter(name) for name in COUNTER_TYPES}}
+        counters["role_name"] = role_name(node.counter("role"))
+        counters["election_state_name"] = election_state_name(node.counter("election_state"))
+        counters["cm_state_name"] = cm_state_name(node.counter("cm_state"))
+        doc["counters"] = counters
         out.append(f"counters          {node.counters_path} ({node.counters_note})")
         out.append(f"  role            {role_name(node.counter('role'))}")
         out.append(f"  leadership term {node.counter('leadership_term_id')}")
+        leader = node.counter("leader_member_id")
+        out.append(f"  leader          {'?' if leader is None else ('none yet' if leader < 0 else f'member {leader}')}")
+        ec = node.counter("election_count")
+        out.append(f"  elections       {'?' if ec is None else ec}")
         es = node.counter("election_state")
         out.append(f"  election state  {election_state_name(es)} ({es})")
         out.append(f"  commit position {node.counter('commit_position')}")
@@ -589,9 +664,24 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
         out.append(f"  service errors  {'?' if se is None else se}")
         sc = node.counter("snapshot_count")
         out.append(f"  snapshots taken {'?' if sc is None else sc}")
+        last_ns, max_ns = node.counter("last_snapshot_duration_ns"), node.counter("max_snapshot_duration_ns")
+        if last_ns is not None:
+            out.append(f"  snapshot time   last {last_ns / 1e6:.1f} ms, max {(max_ns or 0) / 1e6:.1f} ms")
+        cycle_ns = node.counter("max_cycle_time_ns")
+        if cycle_ns is not None:
+            out.append(f"  max cycle time  {cycle_ns / 1e6:.1f} ms, {node.counter('cycle_time_threshold_exceeded')} "
+                       "pass(es) over the cycle threshold")
+        timeouts = node.counter("client_session_timeouts")
+        if timeouts is not None:
+            out.append(f"  client timeouts {timeouts} session(s) closed for silence")
+    lags = member_lags(node)
+    doc["members"] = lags
+    for lag in lags:
+        out.append(f"  member {lag['member_id']:<8} append position {lag['append_position']} (lag {lag['lag']})")
 
     rl = _read_recording_log(node.path, required=False)
     if rl is None:
+        doc["recording_log"] = None
         out.append("recording.log     none")
     else:
         terms = [e for e in rl.entries if e.entry_type == ENTRY_TYPE_TERM]
@@ -606,8 +696,16 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
         snap = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
         out.append("  latest snapshot " + ("none" if snap is None else
                    f"term {snap.leadership_term_id} at position {snap.log_position}, recording {snap.recording_id}"))
+        doc["recording_log"] = {
+            "entries": len(rl.entries), "terms": len(terms), "snapshots": len(snaps), "invalid": invalid,
+            "torn_tail_length": rl.torn_tail_length, "last_term": _entry_json(last),
+            "latest_snapshot": None if snap is None else {
+                "leadership_term_id": snap.leadership_term_id, "log_position": snap.log_position,
+                "recording_id": snap.recording_id},
+        }
 
     catalog = _read_catalog(node.archive_dir, required=False)
+    doc["archive"] = {"dir": str(node.archive_dir), "catalog": catalog is not None, "recordings": []}
     if catalog is None:
         out.append(f"archive           no catalog at {node.archive_dir / CATALOG_FILE_NAME}")
     else:
@@ -618,18 +716,28 @@ def describe(ctx: click.Context, log_stream_id: int) -> None:
         for d in recordings:
             stop, how = recording_stop(node.archive_dir, d, live)
             segments, size = _segment_stats(node.archive_dir, d.recording_id)
-            what = "log" if log_rec is not None and d.recording_id == log_rec.recording_id else f"stream {d.stream_id}"
+            is_log = log_rec is not None and d.recording_id == log_rec.recording_id
+            what = "log" if is_log else f"stream {d.stream_id}"
             out.append(f"  recording {d.recording_id:<5} {what:<10} {d.start_position}..{stop} ({how}), "
                        f"{segments} segment file(s), {size:,} bytes, {d.original_channel}")
-    click.echo("\n".join(out))
+            doc["archive"]["recordings"].append({
+                "recording_id": d.recording_id, "log": is_log, "stream_id": d.stream_id,
+                "start_position": d.start_position, "stop_position": stop, "how": how,
+                "segment_files": segments, "bytes": size, "channel": d.original_channel})
+    if as_json:
+        _echo_json(doc)
+    else:
+        click.echo("\n".join(out))
 
 
 @tool.command("list-members")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The node's TOML config: lists every member with its endpoints.")
+@JSON_OPTION
 @click.pass_context
-def list_members(ctx: click.Context, config_path: Path | None) -> None:
-    """The members this node knows: itself and its leader from its files; all with --config."""
+def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
+    """The members this node knows: itself and its leader from its files; all with --config.
+    On the leader, each member's append position and lag."""
     node = _node(ctx)
     leader_id: int | None = None
     leader_how = ""
@@ -643,6 +751,16 @@ def list_members(ctx: click.Context, config_path: Path | None) -> None:
             leader_how = f"term {last.get('leadership_term_id')}, last election in {node.log_file}"
             if not node.running:
                 leader_how += "; the node is not running"
+    lags = {lag["member_id"]: lag for lag in member_lags(node)}
+    doc: dict[str, Any] = {
+        "this_node": {"member_id": node.member_id, "running": node.running, "status": node.status_line(),
+                      "role": role_name(node.counter("role")) if node.counters is not None else None,
+                      "leadership_term_id": term,
+                      "election_state": election_state_name(node.counter("election_state")) if node.counters is not None else None,
+                      "election_count": node.counter("election_count"),
+                      "counters_current": node.counters_current, "counters_note": node.counters_note},
+        "leader": None if leader_id is None else {"member_id": leader_id, "how": leader_how},
+    }
 
     me = f"member {node.member_id}: {node.status_line()}"
     if node.counters is not None:
@@ -655,10 +773,18 @@ def list_members(ctx: click.Context, config_path: Path | None) -> None:
 
     if config_path is None:
         peers = _consensus_peers(node)
+        doc["peers"] = peers
+        doc["members"] = [{"member_id": mid, **{k: v for k, v in lag.items() if k != "member_id"}}
+                          for mid, lag in sorted(lags.items())]
         if peers:
             lines.append("peers       consensus endpoints this node publishes to: " + ", ".join(peers))
+        for mid, lag in sorted(lags.items()):
+            lines.append(f"member {mid:<4} append position {lag['append_position']} (lag {lag['lag']})")
         lines.append("endpoints   pass --config NODE.toml to list every member with its endpoints")
-        click.echo("\n".join(lines))
+        if as_json:
+            _echo_json(doc)
+        else:
+            click.echo("\n".join(lines))
         return
 
     from cluster_node.config import ConfigError, load_node_config
@@ -670,16 +796,31 @@ def list_members(ctx: click.Context, config_path: Path | None) -> None:
     if cfg.member_id != node.member_id:
         raise click.ClickException(
             f"{config_path} is member {cfg.member_id}'s config, but {node.path} holds member {node.member_id}")
-    click.echo("\n".join(lines))
-    headings = ("ID", "", "INGRESS", "CONSENSUS", "LOG", "CATCHUP", "ARCHIVE")
+    headings = ("ID", "", "INGRESS", "CONSENSUS", "LOG", "CATCHUP", "ARCHIVE", "POSITION", "LAG")
     rows = []
+    doc["members"] = []
     for mem in cfg.cluster.members:
         tags = []
         if mem.id == node.member_id:
             tags.append("this")
         if mem.id == leader_id:
             tags.append("leader")
-        rows.append((str(mem.id), ",".join(tags), mem.ingress, mem.consensus, mem.log, mem.catchup, mem.archive))
+        lag = lags.get(mem.id)
+        position = "" if lag is None else str(lag["append_position"])
+        behind = "" if lag is None or lag["lag"] is None else str(lag["lag"])
+        rows.append((str(mem.id), ",".join(tags), mem.ingress, mem.consensus, mem.log, mem.catchup, mem.archive,
+                     position, behind))
+        doc["members"].append({"member_id": mem.id, "this": mem.id == node.member_id, "leader": mem.id == leader_id,
+                               "ingress": mem.ingress, "consensus": mem.consensus, "log": mem.log,
+                               "catchup": mem.catchup, "archive": mem.archive,
+                               "append_position": None if lag is None else lag["append_position"],
+                               "lag": None if lag is None else lag["lag"]})
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo("\n".join(lines))
+    if not lags:
+        headings, rows = headings[:-2], [r[:-2] for r in rows]
     widths = [max(len(r[i]) for r in [headings, *rows]) for i in range(len(headings))]
     click.echo("")
     for r in [headings, *rows]:
@@ -707,12 +848,17 @@ def _consensus_peers(node: NodeDir, consensus_stream_id: int = 108) -> list[str]
 
 
 @tool.command("recording-log")
+@JSON_OPTION
 @click.pass_context
-def recording_log(ctx: click.Context) -> None:
+def recording_log(ctx: click.Context, as_json: bool) -> None:
     """Every entry of recording.log (TERM and SNAPSHOT, valid or invalidated)."""
     node = _node(ctx)
     rl = _read_recording_log(node.path, required=True)
     assert rl is not None
+    if as_json:
+        _echo_json({"path": str(node.path / RECORDING_LOG_FILE_NAME), "length": rl.length,
+                    "torn_tail_length": rl.torn_tail_length, "entries": [_entry_json(e) for e in rl.entries]})
+        return
     click.echo(f"{node.path / RECORDING_LOG_FILE_NAME}: {len(rl.entries)} entries, {rl.length} bytes"
                + (f", torn tail of {rl.torn_tail_length} bytes (cut on the next start)" if rl.torn_tail_length else ""))
     headings = ("INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION", "TIMESTAMP", "SERVICE", "ENDPOINT")
@@ -789,12 +935,14 @@ def _plan_lines(plan: RecoveryPlan, service_count: int, how: str) -> list[str]:
 @tool.command()
 @click.option("-n", "--count", type=click.IntRange(min=1), default=20, show_default=True,
               help="How many of the latest error and warning lines to show.")
+@JSON_OPTION
 @click.pass_context
-def errors(ctx: click.Context, count: int) -> None:
+def errors(ctx: click.Context, count: int, as_json: bool) -> None:
     """The latest error and warning lines of the node's log, and its error counter."""
     node = _node(ctx)
     path = node.log_file
     out: list[str] = []
+    doc: dict[str, Any] = {"log_file": str(path), "log_found": True, "events": []}
     try:
         found: deque[dict[str, Any]] = deque()
         for event in _log_events_backwards(path, lambda e: str(e.get("level", "")).lower() in ERROR_LEVELS,
@@ -804,24 +952,35 @@ def errors(ctx: click.Context, count: int) -> None:
                 break
         out.append(f"{path}: {'the last ' + str(len(found)) if found else 'no'} error/warning line(s)")
         out.extend(format_log_event(e) for e in found)
+        doc["events"] = list(found)
     except FileNotFoundError:
+        doc["log_found"] = False
         out.append(f"no log file at {path}")
     except OSError as e:
         raise click.ClickException(f"{path}: {e.strerror}") from None
+    doc["counters_current"] = node.counters_current
+    doc["counters_note"] = node.counters_note
     for name, title in (("errors", "errors counter"), ("service_errors", "service errors counter")):
         value = node.counter(name)
+        doc[name] = value
         if value is None:
             out.append(f"{title}: unknown ({node.counters_note})")
         else:
             out.append(f"{title}: {value}" + ("" if node.counters_current else f" ({node.counters_note})"))
+    doc["skip_list"] = []
     try:
         skips = read_skips(node.path)
     except SkipListError as e:
+        doc["skip_list_error"] = str(e)
         out.append(f"skip list: {e}")
     else:
+        doc["skip_list"] = [e.log_position for e in skips]
         if skips:
             out.append(f"skip list ({SKIP_FILE_NAME}): log position(s) {', '.join(str(e.log_position) for e in skips)}")
-    click.echo("\n".join(out))
+    if as_json:
+        _echo_json(doc)
+    else:
+        click.echo("\n".join(out))
 
 
 # ------------------------------------------------------------------------------ cluster control

@@ -111,6 +111,8 @@ def _counter_types() -> dict[str, int]:
         "term": CounterTypes.LEADERSHIP_TERM_ID,
         "append": CounterTypes.APPEND_POSITION,
         "errors": CounterTypes.ERRORS,
+        "elections": CounterTypes.ELECTION_COUNT,
+        "peer": CounterTypes.PEER_APPEND_POSITION,
     }
 
 
@@ -165,6 +167,8 @@ def read_member_view(counters_path: Path, member_id: int, cache: _CounterIds | N
             for info in reader.counters():
                 name = by_type.get(info.type_id)
                 if name is not None and info.label.startswith("cluster ") and info.label.endswith(suffix):
+                    if name == "peer":  # one per member, keyed by its id: "peer<id>"
+                        name = f"peer{info.registration_id}"
                     ids[name] = info.counter_id
             if cache is not None:
                 cache.key, cache.ids = key, ids
@@ -355,14 +359,26 @@ class Member:
 # The table
 # --------------------------------------------------------------------------------------------
 
-_HEADINGS = ("MEMBER", "PID", "ALIVE", "ROLE", "TERM", "ELECTION", "COMMIT", "APPEND", "ERRORS")
+_HEADINGS = ("MEMBER", "PID", "ALIVE", "ROLE", "TERM", "ELECTION", "ELECTIONS", "COMMIT", "APPEND", "LAG", "ERRORS")
 
 
 def _num(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def member_row(m: Member) -> tuple[str, ...]:
+def member_lag(m: Member, leader: Member | None) -> int | None:
+    """How far ``m``'s append position, as the running leader last heard it, is behind the
+    leader's own (None without a running leader, or when it has not heard from ``m``)."""
+    if leader is None or leader.running_pid is None:
+        return None
+    position = leader.view.get(f"peer{m.member_id}")
+    append = leader.view.get("append")
+    if position is None or position < 0 or append is None:
+        return None
+    return max(0, append - position)
+
+
+def member_row(m: Member, leader: Member | None = None) -> tuple[str, ...]:
     v = m.view
     running = m.running_pid is not None
     role = v.get("role")
@@ -380,16 +396,21 @@ def member_row(m: Member) -> tuple[str, ...]:
         role_text,
         _num(v.get("term")) if (v.get("term") or 0) >= 0 else "-",
         election_state_name(v.get("state")) if running else "-",
+        _num(v.get("elections")),
         _num(v.get("commit")),
         _num(v.get("append")),
+        _num(member_lag(m, leader)),
         _num(v.get("errors")),
     )
 
 
 def render_table(members: list[Member]) -> list[str]:
-    rows = [_HEADINGS, *(member_row(m) for m in members)]
+    leading = [m for m in members if m.running_pid is not None and m.view.get("role") == LEADER_ROLE
+               and m.view.get("state") == CLOSED_ELECTION_STATE]
+    leader = leading[0] if len(leading) == 1 else None
+    rows = [_HEADINGS, *(member_row(m, leader) for m in members)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADINGS))]
-    right = {0, 1, 4, 6, 7, 8}
+    right = {0, 1, 4, 6, 7, 8, 9, 10}
     out = []
     for r in rows:
         cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]

@@ -54,11 +54,11 @@ _PREFIX = "aeron:"
 _INT_KEYS = {"session-id", "init-term-id", "term-id", "term-offset", "mtu", "term-length"}
 # Keys of the reference system that we accept and keep but do not act on.
 _PASSIVE_KEYS = {
-    "linger", "eos", "sparse", "tether", "rejoin", "reliable", "ttl", "interface", "group",
+    "linger", "eos", "sparse", "tether", "rejoin", "reliable", "ttl", "group",
     "tags", "spies-simulate-connection", "ssc", "flow-control", "fc", "gtag", "cc",
     "socket-sndbuf", "socket-rcvbuf", "receiver-window", "nak-delay", "untethered-window-limit-timeout",
 }
-_KNOWN_KEYS = {"endpoint", "control", "control-mode", "alias"} | _INT_KEYS | _PASSIVE_KEYS
+_KNOWN_KEYS = {"endpoint", "control", "control-mode", "alias", "interface"} | _INT_KEYS | _PASSIVE_KEYS
 
 
 class ChannelError(ValueError):
@@ -117,6 +117,10 @@ class ChannelUri:
     term_id: int | None = None
     term_offset: int | None = None
     alias: str | None = None
+    interface: tuple[str, int] | None = None
+    """``interface=host[:port]``: the local address a UDP publication sends from (port 0: any),
+    as the reference's ``interface``; its ``/prefix`` form (an address of a subnet) is not
+    supported."""
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     @property
@@ -176,8 +180,27 @@ class ChannelUri:
             params.append(f"term-offset={self.term_offset}")
         if self.alias is not None:
             params.append(f"alias={self.alias}")
+        if self.interface is not None:
+            host, port = self.interface
+            params.append(f"interface={_format_endpoint(self.interface) if port else (f'[{host}]' if ':' in host else host)}")
         params.extend(f"{k}={v}" for k, v in self.extra)
         return f"{_PREFIX}{self.media}" + ("?" + "|".join(params) if params else "")
+
+
+def _parse_interface(text: str, err) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` -> ``(host, port)`` (port 0: any)."""
+    if "/" in text:
+        raise err(f"interface={text}: a subnet (/prefix) is not supported; name the address to send from")
+    if text.startswith("[") and text.endswith("]"):
+        return text[1:-1], 0
+    if text.count(":") == 1 or text.startswith("["):
+        try:
+            return parse_endpoint(text)
+        except ChannelError as e:
+            raise err(f"interface: {e}") from None
+    if not text:
+        raise err("interface needs an address")
+    return text, 0
 
 
 def parse(uri: str) -> ChannelUri:
@@ -248,6 +271,9 @@ def parse(uri: str) -> ChannelUri:
         control = parse_endpoint(raw["control"]) if "control" in raw else None
     except ChannelError as e:
         raise err(str(e)) from None
+    interface = None
+    if "interface" in raw:
+        interface = _parse_interface(raw["interface"], err)
     control_mode = raw.get("control-mode")
     if control_mode is not None and control_mode not in ("manual", "dynamic"):
         raise err(f"control-mode must be 'manual' or 'dynamic', not {control_mode!r}")
@@ -255,7 +281,7 @@ def parse(uri: str) -> ChannelUri:
         raise err("control-mode=dynamic is not supported; use control-mode=manual and add destinations")
 
     if media == "ipc":
-        for key in ("endpoint", "control", "control-mode"):
+        for key in ("endpoint", "control", "control-mode", "interface"):
             if key in raw:
                 raise err(f"{key} has no meaning for aeron:ipc")
     else:
@@ -275,5 +301,6 @@ def parse(uri: str) -> ChannelUri:
         term_id=ints.get("term-id"),
         term_offset=ints.get("term-offset"),
         alias=raw.get("alias"),
+        interface=interface,
         extra=extra,
     )

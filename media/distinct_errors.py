@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import structlog
 
@@ -38,12 +39,16 @@ class DistinctErrors:
         self._max_kinds = max_kinds
         self._entries: dict[str, ErrorEntry] = {}
         self.total = 0
+        self.on_record: Callable[[], None] | None = None
+        """Called for every error recorded (the node counts them in its errors counter)."""
 
     def record(self, key: str, message: str, level: str = "warning", **fields) -> bool:
         """Count one error of kind ``key``; log it (with ``fields``) only if the kind is new.
         True when it was logged."""
         now_ms = time.time_ns() // 1_000_000
         self.total += 1
+        if self.on_record is not None:
+            self.on_record()
         entry = self._entries.get(key)
         if entry is None and len(self._entries) >= self._max_kinds:
             key, message, fields = _OVERFLOW, _OVERFLOW, {}

@@ -145,6 +145,10 @@ class DriverConfig:
     image_creations_per_s: int = 100
     """New images a receive endpoint makes per second (a burst of as many is allowed): forged
     SETUPs cost the attacker a datagram each and the driver a mapping and three counters."""
+    publication_bind_host: str | None = None
+    """The local address UDP publications send from when their channel names no ``interface``
+    (a cluster member: its own configured host, so that peers and firewalls see that address).
+    None: the kernel picks by route. A loopback address is not used for a remote destination."""
     loss: LossConfig | None = None
 
     def __post_init__(self) -> None:
@@ -172,6 +176,26 @@ def _resolve(endpoint: tuple[str, int]) -> tuple:
         if family == socket.AF_INET:
             return addr
     return infos[0][4]
+
+
+def _is_loopback(host: str) -> bool:
+    return host.startswith("127.") or host == "::1"
+
+
+def _publication_bind(uri: ChannelUri, target: tuple, default_host: str | None) -> tuple:
+    """The local address of a unicast publication's socket: the channel's ``interface``, else
+    the driver's ``publication_bind_host`` (when of the target's family, and not a loopback
+    address for a remote target), else any address (loopback for a loopback target)."""
+    if uri.interface is not None:
+        return _resolve(uri.interface)
+    v6 = ":" in target[0]
+    if default_host:
+        bind = _resolve((default_host, 0))
+        if (":" in bind[0]) == v6 and (_is_loopback(target[0]) or not _is_loopback(bind[0])):
+            return bind
+    if _is_loopback(target[0]) and not v6:
+        return ("127.0.0.1", 0)
+    return ("::", 0) if v6 else ("0.0.0.0", 0)
 
 
 def _close_socket(sock: socket.socket) -> None:
@@ -459,9 +483,7 @@ class MediaDriver:
             if uri.endpoint is None:
                 raise ChannelError(f"channel {uri}: a publication needs endpoint=host:port")
             target = _resolve(uri.endpoint)
-            bind = ("::", 0) if ":" in target[0] else ("0.0.0.0", 0)
-            if target[0].startswith("127."):
-                bind = ("127.0.0.1", 0)
+            bind = _publication_bind(uri, target, cfg.publication_bind_host)
             dests = [target]
         session_id = uri.session_id if uri.session_id is not None else self._rng.randrange(-(2**31), 2**31)
         if uri.has_initial_position:
@@ -1642,7 +1664,7 @@ class MediaDriver:
             None, setup.term_length, setup.mtu, setup.initial_term_id, setup.session_id, setup.stream_id,
             core.join_position,
         )
-        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]}"
+        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]} from {addr[0]}:{addr[1]}"
         allocated = []
         try:
             for name, type_id, fn in (("rcv-hwm", CounterType.RECEIVER_HWM, lambda c=core: c.hwm_position),

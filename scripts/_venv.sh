@@ -27,6 +27,16 @@ ensure_iproute2() {
     apt-get update -q >&2 && apt-get install -y -q iproute2 >&2 || echo "warning: iproute2 not installed" >&2
 }
 
+# The isolation tests drop a member's address with nftables ("nft"), as root; install it when
+# missing and we can. Without it those tests are skipped and say why.
+ensure_nftables() {
+    if command -v nft >/dev/null 2>&1 || [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        return
+    fi
+    echo "no 'nft' found: installing nftables (the isolation tests need it)" >&2
+    apt-get update -q >&2 && apt-get install -y -q nftables >&2 || echo "warning: nftables not installed" >&2
+}
+
 ensure_venv() {
     local extras="$1"
     # The test suite includes the data pipeline's tests: installing for tests means Spark too.
@@ -34,7 +44,7 @@ ensure_venv() {
         *,dev,*) case ",$extras," in *,spark,*) ;; *) extras="$extras,spark" ;; esac ;;
     esac
     case ",$extras," in *,spark,*) ensure_java ;; esac
-    case ",$extras," in *,dev,*) ensure_iproute2 ;; esac
+    case ",$extras," in *,dev,*) ensure_iproute2; ensure_nftables ;; esac
     local root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     local py="${PYTHON:-python3}"

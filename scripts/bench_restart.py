@@ -62,10 +62,14 @@ async def _fill(config, sessions: int, abandoned: int, parallel: int = 4) -> Non
     async def one(i: int, close: bool) -> None:
         nonlocal done
         async with limiter:
-            try:
-                await _one_shot(config, f"old{i}", close)
-            except _Vanish:
-                pass
+            for _attempt in range(5):  # a connect that times out on a busy machine: again
+                try:
+                    await _one_shot(config, f"old{i}", close)
+                    break
+                except _Vanish:
+                    break
+                except Exception as e:  # noqa: BLE001 - ConnectTimeoutError and the like
+                    print(f"  session {i}: {type(e).__name__}, again", file=sys.stderr)
             done += 1
             if done % 500 == 0:
                 print(f"  {done} sessions", file=sys.stderr)

@@ -20,14 +20,14 @@ Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.cod
       |-- SessionCloseRequest(term, session id)  on close --------------------------------->|
 
 Connecting (``_connect``, the states of the reference's ``AsyncConnect``): one ingress
-publication per candidate member; the connect request goes to the first that connects (the known
-leader first, given a moment to connect before any other is taken); the reply is awaited on the
-egress subscription. A REDIRECT naming another member as leader repeats this against it; one
-naming no leader (an election is on, or the member was cut off from the others) asks the other
-members first, the one that answered last, so that a member that cannot know the leader does
-not hold the client; one naming the member itself (it is finishing its election) asks it again.
-Redirects after the first wait a little, longer each time. The whole attempt has
-``message_timeout`` to finish.
+publication per member in ``ingress_endpoints``, and a connect request to each as soon as its
+publication connects (the last known leader is given a moment first); the replies are read on the
+egress subscription. A REDIRECT names the leader of the member's term: the leader of the newest
+term heard of is asked at once, and the member that redirected is asked again after a pause that
+grows with each redirect, so that a client arriving during an election keeps asking every member
+until one leads. A request unanswered for ``message_timeout`` (at most a second) is sent again.
+The whole connect has one deadline, ``connect_timeout`` (``open_cluster_client(connect_timeout=)``
+overrides the config's); a reconnect has ``reconnect_timeout``.
 
 After connecting, a background task (the client's duty cycle) polls egress, hands session
 messages to the handler, sends keep-alives and watches the leader:
@@ -138,8 +138,14 @@ MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
 """``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""
 
 _EGRESS_FRAGMENT_LIMIT = 256
-_REDIRECT_RETRY_S = 0.05
-_REDIRECT_RETRY_MAX_S = 0.5
+_ASK_AGAIN_S = 0.05
+"""A member that redirected is asked again after this pause, doubled each time it redirects."""
+_ASK_AGAIN_MAX_S = 1.0
+_RESEND_MAX_S = 1.0
+"""A connect request unanswered this long is sent again (at most; less with a shorter
+``message_timeout``)."""
+_POLL_S = 0.01
+"""How often a connect looks whether a member's publication has connected."""
 _LIVENESS_CHECK_S = 0.1
 _PREFERRED_CONNECT_S = 0.25
 """A connect waits this long for the member it asks first before it takes any other that
@@ -151,7 +157,12 @@ class ClusterClientError(Exception):
 
 
 class ConnectTimeoutError(ClusterClientError):
-    """No member answered (or none led) within the message timeout."""
+    """No member led (or none answered) within the connect timeout. ``members`` says what each
+    member last said ("unreachable", "no answer", "no leader", "leader 2, term 7", ...)."""
+
+    def __init__(self, message: str, members: str = "") -> None:
+        super().__init__(message)
+        self.members = members
 
 
 class ClusterRejectedError(ClusterClientError):
@@ -237,6 +248,7 @@ class ClusterClient:
             port = _free_udp_port(host)
         self.egress_channel = _udp_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         self._message_timeout_ns = c.message_timeout_ns
+        self._connect_timeout_ns = c.connect_timeout_ns
         self._keep_alive_interval_ns = c.keep_alive_interval_ns
         self._silence_timeout_ns = c.leader_silence_timeout_ns
         self._reconnect_timeout_ns = c.reconnect_timeout_ns
@@ -247,8 +259,10 @@ class ClusterClient:
         self._ingress: ExclusivePublication | None = None
         self._header = b""
         self._correlation_ids = itertools.count(random.getrandbits(62) + 1)
-        self._awaiting_correlation_id: int | None = None
-        self._connect_reply: SessionEvent | Challenge | None = None
+        self._connect_ids: dict[int, int] = {}
+        """Correlation id -> member id of the connect requests of the latest connect: its replies,
+        and after it any second OK, whose session is closed."""
+        self._connect_replies: list[tuple[int, SessionEvent | Challenge]] = []
         self._connecting = False
         self._closed = False
         self.error: str | None = None
@@ -277,6 +291,8 @@ class ClusterClient:
         self._reconnect_wanted = False
         self.new_leader_events = 0
         self.unanswered_reconnects = 0
+        self.connect_requests_sent = 0
+        self.spare_sessions_closed = 0
 
     # ---------------------------------------------------------------- state
 
@@ -390,16 +406,24 @@ class ClusterClient:
         elif t is NewLeaderEvent:
             self._on_new_leader_event(msg, header.session_id)
         elif t is Challenge:
-            if msg.correlation_id == self._awaiting_correlation_id:
-                self._connect_reply = msg
+            member_id = self._connect_ids.get(msg.correlation_id)
+            if member_id is not None and self._connecting:
+                self._connect_replies.append((member_id, msg))
         elif t is ServiceErrorEvent:
             self._on_service_error_event(msg)
         else:
             self.foreign_messages += 1
 
     def _on_session_event(self, event: SessionEvent, image_session_id: int) -> None:
-        if self._awaiting_correlation_id is not None and event.correlation_id == self._awaiting_correlation_id:
-            self._connect_reply = event
+        member_id = self._connect_ids.get(event.correlation_id)
+        if member_id is not None:
+            if self._connecting:
+                self._connect_replies.append((member_id, event))
+            elif (event.code == EventCode.OK and event.cluster_session_id != self.cluster_session_id
+                  and member_id == self.leader_member_id and self._ingress is not None):
+                # A second request of ours reached the leader (its first answer came late): one
+                # session is enough.
+                self._send_close(self._ingress, event.leadership_term_id, event.cluster_session_id)
             return
         if (event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE
                 or event.leadership_term_id < self.leadership_term_id):
@@ -509,43 +533,63 @@ class ClusterClient:
             old.close()
 
     async def _connect(self, deadline_ns: int) -> None:
-        """Open a session with the leader, following redirects, before ``deadline_ns``."""
+        """Open a session with the leader before ``deadline_ns`` (the states of the reference's
+        ``AsyncConnect``, asking every member at once as it does).
+
+        Every member in ``ingress_endpoints`` gets a publication and, once it is connected, a
+        connect request. A member's REDIRECT names the leader of its term: the leader of the
+        newest term heard of is asked at once, the member that redirected again after a pause
+        (longer each time, up to ``_ASK_AGAIN_MAX_S``), so that a client that arrives during an
+        election asks around until one is elected. A member that does not answer within
+        ``message_timeout`` (capped at ``_RESEND_MAX_S``) is asked again: the leader answers
+        nothing to a request it refuses and rate limits its REDIRECTs, and a datagram may be
+        lost. The leader may so get two requests of ours and open two sessions: the first OK is
+        kept and any other is closed (``_send_close``). An OK from a member whose term
+        is older than the newest leader heard of is a deposed leader's: closed, and the
+        newest leader asked instead."""
         self._connecting = True
-        # The last known leader first: the first publication to connect gets the request.
-        targets = dict(sorted(self.ingress_endpoints.items(), key=lambda kv: kv[0] != self.leader_member_id))
-        tried: list[str] = []
-        retry_s = _REDIRECT_RETRY_S
-        redirects = 0
-        unhelpful: list[int] = []
+        self._connect_ids = {}
+        self._connect_replies = []
+        started_ns = time.monotonic_ns()
+        resend_ns = min(self._message_timeout_ns, int(_RESEND_MAX_S * 1e9))
+        pubs: dict[int, ExclusivePublication] = {}
+        pub_endpoints: dict[int, str] = {}
+        next_ask_ns: dict[int, int] = {}
+        """When each member is to be asked (again); absent: as soon as its publication connects."""
+        pause_s: dict[int, float] = {}
+        heard: dict[int, str] = {}
+        """What each member last said, for the timeout's message."""
+        unanswered: set[int] = set()
+        """Members with a request of ours they have not answered yet."""
+        newest_term, newest_leader = NULL_VALUE, NULL_VALUE
+        if self.leader_member_id in self.ingress_endpoints:
+            # The last known leader first: the others only if it does not answer soon.
+            for mid in self.ingress_endpoints:
+                if mid != self.leader_member_id:
+                    next_ask_ns[mid] = started_ns + int(_PREFERRED_CONNECT_S * 1e9)
         try:
             while True:
-                pubs = {mid: self._add_ingress(ep) for mid, ep in targets.items()}
-                try:
-                    chosen = await self._await_any_connected(pubs, deadline_ns)
-                    if chosen is None:
-                        raise ConnectTimeoutError(
-                            f"no cluster member reachable within {self._message_timeout_ns / 1e9:g}s"
-                            f" at {', '.join(f'{k}={v}' for k, v in sorted(targets.items()))}"
-                        )
-                    member_id, pub = chosen
-                    tried.append(f"{member_id}={targets[member_id]}")
-                    reply = await self._request_session(pub, deadline_ns)
-                    if reply is None:
-                        raise ConnectTimeoutError(
-                            f"no answer to the connect request within {self._message_timeout_ns / 1e9:g}s"
-                            f" (asked {', '.join(tried)})"
-                        )
+                self.poll_egress()
+                replies, self._connect_replies = self._connect_replies, []
+                now = time.monotonic_ns()
+                for member_id, reply in replies:
+                    unanswered.discard(member_id)
                     if isinstance(reply, Challenge):
-                        raise AuthenticationError("the cluster asked for an authentication challenge, which this client does not answer")
+                        raise AuthenticationError(
+                            "the cluster asked for an authentication challenge, which this client does not answer")
                     code = reply.code
                     if code == EventCode.OK:
-                        self._set_session(reply.cluster_session_id, reply.leadership_term_id,
-                                          reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id)
-                        for mid, p in pubs.items():
-                            if p is not pub:
-                                p.close()
+                        leader = reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id
+                        if (newest_leader not in (NULL_VALUE, leader) and reply.leadership_term_id < newest_term
+                                and member_id in pubs):
+                            self._send_close(pubs[member_id], reply.leadership_term_id, reply.cluster_session_id)
+                            heard[member_id] = f"deposed leader of term {reply.leadership_term_id}"
+                            continue
+                        pub = pubs.pop(member_id, None)
+                        if pub is None:
+                            continue  # a member no longer in the cluster's list: not one to keep
+                        self._set_session(reply.cluster_session_id, reply.leadership_term_id, leader)
                         self._replace_ingress(pub)
-                        pubs = {}
                         self._last_leader_sign_ns = time.monotonic_ns()
                         self._answered()
                         self._next_keep_alive_ns = time.monotonic_ns() + self._keep_alive_interval_ns
@@ -553,98 +597,118 @@ class ClusterClient:
                                  leader=self.leader_member_id)
                         return
                     if code == EventCode.REDIRECT:
-                        targets = redirect_order(self._redirect_targets(reply, member_id), member_id,
-                                                 reply.leader_member_id, unhelpful)
-                        redirects += 1
-                        if reply.leader_member_id in (NULL_VALUE, member_id) or redirects > 1:
-                            # An election is on (or members disagree): ask again, less often the
-                            # longer it takes.
-                            await trio.sleep(min(retry_s, max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)))
-                            retry_s = min(retry_s * 2, _REDIRECT_RETRY_MAX_S)
+                        self._redirect_endpoints(reply)
+                        term, leader = reply.leadership_term_id, reply.leader_member_id
+                        heard[member_id] = "no leader" if leader == NULL_VALUE else f"leader {leader}, term {term}"
+                        if leader != NULL_VALUE and term >= newest_term:
+                            if (term, leader) != (newest_term, newest_leader) or leader == member_id:
+                                if leader not in unanswered or leader == member_id:
+                                    # The new leader (or one finishing its election): now, unless
+                                    # a request of ours is on its way to it (two would open two
+                                    # sessions).
+                                    next_ask_ns[leader] = now
+                            newest_term, newest_leader = term, leader
+                            for mid in self.ingress_endpoints:
+                                # Members first heard of here: after the leader has had its moment.
+                                next_ask_ns.setdefault(mid, now + int(_PREFERRED_CONNECT_S * 1e9))
+                        if leader == NULL_VALUE:
+                            pause = pause_s.get(member_id, _ASK_AGAIN_S)
+                            next_ask_ns[member_id] = now + int(pause * 1e9)
+                            pause_s[member_id] = min(pause * 2, _ASK_AGAIN_MAX_S)
+                        elif leader == member_id:
+                            next_ask_ns[member_id] = now + int(_ASK_AGAIN_S * 1e9)
+                        else:
+                            # The named leader is asked meanwhile; this member only if it is not
+                            # the leader after all (a leader gone: the member learns of it).
+                            next_ask_ns[member_id] = now + int(_ASK_AGAIN_MAX_S * 1e9)
                         continue
                     if code == EventCode.AUTHENTICATION_REJECTED:
                         raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}")
                     raise ClusterRejectedError(
                         f"the cluster refused the connection ({EventCode(code).name}): {reply.detail or 'no detail'}"
                     )
-                finally:
-                    for p in pubs.values():
-                        if p is not self._ingress:
-                            p.close()
+                # One publication per member (a REDIRECT may have named others).
+                for mid, ep in self.ingress_endpoints.items():
+                    if pub_endpoints.get(mid) != ep:
+                        if mid in pubs:
+                            pubs.pop(mid).close()
+                        pubs[mid] = self._add_ingress(ep)
+                        pub_endpoints[mid] = ep
+                for mid in [m for m in pubs if m not in self.ingress_endpoints]:
+                    pubs.pop(mid).close()
+                    pub_endpoints.pop(mid, None)
+                if now >= deadline_ns:
+                    members = self._what_members_said(pubs, heard)
+                    raise ConnectTimeoutError(f"no leader within {(now - started_ns) / 1e9:.1f}s ({members})", members)
+                wake_ns = deadline_ns
+                for mid, pub in pubs.items():
+                    if not pub.is_connected:
+                        continue
+                    due = next_ask_ns.get(mid, now)
+                    if due <= now:
+                        if self._send_connect_request(mid, pub):
+                            heard.setdefault(mid, "no answer")
+                            unanswered.add(mid)
+                            due = next_ask_ns[mid] = now + resend_ns
+                        else:
+                            due = now + int(_POLL_S * 1e9)
+                    wake_ns = min(wake_ns, due)
+                if any(not p.is_connected for p in pubs.values()):
+                    wake_ns = min(wake_ns, now + int(_POLL_S * 1e9))
+                wait_s = max(0.0, (wake_ns - time.monotonic_ns()) / 1e9)
+                if wait_s > 0:
+                    with trio.move_on_after(wait_s):
+                        await self._egress.wait(wait_s)
+                else:
+                    await trio.lowlevel.checkpoint()
         finally:
+            for p in pubs.values():
+                if p is not self._ingress:
+                    p.close()
             self._connecting = False
-            self._awaiting_correlation_id = None
-            self._connect_reply = None
+            self._connect_replies = []
 
-    def _redirect_targets(self, reply: SessionEvent, asked_member_id: int) -> dict[int, str]:
-        detail = reply.detail.strip()
-        endpoints: dict[int, str] | None = None
-        if "=" in detail:
-            try:
-                endpoints = parse_ingress_endpoints(detail, "REDIRECT detail")
-            except ConfigError:
-                endpoints = None
-        elif detail:
-            try:
-                parse_endpoint(detail)
-                if reply.leader_member_id != NULL_VALUE:
-                    endpoints = {**self.ingress_endpoints, reply.leader_member_id: detail}
-            except ValueError:
-                endpoints = None
-        if endpoints is None:
-            self.egress_errors += 1
-            endpoints = self.ingress_endpoints
-        self.ingress_endpoints = endpoints
-        leader = reply.leader_member_id
-        if leader != NULL_VALUE and leader in endpoints and leader != asked_member_id:
-            return {leader: endpoints[leader]}
-        return dict(endpoints)
-
-    async def _await_any_connected(
-        self, pubs: dict[int, ExclusivePublication], deadline_ns: int
-    ) -> tuple[int, ExclusivePublication] | None:
-        """The first of ``pubs`` (in order) to connect; the first alone is awaited for
-        ``_PREFERRED_CONNECT_S``, then whichever connects."""
-        delay = 0.0005
-        any_after_ns = time.monotonic_ns() + int(_PREFERRED_CONNECT_S * 1e9)
-        while True:
-            for mid, pub in pubs.items():
-                if pub.is_connected:
-                    return mid, pub
-                if time.monotonic_ns() < any_after_ns:
-                    break
-            now = time.monotonic_ns()
-            if now >= deadline_ns:
-                return None
-            self.poll_egress()
-            await trio.sleep(min(delay, (deadline_ns - now) / 1e9))
-            delay = min(delay * 2, 0.01)
-
-    async def _request_session(self, pub: ExclusivePublication, deadline_ns: int) -> SessionEvent | Challenge | None:
+    def _send_connect_request(self, member_id: int, pub: ExclusivePublication) -> bool:
         correlation_id = next(self._correlation_ids)
         request = encode_ingress(
             SessionConnectRequest(
                 correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel, self._credentials
             )
         )
-        self._awaiting_correlation_id = correlation_id
-        self._connect_reply = None
-        delay = 0.0005
-        while pub.offer(request) < 0:
-            now = time.monotonic_ns()
-            if now >= deadline_ns:
-                return None
-            await trio.sleep(min(delay, (deadline_ns - now) / 1e9))
-            delay = min(delay * 2, 0.01)
-        while self._connect_reply is None:
-            if self.poll_egress():
-                continue
-            now = time.monotonic_ns()
-            if now >= deadline_ns:
-                return None
-            with trio.move_on_after((deadline_ns - now) / 1e9):
-                await self._egress.wait((deadline_ns - now) / 1e9)
-        return self._connect_reply
+        if pub.offer(request) < 0:
+            return False
+        self._connect_ids[correlation_id] = member_id
+        self.connect_requests_sent += 1
+        return True
+
+    def _send_close(self, pub: ExclusivePublication, term_id: int, session_id: int) -> None:
+        msg = encode_ingress(SessionCloseRequest(term_id, session_id))
+        for _ in range(3):
+            if pub.offer(msg) > 0:
+                break
+        self.spare_sessions_closed += 1
+        log.info("closed a spare session", session=session_id, term=term_id)
+
+    def _what_members_said(self, pubs: dict[int, ExclusivePublication], heard: dict[int, str]) -> str:
+        said = []
+        for mid, ep in sorted(self.ingress_endpoints.items()):
+            pub = pubs.get(mid)
+            what = heard.get(mid) or ("no answer" if pub is not None and pub.is_connected else "unreachable")
+            said.append(f"{mid}={ep} {what}")
+        return "; ".join(said)
+
+    def _redirect_endpoints(self, reply: SessionEvent) -> None:
+        """Take the members' ingress endpoints a REDIRECT carries (the cluster's own list)."""
+        detail = reply.detail.strip()
+        if "=" not in detail:
+            return
+        try:
+            endpoints = parse_ingress_endpoints(detail, "REDIRECT detail")
+        except ConfigError:
+            self.egress_errors += 1
+            return
+        if endpoints:
+            self.ingress_endpoints = endpoints
 
     async def _reconnect(self) -> None:
         """A new session after the leader went silent or the cluster timed ours out; closes the
@@ -664,7 +728,7 @@ class ClusterClient:
                 self._close_locally(f"could not reconnect within {self._reconnect_timeout_ns / 1e9:g}s: {last_error}")
                 return
             try:
-                await self._connect(min(give_up_ns, now + self._message_timeout_ns))
+                await self._connect(give_up_ns)
             except ConnectTimeoutError as ex:
                 last_error = str(ex)
                 continue
@@ -673,7 +737,7 @@ class ClusterClient:
                 # leader may still hold sessions of clients that have moved on (ours among them),
                 # until its session timeout. Ask again, as for a leader not yet elected.
                 last_error = str(ex)
-                await trio.sleep(min(_REDIRECT_RETRY_MAX_S, max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)))
+                await trio.sleep(min(_ASK_AGAIN_MAX_S, max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)))
                 continue
             except ClusterClientError as ex:
                 self._close_locally(str(ex))
@@ -775,29 +839,6 @@ class ClusterClient:
         self._close_locally(None)
 
 
-def redirect_order(targets: dict[int, str], asked_member_id: int, named_leader_id: int,
-                   unhelpful: list[int]) -> dict[int, str]:
-    """Whom to ask next after ``asked_member_id`` answered REDIRECT naming ``named_leader_id``
-    (``targets``: the members the redirect leaves, see ``_redirect_targets``).
-
-    ``unhelpful`` lists the members of this connect attempt that named no leader, the latest
-    last; it is updated here. They are asked after every other member, the longest ago first,
-    so that every member is asked in turn: one may be cut off from the rest and never learn the
-    leader while another already follows it. A member that names itself is finishing its
-    election: it is asked again."""
-    if named_leader_id == asked_member_id and asked_member_id in targets:
-        return {asked_member_id: targets[asked_member_id]}
-    if named_leader_id == NULL_VALUE:
-        if asked_member_id in unhelpful:
-            unhelpful.remove(asked_member_id)
-        unhelpful.append(asked_member_id)
-    if len(targets) == 1:
-        return targets
-    ordered = {mid: ep for mid, ep in targets.items() if mid not in unhelpful}
-    ordered.update((mid, targets[mid]) for mid in unhelpful if mid in targets)
-    return ordered
-
-
 def _unwrap(exc: BaseException) -> BaseException:
     """The single exception inside (nested) one-member exception groups, else ``exc``."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -817,6 +858,7 @@ async def open_cluster_client(
     encoded_credentials: bytes = b"",
     on_service_error: Callable[[ServiceRequestError], None] | None = None,
     reconnect_when_unanswered: bool = True,
+    connect_timeout: float | None = None,
 ) -> AsyncIterator[ClusterClient]:
     """Connect to the cluster and keep the session alive for the ``async with`` block.
 
@@ -825,14 +867,18 @@ async def open_cluster_client(
     AuthenticationError when the session cannot be opened. With ``on_message`` every session
     message goes to that handler (called in this trio thread); without it, use ``receive()``.
     An exception from the block comes out as itself, not wrapped in an exception group.
+    ``connect_timeout`` (seconds) is the connect's deadline, the config's ``connect_timeout``
+    when None: until it passes the client asks every member, through elections.
     """
+    if connect_timeout is not None and not connect_timeout > 0:
+        raise ValueError(f"connect_timeout must be positive, not {connect_timeout!r}")
     try:
         async with contextlib.AsyncExitStack() as stack:
             if driver is None:
                 base = "/dev/shm" if Path("/dev/shm").is_dir() else None
                 own_dir = Path(tempfile.mkdtemp(prefix="pycluster-client-", dir=base))
                 stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
-                driver = await stack.enter_async_context(open_media_driver(**config.driver.driver_kwargs(own_dir)))
+                driver = await stack.enter_async_context(open_media_driver(**config.driver_kwargs(own_dir)))
             client = ClusterClient(
                 config,
                 driver,
@@ -845,7 +891,8 @@ async def open_cluster_client(
                 reconnect_when_unanswered=reconnect_when_unanswered,
             )
             stack.callback(client.close)
-            await client._connect(time.monotonic_ns() + client._message_timeout_ns)
+            timeout_ns = client._connect_timeout_ns if connect_timeout is None else int(connect_timeout * 1e9)
+            await client._connect(time.monotonic_ns() + timeout_ns)
             nursery = await stack.enter_async_context(trio.open_nursery())
             await nursery.start(client._run)
             try:

@@ -146,6 +146,18 @@ class CounterTypes:
     APPEND_POSITION = 240
     ERRORS = 212
     CLUSTER_CONTROL = 202
+    CLIENT_TIMEOUT_COUNT = 213
+    MAX_CYCLE_TIME = 216
+    CYCLE_TIME_THRESHOLD_EXCEEDED = 217
+    TOTAL_MAX_SNAPSHOT_DURATION = 234
+    ELECTION_COUNT = 238
+    # Ours (the reference keeps these in its mark file or in its tools, not as counters):
+    LEADER_MEMBER_ID = 1201
+    LAST_SNAPSHOT_DURATION = 1202
+    PEER_APPEND_POSITION = 1203
+    """One per member, keyed by that member's id: the append position it last reported to this
+    node while this node leads (-1 when it does not lead), so a lagging follower shows on the
+    leader."""
 
 
 class ModuleState:
@@ -276,10 +288,28 @@ class ConsensusAgent:
                 ("cm-state", CounterTypes.CONSENSUS_MODULE_STATE),
                 ("control-toggle", CounterTypes.CLUSTER_CONTROL),
                 ("snapshot-count", CounterTypes.SNAPSHOT_COUNTER),
+                ("election-count", CounterTypes.ELECTION_COUNT),
+                ("leader-member-id", CounterTypes.LEADER_MEMBER_ID),
+                ("client-timeouts", CounterTypes.CLIENT_TIMEOUT_COUNT),
+                ("max-cycle-time-ns", CounterTypes.MAX_CYCLE_TIME),
+                ("cycle-time-threshold-exceeded", CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED),
+                ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
+                ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
         self.counters["leadership-term-id"].set(-1)
+        self.counters["leader-member-id"].set(-1)
+        self._peer_append_counters = {
+            mem.id: driver.counters.allocate(f"cluster peer {mem.id} append-pos: member {config.member_id}",
+                                             CounterTypes.PEER_APPEND_POSITION, mem.id)
+            for mem in config.cluster.members
+        }
+        for counter in self._peer_append_counters.values():
+            counter.set(-1)
+        self._cycle_threshold_ns = config.timeouts.cycle_threshold_ns
+        self._max_cycle_ns = 0
+        self._operator_counters_due_ns = 0
         self.module: ConsensusModule | None = None
         self.sessions = ClusterSessions(
             member_id=config.member_id, ingress_endpoints=config.ingress_endpoints_text,
@@ -702,6 +732,8 @@ class ConsensusAgent:
                 self.suspended = False
                 self.counters["cm-state"].set(ModuleState.ACTIVE)
             self.counters["leadership-term-id"].set(e.leadership_term_id)
+            self.counters["leader-member-id"].set(e.leader_member_id)
+            self.counters["election-count"].set(m.election_count)
             self.elections_completed += 1
             # The first election of this process as leader: the sessions it learned from the log
             # belong to clients of a cluster that has restarted; they are closed, not greeted.
@@ -1575,6 +1607,7 @@ class ConsensusAgent:
                 last_activity_ms = now // 1_000_000
                 self.archive.poll()
             work += driver.release_sends()
+            self._track_cycle(now)
             local = self.local
             unrecorded = local is not None and local.pub.position > self.last_recording_position
             if work:
@@ -1602,6 +1635,30 @@ class ConsensusAgent:
                 await trio.sleep(0.001)  # the recorder is slow or not running: poll, gently
             else:
                 await self._park(now)
+
+    def _track_cycle(self, started_ns: int) -> None:
+        """The operator's counters of the duty cycle: the longest pass (its work, not its park)
+        and how many passes took longer than ``timeouts.cycle_threshold``; and, at most every
+        100 ms, the values the module and sessions keep anyway (election count, timed-out
+        client sessions, the members' append positions as this leader last heard them)."""
+        end_ns = time.monotonic_ns()
+        cycle_ns = end_ns - started_ns
+        if cycle_ns > self._max_cycle_ns:
+            self._max_cycle_ns = cycle_ns
+            self.counters["max-cycle-time-ns"].set(cycle_ns)
+        if cycle_ns > self._cycle_threshold_ns:
+            self.counters["cycle-time-threshold-exceeded"].add(1)
+        if end_ns < self._operator_counters_due_ns:
+            return
+        self._operator_counters_due_ns = end_ns + 100_000_000
+        m = self.module
+        self.counters["election-count"].set(m.election_count)
+        self.counters["client-timeouts"].set(self.sessions.timed_out)
+        leading = m.is_leader and m.election is None
+        for member in m.members:
+            counter = self._peer_append_counters.get(member.member_id)
+            if counter is not None:
+                counter.set(member.log_position if leading else -1)
 
     def _quiet_after_work(self, unrecorded: bool) -> bool:
         """May a pass that did work park instead of running again? Only when settled and nothing
@@ -1852,6 +1909,10 @@ class ConsensusAgent:
                                      snap.position, now_ms, -1)
         self.recording_log_file.apply(writes)
         self.counters["snapshot-count"].add(1)
+        duration_ns = time.monotonic_ns() - snap.started_ns
+        self.counters["last-snapshot-duration-ns"].set(duration_ns)
+        if duration_ns > self.counters["max-snapshot-duration-ns"].get():
+            self.counters["max-snapshot-duration-ns"].set(duration_ns)
         self._last_snapshot_position = max(self._last_snapshot_position, snap.position)
         log.info("snapshot taken", log_position=snap.position, leadership_term_id=snap.leadership_term_id,
                  recording_id=recording_id, service_recording_id=ack.relevant_id, sessions=len(state.sessions),

@@ -158,7 +158,7 @@ def response_channel_refusal(channel: str, stream_id: int, source_host: str | No
     if not uri.is_udp or uri.endpoint is None:
         return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
     others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
-                                "term_id", "term_offset", "alias") if getattr(uri, name) is not None]
+                                "term_id", "term_offset", "alias", "interface") if getattr(uri, name) is not None]
     if others or uri.extra:
         return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
     if stream_id != egress_stream_id:

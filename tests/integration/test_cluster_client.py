@@ -83,6 +83,13 @@ class FakeCluster:
         """Members that redirect without naming a leader (cut off from the others)."""
         self.full = False
         """The leader refuses connects for the session limit."""
+        self.ignore_connects: dict[int, int] = {}
+        """Member -> how many more connect requests it leaves unanswered (a refused or lost one)."""
+        self.defer_first_ok_s = 0.0
+        """The leader's first OK goes out this much later (a reply that comes late)."""
+        self.deferred: list[tuple[float, int, str, bytes]] = []
+        self.behind: dict[int, tuple[int, int]] = {}
+        """Member -> the (term, leader) its REDIRECTs name (a member that missed an election)."""
 
     @property
     def endpoints_text(self) -> str:
@@ -100,6 +107,10 @@ class FakeCluster:
         self.outbox.setdefault(pub, collections.deque()).append(data)
 
     def _flush(self) -> None:
+        now = trio.current_time()
+        for item in [d for d in self.deferred if d[0] <= now]:
+            self.deferred.remove(item)
+            self.send(*item[1:])
         for pub, queue in self.outbox.items():
             while queue and pub.offer(queue[0]) > 0:
                 queue.popleft()
@@ -123,11 +134,21 @@ class FakeCluster:
                               encode_session_message(self.term, h.cluster_session_id, 42, payload))
             elif isinstance(msg, SessionConnectRequest):
                 self.events.append(("connect", member, msg.correlation_id))
+                if self.ignore_connects.get(member, 0) > 0:
+                    self.ignore_connects[member] -= 1
+                    return
                 def event(code, session_id=NULL_VALUE, detail=""):
-                    self.send(member, msg.response_channel, encode_egress(SessionEvent(
-                        session_id, msg.correlation_id, self.term,
-                        NULL_VALUE if self.leader is None or member in self.knows_no_leader else self.leader,
-                        code, CLIENT_PROTOCOL_VERSION, detail)))
+                    term, leader = self.behind.get(member, (
+                        self.term,
+                        NULL_VALUE if self.leader is None or member in self.knows_no_leader else self.leader))
+                    data = encode_egress(SessionEvent(
+                        session_id, msg.correlation_id, term, leader, code, CLIENT_PROTOCOL_VERSION, detail))
+                    if code == EventCode.OK and self.defer_first_ok_s:
+                        self.deferred.append((trio.current_time() + self.defer_first_ok_s, member,
+                                              msg.response_channel, data))
+                        self.defer_first_ok_s = 0.0
+                        return
+                    self.send(member, msg.response_channel, data)
                 if member != self.leader:
                     event(EventCode.REDIRECT, detail=self.endpoints_text)
                 elif semantic_version_major(msg.version) != CLIENT_PROTOCOL_MAJOR_VERSION:
@@ -235,7 +256,7 @@ async def test_follower_redirects_then_messages_echo_in_order(fake) -> None:
         assert client.leader_member_id == 1 and client.leadership_term_id == 5
         assert client.cluster_session_id in fake.sessions
         assert client.ingress_endpoints == fake.endpoints
-        assert [e[:2] for e in fake.events if e[0] == "connect"] == [("connect", 0), ("connect", 1)]
+        assert [e[:2] for e in fake.events if e[0] == "connect"] == [("connect", 0), ("connect", 1)], fake.events
         payloads = [i.to_bytes(4, "little") * 8 for i in range(2000)]
         await _send_all(client, payloads)
         await _until(lambda: len(got) == len(payloads))
@@ -321,11 +342,47 @@ async def test_authentication_rejected(fake) -> None:
             pass
 
 
+async def test_an_unanswered_connect_request_is_sent_again(fake) -> None:
+    """The leader answers nothing to a request it refuses, and a reply may be lost: after the
+    message timeout the request goes again, to the members that have not answered."""
+    fake.ignore_connects = {1: 2}
+    cfg = client_config(fake.endpoints, message_timeout_ns=200 * MS)
+    async with open_cluster_client(cfg) as client:
+        assert client.leader_member_id == 1 and client.cluster_session_id in fake.sessions
+    asked = [e[1] for e in fake.events if e[0] == "connect"]
+    assert asked.count(1) == 3 and len(fake.sessions) == 1, fake.events
+
+
+async def test_a_late_second_ok_has_its_session_closed(fake) -> None:
+    """The leader's first OK comes after the request was sent again: two sessions were opened
+    for one client; it keeps the one it heard of first and closes the other."""
+    fake.defer_first_ok_s = 0.5
+    cfg = client_config({1: fake.endpoints[1]}, message_timeout_ns=200 * MS)
+    async with open_cluster_client(cfg) as client:
+        assert len(fake.sessions) == 2
+        kept = client.cluster_session_id
+        spare = next(sid for sid in fake.sessions if sid != kept)
+        await _until(lambda: spare in fake.closed_sessions)
+        assert kept not in fake.closed_sessions and client.spare_sessions_closed == 1
+        assert await client.offer_wait(b"still here") > 0
+        await _until(lambda: any(r[2] == kept for r in fake.received))
+
+
+async def test_the_leader_of_the_newest_term_is_followed(fake) -> None:
+    """Members disagree during an election (one still names the old leader): the client goes
+    to the leader of the newest term it hears of."""
+    fake.leader = 2
+    fake.behind = {0: (fake.term - 1, 1)}  # member 0 still names the old leader, member 1
+    fake.ignore_connects = {1: 1000}  # which is gone
+    async with open_cluster_client(client_config({0: fake.endpoints[0], 2: fake.endpoints[2]})) as client:
+        assert client.leader_member_id == 2 and client.leadership_term_id == fake.term
+
+
 async def test_nobody_there_times_out() -> None:
     port = _free_ports(1)[0]
-    cfg = client_config({0: f"127.0.0.1:{port}"}, message_timeout_ns=500 * MS)
+    cfg = client_config({0: f"127.0.0.1:{port}"}, connect_timeout_ns=500 * MS)
     start = trio.current_time()
-    with pytest.raises(ConnectTimeoutError, match="no cluster member reachable"):
+    with pytest.raises(ConnectTimeoutError, match=rf"no leader within 0\.5s \(0=127\.0\.0\.1:{port} unreachable\)"):
         async with open_cluster_client(cfg):
             pass
     assert trio.current_time() - start < 3

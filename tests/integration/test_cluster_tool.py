@@ -185,6 +185,90 @@ def test_errors_shows_log_warnings_and_the_counter(cluster):
     assert result.output.splitlines()[-2:] == ["errors counter: 0", "service errors counter: 0"]
 
 
+def json_of(node_dir: Path, *args: str) -> dict:
+    result = tool(node_dir, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_describe_json_carries_the_fields_of_the_text_and_the_members_lag(cluster):
+    def members_caught_up():
+        doc = json_of(cluster.nodes[cluster.leader_id].dir, "describe")
+        lags = doc["members"]
+        return doc if len(lags) == 3 and all(m["lag"] == 0 for m in lags) else None
+
+    cluster.wait_for(members_caught_up, 10, "the leader shows every member with lag 0")
+    for member_id, role in ((cluster.leader_id, "LEADER"), (cluster.follower_id, "FOLLOWER")):
+        node = cluster.nodes[member_id]
+        text = tool(node.dir, "describe").output
+        doc = json_of(node.dir, "describe")
+        assert doc["status"] == field(text, "status") == f"running, pid {node.pid}"
+        assert (doc["member_id"], doc["cluster_id"], doc["pid"], doc["running"]) == (member_id, 0, node.pid, True)
+        c = doc["counters"]
+        assert c["current"] is True
+        assert c["role_name"] == field(text, "role") == role
+        assert c["role"] == (2 if role == "LEADER" else 0)
+        assert str(c["leadership_term_id"]) == field(text, "leadership term")
+        assert c["leader_member_id"] == cluster.leader_id
+        assert field(text, "leader") == f"member {cluster.leader_id}"
+        assert c["election_count"] >= 1 and field(text, "elections") == str(c["election_count"])
+        assert f"{c['election_state_name']} ({c['election_state']})" == field(text, "election state") == "CLOSED (17)"
+        assert c["commit_position"] > 0 and c["append_position"] >= c["commit_position"]
+        assert f"{c['cm_state_name']} ({c['cm_state']})" == field(text, "cm state")
+        assert (c["errors"], c["service_errors"], c["snapshot_count"]) == (0, 0, 0)
+        assert c["max_cycle_time_ns"] > 0 and c["cycle_time_threshold_exceeded"] >= 0
+        assert c["client_session_timeouts"] == 0
+        rl = doc["recording_log"]
+        assert (rl["entries"], rl["terms"], rl["snapshots"], rl["invalid"]) == (1, 1, 0, 0)
+        assert rl["last_term"]["open"] is True and rl["latest_snapshot"] is None
+        (log_rec,) = doc["archive"]["recordings"]
+        assert log_rec["log"] is True and log_rec["recording_id"] == 0 and log_rec["how"] == "recording"
+        assert f"{log_rec['start_position']}..{log_rec['stop_position']}" in field(text, "recording 0")
+        if role == "LEADER":
+            assert {m["member_id"] for m in doc["members"]} == {0, 1, 2}
+            for m in doc["members"]:
+                assert f"append position {m['append_position']} (lag {m['lag']})" == field(text, f"member {m['member_id']}")
+        else:
+            assert doc["members"] == []
+
+
+def test_list_members_json_and_the_lag_of_each_member_on_the_leader(cluster):
+    leader = cluster.nodes[cluster.leader_id]
+    follower = cluster.nodes[cluster.follower_id]
+    doc = json_of(follower.dir, "list-members")
+    assert doc["this_node"]["member_id"] == cluster.follower_id and doc["this_node"]["role"] == "FOLLOWER"
+    assert doc["leader"]["member_id"] == cluster.leader_id
+    assert doc["members"] == []  # a follower does not hear the others' positions
+    assert all(m.consensus in doc["peers"] for m in follower.cfg.cluster.members if m.id != cluster.follower_id)
+
+    with_config = json_of(leader.dir, "list-members", "--config", str(leader.config_path))
+    text = tool(leader.dir, "list-members", "--config", str(leader.config_path)).output
+    assert with_config["this_node"]["election_count"] >= 1
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if re.match(r"\d+\s", line)}
+    assert text.splitlines()[3].split()[-2:] == ["POSITION", "LAG"]
+    for m in with_config["members"]:
+        assert m["this"] == (m["member_id"] == cluster.leader_id) == m["leader"]
+        cfg = next(c for c in leader.cfg.cluster.members if c.id == m["member_id"])
+        assert (m["ingress"], m["consensus"], m["archive"]) == (cfg.ingress, cfg.consensus, cfg.archive)
+        assert m["append_position"] >= 0 and m["lag"] >= 0
+        assert rows[str(m["member_id"])][-2:] == [str(m["append_position"]), str(m["lag"])]
+
+
+def test_recording_log_and_errors_json(cluster):
+    leader_dir, follower_dir = dirs(cluster)
+    term = cluster.nodes[cluster.follower_id].counters().term
+    doc = json_of(follower_dir, "recording-log")
+    assert doc["path"].endswith("recording.log") and doc["length"] == 64 and doc["torn_tail_length"] == 0
+    (entry,) = doc["entries"]
+    assert entry == {"entry_index": 0, "type": "TERM", "valid": True, "recording_id": 0, "leadership_term_id": term,
+                     "term_base_log_position": 0, "log_position": -1, "open": True,
+                     "timestamp": entry["timestamp"], "service_id": 0, "archive_endpoint": entry["archive_endpoint"]}
+    errs = json_of(leader_dir, "errors")
+    assert (errs["errors"], errs["service_errors"], errs["skip_list"]) == (0, 0, [])
+    assert errs["log_found"] is True and isinstance(errs["events"], list)
+    assert errs["log_file"].endswith("node.log") and errs["counters_current"] is True
+
+
 def test_suspend_stops_client_messages_and_resume_brings_them_back(cluster):
     leader_dir, follower_dir = dirs(cluster)
     on_follower = tool_process(follower_dir, "suspend")
@@ -255,6 +339,9 @@ def test_snapshot_on_the_live_leader_is_taken_by_every_member(cluster):
     assert term == cluster.nodes[cluster.leader_id].counters().term
     assert field(tool(leader_dir, "describe").output, "snapshots taken") == "1"
     assert field(tool(leader_dir, "describe").output, "cm state") == "ACTIVE (1)"
+    counters = json_of(leader_dir, "describe")["counters"]
+    assert 0 < counters["last_snapshot_duration_ns"] <= counters["max_snapshot_duration_ns"]
+    assert re.fullmatch(r"last \d+\.\d ms, max \d+\.\d ms", field(tool(leader_dir, "describe").output, "snapshot time"))
 
     # Every member snapshots at the same position; a follower's set lands when its service got there.
     cluster.wait_for(lambda: tool(follower_dir, "describe-latest-snapshot").exit_code == 0, 10,

@@ -146,6 +146,7 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
 
     cluster.start()
     node = cluster.nodes[0]
+    errors_before = cluster.counters()[0].errors
     victim = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     victim.bind(("127.0.0.9", 0))
     victim.setblocking(False)
@@ -164,6 +165,8 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
                            for e in node.log_events())
 
             await cluster.await_for(refused, 10, "the archive refuses the connect request")
+            # ... and the node's errors counter says so (an operator watches that one).
+            await cluster.await_for(lambda: cluster.counters()[0].errors > errors_before, 10, "counted")
         try:
             got = victim.recv(65536)
         except BlockingIOError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -139,3 +140,49 @@ def test_impossible_start_timestamp_is_shown_not_raised(node_dir):
     result = CliRunner().invoke(main, ["stat", "--dir", str(node_dir)])
     assert result.exit_code == 0, result.output
     assert f"started {2**62} ms since epoch (invalid)" in result.output.splitlines()[0]
+
+
+def test_stat_json_carries_every_row_of_the_table(node_dir):
+    text = CliRunner().invoke(main, ["stat", "--dir", str(node_dir)])
+    result = CliRunner().invoke(main, ["stat", "--dir", str(node_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert set(doc) == {"path", "owner_pid", "owner_alive", "start_timestamp_ms", "counters", "cluster"}
+    assert doc["owner_pid"] == os.getpid() and doc["owner_alive"] is True
+    assert doc["path"] == str(node_dir / "driver" / "counters.dat")
+    table = {tuple(row(text.output, c["label"])) for c in doc["counters"]}
+    assert table == {(str(c["id"]), c["type"], f"{c['value']:,}") for c in doc["counters"]}
+    assert len(doc["counters"]) == len(text.output.splitlines()) - 2
+    assert all(set(c) == {"id", "type_id", "type", "registration_id", "label", "value"} for c in doc["counters"])
+    assert doc["cluster"] == {}  # a driver without a consensus module
+    filtered = json.loads(CliRunner().invoke(main, ["stat", "--dir", str(node_dir), "--json", "--type", "12"]).output)
+    assert [c["label"] for c in filtered["counters"]] == ["pub-pos: aeron:udp?endpoint=127.0.0.1:20121"]
+
+
+def test_stat_json_groups_a_nodes_consensus_counters_by_member(tmp_path):
+    from cluster_node.consensus.agent import CounterTypes
+
+    with CountersManager.create(tmp_path / "driver" / "counters.dat", max_counters=16) as manager:
+        manager.allocate("cluster role: member 3", CounterTypes.NODE_ROLE, 3).set(2)
+        manager.allocate("cluster election-count: member 3", CounterTypes.ELECTION_COUNT, 3).set(4)
+        manager.allocate("cluster peer 1 append-pos: member 3", CounterTypes.PEER_APPEND_POSITION, 1).set(640)
+        doc = json.loads(CliRunner().invoke(main, ["stat", "--dir", str(tmp_path), "--json"]).output)
+        assert doc["cluster"] == {"3": {"role": 2, "election_count": 4, "member_append_positions": {"1": 640}}}
+        prom = CliRunner().invoke(main, ["stat", "--dir", str(tmp_path), "--prometheus", "--node-label", "n3"])
+        assert prom.exit_code == 0, prom.output
+        lines = prom.output.splitlines()
+        assert 'pycluster_up{node="n3"} 1' in lines
+        assert 'pycluster_node_role{node="n3",member="3"} 2' in lines
+        assert 'pycluster_elections_total{node="n3",member="3"} 4' in lines
+        assert 'pycluster_member_append_position{node="n3",member="3",peer="1"} 640' in lines
+        assert "# TYPE pycluster_elections_total counter" in lines
+
+
+@pytest.mark.parametrize("args", [["--listen", "127.0.0.1:0"], ["--prometheus", "--listen", "nowhere"],
+                                  ["--json", "--watch"]])
+def test_stat_output_option_mistakes_give_one_line(node_dir, args):
+    result = run("--dir", str(node_dir), *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: ")

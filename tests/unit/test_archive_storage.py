@@ -3,6 +3,7 @@ verification; and the archive CLI tools over such a directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 
@@ -217,6 +218,34 @@ def test_cli_list_describe_dump_verify_truncate(tmp_path):
         f.write(b"\0" * 4)
     r = runner.invoke(cli, ["archive", "verify", "--dir", str(tmp_path)])
     assert r.exit_code == 1 and f"BAD at position {tenth} (after 10 good frames)" in r.output
+
+
+def test_cli_list_and_describe_json_carry_the_fields_of_the_text(tmp_path):
+    store, rid, end = record(tmp_path / "archive", messages_of(300))
+    store.close()
+    runner = CliRunner()
+    text = runner.invoke(cli, ["archive", "list", "--dir", str(tmp_path)]).output
+    r = runner.invoke(cli, ["archive", "list", "--dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["archive_dir"] == str(tmp_path / "archive")
+    (rec,) = doc["recordings"]
+    row = text.splitlines()[1].split()
+    assert row == [str(rec["recording_id"]), str(rec["start_position"]), str(rec["stop_position"]), str(rec["bytes"]),
+                   str(rec["stream_id"]), str(rec["session_id"]), str(rec["segment_files"]), rec["channel"]]
+    assert rec["recording_id"] == rid and rec["end_position"] == end and rec["active"] is False
+    text = runner.invoke(cli, ["archive", "describe", "--dir", str(tmp_path), str(rid)]).output
+    r = runner.invoke(cli, ["archive", "describe", "--dir", str(tmp_path), str(rid), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    lines = text.splitlines()
+    assert lines[-2] == f"{'checks':20} {doc['checks']}"
+    assert len(doc["descriptor"]) == len(lines) - 2
+    for line, (name, value) in zip(lines, doc["descriptor"].items()):
+        assert line.split(None, 1)[0] == name
+        assert line[20:].strip() == str(value)
+    assert doc["descriptor"]["stop_position"] == end
+    assert lines[-1].endswith(", ".join(doc["segment_files"]))
 
 
 def test_cli_operator_mistakes_are_one_line_errors(tmp_path):

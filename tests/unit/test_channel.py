@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,28 @@ from media.channel import (
 )
 
 # ----------------------------------------------------------------------------------- valid URIs
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("127.0.0.10", ("127.0.0.10", 0)),
+    ("10.0.0.5:4000", ("10.0.0.5", 4000)),
+    ("[::1]", ("::1", 0)),
+    ("[::1]:4000", ("::1", 4000)),
+])
+def test_interface_is_the_address_a_publication_sends_from(text, expected):
+    uri = parse(f"aeron:udp?endpoint=10.0.0.9:5000|interface={text}")
+    assert uri.interface == expected and uri.extra == ()
+    assert parse(str(uri)) == uri
+
+
+@pytest.mark.parametrize("channel, why", [
+    ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.0/24", "a subnet (/prefix) is not supported"),
+    ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.5:x", "not a number"),
+    ("aeron:ipc?interface=10.0.0.5", "interface has no meaning for aeron:ipc"),
+])
+def test_interface_refusals(channel, why):
+    with pytest.raises(ChannelError, match=re.escape(why)):
+        parse(channel)
 
 
 def test_ipc_minimal():

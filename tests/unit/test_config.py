@@ -235,7 +235,8 @@ egress_endpoint = "127.0.0.1:0"
 
 def test_client_config_defaults_and_errors() -> None:
     cfg = parse_client_config(CLIENT)
-    assert cfg.client.message_timeout_ns == 5 * 10**9
+    assert cfg.client.message_timeout_ns == 1 * 10**9
+    assert cfg.client.connect_timeout_ns == 10 * 10**9
     assert cfg.ingress_endpoints == {0: "127.0.0.1:20110", 1: "127.0.0.1:20111"}
     assert cfg.driver.term_length == 1024 * 1024  # client defaults, not the node's
     cfg2 = parse_client_config(CLIENT + '\n[driver]\nmtu = 4096\n')
@@ -371,3 +372,12 @@ def test_receive_bounds_parse_and_are_checked_against_the_terms_they_must_hold()
         parse_node_config(MINIMAL + '\n[driver]\nterm_length = "1m"\nmax_receive_term_length = "1m"\n')
     with pytest.raises(ConfigError, match="driver.image_creations_per_s"):
         parse_node_config(MINIMAL + "\n[driver]\nimage_creations_per_s = 0\n")
+
+
+def test_a_node_sends_from_its_members_host_and_a_client_from_its_egress_host(tmp_path) -> None:
+    hosts = ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
+    nodes, client = generate_loopback_cluster(3, tmp_path / "c", hosts=hosts, host="127.0.0.1")
+    assert [n.driver_kwargs()["publication_bind_host"] for n in nodes] == hosts
+    assert client.driver_kwargs(tmp_path)["publication_bind_host"] == "127.0.0.1"
+    anywhere = msgspec.structs.replace(client, client=msgspec.structs.replace(client.client, egress_endpoint="0.0.0.0:0"))
+    assert anywhere.driver_kwargs(tmp_path)["publication_bind_host"] is None

@@ -19,3 +19,13 @@ def test_the_exit_code_table_lists_every_code():
 def test_the_skip_procedure_names_the_tool_command():
     text = DOC.read_text()
     assert "skip-entry --position" in text and 'service_errors = "stop"' in text
+
+
+def test_every_metric_and_counter_is_documented():
+    from cluster_node.metrics import CLUSTER_METRICS, JSON_KEYS
+
+    text = DOC.read_text()
+    missing = [m.name for m in CLUSTER_METRICS.values() if f"`{m.name}`" not in text]
+    missing += [key for key in JSON_KEYS.values() if f"`{key}`" not in text]
+    missing += [str(type_id) for type_id in CLUSTER_METRICS if not re.search(rf"^\|[^|]*\b{type_id}\b", text, re.MULTILINE)]
+    assert not missing, f"not in docs/operations.md: {missing}"

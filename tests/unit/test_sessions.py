@@ -281,6 +281,7 @@ def test_a_response_channel_must_be_a_plain_udp_endpoint_of_the_requests_source(
         ("aeron:udp?endpoint=10.0.0.9:4000", 102, "10.0.0.5"): "source",
         ("aeron:udp?endpoint=10.0.0.5:4000|control=10.0.0.5:4001", 102, "10.0.0.5"): "parameters",
         ("aeron:udp?endpoint=10.0.0.5:4000|term-length=1g", 102, "10.0.0.5"): "parameters",
+        ("aeron:udp?endpoint=10.0.0.5:4000|interface=10.0.0.5", 102, "10.0.0.5"): "parameters",
         (ok, 7, "10.0.0.5"): "stream",
         ("aeron:udp?endpoint=10.0.0.5:0", 102, "10.0.0.5"): "port",
         ("aeron:ipc", 102, "10.0.0.5"): "not udp",
