@@ -106,6 +106,7 @@ _ONE_SHOT_REPLIES_OPEN = 64
 _ONE_SHOT_LINGER_S = 0.25
 """How long a one-shot reply's publication stays after its event went out (retransmits)."""
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
+"""Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 MAX_TERM_JUMP = 1 << 31
 """How far ahead of the highest term this member knows a consensus message may name a term. A
 real member is ahead by the elections held since, one per election timeout at most (this bound
@@ -115,7 +116,7 @@ _TERM_FIELDS = {
     t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id"))
     for t in typing.get_args(codecs.ConsensusMessage)
 }
-"""Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
+"""The term fields of each consensus message, checked against MAX_TERM_JUMP."""
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
