@@ -356,6 +356,16 @@ class Archive:
             self.request_warnings.warning("unknown session", "request for an unknown control session dropped",
                                           control_session_id=request.control_session_id)
             return
+        if session.image_key != image_key:
+            # A session is its client's: requests naming it must come the way its connect
+            # request came (the same subscription and image). Otherwise anyone who can send
+            # to the control port could close, stop or truncate for another client (the
+            # consensus module's own recordings included) by guessing a small session id.
+            self.invalid_requests += 1
+            self.request_warnings.warning("another client's session",
+                                          "request for another client's control session dropped",
+                                          control_session_id=request.control_session_id)
+            return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)
             return

@@ -207,8 +207,9 @@ def _script_option_problems(snippet: str) -> list[str]:
     if script.name in ("run", "test", "ab"):
         return []
     source = script.read_text(encoding="utf-8")
-    if script.name == "simulate":  # a shell wrapper of the simulator's command line
-        source = (ROOT / "tests" / "support" / "sim_cli.py").read_text(encoding="utf-8")
+    wrapped = {"simulate": "sim_cli.py", "fuzz_cluster": "fuzz_cli.py"}  # shell wrappers of Python command lines
+    if script.name in wrapped:
+        source = (ROOT / "tests" / "support" / wrapped[script.name]).read_text(encoding="utf-8")
     return [f"{m.group(1)}: no option {opt}" for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2))
             if f'"{opt}"' not in source and f"'{opt}'" not in source and opt != "--help"]
 

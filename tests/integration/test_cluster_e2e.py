@@ -82,10 +82,13 @@ async def put_keys(kv: KvClient, cluster: TestCluster, keys: dict[str, bytes], t
     assert not bad, f"puts refused: {bad[:5]}"
 
 
-async def read_keys(kv: KvClient, cluster: TestCluster, keys: list[str], timeout: float = 30.0) -> dict[str, bytes | None]:
+async def read_keys(kv: KvClient, cluster: TestCluster, keys: list[str], timeout: float = 30.0,
+                    window: int = 256) -> dict[str, bytes | None]:
+    """The values of ``keys``, ``window`` GETs in flight (fewer for large values: the service
+    drops a reply its egress has no room for)."""
     requests = [Get(kv.next_id(), k) for k in keys]
     try:
-        replies = await kv.pipeline(requests, timeout=timeout)
+        replies = await kv.pipeline(requests, timeout=timeout, window=window)
     except TimeoutError as e:
         raise AssertionError(f"gets not answered: {e}; {client_state(kv)}\n{cluster.diagnostics()}") from None
     out = {}
@@ -211,11 +214,11 @@ class AppendWriter:
             if rid in self.kv.replies and token not in self.acked:
                 self.acked[token] = time.monotonic()  # a late reply to an abandoned write
 
-    async def verify(self, kv: KvClient | None = None) -> None:
+    async def verify(self, kv: KvClient | None = None, window: int = 256) -> None:
         """Every acknowledged token present exactly once; no token present twice (read
-        through ``kv``, by default the writer's client)."""
+        through ``kv``, by default the writer's client, ``window`` reads in flight)."""
         self.count_late_replies()
-        got = await read_keys(kv or self.kv, self.cluster, self.keys)
+        got = await read_keys(kv or self.kv, self.cluster, self.keys, window=window)
         seen: dict[str, int] = {}
         for key, value in got.items():
             for token in (value or b"").decode().split(";"):
