@@ -145,6 +145,11 @@ class DriverConfig:
     image_creations_per_s: int = 100
     """New images a receive endpoint makes per second (a burst of as many is allowed): forged
     SETUPs cost the attacker a datagram each and the driver a mapping and three counters."""
+    max_images: int = 0
+    """Images of the whole driver, every endpoint together; 0: what the counters file leaves
+    after a reserve for the node's own counters and publications ((max_counters - 384) // 3,
+    each image takes three). Forged images kept alive at several endpoints filled the counters
+    file, and then no new client, publication or term's log could be made."""
     publication_bind_host: str | None = None
     """The local address UDP publications send from when their channel names no ``interface``
     (a cluster member: its own configured host, so that peers and firewalls see that address).
@@ -161,6 +166,8 @@ class DriverConfig:
                 raise ValueError(f"{name} must be a power of two of at least 64k, not {v}")
         object.__setattr__(self, "max_receive_term_length",
                            max(self.max_receive_term_length, self.network_term_length))
+        if self.max_images <= 0:
+            object.__setattr__(self, "max_images", max(16, (self.max_counters - 384) // 3))
         for name in ("max_images_per_endpoint", "max_images_per_source", "image_creations_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
@@ -1630,6 +1637,8 @@ class MediaDriver:
             ep.image_tokens = min(float(rate), ep.image_tokens + elapsed_s * rate)
             if ep.image_tokens < 1.0:
                 reason = f"more than {rate} new images a second at this endpoint"
+            elif sum(ep2.image_count() for ep2 in self._endpoints.values()) >= cfg.max_images:
+                reason = f"the driver has max_images ({cfg.max_images}) images"
             elif ep.image_count() >= cfg.max_images_per_endpoint:
                 reason = f"the endpoint has max_images_per_endpoint ({cfg.max_images_per_endpoint}) images"
             elif ep.image_count(addr[0]) >= cfg.max_images_per_source:

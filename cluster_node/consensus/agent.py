@@ -71,7 +71,7 @@ from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
-from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
+from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
 from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
@@ -107,16 +107,12 @@ _ONE_SHOT_LINGER_S = 0.25
 """How long a one-shot reply's publication stays after its event went out (retransmits)."""
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
-MAX_TERM_JUMP = 1 << 31
-"""How far ahead of the highest term this member knows a consensus message may name a term. A
-real member is ahead by the elections held since, one per election timeout at most (this bound
-is decades of them); a term beyond it is forged or corrupt, and acting on it would start an
-election for nothing and persist a term the next nominations overflow."""
 _TERM_FIELDS = {
     t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id"))
     for t in typing.get_args(codecs.ConsensusMessage)
 }
-"""The term fields of each consensus message, checked against MAX_TERM_JUMP."""
+"""The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
+the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
@@ -1146,7 +1142,7 @@ class ConsensusAgent:
         fields = _TERM_FIELDS.get(t)
         if fields:
             m = self.module
-            limit = max(m.leadership_term_id, m.candidate_term_id) + MAX_TERM_JUMP
+            limit = max(m.leadership_term_id, m.candidate_term_id, m.log_leadership_term_id) + MAX_TERM_JUMP
             if any(getattr(msg, f) > limit for f in fields):
                 self.counters["errors"].add(1)
                 log.debug("consensus message from an unreachable term dropped", message=t.__name__)

@@ -217,10 +217,6 @@ async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: T
 # ------------------------------------------------------------------------------------------ counters
 
 
-@pytest.mark.xfail(strict=True, reason="the image bounds (256 per endpoint, 64 per source, 3 counters each) allow "
-                   "more counters than the counters file holds (1024): forged images kept alive from a few "
-                   "sources fill it, and every new image or publication (a new client's, a new term's log) is "
-                   "then refused (issue 26)")
 async def test_forged_images_kept_alive_at_every_endpoint_leave_counters_for_a_new_client(
         cluster: TestCluster) -> None:
     """Found by the long fuzzing run (seed 2612: 973 of 1024 counters in use, nearly all of them
