@@ -199,7 +199,7 @@ async def test_a_forged_canvass_from_an_absurd_term_does_not_unseat_the_leader(c
 
 @pytest.mark.xfail(strict=True, reason="nothing authenticates consensus messages: a TerminationPosition of the "
                    "current term, from anyone who can reach the consensus port, stops a follower (needs the "
-                   "consensus stream authenticated, e.g. by source address; issue 26)")
+                   "consensus stream authenticated: issue 28)")
 async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: TestCluster) -> None:
     leader = cluster.start()
     follower = (leader + 1) % 3
