@@ -48,6 +48,7 @@ from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
 from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
+from media.distinct_errors import ERROR_TABLE_FILES
 from media.driver import open_media_driver
 from media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
 
@@ -201,6 +202,11 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 # The archive's bad requests and failed requests count as the node's errors too
                 # (an operator watches one counter).
                 _archive.errors.on_record = agent.counters["errors"].add
+                # Each component's distinct errors, with counts and times, for `tool errors`.
+                for errors, component in ((driver.errors, "driver"), (_archive.errors, "archive"),
+                                          (agent.input_errors, "consensus")):
+                    errors.path = node_dir / ERROR_TABLE_FILES[component]
+                    errors.path.unlink(missing_ok=True)  # an earlier process's table
                 container = ServiceContainer(
                     service, member_id=cfg.member_id, driver_dir=driver.dir,
                     commit_position=agent.counters["commit-pos"].get,

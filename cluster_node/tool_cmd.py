@@ -126,6 +126,7 @@ from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, d
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
 from cluster_node.service.skips import SKIP_FILE_NAME, SkipListError, add_skip, read_skips
 from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
+from media.distinct_errors import ERROR_TABLE_FILES, read_error_table
 
 __all__ = ["tool", "NodeDir", "open_node_dir", "read_recording_messages", "RecordingDamagedError"]
 
@@ -958,6 +959,14 @@ def errors(ctx: click.Context, count: int, as_json: bool) -> None:
         out.append(f"no log file at {path}")
     except OSError as e:
         raise click.ClickException(f"{path}: {e.strerror}") from None
+    doc["distinct_errors"] = {}
+    for component, file_name in ERROR_TABLE_FILES.items():
+        table = read_error_table(node.path / file_name)
+        doc["distinct_errors"][component] = [dataclasses.asdict(e) for e in table]
+        if table:
+            out.append(f"distinct errors of the {component} (each logged once; {file_name}):")
+            out.extend(f"  {e.count:>8}x  first {format_epoch_ms(e.first_ms)}  last {format_epoch_ms(e.last_ms)}  "
+                       f"{e.key}: {e.message}" for e in table)
     doc["counters_current"] = node.counters_current
     doc["counters_note"] = node.counters_note
     for name, title in (("errors", "errors counter"), ("service_errors", "service errors counter")):

@@ -178,3 +178,33 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
         _assert_nothing_arrived(victim)
     finally:
         victim.close()
+
+
+async def test_tool_errors_shows_each_kind_of_hostile_input_with_its_count(cluster: TestCluster) -> None:
+    """The distinct-error tables (media.distinct_errors) of a live member, read by `tool errors`
+    from another process: the kind, how often, first and last time."""
+    import json
+    import subprocess
+
+    from tests.support.cluster import _node_command
+
+    cluster.start()
+    node = cluster.nodes[0]
+    me = node.cfg.this_member
+    for _ in range(3):  # refused SETUPs: a term above the receive bound, three times
+        host, port = me.ingress.rsplit(":", 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(encode_setup(Setup(0, 4242, node.cfg.cluster.ingress_stream_id, 0, 0, 1 << 30, 1408, 0)),
+                     (host, int(port)))
+
+    def table() -> list[dict]:
+        done = subprocess.run([*_node_command(), "tool", "--dir", str(node.dir), "errors", "--json"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["distinct_errors"]["driver"]
+
+    await cluster.await_for(lambda: any(e["count"] >= 1 and "max_receive_term_length" in e["message"]
+                                        for e in table()), 20, "the refused SETUP in the driver's table")
+    text = subprocess.run([*_node_command(), "tool", "--dir", str(node.dir), "errors"], capture_output=True,
+                          text=True, timeout=60).stdout
+    assert "distinct errors of the driver" in text and "image refused: term length" in text, text
