@@ -58,7 +58,7 @@ from archive.storage import (
     recover,
     truncate_segments,
 )
-from media.channel import ChannelError, parse
+from media.channel import ChannelError, parse, reply_channel_refusal
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
 from media.private_files import FILE_MODE, make_private_dir
@@ -395,20 +395,9 @@ class Archive:
         sub_id, image_session_id = image_key
         sub = next((s for s in self._control_subs if id(s) == sub_id), None)
         image = None if sub is None else next((i for i in sub.images if i.session_id == image_session_id), None)
-        if image is None or image.source_identity.startswith("ipc:"):
-            return None
-        try:
-            uri = parse(channel)
-        except ChannelError:
-            return "unparsable: the response channel is not a channel URI"
-        if not uri.is_udp or uri.endpoint is None:
-            return "not udp: a remote client's response channel must be aeron:udp?endpoint=H:P"
-        if any(getattr(uri, name) is not None for name in ("control", "control_mode", "term_length", "mtu")):
-            return "parameters: the response channel may name its endpoint only"
-        source = image.source_identity.split(",")[0].rpartition(":")[0].strip("[]")
-        if uri.endpoint[0] != source:
-            return f"source: the response endpoint's host {uri.endpoint[0]} is not the request's source {source}"
-        return None
+        if image is None or image.source_host is None:
+            return None  # over IPC: this host's client, any channel
+        return reply_channel_refusal(channel, image.source_host)
 
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
         if len(self.control_sessions) >= self.config.max_control_sessions:

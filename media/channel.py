@@ -35,6 +35,7 @@ __all__ = [
     "ChannelUri",
     "parse",
     "parse_endpoint",
+    "reply_channel_refusal",
     "DEFAULT_MTU",
     "MAX_UDP_PAYLOAD",
     "MIN_TERM_LENGTH",
@@ -304,3 +305,31 @@ def parse(uri: str) -> ChannelUri:
         interface=interface,
         extra=extra,
     )
+
+
+def reply_channel_refusal(channel: str, source_host: str | None) -> str | None:
+    """Why a channel a remote request names for its replies is refused, or None when it may be
+    used. A member (a cluster's ingress, an archive's control port) sends to whatever channel a
+    request names: left open, that sends its traffic anywhere (a spoofed source reflects it at a
+    third party) and lets the request pick the term length, the control mode and the rest.
+    Accepted: ``aeron:udp?endpoint=H:P`` and nothing else, H the address the request came from
+    (``source_host``; None for a request over IPC, from this host, which may name any channel),
+    P not 0. The kind of refusal is the text before the first colon."""
+    try:
+        uri = parse(channel)
+    except ChannelError:
+        return "unparsable: the response channel is not a channel URI"
+    if uri.is_ipc and source_host is None:
+        return None
+    if not uri.is_udp or uri.endpoint is None:
+        return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
+    others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
+                                "term_id", "term_offset", "alias", "interface") if getattr(uri, name) is not None]
+    if others or uri.extra:
+        return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
+    host, port = uri.endpoint
+    if port == 0:
+        return "port: the response endpoint's port is 0"
+    if source_host is not None and host != source_host:
+        return f"source: the response endpoint's host {host} is not the address the request came from ({source_host})"
+    return None

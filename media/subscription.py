@@ -147,6 +147,16 @@ class Image:
     def position(self) -> int:
         return self._position
 
+    @property
+    def source_host(self) -> str | None:
+        """The address this image's (first) publisher sends from, as the driver names its
+        sources (``host:port``); None for an IPC image (this host)."""
+        source = self.source_identity
+        if source.startswith("ipc:"):
+            return None
+        host = source.split(",")[0].rpartition(":")[0]
+        return host[1:-1] if host.startswith("[") else host
+
     def __repr__(self) -> str:
         return f"<Image session={self.session_id} stream={self.stream_id} position={self._position} from={self.source_identity}>"
 

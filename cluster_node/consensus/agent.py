@@ -1240,11 +1240,7 @@ class ConsensusAgent:
         source, as the driver names it ``host:port``); None for an IPC image (same host)."""
         for image in self._ingress_sub.images:
             if image.session_id == image_session_id:
-                source = image.source_identity
-                if source.startswith("ipc:"):
-                    return None
-                host = source.split(",")[0].rpartition(":")[0]
-                return host[1:-1] if host.startswith("[") else host
+                return image.source_host
         return ""  # no such image (closed meanwhile): matches no host
 
     def _poll_ingress(self) -> int:

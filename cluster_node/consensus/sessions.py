@@ -67,7 +67,7 @@ from cluster_node.codecs import (
     SessionOpenEvent,
     semantic_version_major,
 )
-from media.channel import ChannelError, parse
+from media.channel import reply_channel_refusal
 
 __all__ = [
     "SessionState",
@@ -141,34 +141,13 @@ SUSPENDED_DETAIL = "suspended"
 
 def response_channel_refusal(channel: str, stream_id: int, source_host: str | None,
                              egress_stream_id: int) -> str | None:
-    """Why a connect request's response channel is refused, or None when it may be used.
-
-    Every connect request, even one answered with a REDIRECT, makes the receiving member send to
-    the channel the request names: left open, that sends a member's traffic anywhere (a spoofed
-    source reflects it at a third party) and lets a request pick the term length, the control
-    mode and the stream. Accepted: ``aeron:udp?endpoint=H:P`` and nothing else, H the address
-    the request came from (``source_host``, None for a request over IPC: the same host), P not
-    0, on the cluster's egress stream. The kind of refusal is the text before the first colon."""
-    try:
-        uri = parse(channel)
-    except ChannelError:
-        return "unparsable: the response channel is not a channel URI"
-    if uri.is_ipc and source_host is None:
-        return None
-    if not uri.is_udp or uri.endpoint is None:
-        return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
-    others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
-                                "term_id", "term_offset", "alias", "interface") if getattr(uri, name) is not None]
-    if others or uri.extra:
-        return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
-    if stream_id != egress_stream_id:
+    """Why a connect request's response channel is refused, or None when it may be used:
+    ``media.channel.reply_channel_refusal`` (a plain UDP endpoint of the request's own source),
+    and the cluster's egress stream. The kind of refusal is the text before the first colon."""
+    refusal = reply_channel_refusal(channel, source_host)
+    if refusal is None and stream_id != egress_stream_id:
         return f"stream: the response stream must be the cluster's egress stream {egress_stream_id}, not {stream_id}"
-    host, port = uri.endpoint
-    if port == 0:
-        return "port: the response endpoint's port is 0"
-    if source_host is not None and host != source_host:
-        return f"source: the response endpoint's host {host} is not the address the request came from ({source_host})"
-    return None
+    return refusal
 
 
 _GONE_LIMIT = 256
