@@ -58,6 +58,7 @@ from archive.segments import (
     segment_file_name,
     validate_segment_length,
 )
+from archive.storage import _fsync_dir
 
 __all__ = ["RebuildError", "RebuildResult", "rebuild_catalog"]
 
@@ -294,11 +295,7 @@ def rebuild_catalog(directory: Path) -> RebuildResult:
         os.replace(path, kept)
         result.old_catalog = kept
     os.replace(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    _fsync_dir(directory)
     return result
 
 
