@@ -59,6 +59,7 @@ from archive.segments import (
     validate_segment_length,
 )
 from archive.storage import _fsync_dir
+from media.private_files import create_new
 
 __all__ = ["RebuildError", "RebuildResult", "rebuild_catalog"]
 
@@ -284,7 +285,7 @@ def rebuild_catalog(directory: Path) -> RebuildResult:
     new.set_next_recording_id(max(next_id, highest + 1))
     assert new.version == CATALOG_VERSION
     tmp = directory / "archive.catalog.rebuild"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = create_new(tmp)  # 0600, never through a link (the archive's own files are private)
     try:
         os.write(fd, new.to_bytes())
         os.fsync(fd)
