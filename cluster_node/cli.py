@@ -12,6 +12,7 @@ from cluster_node import __version__
 from cluster_node.archive_cmd import archive
 from cluster_node.run_cmd import run
 from cluster_node.pipeline_cmd import pipeline
+from cluster_node.secret_cmd import secret
 from cluster_node.stat_cmd import stat
 from cluster_node.up_cmd import up
 from cluster_node.client_cmd import client
@@ -31,6 +32,7 @@ main.add_command(archive)
 main.add_command(up)
 main.add_command(client)
 main.add_command(tool)
+main.add_command(secret)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
