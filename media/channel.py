@@ -19,6 +19,8 @@ Grammar, as in the reference system::
 ``term-id``,       (a new leader continues the log where it ends).
 ``term-offset``
 ``alias``          free text, shown by tools.
+``auth``           ``mac``: every datagram carries a keyed MAC (media.mac) made and checked with
+                   the driver's key; one without a valid MAC is dropped before it is parsed.
 ``linger``,        accepted for compatibility with the reference; durations in ns.
 ``eos``, ...
 =================  ==========================================================================
@@ -59,7 +61,7 @@ _PASSIVE_KEYS = {
     "tags", "spies-simulate-connection", "ssc", "flow-control", "fc", "gtag", "cc",
     "socket-sndbuf", "socket-rcvbuf", "receiver-window", "nak-delay", "untethered-window-limit-timeout",
 }
-_KNOWN_KEYS = {"endpoint", "control", "control-mode", "alias", "interface"} | _INT_KEYS | _PASSIVE_KEYS
+_KNOWN_KEYS = {"endpoint", "control", "control-mode", "alias", "interface", "auth"} | _INT_KEYS | _PASSIVE_KEYS
 
 
 class ChannelError(ValueError):
@@ -122,6 +124,8 @@ class ChannelUri:
     """``interface=host[:port]``: the local address a UDP publication sends from (port 0: any),
     as the reference's ``interface``; its ``/prefix`` form (an address of a subnet) is not
     supported."""
+    auth: str | None = None
+    """``mac``: the channel's datagrams are authenticated with the driver's key (media.mac)."""
     extra: tuple[tuple[str, str], ...] = field(default=())
 
     @property
@@ -184,6 +188,8 @@ class ChannelUri:
         if self.interface is not None:
             host, port = self.interface
             params.append(f"interface={_format_endpoint(self.interface) if port else (f'[{host}]' if ':' in host else host)}")
+        if self.auth is not None:
+            params.append(f"auth={self.auth}")
         params.extend(f"{k}={v}" for k, v in self.extra)
         return f"{_PREFIX}{self.media}" + ("?" + "|".join(params) if params else "")
 
@@ -278,11 +284,14 @@ def parse(uri: str) -> ChannelUri:
     control_mode = raw.get("control-mode")
     if control_mode is not None and control_mode not in ("manual", "dynamic"):
         raise err(f"control-mode must be 'manual' or 'dynamic', not {control_mode!r}")
+    auth = raw.get("auth")
+    if auth is not None and auth != "mac":
+        raise err(f"auth must be 'mac', not {auth!r}")
     if control_mode == "dynamic":
         raise err("control-mode=dynamic is not supported; use control-mode=manual and add destinations")
 
     if media == "ipc":
-        for key in ("endpoint", "control", "control-mode", "interface"):
+        for key in ("endpoint", "control", "control-mode", "interface", "auth"):
             if key in raw:
                 raise err(f"{key} has no meaning for aeron:ipc")
     else:
@@ -303,6 +312,7 @@ def parse(uri: str) -> ChannelUri:
         term_offset=ints.get("term-offset"),
         alias=raw.get("alias"),
         interface=interface,
+        auth=auth,
         extra=extra,
     )
 
@@ -324,7 +334,7 @@ def reply_channel_refusal(channel: str, source_host: str | None) -> str | None:
     if not uri.is_udp or uri.endpoint is None:
         return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
     others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
-                                "term_id", "term_offset", "alias", "interface") if getattr(uri, name) is not None]
+                                "term_id", "term_offset", "alias", "interface", "auth") if getattr(uri, name) is not None]
     if others or uri.extra:
         return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
     host, port = uri.endpoint

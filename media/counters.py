@@ -132,6 +132,7 @@ class SystemCounter(IntEnum):
     PUBLICATIONS_ACTIVE = 108, "Active publications"
     SUBSCRIPTIONS_ACTIVE = 109, "Active subscriptions"
     IMAGES_REFUSED = 110, "Images refused"
+    FRAMES_FAILED_AUTHENTICATION = 111, "Frames failed authentication"
 
 
 class CounterInfo(NamedTuple):

@@ -69,7 +69,7 @@ import struct
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -91,6 +91,7 @@ from media.ipc import IpcTransport
 from media.library_log import library_logger
 from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
+from media.mac import MAC_LENGTH, MacKeys
 from media.publication import ExclusivePublication, OfferResult, Publication
 from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
 from media.sender import SenderConfig, SenderCore
@@ -108,6 +109,7 @@ _check_data_run = frames.check_data_run
 _SESSION_STREAM = struct.Struct("<ii").unpack_from
 _RECV_BATCH = 64
 _MAX_DATAGRAM = 65536
+_MAX_UDP_DATAGRAM = 65507  # IPv4's largest UDP payload
 _STALL_DRAIN_LIMIT = 4096  # datagrams read from a publication socket after a stall, at most
 _IPC_RESCAN_INTERVAL_NS = 5_000_000_000
 _DIRECT_SEND_GAP_NS = 50_000
@@ -154,6 +156,12 @@ class DriverConfig:
     """The local address UDP publications send from when their channel names no ``interface``
     (a cluster member: its own configured host, so that peers and firewalls see that address).
     None: the kernel picks by route. A loopback address is not used for a remote destination."""
+    mac_key: bytes | None = field(default=None, repr=False)
+    """The key of channels with ``auth=mac`` (media.mac): their datagrams are signed with it
+    and checked against it. None: such a channel cannot be opened."""
+    mac_previous_key: bytes | None = field(default=None, repr=False)
+    """A key still accepted on receive (never used to sign): the old key while the members of a
+    cluster move to a new one, one restart at a time."""
     loss: LossConfig | None = None
 
     def __post_init__(self) -> None:
@@ -231,8 +239,11 @@ def _udp_socket(bind_addr: tuple, buffer_bytes: int) -> socket.socket:
 class _NetPublication:
     """A UDP publication's shell state: its socket, destinations and sender core."""
 
-    def __init__(self, pub: ExclusivePublication, core: SenderCore, sock: socket.socket, dests: list) -> None:
+    def __init__(self, pub: ExclusivePublication, core: SenderCore, sock: socket.socket, dests: list,
+                 mac: MacKeys | None = None) -> None:
         self.pub = pub
+        self.mac = mac
+        """Set for an ``auth=mac`` channel: what it sends is signed, what it reads is checked."""
         self.core = core
         self.sock = sock
         self.dests = dests
@@ -281,11 +292,13 @@ class _Group:
         self.images: dict[int, _NetImage] = {}
         self.endpoints: list["_ReceiveEndpoint"] = []
         self.session_id: int | None = None  # multi-destination subscriptions may name one session
+        self.auth = False  # a multi-destination subscription's endpoints are auth=mac ones
 
 
 class _ReceiveEndpoint:
-    def __init__(self, addr: tuple, sock: socket.socket, receiver_id: int) -> None:
+    def __init__(self, addr: tuple, sock: socket.socket, receiver_id: int, mac: MacKeys | None = None) -> None:
         self.addr = addr
+        self.mac = mac  # an auth=mac endpoint: datagrams checked and stripped, replies signed
         self.sock = sock
         self.receiver_id = receiver_id
         self.groups: dict[int, list[_Group]] = {}
@@ -320,6 +333,7 @@ class MediaDriver:
         self.system = SystemCounters(self.counters)
         self.errors = DistinctErrors("media.driver")
         """Errors of the driver's work on hostile or broken input, each kind logged once."""
+        self._mac = MacKeys(config.mac_key, config.mac_previous_key) if config.mac_key else None
         self.ipc = IpcTransport(
             self.dir,
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
@@ -499,6 +513,7 @@ class MediaDriver:
         else:
             initial_term_id = self._rng.randrange(-(2**31), 2**31)
             start = 0
+        mac = self._mac_for(uri, mtu)
         sock = _udp_socket(bind, cfg.socket_buffer_bytes)
         lb = LogBuffer.create(None, term_length, mtu, initial_term_id, session_id, stream_id, start)
         now = time.monotonic_ns()
@@ -524,7 +539,7 @@ class MediaDriver:
             limit_fn=limit_fn, after_append=after_append, on_close=self._close_network_publication,
             registration_id=next(self._ids), after_append_flag=self._sender_parked,
         )
-        np = _NetPublication(pub, core, sock, dests)
+        np = _NetPublication(pub, core, sock, dests, mac)
         shell.append(np)
         label = f"session={session_id} stream={stream_id} {uri}"
         np.counters = [
@@ -540,6 +555,18 @@ class MediaDriver:
         self._wake_sender()
         log.debug("udp publication added", stream_id=stream_id, session_id=session_id, channel=str(uri))
         return pub
+
+    def _mac_for(self, uri: ChannelUri, mtu: int | None = None) -> MacKeys | None:
+        """The keys of an ``auth=mac`` channel (None for any other); refused when this driver
+        has no key, or when the trailer would not fit a UDP datagram after ``mtu`` bytes."""
+        if uri.auth is None:
+            return None
+        if self._mac is None:
+            raise ChannelError(f"channel {uri}: auth=mac needs a key in the driver (cluster.secret_file)")
+        if mtu is not None and mtu + MAC_LENGTH > _MAX_UDP_DATAGRAM:
+            raise ChannelError(f"channel {uri}: mtu {mtu} leaves no room for the {MAC_LENGTH}-byte MAC "
+                               f"(at most {(_MAX_UDP_DATAGRAM - MAC_LENGTH) // 32 * 32} with auth=mac)")
+        return self._mac
 
     def _add_destination(self, np: _NetPublication, destination: str) -> None:
         if not np.core.multi_destination:
@@ -780,8 +807,9 @@ class MediaDriver:
             off, n = frame
             data = np.view[off : off + n]
             sock = np.sock
+            tag = np.mac.sign(data) if np.mac is not None else None
             for dest in np.dests:
-                self._raw_send(sock, data, dest)
+                self._raw_send(sock, data, dest, tag)
             fanout = len(np.dests)
             if foreign:
                 owed = np.owed
@@ -818,20 +846,25 @@ class MediaDriver:
         """Has some network publication data its sender may send now?"""
         return any(np.has_pending() for np in self._net_pubs)
 
-    def _send(self, sock: socket.socket, data, addr) -> None:
+    def _send(self, sock: socket.socket, data, addr, tag: bytes | None = None) -> None:
+        """Send one datagram; ``tag``: its MAC trailer (media.mac), sent after it."""
         if self._loss_send is not None:
-            for due, d in self._loss_send.on_datagram(time.monotonic_ns(), bytes(data)):
+            whole = bytes(data) + tag if tag is not None else bytes(data)
+            for due, d in self._loss_send.on_datagram(time.monotonic_ns(), whole):
                 if due <= time.monotonic_ns():
                     self._raw_send(sock, d, addr)
                 else:
                     heapq.heappush(self._delayed, (due, next(self._seq), "send", d, (sock, addr)))
                     self._poke_conductor()
             return
-        self._raw_send(sock, data, addr)
+        self._raw_send(sock, data, addr, tag)
 
-    def _raw_send(self, sock: socket.socket, data, addr) -> None:
+    def _raw_send(self, sock: socket.socket, data, addr, tag: bytes | None = None) -> None:
         try:
-            sock.sendto(data, addr)
+            if tag is None:
+                sock.sendto(data, addr)
+            else:
+                sock.sendmsg((data, tag), (), 0, addr)  # gathered by the kernel: no copy here
         except BlockingIOError:
             self.system.short_sends.add(1)
         except OSError as e:
@@ -971,11 +1004,13 @@ class MediaDriver:
             sent_bytes = 0
             sock = np.sock
             dests = np.dests
+            mac = np.mac
             for item, n in sends:
                 data = view[item : item + n] if n else item
                 sent_bytes += len(data)
+                tag = mac.sign(data) if mac is not None else None  # one MAC for every destination
                 for dest in dests:
-                    self._send(sock, data, dest)
+                    self._send(sock, data, dest, tag)
             fanout = max(1, len(dests))
             counts = (len(sends) * fanout, sent_bytes * fanout, stats.retransmits - before_retransmits,
                       stats.heartbeats - before_hb)
@@ -1020,6 +1055,19 @@ class MediaDriver:
                 break
             count += 1
             sc.bytes_received.add(n)
+            if np.mac is not None:
+                n = np.mac.verify(self._recv_view, n)
+                if n < 0:
+                    self._failed_authentication(addr, "publication", np.pub.stream_id)
+                    continue
+                if addr not in np.dests and not self._wildcard_dest(np, addr):
+                    # A valid MAC from elsewhere: a member's datagram sent on (replayed) by a
+                    # third party. Control frames count only from where this publication sends.
+                    self.system.invalid_packets.add(1)
+                    self.errors.record("control frame from a non-destination",
+                                       "authenticated control frame from an address this publication does not "
+                                       "send to: dropped (replayed?)", source=str(addr), stream_id=np.pub.stream_id)
+                    continue
             try:
                 frame = frames.decode_untrusted(self._recv_view[:n])
             except FrameError as e:
@@ -1064,18 +1112,39 @@ class MediaDriver:
                 if ni is not None:
                     self._drop_image(ni)
 
+    @staticmethod
+    def _wildcard_dest(np: _NetPublication, addr) -> bool:
+        """``addr`` is a destination named by a wildcard host (0.0.0.0, ::) and its port."""
+        return any(d[1] == addr[1] and d[0] in ("0.0.0.0", "::") for d in np.dests)
+
+    def _failed_authentication(self, addr, where: str, stream_id: int | None = None) -> None:
+        """A datagram of an ``auth=mac`` channel without a valid MAC: dropped before parsing,
+        counted (Frames failed authentication), said once per kind."""
+        self.system.frames_failed_authentication.add(1)
+        self.errors.record(f"failed authentication at a {where}",
+                           f"datagram without a valid MAC at a {where}: dropped (a sender without the "
+                           "member key, a wrong key, or altered bytes)", source=str(addr),
+                           **({} if stream_id is None else {"stream_id": stream_id}))
+
     def _invalid(self, error: Exception, addr) -> None:
         self.system.invalid_packets.add(1)
         log.debug("invalid datagram dropped", error=str(error), source=str(addr))
 
     # ------------------------------------------------------------------ UDP subscriptions
 
-    def _endpoint(self, endpoint: tuple[str, int]) -> _ReceiveEndpoint:
+    def _endpoint(self, endpoint: tuple[str, int], mac: MacKeys | None = None) -> _ReceiveEndpoint:
+        """The receive endpoint (socket) of ``endpoint``, made on first use. One socket reads
+        every datagram sent to its address, so an endpoint is authenticated (``mac``) or not
+        for all its subscriptions: a mix is refused."""
         addr = _resolve(endpoint)
         ep = self._endpoints.get(addr)
+        if ep is not None and (ep.mac is None) != (mac is None):
+            host, port = endpoint
+            raise ChannelError(f"endpoint {host}:{port} is in use {'with' if ep.mac else 'without'} auth=mac; "
+                               f"a subscription {'without' if ep.mac else 'with'} it cannot share it")
         if ep is None:
             sock = _udp_socket(addr, self.config.socket_buffer_bytes)
-            ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63))
+            ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63), mac)
             self._endpoints[addr] = ep
             self._rx_register(sock, functools.partial(self._read_endpoint, ep))
         return ep
@@ -1085,9 +1154,11 @@ class MediaDriver:
             channel=uri, stream_id=stream_id, on_available=on_available, on_unavailable=on_unavailable,
             registration_id=next(self._ids),
         )
+        mac = self._mac_for(uri)
         if uri.is_manual and uri.endpoint is None:
             group = _Group(stream_id)
             group.session_id = uri.session_id  # session-id=N: images of that session only
+            group.auth = mac is not None  # (its destinations' endpoints)
             group.subscriptions.append(sub)
             self._mds_groups[id(sub)] = group
             sub.add_destination = lambda dest, g=group: self._sub_add_destination(g, dest)  # type: ignore[attr-defined]
@@ -1095,7 +1166,7 @@ class MediaDriver:
         else:
             if uri.endpoint is None:
                 raise ChannelError(f"channel {uri}: a subscription needs endpoint=host:port (or control-mode=manual)")
-            ep = self._endpoint(uri.endpoint)
+            ep = self._endpoint(uri.endpoint, mac)
             key = (ep.addr, stream_id)
             group = self._plain_groups.get(key)
             if group is None:
@@ -1144,7 +1215,7 @@ class MediaDriver:
         uri = parse(destination)
         if uri.endpoint is None:
             raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
-        ep = self._endpoint(uri.endpoint)
+        ep = self._endpoint(uri.endpoint, self._mac if group.auth else self._mac_for(uri))
         if ep not in group.endpoints:
             group.endpoints.append(ep)
             ep.groups.setdefault(group.stream_id, []).append(group)
@@ -1232,6 +1303,11 @@ class MediaDriver:
                 break
             count += 1
             nbytes += n
+            if ep.mac is not None:
+                n = ep.mac.verify(view, n)
+                if n < 0:
+                    self._failed_authentication(addr, "receive endpoint")
+                    continue
             if self._loss_recv is not None:
                 for due, d in self._loss_recv.on_datagram(now, bytes(view[:n])):
                     if due <= now:
@@ -1506,7 +1582,8 @@ class MediaDriver:
         if out:
             for data in out:
                 for src, src_ep in ni.sources.items():
-                    self._send(src_ep.sock, data, src)
+                    mac = src_ep.mac
+                    self._send(src_ep.sock, data, src, mac.sign(data) if mac is not None else None)
             naks = core.stats.naks - before_naks
             if naks:
                 self.system.nak_messages_sent.add(naks)
@@ -1607,7 +1684,7 @@ class MediaDriver:
         elif ftype == TYPE_RTTM:
             if not frame.is_reply:
                 reply = frames.encode_rttm(frame.session_id, frame.stream_id, frame.echo_timestamp_ns, 0, ep.receiver_id, True)
-                self._send(ep.sock, reply, addr)
+                self._send(ep.sock, reply, addr, ep.mac.sign(reply) if ep.mac is not None else None)
         elif ftype in (TYPE_SM, TYPE_NAK):
             self._invalid(FrameError("status/NAK frame on a receive endpoint"), addr)
         else:  # pragma: no cover - decode_untrusted rejects the rest
@@ -1621,7 +1698,8 @@ class MediaDriver:
         if len(ep.setup_asked) > 4096:
             ep.setup_asked.clear()  # bounded: a flood of forged sessions cannot grow it
         ep.setup_asked[key] = now
-        self._send(ep.sock, frames.encode_status(session_id, stream_id, 0, 0, 0, ep.receiver_id, send_setup=True), addr)
+        ask = frames.encode_status(session_id, stream_id, 0, 0, 0, ep.receiver_id, send_setup=True)
+        self._send(ep.sock, ask, addr, ep.mac.sign(ask) if ep.mac is not None else None)
 
     def _admit_image(self, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> bool:
         """May a SETUP from ``addr`` make a new image at ``ep``? Each bound of the config, each
@@ -1836,8 +1914,9 @@ class MediaDriver:
                 np.core.do_work(now, np.pub.log.buffer, np.pub.position, sends)
                 for item, n in sends:
                     data = np.view[item : item + n] if n else item
+                    tag = np.mac.sign(data) if np.mac is not None else None
                     for dest in np.dests:
-                        self._raw_send(np.sock, data, dest)
+                        self._raw_send(np.sock, data, dest, tag)
             self._release_network_publication(np)
         for group in list(self._all_groups()):
             for sub in list(group.subscriptions):

@@ -96,10 +96,10 @@ def install(out_dir: str):
 
     raw_send = driver_mod.MediaDriver._raw_send
 
-    def traced_send(self, sock, data, addr):
+    def traced_send(self, sock, data, addr, tag=None):
         thread = "s" if threading.current_thread().name == "service" else "m"
         records.append((clock(), "send", len(data), addr[1] if isinstance(addr, tuple) else 0, local_port(sock), thread))
-        return raw_send(self, sock, data, addr)
+        return raw_send(self, sock, data, addr, tag)
 
     on_datagram = driver_mod.MediaDriver._on_datagram
 

@@ -254,9 +254,9 @@ def _record_sending_threads(driver) -> list[int]:
     senders: list[int] = []
     raw_send = driver._raw_send
 
-    def recording_send(sock, data, addr):
+    def recording_send(sock, data, addr, tag=None):
         senders.append(threading.get_ident())
-        raw_send(sock, data, addr)
+        raw_send(sock, data, addr, tag)
 
     driver._raw_send = recording_send
     return senders

@@ -311,3 +311,18 @@ def test_starting_at_is_the_inverse_of_initial_position(itid, position):
     assert uri.initial_position(65536) == position
     assert (uri.initial_term_id, uri.term_length, uri.session_id) == (itid, 65536, 5)
     assert parse(str(uri)) == uri
+
+
+def test_auth_mac_parses_round_trips_and_is_refused_elsewhere():
+    from media.channel import ChannelError, parse, reply_channel_refusal
+    uri = parse("aeron:udp?endpoint=127.0.0.1:4000|auth=mac")
+    assert uri.auth == "mac" and parse(str(uri)).auth == "mac"
+    assert parse(str(uri.with_params(auth=None))).auth is None
+    for bad in ("aeron:udp?endpoint=127.0.0.1:4000|auth=none", "aeron:ipc?auth=mac"):
+        try:
+            parse(bad)
+        except ChannelError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+    # A remote request may not ask for it on its reply channel: the member decides that.
+    assert reply_channel_refusal("aeron:udp?endpoint=127.0.0.1:4000|auth=mac", "127.0.0.1").startswith("parameters")
