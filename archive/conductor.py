@@ -100,6 +100,10 @@ class ArchiveConfig:
     """Where source archives replay to this one when it replicates (a UDP endpoint here)."""
     control_response_channel: str | None = None
     """Where this archive, as a client of a source archive, receives control responses."""
+    control_hosts: frozenset[str] | None = None
+    """The hosts whose requests the UDP control channel takes (a cluster's members); None: any.
+    Requests over IPC (this host's tools and node) are always taken. A control channel with
+    ``auth=mac`` takes MAC'd datagrams only (media.mac), whatever their host."""
     segment_file_length: int = DEFAULT_SEGMENT_LENGTH
     sync_level: int = 0
     max_concurrent_recordings: int = 20
@@ -144,6 +148,9 @@ class ControlSession:
         self.control_session_id = control_session_id
         self.publication = publication
         self.image_key = image_key
+        self.auth = False
+        """It connected over an ``auth=mac`` control channel: what the archive sends it (its
+        responses, its replays) is MAC'd too."""
         self.queue: deque[bytes] = deque()
         self.wake = trio.Event()
         self.closed = False
@@ -251,7 +258,10 @@ class Archive:
         self.on_task_failure: Callable[[TaskFailure], None] | None = None
         """Called when a task of the archive fails (media.task_failure); the node exits there."""
         self._control_subs: list = []
+        self._mac_subs: set[int] = set()  # id() of the control subscriptions with auth=mac
         self.invalid_requests = 0
+        self.refused_requests = 0
+        """Requests over UDP from a host that is not one of ``control_hosts`` (dropped)."""
         self.errors = DistinctErrors("archive")
         """Bad requests and failures of one request, each kind logged once."""
         self.request_warnings = RateLimitedLog(log)
@@ -287,6 +297,8 @@ class Archive:
             for channel, stream_id in channels:
                 sub = self.driver.add_subscription(channel, stream_id, on_unavailable=self._on_control_image_gone)
                 self._control_subs.append(sub)
+                if parse(channel).auth is not None:
+                    self._mac_subs.add(id(sub))
                 nursery.start_soon(run_guarded, self, "archive", "control", self._control_loop, sub)
             task_status.started()
 
@@ -340,6 +352,17 @@ class Archive:
                 self._close_control_session(session)
 
     def _on_request_bytes(self, data: bytes, image_key: tuple) -> None:
+        hosts = self.config.control_hosts
+        if hosts is not None:
+            host = self._source_host(image_key)
+            if host is not None and host not in hosts:
+                # Only members drive this archive over the network (replay, truncate, purge,
+                # replicate act on the cluster's log); this host's tools use IPC.
+                self.invalid_requests += 1
+                self.refused_requests += 1
+                self.errors.record("request refused: not a member host",
+                                   "archive request from a host that is not a member's: dropped", source=host)
+                return
         try:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
@@ -387,17 +410,34 @@ class Archive:
                                "archive request failed", level="error", error=repr(e), exc_info=e)
             session.error(correlation_id, E.GENERIC, f"{type(request).__name__} failed: {type(e).__name__}")
 
+    def _source_host(self, image_key: tuple) -> str | None:
+        """The host the control image of ``image_key`` receives from; None over IPC (this
+        host); "" when the image is gone (matches no host)."""
+        sub_id, image_session_id = image_key
+        sub = next((s for s in self._control_subs if id(s) == sub_id), None)
+        if sub is None:
+            return ""
+        image = next((i for i in sub.images if i.session_id == image_session_id), None)
+        return "" if image is None else image.source_host
+
     def _response_channel_refusal(self, channel: str, image_key: tuple) -> str | None:
         """Why a control session's response channel is refused (None: usable). Over IPC (this
         host) any; over UDP only ``aeron:udp?endpoint=H:P`` with H the address the request came
         from: a connect request names where the archive sends, and a forged one would make it
         send to a third party."""
-        sub_id, image_session_id = image_key
-        sub = next((s for s in self._control_subs if id(s) == sub_id), None)
-        image = None if sub is None else next((i for i in sub.images if i.session_id == image_session_id), None)
-        if image is None or image.source_host is None:
-            return None  # over IPC: this host's client, any channel
-        return reply_channel_refusal(channel, image.source_host)
+        host = self._source_host(image_key)
+        if not host:
+            return None  # over IPC: this host's client, any channel (or gone: nobody to answer)
+        return reply_channel_refusal(channel, host)
+
+    def _with_session_auth(self, channel: str, session: ControlSession | None) -> str:
+        """``channel`` as the archive opens it for ``session``: a session that came over an
+        ``auth=mac`` control channel gets every UDP channel MAC'd, whatever it asked; another
+        gets the channel as it named it."""
+        if session is None or not session.auth:
+            return channel
+        uri = parse(channel)
+        return str(uri.with_params(auth="mac")) if uri.is_udp else channel
 
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
         if len(self.control_sessions) >= self.config.max_control_sessions:
@@ -405,7 +445,16 @@ class Archive:
             self.errors.record("connect refused: max_control_sessions",
                                f"archive connect refused: {len(self.control_sessions)} control sessions already")
             return
-        refusal = self._response_channel_refusal(request.response_channel, image_key)
+        channel = request.response_channel
+        auth = image_key[0] in self._mac_subs
+        if auth:
+            # A member names its response channel with auth=mac (its own driver checks what
+            # arrives there); the check below is of the rest, and this archive adds it back.
+            try:
+                channel = str(parse(channel).with_params(auth=None))
+            except ChannelError:
+                pass  # refused below
+        refusal = self._response_channel_refusal(channel, image_key)
         if refusal is not None:
             # No answer: the channel it names is not one this archive will send to.
             self.invalid_requests += 1
@@ -413,13 +462,16 @@ class Archive:
             return
         control_session_id = next(self._ids)
         try:
-            pub = self.driver.add_publication(request.response_channel, request.response_stream_id)
+            if auth and parse(channel).is_udp:
+                channel = str(parse(channel).with_params(auth="mac"))
+            pub = self.driver.add_publication(channel, request.response_stream_id)
         except (ChannelError, ValueError) as e:
             self.invalid_requests += 1
             self.request_warnings.warning("bad response channel", "connect request with a bad response channel",
                                           error=str(e))
             return
         session = ControlSession(control_session_id, pub, image_key)
+        session.auth = auth
         self.control_sessions[control_session_id] = session
         session.ok(request.correlation_id, control_session_id)
         self._nursery.start_soon(run_guarded, self, "archive", "control response", self._response_loop, session)
@@ -856,7 +908,7 @@ class Archive:
                 )
             if not is_aligned(limit):
                 raise ArchiveRequestError(E.GENERIC, f"replay end {limit} is not 32-byte aligned")
-        uri = parse(channel)
+        uri = parse(self._with_session_auth(channel, self.control_sessions.get(control_session_id)))
         session_id = uri.session_id
         if session_id is None:
             session_id = self._rng.randrange(-(2**31), 2**31)

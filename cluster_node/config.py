@@ -309,6 +309,20 @@ class ClusterSection(_Section):
     leader appends the request; "512m" style sizes). 0: only when an operator asks
     (``cluster-node tool snapshot``), as the reference. Beyond the reference: a cluster that
     is never snapshotted replays its whole log on every full restart."""
+    secret_file: str = ""
+    """Path of the member key file (``cluster-node secret generate FILE``; mode 0600, this
+    user's): with it, every datagram between members (consensus, the log, catch-up, archive
+    requests, responses and replication) carries a MAC made with the key, and datagrams without
+    a valid one are dropped and counted (docs/security.md). Every member needs the same key.
+    Empty: no MACs; members' messages are then only checked against their configured host."""
+    previous_secret_file: str = ""
+    """A key still accepted (never sent with) during a rotation: the old key while the members
+    restart one by one onto a new ``secret_file`` (docs/security.md). Empty: none."""
+
+    @property
+    def member_auth(self) -> bool:
+        """Member traffic is MAC'd (``secret_file`` is set)."""
+        return bool(self.secret_file.strip())
 
 
 class TimeoutsSection(_Section):
@@ -967,6 +981,8 @@ def _validate_node(cfg: NodeConfig) -> None:
     _check_positive(cfg, "cluster", c, ("wheel_tick_resolution_ns", "ticks_per_wheel"))
     if not _is_pow2(c.ticks_per_wheel):
         _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
+    if c.previous_secret_file.strip() and not c.member_auth:
+        _fail(cfg, "cluster.previous_secret_file", "needs cluster.secret_file (the key members send with)")
     if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
         _fail(cfg, "cluster.snapshot_interval",
               f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")
@@ -1239,6 +1255,7 @@ def generate_loopback_cluster(
     follower_cpus: tuple[int, ...] = (),
     keep_cpus_awake: bool = False,
     service_errors: str = "record",
+    secret_file: str | Path = "",
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1251,7 +1268,8 @@ def generate_loopback_cluster(
 
     ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
     :func:`cluster_node.affinity.split_for_shared_machine`), and ``keep_cpus_awake`` (see
-    :mod:`cluster_node.keep_awake`) and ``service_errors``.
+    :mod:`cluster_node.keep_awake`) and ``service_errors``; ``secret_file`` becomes every
+    member's ``cluster.secret_file`` (member traffic MAC'd).
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1276,7 +1294,7 @@ def generate_loopback_cluster(
     )
     cluster = ClusterSection(
         members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
-        snapshot_interval=snapshot_interval,
+        snapshot_interval=snapshot_interval, secret_file=str(secret_file),
     )
     configs = []
     for i in range(nodes):

@@ -38,6 +38,7 @@ from cluster_node.damaged_files import check_node_files, damaged
 from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.keep_awake import KeepAwake
+from cluster_node.secret_file import SecretFileError, read_key
 from cluster_node.node_identity import (
     NodeIdentityDamagedError,
     NodeIdentityError,
@@ -109,8 +110,40 @@ async def _open_archive_or_refuse(driver, config: ArchiveConfig):
         fail(ExitCode.DATA_DAMAGED, str(e))
 
 
+def member_keys(cfg: NodeConfig) -> dict:
+    """The driver settings of member authentication: the keys of ``cluster.secret_file`` and
+    ``cluster.previous_secret_file`` (none when unset). A file that cannot be used stops the
+    start with one line naming the key and the file (cluster_node.secret_file)."""
+    c = cfg.cluster
+    if not c.member_auth:
+        return {}
+    keys = {}
+    for name, arg in (("secret_file", "mac_key"), ("previous_secret_file", "mac_previous_key")):
+        path = getattr(c, name).strip()
+        if path:
+            try:
+                keys[arg] = read_key(path)
+            except SecretFileError as e:
+                raise NodeStartError(f"cluster.{name}: {e}") from None
+    return keys
+
+
+def member_hosts(cfg: NodeConfig) -> frozenset[str] | None:
+    """The hosts members send from (each one's consensus host, where its driver binds its
+    publications); None when one is a wildcard, which names no address to check against."""
+    hosts = set()
+    for m in cfg.cluster.members:
+        host = m.consensus.rpartition(":")[0].strip("[]")
+        if host in ("", "0.0.0.0", "::"):
+            return None
+        hosts.add(host)
+    return frozenset(hosts)
+
+
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
+    keys = member_keys(cfg)  # first: a node without its key does nothing else
+    auth = "|auth=mac" if keys else ""
     node_dir = cfg.node_dir
     try:
         # Its files are the member's whole history: no other user reads them (media.private_files).
@@ -155,7 +188,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     me = cfg.this_member
     agent = None
     try:
-        async with open_media_driver(**cfg.driver_kwargs()) as driver:
+        async with open_media_driver(**cfg.driver_kwargs(), **keys) as driver:
             exit_on_component_failure(driver, ExitCode.DRIVER_FAILED)
             # Where other archives answer this one and replay to it when it replicates: concrete
             # ports, since the remote side must be told where to send. They are bound only when a
@@ -166,13 +199,16 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             response_port, replication_port = free_fixed_udp_ports(2, archive_host)
             archive_cfg = ArchiveConfig(
                 dir=cfg.archive_dir,
-                control_channel=f"aeron:udp?endpoint={me.archive}",
+                control_channel=f"aeron:udp?endpoint={me.archive}{auth}",
                 control_stream_id=cfg.archive.control_request_stream_id,
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
                 frame_checksums=cfg.archive.frame_checksums,
-                replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
-                control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
+                replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}{auth}",
+                control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}{auth}",
+                # The control port takes requests from members' hosts only (with a key, MAC'd
+                # ones too: a captured request sent on from elsewhere is refused as well).
+                control_hosts=member_hosts(cfg),
             )
             async with _open_archive_or_refuse(driver, archive_cfg) as _archive:
                 exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)

@@ -12,7 +12,9 @@ others really elect a new leader. ``up`` only
    members sharing a machine otherwise lose a fifth of their speed to the scheduler putting a
    woken follower on the leader's CPU (:mod:`cluster_node.affinity`); ``--no-pin`` does not.
    ``--keep-cpus-awake`` sets ``keep_cpus_awake`` in generated configs
-   (:mod:`cluster_node.keep_awake`: lower latency on virtual machines, for CPU while traffic flows);
+   (:mod:`cluster_node.keep_awake`: lower latency on virtual machines, for CPU while traffic flows).
+   Generated configs also get a member key of their own (``member.key`` in ``--dir``, set as
+   ``cluster.secret_file``): member traffic is MAC'd by default (docs/security.md);
 2. checks that no member's port is taken, then starts the members; each one's stdout and stderr
    go to ``<node dir>/logs/console.log`` and its ``READY member=<id> pid=<pid>`` line there says
    it runs (a member that exits first is a start failure, reported with the file's last lines);
@@ -590,13 +592,16 @@ def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = 
 
     base_port = pick_base_port(nodes)
     leader_cpus, follower_cpus = split_for_shared_machine() if pin and nodes > 1 else ((), ())
+    base_dir.mkdir(parents=True, exist_ok=True)
+    # Its own member key, so a local cluster is safe by default: nobody else on the machine
+    # (another user's process, a stray client) can speak as one of its members.
+    key_path = member_key_file(base_dir)
     configs, client = generate_loopback_cluster(nodes, base_dir.resolve(), service=service, base_port=base_port,
                                                 leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                                                keep_cpus_awake=keep_cpus_awake)
+                                                keep_cpus_awake=keep_cpus_awake, secret_file=key_path.resolve())
     # Many clients may run at once (a watch and a put): each picks its own egress port.
     client = msgspec.structs.replace(
         client, client=msgspec.structs.replace(client.client, egress_endpoint="127.0.0.1:0")).validate()
-    base_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for cfg in configs:
         p = base_dir / f"node{cfg.member_id}.toml"
@@ -606,6 +611,25 @@ def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = 
     cp = base_dir / "client.toml"
     cp.write_text(client_config_to_toml(client, header=f"Client of the {nodes}-node local cluster in {base_dir.resolve()}."))
     return paths, cp
+
+
+MEMBER_KEY_FILE = "member.key"
+
+
+def member_key_file(base_dir: Path) -> Path:
+    """``base_dir/member.key``, the generated cluster's member key: made (mode 0600) unless a
+    usable one is there already (a regenerated config keeps the key its members share)."""
+    from cluster_node.secret_file import SecretFileError, generate, read_key
+
+    path = base_dir / MEMBER_KEY_FILE
+    try:
+        if path.exists():
+            read_key(path)
+        else:
+            generate(path)
+    except SecretFileError as e:
+        raise click.ClickException(str(e)) from None
+    return path
 
 
 def _load_all(paths: list[Path]):
@@ -628,7 +652,7 @@ def _remove_generated(base_dir: Path) -> None:
     """Remove what ``up`` generated in ``base_dir``: node<N>.toml, client.toml, node<N>/ (only
     names of that shape, so a mistaken --dir loses nothing else)."""
     for p in base_dir.iterdir():
-        if _NODE_TOML.match(p.name) or p.name == "client.toml":
+        if _NODE_TOML.match(p.name) or p.name in ("client.toml", MEMBER_KEY_FILE):
             p.unlink()
         elif p.is_dir() and re.fullmatch(r"node\d+", p.name):
             shutil.rmtree(p)

@@ -113,6 +113,12 @@ _TERM_FIELDS = {
 }
 """The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
 the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
+def _host_of(endpoint: str) -> str | None:
+    """The host of a member's ``host:port`` endpoint; None for a wildcard (no address)."""
+    host = endpoint.rpartition(":")[0].strip("[]")
+    return None if host in ("", "0.0.0.0", "::") else host
+
+
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
@@ -367,6 +373,13 @@ class ConsensusAgent:
         self.errors = 0
         self._members_digest = config.members_digest
         self.input_errors = DistinctErrors("consensus.agent")
+        # Member traffic: with cluster.secret_file every member channel is auth=mac (media.mac);
+        # with or without, a member's messages must come from its configured host.
+        self._auth = "|auth=mac" if config.cluster.member_auth else ""
+        self._member_hosts = {m.id: _host_of(m.consensus) for m in config.cluster.members}
+        self._consensus_images: tuple = ()  # the consensus subscription's images when ...
+        self._consensus_hosts: dict[int, str | None] = {}  # ... this was made: session id -> host
+        self._refused_log_image = None  # a log image from a host not the leader's (not used)
         """Hostile or broken input from clients and members, each kind logged once."""
         self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
         self._reply_tokens = float(_ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
@@ -431,11 +444,11 @@ class ConsensusAgent:
         )
         # Consensus channels: a subscription on our endpoint, a publication to each other member.
         self._consensus_sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={me.consensus}", cfg.cluster.consensus_stream_id)
+            f"aeron:udp?endpoint={me.consensus}{self._auth}", cfg.cluster.consensus_stream_id)
         for m in cfg.cluster.members:
             if m.id != me.id:
                 self._consensus_pubs[m.id] = self.driver.add_publication(
-                    f"aeron:udp?endpoint={m.consensus}|term-length={cfg.cluster.consensus_term_length}",
+                    f"aeron:udp?endpoint={m.consensus}|term-length={cfg.cluster.consensus_term_length}{self._auth}",
                     cfg.cluster.consensus_stream_id, exclusive=False)
         self._ingress_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.ingress}", cfg.cluster.ingress_stream_id)
         ipc_control = f"aeron:ipc?term-length={cfg.cluster.ipc_control_term_length}"
@@ -805,7 +818,8 @@ class ConsensusAgent:
         host = me.log.rpartition(":")[0]
         pos = e.initial_position
         channel = self._log_channel(
-            f"aeron:udp?control={host}:0|control-mode=manual|session-id={e.log_session_id}|mtu={cfg.driver.mtu}", pos)
+            f"aeron:udp?control={host}:0|control-mode=manual|session-id={e.log_session_id}|mtu={cfg.driver.mtu}"
+            f"{self._auth}", pos)
         self._mdc = self.driver.add_publication(channel, self.log_stream_id)
         for m in cfg.cluster.members:
             if m.id != me.id:
@@ -827,7 +841,7 @@ class ConsensusAgent:
     def _open_follower_log(self, e: fx.OpenLogSubscription) -> None:
         self._close_follower_log()
         self._follower_sub = self.driver.add_subscription(
-            f"aeron:udp?control-mode=manual|session-id={e.log_session_id}", self.log_stream_id)
+            f"aeron:udp?control-mode=manual|session-id={e.log_session_id}{self._auth}", self.log_stream_id)
         self._follower_session = e.log_session_id
         self._follower_image = None
 
@@ -942,7 +956,7 @@ class ConsensusAgent:
     async def _start_replication(self, e: fx.StartReplication) -> None:
         leader = next(m for m in self.cfg.cluster.members if m.id == e.leader_member_id)
         rid = await self.archive.replicate(
-            e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}",
+            e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}{self._auth}",
             src_control_stream_id=self.cfg.archive.control_request_stream_id,
             stop_position=e.stop_position,
         )
@@ -973,7 +987,7 @@ class ConsensusAgent:
     async def _start_catchup_replay(self, e: fx.StartCatchupReplay) -> None:
         member = self.module.member_by_id[e.follower_member_id]
         endpoint = self._catchup_endpoints.get(e.follower_member_id, member.catchup_endpoint)
-        channel = f"aeron:udp?endpoint={endpoint}|session-id={e.log_session_id}|mtu={self.cfg.driver.mtu}"
+        channel = f"aeron:udp?endpoint={endpoint}|session-id={e.log_session_id}|mtu={self.cfg.driver.mtu}{self._auth}"
         sid = await self.archive.start_replay(e.recording_id, e.from_position, -1, channel, self.log_stream_id)
         self._catchup_replays[e.follower_member_id] = sid
 
@@ -1139,6 +1153,8 @@ class ConsensusAgent:
             log.debug("bad consensus message dropped", error=str(e))
             return
         t = type(msg)
+        if not self._from_claimed_host(msg, header.session_id):
+            return
         fields = _TERM_FIELDS.get(t)
         if fields:
             m = self.module
@@ -1160,6 +1176,48 @@ class ConsensusAgent:
         # StopCatchup and TerminationPosition come from the leader and name no sender.
         sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
         self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _from_claimed_host(self, msg, session_id: int) -> bool:
+        """Did ``msg`` come from the configured host of the member it claims to be from (the
+        leader for the messages that name no sender)? A member's driver sends from its own
+        host (``publication_bind_host``), so another host speaking as a member is a forgery (or
+        a member's datagram sent on by a third party): dropped, counted, said once per kind.
+        A member configured with a wildcard host names no address and is not checked."""
+        attr = self._SENDER.get(type(msg))
+        sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
+        if sender not in self._member_hosts:
+            expected = ""  # no such member (or no leader known for a leader's message)
+        else:
+            expected = self._member_hosts[sender]
+            if expected is None:
+                return True
+        images = self._consensus_sub.images
+        if images is not self._consensus_images:
+            # An image's source never changes; the tuple of images is replaced when one comes
+            # or goes, so this is rebuilt then (a forged image can reuse a gone one's session).
+            self._consensus_images = images
+            self._consensus_hosts = {i.session_id: i.source_host for i in images}
+        host = self._consensus_hosts.get(session_id, "")
+        if host == expected:
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record(f"consensus message from another host: {type(msg).__name__}",
+                                 "consensus message from a host that is not the configured host of the member it "
+                                 "claims to be from: dropped", member=sender, source=host, expected=expected)
+        return False
+
+    def _from_leader_host(self, image) -> bool:
+        """A log image (live or catch-up replay, which the leader's archive sends from the
+        leader's process) is used only when it comes from the leader's configured host."""
+        leader = self.module.known_leader_member_id
+        expected = self._member_hosts.get(leader, "")
+        if expected is None or image.source_host == expected:
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record("log image from another host",
+                                 "log image from a host that is not the leader's: not used", leader=leader,
+                                 source=image.source_host, expected=expected)
+        return False
 
     def _on_members_mismatch(self, msg) -> None:
         """A member whose view of the cluster (cluster id, members list) differs from ours: its
@@ -1411,6 +1469,10 @@ class ConsensusAgent:
         if sub is not None:
             if self._follower_image is None:
                 image = sub.image_by_session_id(self._follower_session)
+                if image is not None and image is not self._refused_log_image and not self._from_leader_host(image):
+                    self._refused_log_image = image  # (counted once; the log comes from the leader's host)
+                if image is self._refused_log_image:
+                    image = None
                 if image is not None:
                     self._follower_image = image
                     self.module.on_log_image(image.position, time.monotonic_ns())
