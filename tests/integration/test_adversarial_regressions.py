@@ -24,6 +24,7 @@ import pytest
 from archive import codecs as ac
 from cluster_node import codecs as cc
 from media import frames as F
+from media.mac import MacKeys
 from tests.integration.test_cluster_e2e import assert_keys, put_keys
 from tests.support.cluster import TestCluster, open_kv_client
 
@@ -40,19 +41,22 @@ def cluster(tmp_path):
 
 
 class Forger:
-    """A forged publication from 127.0.0.2 to one member endpoint and stream."""
+    """A forged publication from ``host`` (127.0.0.2: not a member's) to one member endpoint and
+    stream; ``key``: every datagram signed with it (media.mac), as a member with that key would."""
 
-    def __init__(self, endpoint: str, stream_id: int, term_length: int, mtu: int, session_id: int = SESSION_ID) -> None:
-        host, port = endpoint.rsplit(":", 1)
-        self.addr = (host, int(port))
+    def __init__(self, endpoint: str, stream_id: int, term_length: int, mtu: int, session_id: int = SESSION_ID,
+                 host: str = "127.0.0.2", key: bytes | None = None) -> None:
+        to_host, port = endpoint.rsplit(":", 1)
+        self.addr = (to_host, int(port))
         self.stream_id = stream_id
         self.session_id = session_id
         self.term_length = term_length
         self.mtu = mtu
         self.offset = 0
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.2", 0))
+        self.sock.bind((host, 0))
         self.sock.settimeout(0.1)
+        self.mac = MacKeys(key) if key is not None else None
 
     def close(self) -> None:
         self.sock.close()
@@ -65,7 +69,7 @@ class Forger:
         """Send the SETUP until the member answers with a status message for this session."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.sock.sendto(self.setup_datagram(), self.addr)
+            self.send(self.setup_datagram())
             try:
                 data, _ = self.sock.recvfrom(65536)
             except socket.timeout:
@@ -84,14 +88,14 @@ class Forger:
         return frame
 
     def send(self, datagram: bytes) -> None:
-        self.sock.sendto(datagram, self.addr)
+        self.sock.sendto(self.mac.signed(datagram) if self.mac is not None else datagram, self.addr)
 
 
-def _sink() -> socket.socket:
+def _sink(host: str = "127.0.0.2") -> socket.socket:
     """Where a connect request of the forger asks for replies: on the forger's own host (an
     archive answers a remote client only there)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.2", 0))
+    s.bind((host, 0))
     s.settimeout(0.1)
     return s
 
@@ -117,12 +121,14 @@ async def test_a_forged_request_naming_another_clients_archive_session_is_droppe
     control session by the id they name alone, so a datagram from anywhere closed (or stopped
     recordings, truncated, purged for) another client's session, the consensus module's
     included; a follower then waited for ever for a catchup replay. Now a request must come on
-    the image its session connected from."""
+    the image its session connected from. (Sent from the members' host: the control port takes
+    requests from members' hosts only, so from elsewhere it would be refused before this.)"""
     cluster.start()
     node = cluster.nodes[0]
     term_length, mtu = node.cfg.driver.term_length, node.cfg.driver.mtu
-    forger = Forger(node.cfg.this_member.archive, node.cfg.archive.control_request_stream_id, term_length, mtu)
-    sink = _sink()
+    forger = Forger(node.cfg.this_member.archive, node.cfg.archive.control_request_stream_id, term_length, mtu,
+                    host="127.0.0.1")
+    sink = _sink("127.0.0.1")
     try:
         forger.connect()
         close = bytes.fromhex(CLOSE_SESSION_1_HEX)
@@ -133,7 +139,7 @@ async def test_a_forged_request_naming_another_clients_archive_session_is_droppe
         )
         forger.send(datagram)
         sentinel = ac.encode_request(ac.ConnectRequest(
-            99, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint=127.0.0.2:{sink.getsockname()[1]}"))
+            99, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint=127.0.0.1:{sink.getsockname()[1]}"))
         forger.send(forger.data_datagram(sentinel))
         await cluster.await_for(lambda: _received_any(sink), 10, "the archive answers the sentinel connect request")
     finally:
@@ -152,10 +158,10 @@ async def test_a_forged_request_naming_another_clients_archive_session_is_droppe
 # ------------------------------------------------------------------------------------------ consensus
 
 
-def _consensus_forger(cluster: TestCluster, member_id: int) -> Forger:
+def _consensus_forger(cluster: TestCluster, member_id: int, host: str = "127.0.0.2") -> Forger:
     node = cluster.nodes[member_id]
     return Forger(node.cfg.this_member.consensus, node.cfg.cluster.consensus_stream_id,
-                  node.cfg.driver.term_length, node.cfg.driver.mtu)
+                  node.cfg.driver.term_length, node.cfg.driver.mtu, host=host)
 
 
 BAD_CONSENSUS_MESSAGE = msgspec.msgpack.encode([55, "not a term"])
@@ -163,8 +169,9 @@ BAD_CONSENSUS_MESSAGE = msgspec.msgpack.encode([55, "not a term"])
 dropped, which tells the test that the datagrams before it were handled."""
 
 
-async def _send_then_sentinel(cluster: TestCluster, member_id: int, messages: list[bytes]) -> None:
-    forger = _consensus_forger(cluster, member_id)
+async def _send_then_sentinel(cluster: TestCluster, member_id: int, messages: list[bytes],
+                              host: str = "127.0.0.2") -> None:
+    forger = _consensus_forger(cluster, member_id, host)
     try:
         forger.connect()
         errors_before = cluster.nodes[member_id].counters().errors
@@ -193,21 +200,26 @@ async def test_a_forged_canvass_from_an_absurd_term_does_not_unseat_the_leader(c
     message = bytes.fromhex(CANVASS_HUGE_TERM_HEX)
     assert cc.CONSENSUS_CODEC.decode(message) == cc.CanvassPosition(0, 0, 2**62, 2, cc.CONSENSUS_PROTOCOL_VERSION)
     message = message[:-6] + bytes([(leader + 1) % 3]) + message[-5:]  # from a member other than the leader
-    await _send_then_sentinel(cluster, leader, [message])
+    # From the members' host: from another one it would be dropped before its term is looked at.
+    await _send_then_sentinel(cluster, leader, [message], host="127.0.0.1")
     assert cluster.counters()[leader].term == term and cluster.leader() == leader, cluster.diagnostics()
 
 
-@pytest.mark.xfail(strict=True, reason="nothing authenticates consensus messages: a TerminationPosition of the "
-                   "current term, from anyone who can reach the consensus port, stops a follower (needs the "
-                   "consensus stream authenticated: issue 28)")
 async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: TestCluster) -> None:
+    """A TerminationPosition of the current term, from anyone who could reach the consensus
+    port, stopped a follower. Now a consensus message must come from the configured host of the
+    member it claims to be from (the leader, for this one), and with ``cluster.secret_file`` it
+    must carry the members' MAC as well (tests/integration/test_member_auth.py)."""
     leader = cluster.start()
     follower = (leader + 1) % 3
     term = cluster.counters()[leader].term
     message = cc.CONSENSUS_CODEC.encode(cc.TerminationPosition(term, 0))
     await _send_then_sentinel(cluster, follower, [message])
-    accepted = [e for e in cluster.nodes[follower].log_events() if e.get("event") == "termination position received"]
+    events = cluster.nodes[follower].log_events()
+    accepted = [e for e in events if e.get("event") == "termination position received"]
     assert not accepted, f"follower {follower} took the forged termination position: {accepted}"
+    assert any(e.get("source") == "127.0.0.2" and e.get("member") == leader for e in events
+               if str(e.get("event", "")).startswith("consensus message from a host")), events[-20:]
     keys = {f"after-{i}": b"v" for i in range(20)}
     async with open_kv_client(cluster.client_config) as kv:
         await put_keys(kv, cluster, keys)

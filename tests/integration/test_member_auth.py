@@ -1,0 +1,264 @@
+"""Member-only traffic on a real 3-node cluster (docs/security.md).
+
+Members on 127.0.0.10-12 (Linux routes all of 127.0.0.0/8 to the loopback interface). A rogue
+process sends forged consensus messages (a RequestVote from a huge term, CommitPosition,
+CatchupPosition, TerminationPosition, NewLeadershipTerm) and archive requests (connect, replay,
+truncate, purge, stop recording), as UDP datagrams built like a real publication's (SETUP, then
+DATA frames at consecutive term offsets).
+
+* With ``cluster.secret_file``: sent unsigned or signed with another key, from the leader's own
+  address (so that only the MAC tells them apart), none of it changes anything (terms, roles,
+  commit positions, recordings) and each datagram is counted (Frames failed authentication).
+* Without it: the same forged CommitPosition, sent from the leader's address, makes a follower
+  commit entries the cluster never committed (so the first test can fail), while one from
+  another address is dropped by the source check.
+
+The commit test needs a follower whose log holds entries that are not committed: both
+followers are paused (SIGSTOP) while a client writes, so the leader appends entries nobody
+acknowledges; the leader is paused, and one follower resumed: it reads the log datagrams
+waiting in its socket and appends them, with nobody to commit them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from archive import codecs as ac
+from cluster_node import codecs as cc
+from cluster_node.cli import main as cli
+from cluster_node.config import DEMO_DRIVER, DEMO_TIMEOUTS
+from cluster_node.secret_file import generate
+from media.counters import CountersError, CountersReader, SystemCounter
+from media.mac import MacKeys
+from tests.integration.test_adversarial_regressions import Forger
+from tests.integration.test_cluster_e2e import assert_keys, put_keys
+from tests.support.cluster import Put, TestCluster, open_kv_client
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sys.platform.startswith("linux"),
+                       reason="needs all of 127.0.0.0/8 on the loopback interface (Linux)"),
+]
+
+HOSTS = ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
+ROGUE = "127.0.0.13"
+# A leader that stops talking is not given up for a long while (neither it nor its log image):
+# the commit test pauses the leader and must see what the follower does with the forged message
+# before any election.
+PATIENT = msgspec.structs.replace(DEMO_TIMEOUTS, leader_heartbeat_timeout_ns=60_000_000_000,
+                                  startup_canvass_timeout_ns=120_000_000_000)
+PATIENT_DRIVER = msgspec.structs.replace(DEMO_DRIVER, image_liveness_timeout_ns=60_000_000_000)
+
+
+def _cluster(tmp_path, secret: bool) -> tuple[TestCluster, bytes | None]:
+    key = None
+    kwargs = {}
+    if secret:
+        path = tmp_path / "member.key"
+        key = generate(path)
+        kwargs["secret_file"] = str(path)
+    return TestCluster(tmp_path, hosts=HOSTS, host="127.0.0.1", timeouts=PATIENT, driver=PATIENT_DRIVER,
+                       **kwargs), key
+
+
+def _failed_auth(node) -> int:
+    """The member driver's Frames failed authentication counter."""
+    reader = CountersReader.open(node.counters_path)
+    try:
+        label = SystemCounter.FRAMES_FAILED_AUTHENTICATION.label
+        return next(c.value for c in reader.counters() if c.label == label)
+    except (CountersError, StopIteration):
+        return -1
+    finally:
+        reader.close()
+
+
+def _recordings(node) -> list[tuple[int, int, int]]:
+    """(recording id, start position, stream id) of every recording of a member's archive."""
+    result = CliRunner().invoke(cli, ["archive", "list", "--json", "--dir", str(node.dir)])
+    assert result.exit_code == 0, result.output
+    return [(r["recording_id"], r["start_position"], r["stream_id"])
+            for r in json.loads(result.output)["recordings"]]
+
+
+def _consensus_messages(cluster: TestCluster, leader: int, follower: int) -> list[bytes]:
+    c = cluster.counters()[leader]
+    cfg = cluster.nodes[leader].cfg
+    digest = cfg.members_digest
+    v = cc.CONSENSUS_PROTOCOL_VERSION
+    huge = c.term + 1_000_000
+    return [cc.CONSENSUS_CODEC.encode(m) for m in (
+        cc.RequestVote(c.term, c.append + 1_000_000, huge, follower, v, digest),
+        cc.RequestVote(c.term, c.append + 1_000_000, c.term + 1, follower, v, digest),
+        cc.CommitPosition(c.term, c.append + 1_000_000, leader),
+        cc.CatchupPosition(c.term, 0, follower, f"{ROGUE}:9"),
+        cc.TerminationPosition(c.term, 0),
+        cc.NewLeadershipTerm(c.term, c.term + 1, 0, 0, c.term + 1, 0, 0, 0, 0, follower, 4242, v, False, digest),
+    )]
+
+
+def _archive_requests(node) -> list[bytes]:
+    """A connect (its replies to the rogue), then requests naming the consensus module's own
+    control session (1) and the log's recording (0): each would act if it were taken."""
+    requests = [
+        ac.ConnectRequest(1, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint={ROGUE}:9"),
+        ac.ReplayRequest(1, 2, 0, 0, -1, 77, 0, 0, f"aeron:udp?endpoint={ROGUE}:9"),
+        ac.TruncateRecordingRequest(1, 3, 0, 0),
+        ac.PurgeRecordingRequest(1, 4, 0),
+        ac.StopRecordingByIdentityRequest(1, 5, 0),
+        ac.StopRecordingRequest(1, 6, node.cfg.cluster.log_stream_id, "aeron:ipc"),
+    ]
+    return [ac.encode_request(r) for r in requests]
+
+
+def _blind_send(forger: Forger, messages: list[bytes]) -> int:
+    """The SETUP and one DATA frame per message, without waiting for an answer (a member that
+    drops them sends none); the number of datagrams sent."""
+    forger.send(forger.setup_datagram())
+    for message in messages:
+        forger.send(forger.data_datagram(message))
+    return 1 + len(messages)
+
+
+async def _write(cluster: TestCluster, prefix: str, n: int = 20) -> None:
+    keys = {f"{prefix}-{i}": b"v" for i in range(n)}
+    async with open_kv_client(cluster.client_config) as kv:
+        await put_keys(kv, cluster, keys)
+        await assert_keys(kv, cluster, keys)
+
+
+async def _uncommitted_follower(cluster: TestCluster, leader: int) -> int:
+    """Leave a follower whose log holds entries beyond its commit position, the leader paused
+    (see the module docstring); returns that follower."""
+    followers = [i for i in range(3) if i != leader]
+    f1, f2 = followers
+    await cluster.await_for(lambda: len({(c.commit, c.append) for c in cluster.counters().values()}) == 1, 30,
+                            "every member has committed what the leader appended")
+    for f in followers:
+        os.kill(cluster.nodes[f].pid, signal.SIGSTOP)
+    try:
+        async with open_kv_client(cluster.client_config) as kv:
+            before = cluster.counters()[leader].append
+            for i in range(5):
+                await kv.send(Put(kv.next_id(), f"uncommitted-{i}", b"x"))
+            await cluster.await_for(lambda: cluster.counters()[leader].append > before, 30,
+                                    "the leader appends the writes nobody acknowledges")
+            # (The client's replies never come: it is closed without them.)
+        os.kill(cluster.nodes[leader].pid, signal.SIGSTOP)
+    finally:
+        os.kill(cluster.nodes[f1].pid, signal.SIGCONT)
+    # What it commits is the leader's commit position (the CommitPositions waiting in its
+    # socket too); what it appends is the leader's log, beyond it (maybe short of the leader's
+    # last entry: the client's close may have been appended just before the pause, not sent).
+    await cluster.await_for(
+        lambda: (c := cluster.counters())[f1].append > c[f1].commit == c[leader].commit, 30,
+        f"follower {f1} appends the leader's uncommitted entries")
+    return f1
+
+
+def _resume(cluster: TestCluster) -> None:
+    for node in cluster.nodes:
+        if node.pid is not None:
+            os.kill(node.pid, signal.SIGCONT)
+
+
+async def test_with_a_secret_forged_member_traffic_changes_nothing_and_is_counted(tmp_path) -> None:
+    cluster, key = _cluster(tmp_path, secret=True)
+    with cluster:
+        leader = cluster.start()
+        follower = (leader + 1) % 3
+        await _write(cluster, "before")
+        assert all(_failed_auth(n) == 0 for n in cluster.nodes), "a member's own traffic failed authentication"
+        counters = cluster.counters()
+        roles = {i: c.role for i, c in counters.items()}
+        terms = {i: c.term for i, c in counters.items()}
+        recordings = {n.member_id: _recordings(n) for n in cluster.nodes}
+        wrong_key = bytes(range(32))
+        assert wrong_key != key
+        leader_host = HOSTS[leader]
+        sent = {i: 0 for i in range(3)}
+        for node in cluster.nodes:
+            cfg = node.cfg
+            for signing in (None, wrong_key):
+                # From the leader's own address (the source check passes: only the MAC is left)
+                # and from a rogue address.
+                for host in (leader_host, ROGUE):
+                    consensus = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id,
+                                       cfg.driver.term_length, cfg.driver.mtu, host=host, key=signing,
+                                       session_id=0x2800_0000 + sent[node.member_id])
+                    archive = Forger(cfg.this_member.archive, cfg.archive.control_request_stream_id,
+                                     cfg.driver.term_length, cfg.driver.mtu, host=host, key=signing,
+                                     session_id=0x2810_0000 + sent[node.member_id])
+                    try:
+                        sent[node.member_id] += _blind_send(consensus, _consensus_messages(cluster, leader, follower))
+                        sent[node.member_id] += _blind_send(archive, _archive_requests(node))
+                    finally:
+                        consensus.close()
+                        archive.close()
+        for node in cluster.nodes:
+            await cluster.await_for(lambda n=node: _failed_auth(n) >= sent[n.member_id], 30,
+                                    f"member {node.member_id} counts every forged datagram")
+        await _write(cluster, "after")
+        counters = cluster.counters()
+        assert {i: c.role for i, c in counters.items()} == roles, cluster.diagnostics()
+        assert {i: c.term for i, c in counters.items()} == terms, cluster.diagnostics()
+        assert cluster.leader() == leader
+        assert all(c.commit <= counters[leader].append for c in counters.values())
+        assert {n.member_id: _recordings(n) for n in cluster.nodes} == recordings
+        assert all(n.running for n in cluster.nodes), cluster.diagnostics()
+        assert {n.member_id: _failed_auth(n) for n in cluster.nodes} == sent
+        for node in cluster.nodes:
+            said = [e for e in node.log_events() if e.get("kind", "").startswith("failed authentication")]
+            assert len(said) == 1, said  # once per kind, however many
+
+
+@pytest.mark.parametrize("secret", [False, True], ids=["no-secret", "secret"])
+async def test_a_forged_commit_position_from_the_leaders_address(tmp_path, secret: bool) -> None:
+    """Without a secret, the source check is all there is: a CommitPosition sent from the
+    leader's address is taken, and a follower commits entries the cluster never committed
+    (what member authentication is for). With the secret, the same message is dropped."""
+    cluster, key = _cluster(tmp_path, secret=secret)
+    with cluster:
+        leader = cluster.start()
+        await _write(cluster, "before", 5)
+        try:
+            follower = await _uncommitted_follower(cluster, leader)
+            c = cluster.counters()[follower]
+            node = cluster.nodes[follower]
+            cfg = node.cfg
+            message = cc.CONSENSUS_CODEC.encode(cc.CommitPosition(c.term, c.append, leader))
+            # From another address first: dropped by the source check in both modes.
+            rogue = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id, cfg.driver.term_length,
+                           cfg.driver.mtu, host=ROGUE, session_id=0x2820_0001)
+            forger = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id, cfg.driver.term_length,
+                            cfg.driver.mtu, host=HOSTS[leader], session_id=0x2820_0002)
+            try:
+                if secret:
+                    failed = _failed_auth(node)
+                    n = _blind_send(rogue, [message]) + _blind_send(forger, [message])
+                    await cluster.await_for(lambda: _failed_auth(node) >= failed + n, 30,
+                                            "the follower counts the forged datagrams")
+                    assert cluster.counters()[follower].commit == c.commit, "a forged commit position was taken"
+                else:
+                    errors = c.errors
+                    rogue.connect()
+                    rogue.send(rogue.data_datagram(message))
+                    await cluster.await_for(lambda: cluster.counters()[follower].errors > errors, 30,
+                                            "the follower drops the message from another address")
+                    assert cluster.counters()[follower].commit == c.commit, "a message from another host was taken"
+                    forger.connect()
+                    forger.send(forger.data_datagram(message))
+                    await cluster.await_for(lambda: cluster.counters()[follower].commit == c.append, 30,
+                                            "the follower takes the forged commit position")
+            finally:
+                rogue.close()
+                forger.close()
+        finally:
+            _resume(cluster)
