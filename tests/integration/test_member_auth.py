@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 
 import msgspec
@@ -37,7 +38,7 @@ from cluster_node.config import DEMO_DRIVER, DEMO_TIMEOUTS
 from cluster_node.secret_file import generate
 from media.counters import CountersError, CountersReader, SystemCounter
 from media.mac import MacKeys
-from tests.integration.test_adversarial_regressions import Forger
+from tests.integration.test_adversarial_regressions import Forger, _received_any
 from tests.integration.test_cluster_e2e import assert_keys, put_keys
 from tests.support.cluster import Put, TestCluster, open_kv_client
 
@@ -262,3 +263,47 @@ async def test_a_forged_commit_position_from_the_leaders_address(tmp_path, secre
                 forger.close()
         finally:
             _resume(cluster)
+
+
+async def test_without_a_secret_the_archive_takes_requests_from_member_hosts_only(tmp_path) -> None:
+    """The archive's UDP control port: requests from a host that is not a member's are dropped,
+    counted (the node's errors counter) and said once; from a member's host a connect request
+    is answered (its own control session, bound to that image, as before)."""
+    cluster, _ = _cluster(tmp_path, secret=False)
+    with cluster:
+        leader = cluster.start()
+        node = cluster.nodes[leader]
+        cfg = node.cfg
+        recordings = _recordings(node)
+        answered = {}
+        for host in (ROGUE, HOSTS[(leader + 1) % 3]):
+            sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sink.bind((host, 0))
+            sink.settimeout(0.1)
+            forger = Forger(cfg.this_member.archive, cfg.archive.control_request_stream_id, cfg.driver.term_length,
+                            cfg.driver.mtu, host=host, session_id=0x2830_0000 + len(answered))
+            try:
+                forger.connect()
+                errors = cluster.counters()[leader].errors
+                requests = _archive_requests(node)[1:]  # (naming control session 1: refused either way)
+                connect = ac.encode_request(ac.ConnectRequest(
+                    9, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint={host}:{sink.getsockname()[1]}"))
+                for message in requests + [connect]:
+                    forger.send(forger.data_datagram(message))
+                if host == ROGUE:
+                    await cluster.await_for(
+                        lambda: cluster.counters()[leader].errors >= errors + len(requests) + 1, 30,
+                        "the archive refuses every request from a host that is not a member's")
+                    answered[host] = _received_any(sink)
+                else:
+                    await cluster.await_for(lambda: _received_any(sink), 30,
+                                            "the archive answers a connect request from a member's host")
+                    answered[host] = True
+            finally:
+                forger.close()
+                sink.close()
+        assert answered == {ROGUE: False, HOSTS[(leader + 1) % 3]: True}
+        said = [e for e in node.log_events() if e.get("kind") == "request refused: not a member host"]
+        assert len(said) == 1 and said[0]["source"] == ROGUE, said
+        assert _recordings(node) == recordings
+        await _write(cluster, "after")
