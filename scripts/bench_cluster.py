@@ -2,7 +2,7 @@
 """Cluster benchmark: a 3-node loopback cluster running the echo service, measured from a client.
 
     .venv/bin/python scripts/bench_cluster.py [--quick] [--dir DIR] [--no-pin] [--client-cpus LIST|followers]
-                                              [--keep-cpus-awake]
+                                              [--keep-cpus-awake] [--secret]
 
 Three ``cluster-node run`` processes (configs generated with the demo timeouts: election timeout
 1 s, leader heartbeat timeout 2 s) and this process as the client, all on 127.0.0.1:
@@ -29,6 +29,13 @@ process) is left to the OS; ``--client-cpus LIST`` pins it (:func:`client_cpus` 
 might, and what it did). The JSON says which (``cpus``). ``--keep-cpus-awake`` sets ``[node] keep_cpus_awake``
 (``cluster_node.keep_awake``: idle-class spinners keep the members' CPUs out of the idle state
 while the log moves); the idle figure then counts the helpers' CPU too.
+
+``--secret`` measures twice in one sitting, on two fresh clusters: without a member key and with
+one (``cluster.secret_file``: every datagram between members MAC'd, media.mac), in turns
+(plain, secret, plain, secret with ``--rounds 2``), the order alternating so that a drift of the
+machine's speed does not favour one. The JSON then has ``plain`` and ``secret`` (each the
+summary below, of the rounds' medians) and ``secret_vs_plain``: the ratios secret / plain of the
+throughputs and of the round-trip p50s.
 
 Progress goes to stderr; the last line on stdout is one JSON object. ``--quick`` finishes
 within 60 s. ``--failovers N`` measures only N failover rounds, on a cluster whose log is empty
@@ -306,6 +313,54 @@ async def run(args, cluster: TestCluster) -> dict:
     return results
 
 
+def measure(args, base: Path, leader_cpus, follower_cpus, secret: bool) -> dict:
+    """One cluster in ``base``, started, measured, stopped; its results."""
+    kwargs = {}
+    if secret:
+        from cluster_node.secret_file import generate
+
+        base.mkdir(parents=True, exist_ok=True)
+        key = base / "member.key"
+        generate(key)
+        kwargs["secret_file"] = str(key)
+    cluster = TestCluster(base, 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
+                          keep_cpus_awake=args.keep_cpus_awake, **kwargs)
+    try:
+        results = trio.run(run, args, cluster)
+    finally:
+        cluster.close()
+    results["leader_heartbeat_timeout_ms"] = cluster.timeouts.leader_heartbeat_timeout_ns // 1_000_000
+    return results
+
+
+def _median_results(runs: list[dict]) -> dict:
+    """The median of each figure over rounds (the latency percentiles each on their own)."""
+    def med(values):
+        values = [v for v in values if v is not None]
+        return round(statistics.median(values)) if values else None
+
+    out = {k: med([r.get(k) for r in runs]) for k in ("msgs_per_s_32b", "msgs_per_s_1k", "failover_ms_median")}
+    out["idle_cpu_percent"] = (round(statistics.median(r["idle_cpu_percent"] for r in runs), 2)
+                               if all("idle_cpu_percent" in r for r in runs) else None)
+    out["latency_us"] = {
+        rate: {p: med([r["latency_us"][rate][p] for r in runs]) for p in runs[0]["latency_us"][rate]}
+        for rate in runs[0].get("latency_us", {})
+    }
+    out["failover_ms"] = [x for r in runs for x in r.get("failover_ms", [])]
+    out["rounds"] = len(runs)
+    return out
+
+
+def _ratios(plain: dict, secret: dict) -> dict:
+    def ratio(a, b):
+        return round(b / a, 3) if a and b is not None else None
+
+    out = {k: ratio(plain.get(k), secret.get(k)) for k in ("msgs_per_s_32b", "msgs_per_s_1k")}
+    for rate, lat in plain.get("latency_us", {}).items():
+        out[f"p50_at_{rate}"] = ratio(lat["p50"], secret["latency_us"][rate]["p50"])
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="short phases and 3 failovers, within 60 s")
@@ -317,6 +372,10 @@ def main() -> None:
     client_cpus_arg(p)
     p.add_argument("--keep-cpus-awake", action="store_true",
                    help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
+    p.add_argument("--secret", action="store_true",
+                   help="measure without and with a member key (MAC'd member traffic), in turns; both in the JSON")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="with --secret: N clusters of each kind, alternating (default 1)")
     args = p.parse_args()
     if args.failovers is not None and args.failovers < 1:
         p.error("--failovers must be at least 1")
@@ -326,14 +385,32 @@ def main() -> None:
     except ValueError as ex:
         p.error(str(ex))
     t0 = time.monotonic()
+    if args.secret:
+        runs: dict[bool, list[dict]] = {False: [], True: []}
+        with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+            base = Path(args.dir) if args.dir else Path(tmp)
+            for i in range(max(1, args.rounds)):
+                order = (False, True) if i % 2 == 0 else (True, False)
+                for secret in order:
+                    name = "secret" if secret else "plain"
+                    say(f"round {i + 1}: {name}")
+                    runs[secret].append(measure(args, base / f"{name}-{i}", leader_cpus, follower_cpus, secret))
+        plain, secret = _median_results(runs[False]), _median_results(runs[True])
+        summary = {
+            "plain": plain, "secret": secret, "secret_vs_plain": _ratios(plain, secret),
+            "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
+                     "client": format_cpus(args.client_cpus_list)},
+            "keep_cpus_awake": args.keep_cpus_awake, "quick": args.quick,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        from calibration import calibration
+
+        summary["calibration"] = calibration()
+        print(json.dumps(summary))
+        return
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         base = Path(args.dir) if args.dir else Path(tmp)
-        cluster = TestCluster(base, 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                              keep_cpus_awake=args.keep_cpus_awake)
-        try:
-            results = trio.run(run, args, cluster)
-        finally:
-            cluster.close()
+        results = measure(args, base, leader_cpus, follower_cpus, secret=False)
     summary = {
         "msgs_per_s_32b": results.get("msgs_per_s_32b"),
         "msgs_per_s_1k": results.get("msgs_per_s_1k"),
@@ -341,7 +418,7 @@ def main() -> None:
         "failover_ms_median": results.get("failover_ms_median"),
         "failover_ms": results.get("failover_ms"),
         "idle_cpu_percent": results.get("idle_cpu_percent"),
-        "leader_heartbeat_timeout_ms": cluster.timeouts.leader_heartbeat_timeout_ns // 1_000_000,
+        "leader_heartbeat_timeout_ms": results.get("leader_heartbeat_timeout_ms"),
         "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
                  "client": format_cpus(args.client_cpus_list)},
         "keep_cpus_awake": args.keep_cpus_awake,
