@@ -307,3 +307,27 @@ async def test_without_a_secret_the_archive_takes_requests_from_member_hosts_onl
         assert len(said) == 1 and said[0]["source"] == ROGUE, said
         assert _recordings(node) == recordings
         await _write(cluster, "after")
+
+
+@pytest.mark.parametrize("problem", ["missing", "readable by others", "not hex"])
+def test_a_member_key_that_cannot_be_used_stops_the_start_in_one_line(tmp_path, problem: str) -> None:
+    import subprocess
+
+    from cluster_node.config import write_loopback_cluster
+    from tests.support.cluster import _node_command
+
+    key = tmp_path / "member.key"
+    if problem != "missing":
+        generate(key)
+    if problem == "readable by others":
+        key.chmod(0o644)
+    elif problem == "not hex":
+        key.write_text("not a key\n")
+    paths, _ = write_loopback_cluster(tmp_path / "configs", 3, tmp_path / "cluster", secret_file=str(key))
+    done = subprocess.run([*_node_command(), "run", "--config", str(paths[0])], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: cluster.secret_file: {key}: "), lines
+    assert "READY" not in done.stdout
+    assert not (tmp_path / "cluster" / "node0" / "node-identity.json").exists()  # (read before anything else)
