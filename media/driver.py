@@ -48,6 +48,16 @@ held the receiver task sleeps; a duty cycle must give the claim back
 (:meth:`MediaDriver.unclaim_receive`) before it awaits anything that may need a datagram read
 (an archive request, for instance), since nobody else reads the sockets meanwhile.
 
+**Authenticated channels** (``auth=mac``, media.mac): the driver holds the key
+(``DriverConfig.mac_key``). A publication of such a channel appends the MAC to every datagram it
+sends (sent with the datagram by ``sendmsg``, no copy) and checks the status messages and NAKs
+its socket reads, which must also come from an address it sends to; a receive endpoint of such
+a channel checks and strips the MAC of every datagram before the frames are looked at, and signs
+the status messages, NAKs, SETUP requests and RTTM replies it sends back. A receive endpoint is
+one socket for every subscription on its address, so a channel with and one without ``auth``
+cannot share one. Datagrams that fail are counted (Frames failed authentication) and each kind
+said once (``errors``).
+
 The driver's state is touched from its trio thread only, except a UDP publication's sender
 state, which an offer from another thread may send under the publication's lock (above). UDP
 subscriptions are polled from that thread; a UDP publication may be *offered* from any thread of

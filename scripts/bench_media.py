@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Media driver benchmark: throughput and round-trip latency between two processes.
 
-    .venv/bin/python scripts/bench_media.py [--quick]
+    .venv/bin/python scripts/bench_media.py [--quick] [--auth [--rounds N]]
 
 Measures, each between two processes on this machine:
 
@@ -16,6 +16,11 @@ Measures, each between two processes on this machine:
   from the process's user + system time over a few seconds.
 
 The last line printed is one JSON object with the figures. ``--quick`` finishes within 30 s.
+
+``--auth`` measures instead the cost of authenticated channels (``auth=mac``, media.mac: a keyed
+BLAKE2b trailer on every datagram, checked on receipt): UDP throughput (32 B, 1 KiB) and
+ping-pong, without and with ``auth=mac``, in turns (``--rounds``, default 3, the order
+alternating); the JSON has the medians of each (``plain``, ``mac``) and their ratios.
 """
 
 from __future__ import annotations
@@ -39,8 +44,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _driver_kwargs(directory: str) -> dict:
-    return dict(dir=Path(directory), network_term_length=16 * 1024 * 1024, ipc_term_length=16 * 1024 * 1024)
+_BENCH_KEY = bytes(range(32))
+
+
+def _driver_kwargs(directory: str, channel: str = "") -> dict:
+    """A driver's settings; with the benchmark's key for an ``auth=mac`` channel."""
+    return dict(dir=Path(directory), network_term_length=16 * 1024 * 1024, ipc_term_length=16 * 1024 * 1024,
+                mac_key=_BENCH_KEY if "auth=mac" in channel else None)
 
 
 # ----------------------------------------------------------------------------- throughput
@@ -52,7 +62,7 @@ def _tp_sub(conn, directory: str, channel: str, count: int) -> None:
     from media.driver import open_media_driver
 
     async def main():
-        async with open_media_driver(**_driver_kwargs(directory)) as driver:
+        async with open_media_driver(**_driver_kwargs(directory, channel)) as driver:
             sub = driver.add_subscription(channel, 10)
             conn.send("ready")
             received = 0
@@ -82,7 +92,7 @@ def _tp_pub(conn, directory: str, channel: str, count: int, size: int) -> None:
     from media.driver import open_media_driver
 
     async def main():
-        async with open_media_driver(**_driver_kwargs(directory)) as driver:
+        async with open_media_driver(**_driver_kwargs(directory, channel)) as driver:
             pub = driver.add_publication(channel, 10)
             while not pub.is_connected:
                 await trio.sleep(0.001)
@@ -133,7 +143,7 @@ def _echo(conn, directory: str, in_channel: str, out_channel: str) -> None:
     from media.driver import open_media_driver
 
     async def main():
-        async with open_media_driver(**_driver_kwargs(directory)) as driver:
+        async with open_media_driver(**_driver_kwargs(directory, in_channel)) as driver:
             sub = driver.add_subscription(in_channel, 11)
             pub = driver.add_publication(out_channel, 12)
             conn.send("ready")
@@ -161,7 +171,7 @@ def _ping(conn, directory: str, out_channel: str, in_channel: str, count: int, w
     from media.driver import open_media_driver
 
     async def main():
-        async with open_media_driver(**_driver_kwargs(directory)) as driver:
+        async with open_media_driver(**_driver_kwargs(directory, in_channel)) as driver:
             pub = driver.add_publication(out_channel, 11)
             sub = driver.add_subscription(in_channel, 12)
             while not pub.is_connected or not sub.is_connected:
@@ -192,11 +202,12 @@ def _ping(conn, directory: str, out_channel: str, in_channel: str, count: int, w
     trio.run(main)
 
 
-def pingpong(ctx, media: str, count: int) -> dict:
+def pingpong(ctx, media: str, count: int, auth: bool = False) -> dict:
     base = tempfile.mkdtemp(prefix="bench-media-")
     if media == "udp":
-        out_ch = f"aeron:udp?endpoint=127.0.0.1:{_free_port()}"
-        in_ch = f"aeron:udp?endpoint=127.0.0.1:{_free_port()}"
+        tail = "|auth=mac" if auth else ""
+        out_ch = f"aeron:udp?endpoint=127.0.0.1:{_free_port()}{tail}"
+        in_ch = f"aeron:udp?endpoint=127.0.0.1:{_free_port()}{tail}"
         echo_dir, ping_dir = os.path.join(base, "e"), os.path.join(base, "p")
     else:
         out_ch = in_ch = "aeron:ipc"
@@ -358,9 +369,34 @@ def idle_cpu_percent(ctx, seconds: float) -> float:
 # ----------------------------------------------------------------------------- main
 
 
+def auth_cost(ctx, quick: bool, rounds: int, log) -> dict:
+    """UDP throughput and ping-pong without and with ``auth=mac``, in turns (see the module
+    docstring)."""
+    import statistics
+
+    n32, n1k, pings = (150_000, 40_000, 2_000) if quick else (600_000, 150_000, 10_000)
+    runs: dict[str, list[dict]] = {"plain": [], "mac": []}
+    for i in range(rounds):
+        for kind in (("plain", "mac") if i % 2 == 0 else ("mac", "plain")):
+            tail = "|auth=mac" if kind == "mac" else ""
+            ch = lambda: f"aeron:udp?endpoint=127.0.0.1:{_free_port()}{tail}"  # noqa: E731
+            r = {"msgs_per_s_32b": throughput(ctx, ch(), n32, 32, False),
+                 "msgs_per_s_1k": throughput(ctx, ch(), n1k, 1024, False),
+                 "rtt_p50_us": pingpong(ctx, "udp", pings, auth=kind == "mac")[50]}
+            log(f"round {i + 1} {kind}: 32 B {r['msgs_per_s_32b']:,.0f}/s, 1 KiB {r['msgs_per_s_1k']:,.0f}/s, "
+                f"rtt p50 {r['rtt_p50_us']} us")
+            runs[kind].append(r)
+    out: dict = {k: {f: round(statistics.median(r[f] for r in v)) for f in v[0]} for k, v in runs.items()}
+    out["ratios_mac_vs_plain"] = {f: round(out["mac"][f] / out["plain"][f], 3) for f in out["plain"]}
+    out["rounds"] = rounds
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs; finishes within 30 s")
+    parser.add_argument("--auth", action="store_true", help="the cost of auth=mac channels: UDP with and without")
+    parser.add_argument("--rounds", type=int, default=3, help="with --auth: rounds of each (default 3)")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     q = args.quick
@@ -374,6 +410,14 @@ def main() -> int:
 
     udp_ch = lambda: f"aeron:udp?endpoint=127.0.0.1:{_free_port()}"  # noqa: E731
     started = time.monotonic()
+    if args.auth:
+        result = auth_cost(ctx, q, max(1, args.rounds), log)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        from calibration import calibration
+
+        result["calibration"] = calibration()
+        print(json.dumps(result))
+        return 0
     result: dict = {"udp": {}, "ipc": {}, "baseline": {}}
     result["udp"]["msgs_per_s_32b"] = round(throughput(ctx, udp_ch(), n32_udp, 32, False))
     log(f"udp 32 B: {result['udp']['msgs_per_s_32b']:,} msg/s")

@@ -1184,7 +1184,8 @@ class ConsensusAgent:
         a member's datagram sent on by a third party): dropped, counted, said once per kind.
         A member configured with a wildcard host names no address and is not checked."""
         attr = self._SENDER.get(type(msg))
-        sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
+        # (The leader's messages that name no sender: the leader as the election knows it.)
+        sender = getattr(msg, attr) if attr is not None else self.module.known_leader_member_id
         if sender not in self._member_hosts:
             expected = ""  # no such member (or no leader known for a leader's message)
         else:
