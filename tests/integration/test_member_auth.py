@@ -333,33 +333,37 @@ def test_a_member_key_that_cannot_be_used_stops_the_start_in_one_line(tmp_path, 
     assert not (tmp_path / "cluster" / "node0" / "node-identity.json").exists()  # (read before anything else)
 
 
-async def test_with_a_secret_members_catch_up_replicate_and_fail_over(tmp_path) -> None:
-    """Every MAC'd path a cluster needs besides the live log: a follower that missed entries
-    catches up (the leader's archive replays to its catchup endpoint), a leader is killed and
-    another elected, the old one restarts and rejoins. No member's own datagram fails
-    authentication."""
+async def test_with_a_secret_members_replicate_catch_up_and_fail_over(tmp_path) -> None:
+    """Every MAC'd path a cluster needs besides the live log, with a member key: a member that
+    missed a term's entries replicates them from the new leader's archive (archive control
+    requests and responses between members, the replication stream), a member that missed
+    entries of the current term catches up (the leader's archive replays to its catchup
+    endpoint), and leaders are elected. No member's own datagram fails authentication."""
     path = tmp_path / "member.key"
     generate(path)
     with TestCluster(tmp_path, hosts=HOSTS, host="127.0.0.1", secret_file=str(path)) as cluster:
         leader = cluster.start()
-        behind = (leader + 1) % 3
+        behind, third = (leader + 1) % 3, (leader + 2) % 3
         cluster.nodes[behind].kill()
         await _write(cluster, "missed", 200)
-        cluster.restart(behind)
-        await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {behind} catches up")
         term = cluster.counters()[leader].term
+        # The old leader goes; the member that missed a term comes back: the third member,
+        # whose log is longer, leads, and the one behind copies the old term from its archive.
         cluster.nodes[leader].kill()
-        new_leader = await cluster.await_leader(60, min_term=term + 1, exclude=[leader])
+        cluster.restart(behind)
+        assert await cluster.await_leader(60, min_term=term + 1, exclude=[leader, behind]) == third
+        await cluster.await_for(lambda: cluster.caught_up([behind, third]), 60, f"member {behind} catches up")
         await _write(cluster, "new-term", 50)
         cluster.restart(leader)
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {leader} rejoins")
         async with open_kv_client(cluster.client_config) as kv:
             await assert_keys(kv, cluster, {**{f"missed-{i}": b"v" for i in range(200)},
                                             **{f"new-term-{i}": b"v" for i in range(50)}})
-        assert cluster.leader() == new_leader
+        assert cluster.leader() == third
         assert [_failed_auth(n) for n in cluster.nodes] == [0, 0, 0], cluster.diagnostics()
-        catchups = [e for e in cluster.nodes[leader].log_events(current_process_only=False)
-                    if e.get("event") == "replay started"] + \
-                   [e for n in cluster.nodes for e in n.log_events(current_process_only=False)
-                    if e.get("event") in ("replay started", "replication started")]
-        assert catchups, "no catch-up replay or replication ran"
+        events = [e for n in cluster.nodes for e in n.log_events(current_process_only=False)]
+        replicated = [e for e in events if e.get("event") == "replication started"]
+        caught_up = [e for e in events if e.get("reason") == "catchup image joined"]
+        mac_replays = [e for e in events if e.get("event") == "replay started"
+                       and "auth=mac" in str(e.get("channel"))]
+        assert replicated and caught_up and mac_replays, (len(replicated), len(caught_up), len(mac_replays))
