@@ -367,3 +367,49 @@ async def test_with_a_secret_members_replicate_catch_up_and_fail_over(tmp_path) 
         mac_replays = [e for e in events if e.get("event") == "replay started"
                        and "auth=mac" in str(e.get("channel"))]
         assert replicated and caught_up and mac_replays, (len(replicated), len(caught_up), len(mac_replays))
+
+
+def _set_keys(config_path, current, previous) -> None:
+    """A member's config with ``secret_file`` = current and ``previous_secret_file`` = previous
+    (None: the line removed)."""
+    import re
+
+    text = re.sub(r'(?m)^previous_secret_file = ".*"\n', "", config_path.read_text())
+    line = f'secret_file = "{current}"\n' + (f'previous_secret_file = "{previous}"\n' if previous else "")
+    text, n = re.subn(r'(?m)^secret_file = ".*"\n', line, text)
+    assert n == 1
+    config_path.write_text(text)
+
+
+async def test_a_key_is_rotated_with_a_rolling_restart_as_documented(tmp_path) -> None:
+    """docs/security.md's rotation from key A to key B, one member restarted at a time (the
+    leader last in each step): the cluster serves throughout and no datagram of a member ever
+    fails authentication; afterwards a member with key A alone is refused by the others."""
+    a, b = tmp_path / "a.key", tmp_path / "b.key"
+    generate(a)
+    generate(b)
+    with TestCluster(tmp_path, hosts=HOSTS, host="127.0.0.1", secret_file=str(a)) as cluster:
+        cluster.start()
+        await _write(cluster, "step-0", 10)
+        for step, (current, previous) in enumerate([(a, b), (b, a), (b, None)], 1):
+            leader = cluster.leader()
+            for i in [m for m in range(3) if m != leader] + [leader]:
+                node = cluster.nodes[i]
+                assert node.terminate() == 0
+                _set_keys(node.config_path, current, previous)
+                cluster.restart(i)
+                await cluster.await_for(lambda: cluster.leader() is not None and cluster.caught_up(range(3)), 60,
+                                        f"step {step}: member {i} is back")
+                failed = [_failed_auth(n) for n in cluster.nodes]
+                assert failed == [0, 0, 0], (step, i, failed, cluster.diagnostics())
+            await _write(cluster, f"step-{step}", 10)
+        # A is retired: a member that still has only A is not heard by the others.
+        leader = cluster.leader()
+        stale = cluster.nodes[(leader + 1) % 3]
+        assert stale.terminate() == 0
+        _set_keys(stale.config_path, a, None)
+        cluster.restart(stale.member_id)
+        await cluster.await_for(lambda: _failed_auth(cluster.nodes[leader]) > 0, 60,
+                                "the leader refuses the datagrams of a member with the retired key")
+        assert cluster.leader() == leader
+        await _write(cluster, "after", 10)
