@@ -260,8 +260,6 @@ class Archive:
         self._control_subs: list = []
         self._mac_subs: set[int] = set()  # id() of the control subscriptions with auth=mac
         self.invalid_requests = 0
-        self.refused_requests = 0
-        """Requests over UDP from a host that is not one of ``control_hosts`` (dropped)."""
         self.errors = DistinctErrors("archive")
         """Bad requests and failures of one request, each kind logged once."""
         self.request_warnings = RateLimitedLog(log)
@@ -359,9 +357,9 @@ class Archive:
                 # Only members drive this archive over the network (replay, truncate, purge,
                 # replicate act on the cluster's log); this host's tools use IPC.
                 self.invalid_requests += 1
-                self.refused_requests += 1
                 self.errors.record("request refused: not a member host",
-                                   "archive request from a host that is not a member's: dropped", source=host)
+                                   "archive request from a host that is not a member's: dropped",
+                                   source=host or "unknown (its image is gone)")
                 return
         try:
             request = c.decode_request(data)

@@ -251,6 +251,13 @@ class ClusterMember(_Section):
 
     ENDPOINT_NAMES: typing.ClassVar[tuple[str, ...]] = ("ingress", "consensus", "log", "catchup", "archive")
 
+    @property
+    def send_host(self) -> str | None:
+        """The address this member's driver sends from (its consensus host, see
+        ``NodeConfig.driver_kwargs``): what other members see as the source of its datagrams.
+        None for a wildcard host, which names no address."""
+        return _bind_host(self.consensus)
+
     def to_text(self) -> str:
         """``id,ingress,consensus,log,catchup,archive`` (the reference's format)."""
         return ",".join([str(self.id), self.ingress, self.consensus, self.log, self.catchup, self.archive])

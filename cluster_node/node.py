@@ -131,13 +131,8 @@ def member_keys(cfg: NodeConfig) -> dict:
 def member_hosts(cfg: NodeConfig) -> frozenset[str] | None:
     """The hosts members send from (each one's consensus host, where its driver binds its
     publications); None when one is a wildcard, which names no address to check against."""
-    hosts = set()
-    for m in cfg.cluster.members:
-        host = m.consensus.rpartition(":")[0].strip("[]")
-        if host in ("", "0.0.0.0", "::"):
-            return None
-        hosts.add(host)
-    return frozenset(hosts)
+    hosts = {m.send_host for m in cfg.cluster.members}
+    return None if None in hosts else frozenset(hosts)
 
 
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:

@@ -113,12 +113,6 @@ _TERM_FIELDS = {
 }
 """The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
 the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
-def _host_of(endpoint: str) -> str | None:
-    """The host of a member's ``host:port`` endpoint; None for a wildcard (no address)."""
-    host = endpoint.rpartition(":")[0].strip("[]")
-    return None if host in ("", "0.0.0.0", "::") else host
-
-
 _INGRESS_BLOCK = 64 * 1024
 """At most this many bytes of one client's session messages go into the log in one block."""
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
@@ -373,14 +367,14 @@ class ConsensusAgent:
         self.errors = 0
         self._members_digest = config.members_digest
         self.input_errors = DistinctErrors("consensus.agent")
+        """Hostile or broken input from clients and members, each kind logged once."""
         # Member traffic: with cluster.secret_file every member channel is auth=mac (media.mac);
         # with or without, a member's messages must come from its configured host.
         self._auth = "|auth=mac" if config.cluster.member_auth else ""
-        self._member_hosts = {m.id: _host_of(m.consensus) for m in config.cluster.members}
+        self._member_hosts = {m.id: m.send_host for m in config.cluster.members}
         self._consensus_images: tuple = ()  # the consensus subscription's images when ...
         self._consensus_hosts: dict[int, str | None] = {}  # ... this was made: session id -> host
         self._refused_log_image = None  # a log image from a host not the leader's (not used)
-        """Hostile or broken input from clients and members, each kind logged once."""
         self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
         self._reply_tokens = float(_ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
         self._reply_tokens_ns = time.monotonic_ns()
