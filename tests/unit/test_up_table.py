@@ -56,3 +56,23 @@ def test_the_table_shows_elections_and_each_members_lag_behind_the_leader(tmp_pa
     finally:
         for manager in managers:
             manager.close()
+
+
+def test_generated_configs_share_a_member_key_of_their_own(tmp_path):
+    """`cluster-node up` makes a member key per local cluster (mode 0600) and sets it in every
+    generated member config; generating again keeps it; removing the generated files removes it."""
+    import stat
+
+    from cluster_node.config import load_node_config
+    from cluster_node.secret_file import read_key
+    from cluster_node.up_cmd import MEMBER_KEY_FILE, _remove_generated, write_cluster_configs
+
+    paths, _client = write_cluster_configs(tmp_path, 3, "echo", pin=False)
+    key_path = tmp_path / MEMBER_KEY_FILE
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    key = read_key(key_path)
+    assert {load_node_config(p).cluster.secret_file for p in paths} == {str(key_path.resolve())}
+    write_cluster_configs(tmp_path, 3, "echo", pin=False)
+    assert read_key(key_path) == key
+    _remove_generated(tmp_path)
+    assert not key_path.exists()
