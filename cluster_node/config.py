@@ -258,6 +258,12 @@ class ClusterMember(_Section):
         None for a wildcard host, which names no address."""
         return _bind_host(self.consensus)
 
+    @property
+    def log_send_host(self) -> str | None:
+        """The address this member's log publication sends from while it leads (bound to its
+        ``log`` endpoint's host); None for a wildcard host."""
+        return _bind_host(self.log)
+
     def to_text(self) -> str:
         """``id,ingress,consensus,log,catchup,archive`` (the reference's format)."""
         return ",".join([str(self.id), self.ingress, self.consensus, self.log, self.catchup, self.archive])

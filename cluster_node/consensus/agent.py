@@ -372,6 +372,9 @@ class ConsensusAgent:
         # with or without, a member's messages must come from its configured host.
         self._auth = "|auth=mac" if config.cluster.member_auth else ""
         self._member_hosts = {m.id: m.send_host for m in config.cluster.members}
+        # A leader's log comes from its multi-destination publication, bound to its log host
+        # (_open_leader_log), and a catch-up from its archive's replay, sent from its host.
+        self._log_hosts = {m.id: {m.send_host, m.log_send_host} for m in config.cluster.members}
         self._consensus_images: tuple = ()  # the consensus subscription's images when ...
         self._consensus_hosts: dict[int, str | None] = {}  # ... this was made: session id -> host
         self._refused_log_image = None  # a log image from a host not the leader's (not used)
@@ -1205,13 +1208,13 @@ class ConsensusAgent:
         """A log image (live or catch-up replay, which the leader's archive sends from the
         leader's process) is used only when it comes from the leader's configured host."""
         leader = self.module.known_leader_member_id
-        expected = self._member_hosts.get(leader, "")
-        if expected is None or image.source_host == expected:
+        expected = self._log_hosts.get(leader, {""})
+        if None in expected or image.source_host in expected:
             return True
         self.counters["errors"].add(1)
         self.input_errors.record("log image from another host",
                                  "log image from a host that is not the leader's: not used", leader=leader,
-                                 source=image.source_host, expected=expected)
+                                 source=image.source_host, expected=sorted(expected))
         return False
 
     def _on_members_mismatch(self, msg) -> None:

@@ -413,3 +413,28 @@ async def test_a_key_is_rotated_with_a_rolling_restart_as_documented(tmp_path) -
                                 "the leader refuses the datagrams of a member with the retired key")
         assert cluster.leader() == leader
         await _write(cluster, "after", 10)
+
+
+async def test_a_log_on_an_address_of_its_own_is_followed(tmp_path) -> None:
+    """A member whose log endpoint is on another address than its consensus endpoint (another
+    interface): the leader's log comes from its log address, a catch-up from its consensus
+    address (its archive sends from there); followers take both as the leader's."""
+    import re
+
+    cluster, _ = _cluster(tmp_path, secret=False)
+    with cluster:
+        for node in cluster.nodes:
+            text = node.config_path.read_text()
+            text, n = re.subn(r'log = "127\.0\.0\.1(\d):', r'log = "127.0.0.2\1:', text)
+            assert n == 3
+            node.config_path.write_text(text)
+        leader = cluster.start()
+        behind = (leader + 1) % 3
+        cluster.nodes[behind].kill()
+        await _write(cluster, "missed", 100)
+        cluster.restart(behind)
+        await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {behind} catches up")
+        await _write(cluster, "after", 20)
+        events = [e for n in cluster.nodes for e in n.log_events(current_process_only=False)]
+        assert not [e for e in events if e.get("kind") == "log image from another host"]
+        assert [e for e in events if e.get("reason") == "catchup image joined"]
