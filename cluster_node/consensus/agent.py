@@ -1204,11 +1204,14 @@ class ConsensusAgent:
                                  "claims to be from: dropped", member=sender, source=host, expected=expected)
         return False
 
-    def _from_leader_host(self, image) -> bool:
+    def _from_leader_host(self, image) -> bool | None:
         """A log image (live or catch-up replay, which the leader's archive sends from the
-        leader's process) is used only when it comes from the leader's configured host."""
+        leader's process) is used only when it comes from the leader's configured host.
+        None while no leader is known (nothing to compare with yet)."""
         leader = self.module.known_leader_member_id
-        expected = self._log_hosts.get(leader, {""})
+        expected = self._log_hosts.get(leader)
+        if expected is None:
+            return None
         if None in expected or image.source_host in expected:
             return True
         self.counters["errors"].add(1)
@@ -1467,8 +1470,12 @@ class ConsensusAgent:
         if sub is not None:
             if self._follower_image is None:
                 image = sub.image_by_session_id(self._follower_session)
-                if image is not None and image is not self._refused_log_image and not self._from_leader_host(image):
-                    self._refused_log_image = image  # (counted once; the log comes from the leader's host)
+                if image is not None and image is not self._refused_log_image:
+                    from_leader = self._from_leader_host(image)
+                    if from_leader is False:
+                        self._refused_log_image = image  # (counted once; the log comes from the leader's host)
+                    elif from_leader is None:
+                        image = None  # no leader known yet: looked at again next pass
                 if image is self._refused_log_image:
                     image = None
                 if image is not None:
