@@ -445,7 +445,8 @@ class AdminRequest(Message, tag=26):
     leadership_term_id: TermId
     cluster_session_id: I64
     correlation_id: I64
-    request_type: AdminRequestType
+    request_type: I32
+    """An :class:`AdminRequestType` value; any other is decoded too, and answered ERROR."""
     payload: Blob = b""
 
 
@@ -482,7 +483,8 @@ class Challenge(Message, tag=7):
 class AdminResponse(Message, tag=27):
     cluster_session_id: I64
     correlation_id: I64
-    request_type: AdminRequestType
+    request_type: I32
+    """The request's type as it came (an :class:`AdminRequestType` value, or not)."""
     response_code: AdminResponseCode
     message: Text = ""
     payload: Blob = b""
@@ -783,6 +785,9 @@ class ClusterSession(Message, tag=103):
     close_reason: CloseReason
     response_stream_id: I32
     response_channel: Text
+    encoded_principal: Blob = b""
+    """Who the session's client authenticated as (its SessionOpenEvent's principal): a member
+    that leads after loading this snapshot authorises the session's admin requests by it."""
 
 
 class Timer(Message, tag=104):

@@ -105,6 +105,7 @@ __all__ = [
     "DriverSection",
     "ArchiveSection",
     "LoggingSection",
+    "AuthSection",
     "NodeConfig",
     "ClientSection",
     "ClientConfig",
@@ -415,6 +416,30 @@ class LoggingSection(_Section):
     """Rotated files kept (``node.log.1`` .. ``node.log.<max_files>``); older ones are removed."""
 
 
+class AuthSection(_Section):
+    """Who may open a session and who may send admin requests (see docs/security.md,
+    "Client authentication" and "Admin requests"). Only the leader uses it; give every member
+    the same."""
+
+    authenticator: str = "null"
+    """``null``: every client is accepted with an empty principal (a warning is logged at
+    start); ``shared-secret``: challenge-response over a key per client, the keys in
+    ``credentials_file``; or ``package.module:ClassName`` of an Authenticator (constructed with
+    this section)."""
+    credentials_file: str = ""
+    """The shared-secret authenticator's client keys: a file only this user may read, one
+    ``client-id hexkey`` line per client (format in :mod:`cluster_node.auth`). Never inline."""
+    challenge_timeout_ns: int = 5 * _S
+    """A challenge not answered within this is rejected (shared-secret)."""
+    authorisation_service: str = "allow-list"
+    """``allow-list``: admin requests of the principals in ``admin_principals`` only (none by
+    default: every request is refused); or ``package.module:ClassName`` of an
+    AuthorisationService (constructed with this section)."""
+    admin_principals: tuple[str, ...] = ()
+    """Principals (the shared-secret authenticator's: client ids) whose admin requests are
+    authorised by the ``allow-list`` service."""
+
+
 class NodeConfig(_Section):
     """Everything one node process needs. Build with :func:`load_node_config`."""
 
@@ -424,6 +449,7 @@ class NodeConfig(_Section):
     driver: DriverSection = DriverSection()
     archive: ArchiveSection = ArchiveSection()
     logging: LoggingSection = LoggingSection()
+    auth: AuthSection = AuthSection()
     source: str = "<config>"
     """Where the config came from, for error messages (not a TOML key)."""
 
@@ -513,6 +539,10 @@ class ClientSection(_Section):
     """How long an automatic reconnect keeps trying before the client gives up and closes."""
     egress_buffer_messages: int = 4096
     """Messages kept for ``receive()`` when no handler is given; older ones are dropped."""
+    credentials_file: str = ""
+    """This client's id and key for a cluster with the shared-secret authenticator: a file only
+    this user may read, one line ``client-id hexkey`` (the client's line of the cluster's
+    ``auth.credentials_file``). Empty: no credentials are sent."""
 
 
 CLIENT_DRIVER_DEFAULTS = DriverSection(term_length=1024 * 1024, ipc_term_length=1024 * 1024)
@@ -921,6 +951,15 @@ def _validate_node(cfg: NodeConfig) -> None:
         if missing:
             _fail(cfg, f"node.{name}", f"CPU {affinity.format_cpus(missing)} is not one this process may run on"
                                        f" (it may run on {affinity.format_cpus(allowed)})")
+
+    a = cfg.auth
+    if a.authenticator == "shared-secret" and not a.credentials_file.strip():
+        _fail(cfg, "auth.credentials_file", "the shared-secret authenticator needs a file of client keys"
+                                            " (one `client-id hexkey` line per client)")
+    if a.challenge_timeout_ns <= 0:
+        _fail(cfg, "auth.challenge_timeout", "must be positive")
+    if any(not p.strip() for p in a.admin_principals):
+        _fail(cfg, "auth.admin_principals", "an empty principal would authorise unauthenticated clients")
 
     c = cfg.cluster
     if not c.members:

@@ -44,6 +44,8 @@ from cluster_node.node_identity import (
     check_identity,
     record_identity,
 )
+from cluster_node.auth import AuthLoadError, load_authenticator, load_authorisation
+from cluster_node.secret_file import SecretFileError
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
@@ -149,6 +151,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     _prepare_driver_dir(cfg)
     service = load_service(cfg.node.service)
     try:
+        authenticator = load_authenticator(cfg.auth)
+        authorisation = load_authorisation(cfg.auth)
+    except (AuthLoadError, SecretFileError) as e:
+        mark.close()
+        raise NodeStartError(str(e)) from None
+    try:
         skip_positions = skip_positions_of(node_dir)
     except SkipListError as e:
         raise NodeStartError(str(e)) from None
@@ -198,7 +206,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     return done.result(timeout=10)
 
                 container_holder: list[ServiceContainer] = []
-                agent = ConsensusAgent(cfg, driver, client, service_bell=b"")
+                agent = ConsensusAgent(cfg, driver, client, service_bell=b"", authenticator=authenticator,
+                                       authorisation=authorisation)
                 # The archive's bad requests and failed requests count as the node's errors too
                 # (an operator watches one counter).
                 _archive.errors.on_record = agent.counters["errors"].add

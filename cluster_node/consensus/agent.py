@@ -69,6 +69,7 @@ from cluster_node.codecs import (
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
+from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
@@ -76,7 +77,8 @@ from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import (
-    AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings, response_channel_refusal,
+    AppendSessionEvent, AuthenticatorFailed, ClusterSessions, CloseEgress, ForeignMessage, SendEgress,
+    SessionSettings, TakeSnapshot, response_channel_refusal,
 )
 from cluster_node.consensus.snapshot import (
     SnapshotError,
@@ -238,7 +240,7 @@ class ConsensusAgent:
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
-                 service_count: int = 1) -> None:
+                 service_count: int = 1, authenticator=None, authorisation=None) -> None:
         self.cfg = config
         self.driver = driver
         self.archive = archive
@@ -311,7 +313,11 @@ class ConsensusAgent:
         self.sessions = ClusterSessions(
             member_id=config.member_id, ingress_endpoints=config.ingress_endpoints_text,
             settings=SessionSettings(config.timeouts.session_timeout_ns, cl.max_sessions),
+            authenticator=authenticator if authenticator is not None else NullAuthenticator(),
+            authorisation=authorisation if authorisation is not None else DenyAllAuthorisation(),
+            image_source_host=self._ingress_source_host,
         )
+        self._frames_image_session_id = NULL_VALUE
         self.timers = Timers()
         self.pending = PendingServiceMessages()
         self._consensus_pubs: dict[int, object] = {}
@@ -1061,6 +1067,23 @@ class ConsensusAgent:
                 pub = self._egress.pop(e.cluster_session_id, None)
                 if pub is not None:
                     self._tasks.start_soon(self._close_later, pub)
+            elif type(e) is ForeignMessage:
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"foreign {e.kind}", f"a {e.kind} for a session from an ingress image "
+                                         "other than the session's own was dropped", session=e.cluster_session_id)
+            elif type(e) is TakeSnapshot:
+                m = self.module
+                if (m.is_leader and self._leader_action is None and self._leader_active()
+                        and self.counters["cm-state"].get() == ModuleState.ACTIVE):
+                    self._take_leader_action(ToggleState.SNAPSHOT, "admin request")
+                else:
+                    log.warning("admin request: snapshot not taken, the cluster is no longer ACTIVE",
+                                session=e.cluster_session_id)
+            elif type(e) is AuthenticatorFailed:
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"authenticator failed: {e.error.split(':')[0]}",
+                                         "the authenticator or authorisation service raised: the client is refused",
+                                         level="error", error=e.error)
         self._flush_appends()
 
     def _one_shot_reply_allowed(self) -> bool:
@@ -1189,7 +1212,8 @@ class ConsensusAgent:
                     term_id, session_id, leader_member_id=m.known_leader_member_id,
                     current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
                 return
-            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now):
+            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
+                                            header.session_id):
                 return
             data = bytearray(buf[offset: offset + length])
             _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._cluster_now)
@@ -1220,10 +1244,11 @@ class ConsensusAgent:
                 return
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
-                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
+                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now, image_session_id=header.session_id)
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
-                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
+                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
+                                            self._cluster_now, header.session_id)
             else:
                 self.sessions.on_ingress_not_leading(
                     msg.leadership_term_id, msg.cluster_session_id, leader_member_id=m.known_leader_member_id,
@@ -1231,9 +1256,22 @@ class ConsensusAgent:
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               self._cluster_now)
+                                               self._cluster_now, header.session_id)
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
+        elif t is codecs.ChallengeResponse:
+            if m.is_leader:
+                self.sessions.on_challenge_response(
+                    msg.correlation_id, msg.cluster_session_id, msg.encoded_credentials,
+                    leadership_term_id=m.leadership_term_id, leader_member_id=m.known_leader_member_id,
+                    now_ns=self._cluster_now, image_session_id=header.session_id)
+        elif t is codecs.AdminRequest:
+            if m.election is None and m.role == Role.LEADER:
+                self.sessions.on_admin_request(
+                    msg, current_term_id=m.leadership_term_id, now_ns=self._cluster_now,
+                    image_session_id=header.session_id,
+                    can_snapshot=(self.counters["cm-state"].get() == ModuleState.ACTIVE and self._leader_active()
+                                  and self._leader_action is None))
 
     def _ingress_source_host(self, image_session_id: int) -> str | None:
         """The address the ingress image of ``image_session_id`` receives from (its first
@@ -1282,6 +1320,7 @@ class ConsensusAgent:
             # Once a message waits in _appends (the log refused it), everything after it waits
             # behind it, as one by one: messages enter the log in the order they were taken.
             try:
+                self._frames_image_session_id = image.session_id
                 if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
                     work += 1
                     continue
@@ -1299,7 +1338,8 @@ class ConsensusAgent:
         if count == 0:
             return 0
         m = self.module
-        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now, count):
+        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
+                                        self._frames_image_session_id, count):
             return end  # dropped, as one by one
         pub = self.local.pub
         count, end = message_runs.fit(starts, count, end, pub.block_room())
@@ -1546,6 +1586,8 @@ class ConsensusAgent:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
                     work += 1
+                if self.sessions.pending and m.election is None:
+                    self.sessions.process_pending(m.leadership_term_id, m.known_leader_member_id, self._cluster_now)
                 if self.suspended and now >= self._suspended_reminder_ns:
                     self._suspended_reminder_ns = now + self.cfg.timeouts.leader_heartbeat_interval_ns
                     work += min(1, self.sessions.remind_suspended(m.leadership_term_id))
