@@ -1100,6 +1100,8 @@ def _toml_value(name: str, value: Any) -> tuple[str, str]:
         return name, '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         return name, "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return name, "[" + ", ".join(_toml_value(name, v)[1] for v in value) + "]"
     raise TypeError(f"cannot write {name}={value!r} as TOML")
 
 
@@ -1135,7 +1137,7 @@ def node_config_to_toml(cfg: NodeConfig, header: str = "") -> str:
         if f.name != "members" and value != getattr(default_cluster, f.name):
             k, v = _toml_value(f.name, value)
             out.append(f"{k} = {v}")
-    for title in ("timeouts", "driver", "archive", "logging"):
+    for title in ("timeouts", "driver", "archive", "logging", "auth"):
         section = getattr(cfg, title)
         lines = _toml_table(title, section, only_changed=True)
         if len(lines) > 1:
@@ -1278,6 +1280,7 @@ def generate_loopback_cluster(
     follower_cpus: tuple[int, ...] = (),
     keep_cpus_awake: bool = False,
     service_errors: str = "record",
+    auth: AuthSection | None = None,
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1290,7 +1293,7 @@ def generate_loopback_cluster(
 
     ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
     :func:`cluster_node.affinity.split_for_shared_machine`), and ``keep_cpus_awake`` (see
-    :mod:`cluster_node.keep_awake`) and ``service_errors``.
+    :mod:`cluster_node.keep_awake`) and ``service_errors``; ``auth`` is every member's ``[auth]``.
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1328,6 +1331,7 @@ def generate_loopback_cluster(
             timeouts=timeouts,
             driver=driver,
             archive=ArchiveSection(segment_length=segment_length),
+            auth=auth if auth is not None else AuthSection(),
             source=f"generated node{i}",
         )
         configs.append(cfg.validate())

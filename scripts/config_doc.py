@@ -34,6 +34,8 @@ SECTIONS: list[tuple[str, type, str]] = [
                                      f"`\"{config.format_size(config.CLIENT_DRIVER_DEFAULTS.ipc_term_length)}\"`."),
     ("archive", config.ArchiveSection, "The archive (node configs)."),
     ("logging", config.LoggingSection, "The node log (node configs)."),
+    ("auth", config.AuthSection, "Client authentication and admin requests (node configs; the same on every member; "
+                                 "see docs/security.md)."),
     ("client", config.ClientSection, "A cluster client (client configs)."),
 ]
 MEANINGS: dict[tuple[str, str], str] = {
@@ -139,7 +141,7 @@ def keys() -> list[tuple[str, str, str, str, str]]:
             elif f.type is str:
                 kind, shown = "string", "" if required else f'"{default}"'
             elif typing.get_origin(f.type) is tuple:
-                kind = "list" if section == "node" else "string"
+                kind = "list" if section in ("node", "auth") else "string"
                 shown = "" if required else ("[]" if default == () else str(list(default)))
             else:
                 kind, shown = "string", "" if required else str(default)
