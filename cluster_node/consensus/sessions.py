@@ -467,11 +467,15 @@ class ClusterSessions:
     def _reject(self, session: ClusterSession, reason: str, term_id: int, leader_member_id: int) -> None:
         if self.pending.pop(session.id, None) is None:
             return
+        # A session that was challenged has an egress publication (the Challenge went on it); one
+        # rejected at once is answered as a refused connect request is, on a one-shot publication
+        # whose rate the executor bounds: rejections cost the sender one datagram each.
+        egress_id = session.id if session.state == SessionState.CHALLENGED else NULL_VALUE
         session.state = SessionState.REJECTED
         self.rejected += 1
         self.auth_rejected += 1
         self.effects.append(SendEgress(
-            session.id, session.response_channel, session.response_stream_id,
+            egress_id, session.response_channel, session.response_stream_id,
             SessionEvent(session.id, session.correlation_id, term_id, leader_member_id,
                          EventCode.AUTHENTICATION_REJECTED, CLIENT_PROTOCOL_VERSION, reason[:200]),
         ))

@@ -7,6 +7,7 @@ import itertools
 
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
+    NULL_VALUE,
     AdminRequest,
     AdminRequestType,
     AdminResponse,
@@ -111,8 +112,13 @@ def test_wrong_key_unknown_id_and_no_credentials_are_rejected_with_a_reason():
     assert connect(s, credentials=b"mallory", corr=8) is None
     assert "unknown client id" in rejection(s.drain_effects()).detail
     assert connect(s, credentials=b"", corr=9) is None
-    assert "no credentials" in rejection(s.drain_effects()).detail
+    effects = s.drain_effects()
+    assert "no credentials" in rejection(effects).detail
     assert not s.sessions and not s.pending and s.auth_rejected == 3
+    # Rejected at once: answered on a one-shot publication (rate-bounded by the executor), not
+    # on a session egress publication of its own.
+    (reply,) = [e for e in effects if isinstance(e, SendEgress)]
+    assert reply.cluster_session_id == NULL_VALUE
 
 
 def test_a_replayed_answer_to_an_older_challenge_fails():
