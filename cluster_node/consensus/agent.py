@@ -1260,7 +1260,7 @@ class ConsensusAgent:
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
         elif t is codecs.ChallengeResponse:
-            if m.is_leader:
+            if m.election is None and m.role == Role.LEADER:
                 self.sessions.on_challenge_response(
                     msg.correlation_id, msg.cluster_session_id, msg.encoded_credentials,
                     leadership_term_id=m.leadership_term_id, leader_member_id=m.known_leader_member_id,
