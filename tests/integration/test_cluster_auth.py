@@ -158,6 +158,16 @@ async def test_clients_authenticate_with_their_key_and_others_are_rejected(tmp_p
             r.stderr
         r = await acli(cluster, "--credentials-file", str(keys.alice_file), "put", "a", "b")
         assert (r.returncode, r.stdout.strip()) == (0, "OK"), r.stdout + r.stderr
+        # Or named in the client config.
+        config = msgspec.structs.replace(
+            cluster.client_config,
+            client=msgspec.structs.replace(cluster.client_config.client, credentials_file=str(keys.alice_file)))
+        config_path = tmp_path / "alice-client.toml"
+        config_path.write_text(client_config_to_toml(config))
+        r = await trio.to_thread.run_sync(functools.partial(
+            subprocess.run, [*_node_command(), "client", "--config", str(config_path), "--timeout", "20", "get", "a"],
+            capture_output=True, text=True, timeout=60))
+        assert (r.returncode, r.stdout.strip()) == (0, "b"), r.stdout + r.stderr
 
 
 async def test_admin_requests_are_authorised_by_principal(tmp_path) -> None:
