@@ -54,7 +54,10 @@ from archive.storage import (
     ArchiveStorageError,
     CatalogStore,
     SegmentWriter,
+    attach_front,
+    delete_detached_segments,
     delete_segments,
+    detach_front,
     recover,
     truncate_segments,
 )
@@ -940,6 +943,54 @@ class Archive:
         delete_segments(self.dir, r.recording_id)
         session.ok(r.correlation_id)
         session.signal(r.correlation_id, r.recording_id, c.NULL_VALUE, d.stop_position, c.RecordingSignal.DELETE)
+
+    # ------------------------------------------------------------------ segments (front of a recording)
+
+    def _end_position(self, d: RecordingDescriptor) -> int:
+        """Where the recording's data ends now: the live position of an active one, else its stop."""
+        session = self.active_recordings.get(d.recording_id)
+        if session is not None:
+            return session.position
+        return d.stop_position if d.stop_position != NULL_POSITION else d.start_position
+
+    def _check_no_reader_before(self, recording_id: int, position: int, what: str) -> None:
+        for rp in self.replays.values():
+            if rp.recording_id == recording_id and not rp.done and rp.position < position:
+                raise ArchiveRequestError(
+                    E.GENERIC, f"cannot {what} recording {recording_id} to {position}: a replay reads it at {rp.position}")
+
+    def detach_segments(self, recording_id: int, new_start_position: int) -> RecordingDescriptor:
+        """Move the start of a recording (active or not) forward to a segment base; the files
+        before it stay, detached (storage.detach_front has the rules and the crash order)."""
+        d = self._descriptor(recording_id)
+        self._check_no_reader_before(recording_id, new_start_position, "detach")
+        try:
+            return detach_front(self.store, recording_id, new_start_position, self._end_position(d))
+        except ValueError as e:
+            raise ArchiveRequestError(E.GENERIC, str(e)) from None
+
+    def purge_segments(self, recording_id: int, new_start_position: int) -> int:
+        """Detach, then delete the detached files (catalog first: see storage.detach_front)."""
+        self.detach_segments(recording_id, new_start_position)
+        deleted = delete_detached_segments(self.dir, self.catalog.get(recording_id), self.config.sync_level)
+        log.info("recording segments purged", recording_id=recording_id, start_position=new_start_position,
+                 files=deleted)
+        return deleted
+
+    def _on_DetachSegmentsRequest(self, session: ControlSession, r: c.DetachSegmentsRequest) -> None:
+        self.detach_segments(r.recording_id, r.new_start_position)
+        session.ok(r.correlation_id)
+
+    def _on_DeleteDetachedSegmentsRequest(self, session: ControlSession, r: c.DeleteDetachedSegmentsRequest) -> None:
+        d = self._descriptor(r.recording_id)
+        session.ok(r.correlation_id, delete_detached_segments(self.dir, d, self.config.sync_level))
+
+    def _on_PurgeSegmentsRequest(self, session: ControlSession, r: c.PurgeSegmentsRequest) -> None:
+        session.ok(r.correlation_id, self.purge_segments(r.recording_id, r.new_start_position))
+
+    def _on_AttachSegmentsRequest(self, session: ControlSession, r: c.AttachSegmentsRequest) -> None:
+        self._descriptor(r.recording_id)
+        session.ok(r.correlation_id, attach_front(self.store, r.recording_id))
 
     # ------------------------------------------------------------------ replication
 
