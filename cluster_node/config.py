@@ -309,6 +309,17 @@ class ClusterSection(_Section):
     leader appends the request; "512m" style sizes). 0: only when an operator asks
     (``cluster-node tool snapshot``), as the reference. Beyond the reference: a cluster that
     is never snapshotted replays its whole log on every full restart."""
+    retain_snapshots: int = 2
+    """Snapshot sets each member keeps (at least 1). After each snapshot a member marks older
+    sets invalid in recording.log, then removes their recordings from its archive. Two by
+    default: the newest, and one to fall back to (``cluster-node tool
+    invalidate-latest-snapshot``) should the newest not load."""
+    purge_log: bool = False
+    """After each snapshot, remove the log's segment files wholly before the oldest retained
+    snapshot (``retain_snapshots``), so the archive stays bounded. Off by default: a member
+    that was away while the log it lacks was purged everywhere cannot catch up from the log
+    and needs a snapshot from another member; turn it on where the disk must stay bounded. A
+    leader never purges below what a live follower has acknowledged."""
 
 
 class TimeoutsSection(_Section):
@@ -967,6 +978,8 @@ def _validate_node(cfg: NodeConfig) -> None:
     _check_positive(cfg, "cluster", c, ("wheel_tick_resolution_ns", "ticks_per_wheel"))
     if not _is_pow2(c.ticks_per_wheel):
         _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
+    if c.retain_snapshots < 1:
+        _fail(cfg, "cluster.retain_snapshots", f"must be at least 1, got {c.retain_snapshots}")
     if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
         _fail(cfg, "cluster.snapshot_interval",
               f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")

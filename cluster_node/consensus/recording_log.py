@@ -409,6 +409,57 @@ class RecordingLog:
             and e.leadership_term_id == cm.leadership_term_id
         ))
 
+    # ------------------------------------------------------------------------------ retention
+
+    def snapshot_sets(self, service_count: int) -> list[tuple[Entry, ...]]:
+        """The complete valid snapshot sets, newest first: each the consensus module's entry
+        followed by one entry per service at the same term and log position."""
+        sets = []
+        for cm in reversed(self.entries):
+            if not (cm.is_valid and cm.entry_type == ENTRY_TYPE_SNAPSHOT
+                    and cm.service_id == CONSENSUS_MODULE_SERVICE_ID):
+                continue
+            found = [cm]
+            for service_id in range(service_count):
+                s = next((e for e in reversed(self.entries)
+                          if e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == service_id
+                          and e.log_position == cm.log_position
+                          and e.leadership_term_id == cm.leadership_term_id), None)
+                if s is None:
+                    break
+                found.append(s)
+            if len(found) == service_count + 1:
+                sets.append(tuple(found))
+        return sets
+
+    def retention(self, service_count: int, retain: int) -> tuple[int, tuple[tuple[int, bytes], ...], list[int]]:
+        """What keeping the newest ``retain`` snapshot sets means: ``(log position, patches,
+        recording ids)``.
+
+        The log position is the oldest retained set's: the log before it is needed by no
+        recovery this file can plan (NULL_POSITION while there are fewer than ``retain`` sets:
+        then the fallback past the newest sets is a replay from the log's start, so nothing of
+        the log may go). The patches invalidate every valid snapshot entry before that position,
+        and the recording ids are the snapshot recordings no valid entry names any more: the
+        ones just invalidated and those of earlier invalid entries before that position (a
+        removal a crash cut short). An entry invalidated after the oldest retained set (an
+        operator's ``invalidate-latest-snapshot``) keeps its recording, to be looked at.
+
+        The shell applies the patches (synced) before it asks the archive to remove anything,
+        so that no valid entry ever names a removed recording."""
+        if retain < 1:
+            raise RecordingLogError(f"at least one snapshot set must be retained, got {retain}")
+        sets = self.snapshot_sets(service_count)
+        if len(sets) < retain:
+            return NULL_POSITION, (), []
+        floor = sets[retain - 1][0].log_position
+        kinds = (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
+        gone = [e for e in self.entries if e.entry_type in kinds and e.log_position < floor]
+        writes = self._invalidate(lambda e: e.entry_type in kinds and e.log_position < floor)
+        kept = {e.recording_id for e in self.entries if e.is_valid and e.entry_type in kinds}
+        recordings = sorted({e.recording_id for e in gone if e.recording_id != NULL_VALUE} - kept)
+        return floor, tuple(writes), recordings
+
     # ------------------------------------------------------------------------- recovery plan
 
     def create_recovery_plan(

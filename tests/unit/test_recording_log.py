@@ -193,3 +193,55 @@ def test_file_shell_round_trips_and_repairs_a_torn_tail(tmp_path) -> None:
     assert path.stat().st_size == 128
     (cut,) = [e for e in logs if e["event"] == "recording.log: a torn last entry cut off"]
     assert (cut["bytes"], cut["entries_kept"], cut["cut_from_offset"]) == (40, 2, 128)
+
+
+# ------------------------------------------------------------------------------ retention
+
+
+def _with_snapshots(positions, service_count=1):
+    rl = RecordingLog()
+    rl.append_term(0, 0, 0, 1)
+    rid = 10
+    for p in positions:
+        for service_id in range(service_count):
+            rl.append_snapshot(rid, 0, 0, p, 2, service_id)
+            rid += 1
+        rl.append_snapshot(rid, 0, 0, p, 2, -1)
+        rid += 1
+    return rl
+
+
+def test_retention_keeps_the_newest_sets_and_names_the_recordings_of_the_others():
+    rl = _with_snapshots([1000, 2000, 3000, 4000])
+    floor, writes, recordings = rl.retention(1, 2)
+    assert floor == 3000
+    assert recordings == [10, 11, 12, 13]
+    assert [s[0].log_position for s in rl.snapshot_sets(1)] == [4000, 3000]
+    # The patches are what the file must say: decoding the patched bytes gives the same entries.
+    data = bytearray(_with_snapshots([1000, 2000, 3000, 4000]).encode())
+    for offset, patch in writes:
+        data[offset:offset + len(patch)] = patch
+    assert RecordingLog.decode(bytes(data)).entries == rl.entries
+    # Applied again (a crash before the archive removed them): the same recordings, no patch.
+    assert rl.retention(1, 2) == (3000, (), [10, 11, 12, 13])
+
+
+def test_retention_keeps_the_log_while_there_are_fewer_sets_than_retained():
+    rl = _with_snapshots([1000])
+    assert rl.retention(1, 2) == (-1, (), [])
+    assert rl.retention(1, 1)[0] == 1000
+
+
+def test_retention_leaves_an_invalidated_latest_snapshot_recording_alone():
+    rl = _with_snapshots([1000, 2000, 3000])
+    rl.invalidate_latest_snapshot()  # the operator's: 3000 is bad
+    floor, _writes, recordings = rl.retention(1, 2)
+    assert floor == 1000 and recordings == []
+    assert 14 not in recordings and 15 not in recordings
+
+
+def test_retention_counts_only_complete_sets():
+    rl = _with_snapshots([1000, 2000])
+    rl.append_snapshot(99, 0, 0, 3000, 2, -1)  # a consensus module snapshot without its service's
+    floor, _writes, recordings = rl.retention(1, 2)
+    assert floor == 1000 and recordings == []
