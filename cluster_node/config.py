@@ -1247,6 +1247,8 @@ def generate_loopback_cluster(
     appointed_leader_id: int = -1,
     cluster_id: int = 0,
     snapshot_interval: int = 0,
+    retain_snapshots: int = 2,
+    purge_log: bool = False,
     hosts: typing.Sequence[str] | None = None,
     leader_cpus: tuple[int, ...] = (),
     follower_cpus: tuple[int, ...] = (),
@@ -1289,7 +1291,7 @@ def generate_loopback_cluster(
     )
     cluster = ClusterSection(
         members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
-        snapshot_interval=snapshot_interval,
+        snapshot_interval=snapshot_interval, retain_snapshots=retain_snapshots, purge_log=purge_log,
     )
     configs = []
     for i in range(nodes):
