@@ -16,6 +16,8 @@ Commands, by what they touch:
   ``skip-entry --position P`` adds P to the node's service skip list (``service-skips.json``,
   see ``cluster_node.service.skips``): the service will not be given the log entry that ends at
   P, on this member; run it on every member's directory before any of them starts again.
+  ``purge-log``, ``seed-recording-log-from-snapshot`` and ``sort-recording-log`` are in
+  ``cluster_node.retention_cmd``.
 
 Liveness follows the mark file's rule (``consensus/node_files.py``): a node runs there when the
 pid in ``cluster-mark.dat`` is alive *and* refreshed the activity timestamp within the liveness
@@ -534,7 +536,8 @@ def tool(ctx: click.Context, node_dir: Path) -> None:
     Cluster control (the leader of a running cluster):
       suspend, resume, snapshot, shutdown, abort
     Offline edit (a stopped node):
-      invalidate-latest-snapshot, skip-entry
+      invalidate-latest-snapshot, skip-entry, purge-log,
+      seed-recording-log-from-snapshot, sort-recording-log
     """
     ctx.obj = {"dir": node_dir}
 

@@ -460,6 +460,47 @@ class RecordingLog:
         recordings = sorted({e.recording_id for e in gone if e.recording_id != NULL_VALUE} - kept)
         return floor, tuple(writes), recordings
 
+    # ------------------------------------------------------------------- offline rewrites
+
+    @staticmethod
+    def _order(e: Entry) -> tuple:
+        # Term, then the TERM entry before the snapshots taken in it, by position, and at one
+        # position the services (highest id first) before the consensus module (-1): the order
+        # a member appends them in.
+        position = e.term_base_log_position if e.entry_type == ENTRY_TYPE_TERM else e.log_position
+        return (e.leadership_term_id, 0 if e.entry_type == ENTRY_TYPE_TERM else 1, position, -e.service_id)
+
+    def sorted_copy(self) -> RecordingLog:
+        """The same entries (invalid ones too) in the order a member appends them (see
+        ``_order``); a file edited or merged by hand may hold them otherwise, and the queries
+        that take "the newest" entry read the file from its end. Stable for equal keys."""
+        return RecordingLog._of(sorted(self.entries, key=RecordingLog._order))
+
+    def seeded_from_latest_snapshot(self, service_count: int) -> RecordingLog:
+        """A log holding only what a start from the latest valid snapshot set needs: that set
+        and the valid TERM entries of the log from its position on (the term it was taken in and
+        every later one), in order. Every other entry (older snapshots and terms, invalid
+        entries) is left out. RecordingLogError when there is no complete valid set."""
+        sets = self.snapshot_sets(service_count)
+        if not sets:
+            raise RecordingLogError("no complete valid snapshot set to seed from")
+        latest = sets[0]
+        cm = latest[0]
+        terms = [e for e in self.term_entries() if e.leadership_term_id >= cm.leadership_term_id]
+        if not terms or terms[0].leadership_term_id != cm.leadership_term_id:
+            raise RecordingLogError(
+                f"no valid TERM entry for leadership term {cm.leadership_term_id}, in which the latest snapshot "
+                f"(log position {cm.log_position}) was taken")
+        services = sorted(latest[1:], key=lambda e: -e.service_id)
+        return RecordingLog._of(sorted([*terms, *services, cm], key=RecordingLog._order))
+
+    @classmethod
+    def _of(cls, entries: list[Entry]) -> RecordingLog:
+        log = cls()
+        for e in entries:
+            log._append(e)
+        return log
+
     # ------------------------------------------------------------------------- recovery plan
 
     def create_recovery_plan(

@@ -4,6 +4,7 @@ every member is killed and restarted: same state everywhere, no acknowledged wri
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -104,6 +105,58 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
             others = {r.recording_id for r in catalog} - {d.recording_id}
             assert others == snapshot_recordings, (m, others, snapshot_recordings)
         kill_all_and_restart(cluster)
+        async with open_kv_client(cluster.client_config, first_request_id=90_000_000) as kv:
+            await writer.verify(kv)
+            reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10)
+            assert reply.status in (Status.OK, Status.NOT_FOUND)
+            digests = await cluster.await_for(
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
+                "digests of every member")
+            assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
+
+
+async def test_offline_purge_log_seed_and_sort_then_the_cluster_starts_with_its_state(tmp_path) -> None:
+    """Snapshots kept for ever (purge off); the cluster stopped; `tool purge-log` on every member,
+    `seed-recording-log-from-snapshot` and `sort-recording-log` on some; the cluster starts from
+    what is left, with every acknowledged write, the same state everywhere."""
+    from tests.integration.test_cluster_snapshots import take_snapshot, tool
+
+    with TestCluster(tmp_path, retain_snapshots=3, log_term_length=64 * 1024, segment_length=SEGMENT) as cluster:
+        leader = cluster.start()
+        async with open_kv_client(cluster.client_config) as kv:
+            writer = AppendWriter(kv, cluster, window=8)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.run)
+                for k in range(3):
+                    await cluster.await_for(lambda k=k: len(writer.acked) >= 300 * (k + 1), 60,
+                                            f"{300 * (k + 1)} appends acknowledged")
+                    await take_snapshot(cluster, leader)
+                writer.stop.set()
+            await writer.verify()
+        for n in cluster.nodes:
+            n.kill()
+        r = tool(cluster.nodes[0].dir, "purge-log")  # to the latest snapshot
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = tool(cluster.nodes[1].dir, "purge-log", "--snapshot", "2", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["log_start_position"] > 0 and doc["segment_files_removed"] > 0 and doc["removed_snapshot_recordings"]
+        r = tool(cluster.nodes[2].dir, "purge-log", "--snapshot", "4")
+        assert r.returncode == 1 and "there is no snapshot 4" in r.stderr, r.stdout + r.stderr
+        for m in range(3):
+            catalog = Catalog.from_bytes((cluster.nodes[m].cfg.archive_dir / CATALOG_FILE_NAME).read_bytes())
+            rl = RecordingLog.decode((cluster.nodes[m].dir / "recording.log").read_bytes())
+            assert {d.recording_id for d in catalog} >= {e.recording_id for e in rl.entries if e.is_valid}
+        r = tool(cluster.nodes[2].dir, "seed-recording-log-from-snapshot")
+        assert r.returncode == 0 and "recording.log.bak" in r.stdout, r.stdout + r.stderr
+        assert len(RecordingLog.decode((cluster.nodes[2].dir / "recording.log").read_bytes()).snapshot_sets(1)) == 1
+        r = tool(cluster.nodes[0].dir, "sort-recording-log")
+        assert r.returncode == 0 and "already in order" in r.stdout, r.stdout + r.stderr
+        for n in cluster.nodes:
+            n.start()
+        for n in cluster.nodes:
+            n.wait_ready()
+        cluster.wait_for_leader(30)
         async with open_kv_client(cluster.client_config, first_request_id=90_000_000) as kv:
             await writer.verify(kv)
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10)

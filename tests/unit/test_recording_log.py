@@ -245,3 +245,37 @@ def test_retention_counts_only_complete_sets():
     rl.append_snapshot(99, 0, 0, 3000, 2, -1)  # a consensus module snapshot without its service's
     floor, _writes, recordings = rl.retention(1, 2)
     assert floor == 1000 and recordings == []
+
+
+def test_sorted_copy_puts_entries_in_append_order_and_keeps_invalid_ones():
+    # Written out of order (by hand, or merged from two files): the bytes are built directly.
+    data = b"".join(encode_entry(e) for e in [
+        Entry(7, 1, 500, -1, 1, 0, ENTRY_TYPE_TERM),
+        Entry(21, 0, 0, 300, 2, -1, ENTRY_TYPE_SNAPSHOT),
+        Entry(20, 0, 0, 300, 2, 0, ENTRY_TYPE_SNAPSHOT),
+        Entry(7, 0, 0, 500, 1, 0, ENTRY_TYPE_TERM),
+    ])
+    rl = RecordingLog.decode(data)
+    rl._invalidate(lambda e: e.recording_id == 20)
+    ordered = rl.sorted_copy()
+    assert [(e.leadership_term_id, e.entry_type, e.service_id, e.is_valid) for e in ordered.entries] == [
+        (0, 0, 0, True), (0, 1, 0, False), (0, 1, -1, True), (1, 0, 0, True)]
+    assert RecordingLog.decode(ordered.encode()).entries == ordered.entries
+
+
+def test_seeded_log_holds_the_latest_set_and_the_terms_from_it_on():
+    rl = RecordingLog()
+    rl.append_term(7, 0, 0, 1)
+    rl.append_snapshot(10, 0, 0, 1000, 2, 0)
+    rl.append_snapshot(11, 0, 0, 1000, 2, -1)
+    rl.append_term(7, 1, 1500, 1)
+    rl.append_snapshot(12, 1, 1500, 2000, 2, 0)
+    rl.append_snapshot(13, 1, 1500, 2000, 2, -1)
+    rl.append_term(7, 2, 2500, 1)
+    seeded = rl.seeded_from_latest_snapshot(1)
+    assert [(e.entry_type, e.leadership_term_id, e.recording_id) for e in seeded.entries] == [
+        (0, 1, 7), (1, 1, 12), (1, 1, 13), (0, 2, 7)]
+    plan = seeded.create_recovery_plan(1, 0, 3000, 7)
+    assert plan.snapshots[0].log_position == 2000 and plan.last_leadership_term_id == 2
+    with pytest.raises(RecordingLogError, match="no complete valid snapshot set"):
+        RecordingLog().seeded_from_latest_snapshot(1)
