@@ -26,6 +26,7 @@ process, or a tool in another, reads the append position without a request.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
@@ -58,6 +59,7 @@ from archive.storage import (
     delete_detached_segments,
     delete_segments,
     detach_front,
+    free_space,
     recover,
     truncate_segments,
 )
@@ -87,6 +89,9 @@ _IDLE_WAIT_S = 5.0
 it waits for wakes it (data, images coming and going, stop), so this only bounds the cost of a
 wake-up lost to a race with a writer in another process; an idle archive wakes no more often."""
 E = c.ArchiveErrorCode
+
+_SPACE_CHECK_INTERVAL_S = 1.0
+"""How often a recording that grows checks the free space (``ArchiveConfig.low_space_threshold``)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,10 @@ class ArchiveConfig:
     """New recordings (and extensions of recordings written without them) carry a checksum in
     every frame (archive.checksums), checked by replay and verify. A recording that has them
     keeps them whatever this says."""
+    low_space_threshold: int = 0
+    """Warn when the free space of the archive's filesystem falls below this many bytes
+    (checked as each segment file is opened for writing, and every second while a recording
+    grows); 0: one segment length (the reference's default)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -261,6 +270,13 @@ class Archive:
         """Warnings about bad requests: anyone who can reach the control port sends those."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
+        self.on_storage_failure: Callable[[str], None] | None = None
+        """Called with one line when a recording cannot be written (a full disk, EIO): the node
+        ends there (a member that cannot record its log must not go on as one)."""
+        self.storage_failures = 0
+        self._next_space_check = 0.0
+        self.low_space = False
+        """The free space is below ``low_space_threshold`` (warned once per crossing)."""
 
     # ------------------------------------------------------------------ directory lock
 
@@ -503,6 +519,11 @@ class Archive:
         return session.do_work()
 
     def _on_progress(self, recording_id: int, position: int) -> None:
+        now = time.monotonic()
+        if now >= self._next_space_check:
+            # Besides each new segment file: a segment can be larger than the space left.
+            self._next_space_check = now + _SPACE_CHECK_INTERVAL_S
+            self.check_free_space()
         event = self._progress.pop(recording_id, None)
         if event is not None:
             event.set()
@@ -674,12 +695,13 @@ class Archive:
             f"rec-pos: {d.recording_id} {image.session_id} {image.stream_id} {rs.channel}",
             RECORDING_POSITION_TYPE_ID, d.recording_id,
         )
-        writer = SegmentWriter(self.dir, d, position, self.config.sync_level, rs.session_id_override)
+        writer = SegmentWriter(self.dir, d, position, self.config.sync_level, rs.session_id_override,
+                               on_new_segment=self.check_free_space)
         session = RecordingSession(
             recording_id=d.recording_id, image=image, writer=writer, position_counter=counter,
             subscription_id=rs.subscription_id, control_session_id=rs.control_session_id,
             correlation_id=rs.correlation_id, auto_stop=rs.auto_stop, on_progress=self._on_progress,
-            block_length=self.config.block_length,
+            block_length=self.config.block_length, on_write_failed=self._on_write_failed,
         )
         rs.sessions[d.recording_id] = session
         self.active_recordings[d.recording_id] = session
@@ -688,6 +710,40 @@ class Archive:
         self._signal(rs.control_session_id, rs.correlation_id, d.recording_id, rs.subscription_id, position, signal)
         log.info("recording started", recording_id=d.recording_id, position=position, signal=signal.name,
                  session_id=image.session_id, stream_id=image.stream_id, channel=rs.channel)
+
+    def check_free_space(self) -> bool:
+        """Warn (once, until the space comes back) when the archive's filesystem has less free
+        space than ``low_space_threshold``; True while it is low."""
+        threshold = self.config.low_space_threshold or self.config.segment_file_length
+        try:
+            free, total = free_space(self.dir)
+        except OSError:
+            return self.low_space
+        low = free < threshold
+        if low and not self.low_space:
+            self.errors.record("low storage space", "archive storage space is low: free space before the disk is full",
+                               level="warning", free_bytes=free, total_bytes=total, threshold_bytes=threshold,
+                               directory=str(self.dir))
+        elif not low and self.low_space:
+            log.info("archive storage space back above the threshold", free_bytes=free, threshold_bytes=threshold)
+        self.low_space = low
+        return low
+
+    def _on_write_failed(self, recording_id: int, message: str, error: OSError) -> None:
+        self.storage_failures += 1
+        free = None
+        try:
+            free = free_space(self.dir)[0]
+        except OSError:
+            pass
+        line = (f"archive cannot write recording {recording_id} in {self.dir}: "
+                f"{errno.errorcode.get(error.errno, error.errno)} ({error.strerror or error}); free space {free} bytes. "
+                f"Free space on that filesystem (cluster-node tool purge-log, cluster.purge_log) and start the member "
+                f"again: it catches up from the others")
+        self.errors.record("storage failure", "archive cannot write", level="error", recording_id=recording_id,
+                           error=message)
+        if self.on_storage_failure is not None:
+            self.on_storage_failure(line)
 
     def _finish_session(self, rs: RecordingSubscription, session: RecordingSession, signal: bool = True) -> None:
         session.do_work()

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -93,6 +93,7 @@ __all__ = [
     "recovered_end",
     "truncate_segments",
     "verify_recording",
+    "free_space",
 ]
 
 CATALOG_FILE_NAME = "archive.catalog"
@@ -182,6 +183,13 @@ def load_catalog(path: Path) -> Catalog:
         ) from None
 
 
+def free_space(directory: Path) -> tuple[int, int]:
+    """``(free bytes for an unprivileged writer, total bytes)`` of the filesystem holding
+    ``directory``."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
 # ---------------------------------------------------------------------------------- segments
 
 
@@ -219,9 +227,13 @@ class SegmentWriter:
         position: int,
         sync_level: int = 0,
         session_id_override: int | None = None,
+        on_new_segment: Callable[[], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.session_id_override = session_id_override
+        self.on_new_segment = on_new_segment
+        """Called after a segment file is opened for writing: where the archive checks the free
+        space of its filesystem (once a segment, not once a write)."""
         self.checksums = descriptor.frame_checksums_from != NULL_POSITION and position >= descriptor.frame_checksums_from
         """Frames get their checksum (archive.checksums) in a copy of each block before it is
         written: the image's log buffer is read by others and is never changed."""
@@ -248,6 +260,8 @@ class SegmentWriter:
         self._size = os.fstat(self._fd).st_size
         if created and self.sync_level >= 2:
             _fsync_dir(self.directory)
+        if self.on_new_segment is not None:
+            self.on_new_segment()
 
     def write_block(self, buffer, offset: int, length: int, position: int) -> None:
         """Write ``buffer[offset:offset + length]`` (whole frames) at stream ``position``."""

@@ -235,6 +235,7 @@ _SIZE_FIELDS = frozenset(
         "snapshot_interval",
         "max_receive_term_length",
         "max_file_bytes",
+        "low_space_threshold",
     }
 )
 
@@ -413,6 +414,10 @@ class ArchiveSection(_Section):
     frame_checksums: bool = True
     """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
     (archive/checksums.py); false records without (a recording that has them keeps them)."""
+    low_space_threshold: int = 0
+    """Warn (once, in the log and in ``cluster-node tool errors``) when the free space of the
+    archive's filesystem falls below this size, checked as each segment file is started and
+    every second while the log grows; 0: one ``segment_length``. When the disk is full the member exits (code 10) and the others go on."""
 
 
 class LoggingSection(_Section):
@@ -1027,6 +1032,8 @@ def _validate_node(cfg: NodeConfig) -> None:
             _fail(cfg, f"archive.{name}", f"must be 0, 1 or 2, got {getattr(a, name)}")
     _check_stream_ids(cfg, "archive", a, ("control_request_stream_id", "control_response_stream_id"))
     _check_positive(cfg, "archive", a, ("max_concurrent_recordings", "max_concurrent_replays", "connect_timeout_ns"))
+    if a.low_space_threshold < 0:
+        _fail(cfg, "archive.low_space_threshold", f"must be 0 (one segment) or a size, got {a.low_space_threshold}")
 
     lg = cfg.logging
     if lg.level not in ("debug", "info", "warning", "error"):

@@ -89,6 +89,7 @@ from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
+    free_space,
     iter_frames,
     list_segments,
     recovered_end,
@@ -728,6 +729,19 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
                 "recording_id": d.recording_id, "log": is_log, "stream_id": d.stream_id,
                 "start_position": d.start_position, "stop_position": stop, "how": how,
                 "segment_files": segments, "bytes": size, "channel": d.original_channel})
+    doc["disk"] = {}
+    for what, where in (("node_dir", node.path), ("archive_dir", node.archive_dir)):
+        try:
+            free, total = free_space(where)
+        except OSError as e:
+            out.append(f"free space        {what}: ? ({e.strerror})")
+            doc["disk"][what] = None
+            continue
+        if what == "archive_dir" and doc["disk"].get("node_dir") == {"free_bytes": free, "total_bytes": total}:
+            continue  # the same filesystem
+        doc["disk"][what] = {"free_bytes": free, "total_bytes": total}
+        out.append(f"free space        {free:,} of {total:,} bytes ({100 * free / max(total, 1):.0f}%) on the "
+                   f"filesystem of {where}")
     if as_json:
         _echo_json(doc)
     else:
