@@ -56,7 +56,7 @@ def _stopped(ctx: click.Context, what: str):
     if node.running:
         _fail(f"member {node.member_id} runs in {node.path} (pid {node.mark.pid}): stop it before {what}")
     if not (node.path / RECORDING_LOG_FILE_NAME).exists():
-        _fail(f"no {RECORDING_LOG_FILE_NAME} in {node.path}: nothing to {what.split()[0]}")
+        _fail(f"no {RECORDING_LOG_FILE_NAME} in {node.path}: this node has no log or snapshot yet")
     return node
 
 
