@@ -276,7 +276,8 @@ class Archive:
         self.storage_failures = 0
         self._next_space_check = 0.0
         self.low_space = False
-        """The free space is below ``low_space_threshold`` (warned once per crossing)."""
+        """The free space is below ``low_space_threshold`` (the first time logged, every crossing
+        counted in the archive's distinct errors)."""
 
     # ------------------------------------------------------------------ directory lock
 
