@@ -17,6 +17,7 @@ from cluster_node.stat_cmd import stat
 from cluster_node.up_cmd import up
 from cluster_node.client_cmd import client
 from cluster_node.tool_cmd import tool
+from cluster_node import retention_cmd  # noqa: F401 - adds purge-log and the recording.log tools to `tool`
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -236,6 +236,7 @@ _SIZE_FIELDS = frozenset(
         "snapshot_interval",
         "max_receive_term_length",
         "max_file_bytes",
+        "low_space_threshold",
     }
 )
 
@@ -310,6 +311,17 @@ class ClusterSection(_Section):
     leader appends the request; "512m" style sizes). 0: only when an operator asks
     (``cluster-node tool snapshot``), as the reference. Beyond the reference: a cluster that
     is never snapshotted replays its whole log on every full restart."""
+    retain_snapshots: int = 2
+    """Snapshot sets each member keeps (at least 1). After each snapshot a member marks older
+    sets invalid in recording.log, then removes their recordings from its archive. Two by
+    default: the newest, and one to fall back to (``cluster-node tool
+    invalidate-latest-snapshot``) should the newest not load."""
+    purge_log: bool = False
+    """After each snapshot, remove the log's segment files wholly before the oldest retained
+    snapshot (``retain_snapshots``), so the archive stays bounded. Off by default: a member
+    that was away while the log it lacks was purged everywhere cannot catch up from the log
+    and needs a snapshot from another member; turn it on where the disk must stay bounded. A
+    leader never purges below what a live follower has acknowledged."""
 
 
 class TimeoutsSection(_Section):
@@ -403,6 +415,10 @@ class ArchiveSection(_Section):
     frame_checksums: bool = True
     """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
     (archive/checksums.py); false records without (a recording that has them keeps them)."""
+    low_space_threshold: int = 0
+    """Warn (once, in the log and in ``cluster-node tool errors``) when the free space of the
+    archive's filesystem falls below this size, checked as each segment file is started and
+    every second while the log grows; 0: one ``segment_length``. When the disk is full the member exits (code 10) and the others go on."""
 
 
 class LoggingSection(_Section):
@@ -1006,6 +1022,8 @@ def _validate_node(cfg: NodeConfig) -> None:
     _check_positive(cfg, "cluster", c, ("wheel_tick_resolution_ns", "ticks_per_wheel"))
     if not _is_pow2(c.ticks_per_wheel):
         _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
+    if c.retain_snapshots < 1:
+        _fail(cfg, "cluster.retain_snapshots", f"must be at least 1, got {c.retain_snapshots}")
     if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
         _fail(cfg, "cluster.snapshot_interval",
               f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")
@@ -1053,6 +1071,8 @@ def _validate_node(cfg: NodeConfig) -> None:
             _fail(cfg, f"archive.{name}", f"must be 0, 1 or 2, got {getattr(a, name)}")
     _check_stream_ids(cfg, "archive", a, ("control_request_stream_id", "control_response_stream_id"))
     _check_positive(cfg, "archive", a, ("max_concurrent_recordings", "max_concurrent_replays", "connect_timeout_ns"))
+    if a.low_space_threshold < 0:
+        _fail(cfg, "archive.low_space_threshold", f"must be 0 (one segment) or a size, got {a.low_space_threshold}")
 
     lg = cfg.logging
     if lg.level not in ("debug", "info", "warning", "error"):
@@ -1275,6 +1295,8 @@ def generate_loopback_cluster(
     appointed_leader_id: int = -1,
     cluster_id: int = 0,
     snapshot_interval: int = 0,
+    retain_snapshots: int = 2,
+    purge_log: bool = False,
     hosts: typing.Sequence[str] | None = None,
     leader_cpus: tuple[int, ...] = (),
     follower_cpus: tuple[int, ...] = (),
@@ -1318,7 +1340,7 @@ def generate_loopback_cluster(
     )
     cluster = ClusterSection(
         members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
-        snapshot_interval=snapshot_interval,
+        snapshot_interval=snapshot_interval, retain_snapshots=retain_snapshots, purge_log=purge_log,
     )
     configs = []
     for i in range(nodes):

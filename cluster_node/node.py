@@ -179,12 +179,14 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
                 frame_checksums=cfg.archive.frame_checksums,
+                low_space_threshold=cfg.archive.low_space_threshold,
                 replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}",
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}",
             )
             async with _open_archive_or_refuse(driver, archive_cfg) as _archive:
                 exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)
                 _archive.on_data_damaged = lambda line: fail(ExitCode.DATA_DAMAGED, line)
+                _archive.on_storage_failure = lambda line: fail(ExitCode.STORAGE_FAILED, line)
                 client = await ArchiveClient.connect(driver)
                 token = trio.lowlevel.current_trio_token()
 

@@ -490,6 +490,25 @@ class ConsensusModule:
                 member.catchup_replay_from_position = NULL_POSITION
             self.send(member.member_id, codecs.StopCatchup(self.leadership_term_id, member.member_id))
 
+    def log_retention_floor(self, now_ns: int) -> int:
+        """The lowest log position this member must keep in its archive for its peers.
+
+        A leader serves catchup and log replication from its archive, so it keeps the log from
+        the lowest position a live follower (one heard from within the heartbeat timeout) has
+        acknowledged; a follower keeps what is not yet committed. Neither ever drops below its
+        commit position. A member away for longer than that is not waited for: it needs a
+        snapshot from another member (docs/operations.md)."""
+        floor = self.commit_position
+        if self.role != Role.LEADER:
+            return floor
+        timeout = self.settings.leader_heartbeat_timeout_ns
+        for m in self.members:
+            if m is self.this_member or m.time_of_last_append_position_ns == NULL_VALUE:
+                continue
+            if now_ns - m.time_of_last_append_position_ns <= timeout and m.log_position != NULL_POSITION:
+                floor = min(floor, m.log_position)
+        return floor
+
     def answer_canvass(self, member: ClusterMember, log_leadership_term_id: int, now_ns: int) -> None:
         """Leader: ``member`` canvasses, so it is (re)starting its election, and a catchup replay
         still running for it is stale: stop it (as the reference does) and answer with the
