@@ -135,8 +135,10 @@ class SequenceWriter:
                 else:
                     self.acked.add(n)
 
-    def in_flight(self) -> int:
-        return sum(1 for rid in self.sent if rid not in self.kv.replies)
+    def acked_from(self, first: int) -> int:
+        """How many writes numbered ``first`` or more are acknowledged (replies read now)."""
+        self.reap()
+        return sum(1 for n in self.acked if n >= first)
 
     async def run(self, give_up_s: float = 3.0) -> None:
         """Write until :attr:`stop`; a write unanswered for ``give_up_s`` leaves the window
