@@ -35,6 +35,7 @@ from tests.support.cluster import CLOSED_PREFIX, Get, KvClient, Status, TestClus
 from tests.support.cluster_faults import SequenceWriter, reconfigure
 
 CLIENTS = 50
+CLIENT_DRIVER_COUNTERS = 4096
 ROUNDS = int(os.environ.get("CLUSTER_MANY_CLIENTS_ROUNDS", "10"))
 
 
@@ -99,7 +100,13 @@ async def run_scenario(tmp_path, failovers: list[str]) -> None:
         cluster.start()
         cfg = cluster.client_config
         async with contextlib.AsyncExitStack() as stack:
-            driver = await stack.enter_async_context(open_media_driver(**cfg.driver_kwargs(tmp_path / "clients")))
+            # Sized for 50 sessions through a failover: each holds an ingress publication and
+            # its egress images (three counters each), and for a while both the dead leader's
+            # and the new leader's; the default 1,024 counters (and the images they allow) run
+            # out, the new leader's egress is refused ("counters file is full") and the clients
+            # never hear of it. Fifty client processes would each have a driver of their own.
+            driver = await stack.enter_async_context(open_media_driver(
+                **cfg.driver_kwargs(tmp_path / "clients"), max_counters=CLIENT_DRIVER_COUNTERS))
             kvs = [await stack.enter_async_context(open_kv_client(cfg, driver=driver)) for _ in range(CLIENTS)]
             writers = [SequenceWriter(i, kv) for i, kv in enumerate(kvs)]
             assert len({kv.client.cluster_session_id for kv in kvs}) == CLIENTS
