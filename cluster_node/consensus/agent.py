@@ -413,10 +413,11 @@ class ConsensusAgent:
         await self._load_snapshot(plan)
         # Cluster time had reached at least the time this member wrote into its latest term or
         # snapshot entry (its cluster time then): a log wholly inside a snapshot is not replayed,
-        # its entries' times are not seen again.
+        # its entries' times are not seen again. Those times are in ms: rounded up, so as not to
+        # fall below the log's last timestamp (cluster time stands still for under a ms).
         for entry in rl.entries:
             if entry.is_valid:
-                self._clock.observe(entry.timestamp * 1_000_000)
+                self._clock.observe((entry.timestamp + 1) * 1_000_000)
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
