@@ -1356,7 +1356,9 @@ class ConsensusAgent:
             if length >= SESSION_HEADER_LENGTH:
                 prefix, _term_id, session_id, timestamp = codecs.unpack_session_header_from(buf, offset)
                 if prefix == codecs.SESSION_PREFIX_WORD:
-                    self._clock.observe(timestamp)
+                    clock = self._clock
+                    if timestamp > clock.floor:  # clock.observe, inline: once per entry
+                        clock.floor = timestamp
                     if session_id < 0:
                         self.pending.on_log_service_message(session_id)
             return

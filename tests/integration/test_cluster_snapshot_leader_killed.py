@@ -27,7 +27,7 @@ from tests.support.cluster import SLOW_SNAPSHOT_KEY, TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow
 
-SLOW_SNAPSHOT_S = 4
+SLOW_SNAPSHOT_S = 6
 
 
 def snapshot_sets(cluster: TestCluster, member_id: int) -> dict[int, set[int]]:
