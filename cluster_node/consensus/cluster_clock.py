@@ -14,7 +14,7 @@ timestamp the log holds (as the member learned it: the entries it applied or rep
 every reading it returned before. A leader whose clock is behind holds cluster time where the
 log left it until its clock passes that point: timers and session timeouts wait meanwhile,
 nothing runs twice or out of order. A clock stepped forward moves cluster time forward at once
-(a real step in time for the cluster, as the reference's).
+(a real step in time for the cluster).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import pytest
 import trio

@@ -1,4 +1,4 @@
-"""Helpers for end-to-end fault scenarios on a :class:`~tests.support.cluster.TestCluster`.
+"""Building blocks for end-to-end fault scenarios on a :class:`~tests.support.cluster.TestCluster`.
 
 * :func:`reconfigure` changes keys of the generated member configs before the members start
   (``max_sessions`` for many clients, ``clock_offset_file`` for a steppable clock, ...);
