@@ -280,6 +280,11 @@ class NodeSection(_Section):
     the idle state while its log moves, with an idle-class spinner each: cheaper wake-ups on
     virtual machines, at the price of those CPUs while traffic flows (see
     :mod:`cluster_node.keep_awake`)."""
+    clock_offset_file: str = ""
+    """For testing only: a file holding a signed number of milliseconds added to this member's
+    wall clock (cluster time, when it leads), read again while the member runs, so that a test
+    can step one member's clock back or forward (see :mod:`cluster_node.wall_clock`). Empty:
+    the system clock, as in production."""
 
 
 class ClusterSection(_Section):

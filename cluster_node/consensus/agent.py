@@ -71,6 +71,7 @@ from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
+from cluster_node.consensus.cluster_clock import ClusterClock
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
@@ -92,6 +93,7 @@ from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
+from cluster_node.wall_clock import wall_clock
 from media.channel import ChannelUri, parse
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
@@ -355,10 +357,13 @@ class ConsensusAgent:
         self._recording_progress_ns = 0
         self._stall: tuple | None = None  # (positions, since ns, warned) of a log that stopped moving
         self._now = time.monotonic_ns()
-        self._cluster_now = time.time_ns()
-        """Cluster time: the leader's wall clock (epoch ns), written into the log as every entry's
-        timestamp and used for session activity and timer deadlines, so that it means the same on
-        every host and across restarts (the monotonic clock ``_now`` serves local intervals)."""
+        self._clock = ClusterClock(wall_clock(config.node.clock_offset_file))
+        """Cluster time: the leader's wall clock (epoch ns), never below the log's timestamps
+        (consensus.cluster_clock); the log adapter tells it each entry's time."""
+        self._cluster_now = self._clock.now()
+        """Cluster time as of this duty cycle: written into the log as every entry's timestamp
+        and used for session activity and timer deadlines, so that it means the same on every
+        host and across restarts (the monotonic clock ``_now`` serves local intervals)."""
         self.catchup_endpoint = ""
         self.stopping = False
         self._wake = trio.Event()
@@ -415,6 +420,13 @@ class ConsensusAgent:
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
         await self._load_snapshot(plan)
+        # Cluster time had reached at least the time this member wrote into its latest term or
+        # snapshot entry (its cluster time then): a log wholly inside a snapshot is not replayed,
+        # its entries' times are not seen again. Those times are in ms: rounded up, so as not to
+        # fall below the log's last timestamp (cluster time stands still for under a ms).
+        for entry in rl.entries:
+            if entry.is_valid:
+                self._clock.observe((entry.timestamp + 1) * 1_000_000)
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
@@ -454,7 +466,7 @@ class ConsensusAgent:
         self.module = ConsensusModule(
             cfg.member_id, members, settings, random.Random(), rl, self.node_state.candidate_term_id,
             self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
-            cluster_clock=lambda _monotonic_ns: time.time_ns(),
+            cluster_clock=lambda _monotonic_ns: self._clock.now(),
         )
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
@@ -746,7 +758,7 @@ class ConsensusAgent:
             is_startup = self.elections_completed == 1
             self.sessions.on_new_leadership(
                 is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-                leader_member_id=e.leader_member_id, now_ns=time.time_ns())
+                leader_member_id=e.leader_member_id, now_ns=self._clock.now())
             await self._execute_sessions()
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
@@ -754,7 +766,7 @@ class ConsensusAgent:
         elif t is fx.RollbackUncommitted:
             self._abandon_snapshot("the log is being torn down for an election")
             self._abandon_termination("an election started")
-            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=time.time_ns())
+            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=self._clock.now())
             self.timers.rollback(e.commit_position)
             self.pending.rollback(e.commit_position)
             self._appends.clear()
@@ -1385,9 +1397,13 @@ class ConsensusAgent:
             # module, so read the session id without building the message (per entry on every
             # follower, this was a fifth of its conductor's time at full load).
             if length >= SESSION_HEADER_LENGTH:
-                prefix, _term_id, session_id, _ts = codecs.unpack_session_header_from(buf, offset)
-                if session_id < 0 and prefix == codecs.SESSION_PREFIX_WORD:
-                    self.pending.on_log_service_message(session_id)
+                prefix, _term_id, session_id, timestamp = codecs.unpack_session_header_from(buf, offset)
+                if prefix == codecs.SESSION_PREFIX_WORD:
+                    clock = self._clock
+                    if timestamp > clock.floor:  # clock.observe, inline: once per entry
+                        clock.floor = timestamp
+                    if session_id < 0:
+                        self.pending.on_log_service_message(session_id)
             return
         view = buf[offset: offset + length]
         try:
@@ -1395,6 +1411,9 @@ class ConsensusAgent:
         except CodecError:
             return
         t = type(msg)
+        timestamp = getattr(msg, "timestamp", None)
+        if timestamp is not None:
+            self._clock.observe(timestamp)
         if t is codecs.SessionOpenEvent:
             self.sessions.on_log_session_open(msg, header.position)
         elif t is codecs.SessionCloseEvent:
@@ -1503,9 +1522,11 @@ class ConsensusAgent:
             work = 1
         return work + image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
 
-    @staticmethod
-    def _skip_client_messages(buf, offset, starts, length, position) -> int:
-        return message_runs.client_run(buf, offset, starts, length)
+    def _skip_client_messages(self, buf, offset, starts, length, position) -> int:
+        end = message_runs.client_run(buf, offset, starts, length)
+        if end:
+            self._clock.observe(message_runs.last_timestamp(buf, offset, starts, end))
+        return end
 
     def _adapter_position(self) -> int:
         image = self._log_adapter_image
@@ -1552,7 +1573,7 @@ class ConsensusAgent:
             else:
                 driver.receive_work()
             now = self._now = time.monotonic_ns()
-            self._cluster_now = time.time_ns()
+            self._cluster_now = self._clock.now()
             # A leader takes its clients' messages first and sends them on to the followers at
             # once: a client's round trip waits on that, not on the rest of the pass (the
             # leader read -> log send hop of scripts/hops.py). Suspended (or snapshotting, terminating), ingress is left unread (as the
@@ -1836,7 +1857,7 @@ class ConsensusAgent:
         if action == ToggleState.ABORT:
             position = local.pub.position
         else:
-            request = codecs.ClusterActionRequest(term, local.pub.position, time.time_ns(), codecs.ClusterAction.SNAPSHOT,
+            request = codecs.ClusterActionRequest(term, local.pub.position, self._cluster_now, codecs.ClusterAction.SNAPSHOT,
                                                   codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
             position = local.pub.offer(LOG_CODEC.encode(request))
             if position < 0:
@@ -1940,7 +1961,7 @@ class ConsensusAgent:
                                   log_position=snap.position, error=str(e))
             return
         rl = self.recording_log_file.log
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = self._clock.now() // 1_000_000
         writes = rl.append_snapshot(ack.relevant_id, snap.leadership_term_id, snap.term_base_log_position,
                                     snap.position, now_ms, 0)
         writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
@@ -2151,7 +2172,7 @@ class ConsensusAgent:
         # Exact, whatever the grid: the services' timers and a replication's progress.
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
-            deadline_ns = min(deadline_ns, now + max(0, nxt - time.time_ns()))  # deadlines are cluster time
+            deadline_ns = min(deadline_ns, now + max(0, nxt - self._clock.now()))  # deadlines are cluster time
         if self._replication is not None:
             deadline_ns = min(deadline_ns, now + 10_000_000)
         if self._service_ring_due:

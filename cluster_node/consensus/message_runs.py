@@ -34,17 +34,20 @@ pressure, the end of a term): the per-message path queues or rotates as before.
 
 from __future__ import annotations
 
+import struct
+
 from media.framescan import numpy_module
 from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
 
 from cluster_node.codecs import SESSION_HEADER_LENGTH, SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET
 
-__all__ = ["client_run", "fit", "session_run", "stamp_timestamps"]
+__all__ = ["client_run", "fit", "last_timestamp", "session_run", "stamp_timestamps"]
 
 _DATA_WORD = VERSION | (FLAG_UNFRAGMENTED << 8) | (TYPE_DATA << 16)
 """A frame header's second int32 (version, flags, type) for an unfragmented data frame."""
 _MIN_FRAME = HEADER_LENGTH + SESSION_HEADER_LENGTH
 _TIMESTAMP_AT = HEADER_LENGTH + SESSION_TIMESTAMP_OFFSET
+_I64 = struct.Struct("<q")
 
 
 def session_run(buffer, offset: int, starts, length: int) -> tuple[int, int, int, int]:
@@ -74,6 +77,15 @@ def client_run(buffer, offset: int, starts, length: int) -> int:
     if count == 0:
         return 0
     return _end(starts, _leading(np, w64[at + 2] >= 0, count), length)
+
+
+def last_timestamp(buffer, offset: int, starts, end: int) -> int:
+    """The timestamp in the session header of the last frame of a run that ends at relative
+    offset ``end`` (as :func:`client_run` returned it, > 0): what the log's cluster time had
+    reached there (consensus.cluster_clock)."""
+    np = numpy_module()
+    last = int(starts[int(np.searchsorted(starts, end, side="left")) - 1])
+    return _I64.unpack_from(buffer, offset + last + _TIMESTAMP_AT)[0]
 
 
 def _session_messages(np, buffer, offset: int, starts, length: int):

@@ -306,3 +306,12 @@ def test_client_run_stops_at_a_service_message_or_an_event():
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.client_run(frames, 0, starts, end) == 192  # two clients' messages, any term
     assert message_runs.client_run(frames, 192, starts[2:] - 192, end - 192) == 0
+
+
+def test_last_timestamp_is_the_last_client_message_of_the_run():
+    frames = _framed([encode_session_message(3, 9, 100, b"a"), encode_session_message(4, 10, 250, b"bb"),
+                      encode_session_message(3, -2, 999, b"s")])
+    starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
+    run_end = message_runs.client_run(frames, 0, starts, end)
+    assert message_runs.last_timestamp(frames, 0, starts, run_end) == 250
+    assert message_runs.last_timestamp(frames, 0, starts, end) == 999
