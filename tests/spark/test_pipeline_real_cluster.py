@@ -74,13 +74,13 @@ def test_the_archives_hold_one_log_recording_per_node_extended_across_terms(run,
         rows = _node_log(plain_rows, f"node{i}")
         assert {r["member_id"] for r in rows} == {i}
         # Each leadership term's frames were recorded from a log publication of that term.
-        by_term = {t: {r["session_id"] for r in rows if r["leadership_term_id"] == t}
+        by_term = {t: {r["transport_session_id"] for r in rows if r["leadership_term_id"] == t}
                    for t in (run.first_term, run.second_term)}
         assert all(by_term.values()) and not by_term[run.first_term] & by_term[run.second_term], by_term
 
 
 def test_data_source_reads_the_same_rows_as_the_plain_reader(spark, run, plain_rows):
-    columns = ["node", "member_id", "recording_id", "position", "frame_length", "fragments", "session_id",
+    columns = ["node", "member_id", "recording_id", "position", "frame_length", "fragments", "transport_session_id",
                "leadership_term_id", "message_type", "cluster_session_id", "timestamp", "payload", "frame_hash"]
     df = spark.read.format("cluster_log").load(_paths(run))
     spark_rows = sorted(tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r)
