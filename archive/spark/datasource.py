@@ -15,11 +15,19 @@ below is the list the source accepts (anything else is refused, with the nearest
 
 Planning (``reader()``, ``pushFilters()``, ``partitions()``, run by Spark in one Python worker on
 the driver) reads the catalogs, plans the read tasks, drops the tasks no pushed filter can match
-(node, member, cluster, stream, recording, position ranges) and packs the rest into partitions of
-about ``task_bytes``; ``read()`` opens its files only on the executor, yielding Arrow record
+(node, member, cluster, stream, recording, position ranges; with ``pushdown=true`` only, see
+below) and packs the rest into partitions of about ``task_bytes``; ``read()`` opens its files only on the executor, yielding Arrow record
 batches built by the vectorised path (:func:`archive.spark.reader.record_batches`). Every pushed
 filter is also handed back to Spark, which applies it to the rows: pruning works on whole tasks,
 and a task straddling a position bound holds rows on both sides.
+
+Why pushdown is opt-in (``option("pushdown", "true")``): Spark 4.3 keeps the partitions and read
+function planned for a DataFrame on the data source object that every query of that DataFrame
+shares, and a query with pushed filters replaces them; a later query of the same DataFrame with
+no pushable filter then reads the narrowed partitions and silently misses rows
+(``df.where("node = 'node0'").count()`` followed by ``df.count()``). With pushdown on, use each
+DataFrame from ``load()`` for one filter (load again for another); with it off (the default),
+``pushFilters`` narrows nothing, so sharing is harmless.
 
 Column pruning: the Python data source API (Spark 4.0-4.3) passes ``reader()`` the full schema and
 no required columns, so every column is decoded; Spark drops unused ones after the scan.
@@ -55,7 +63,7 @@ from archive.spark.reader import DEFAULT_BATCH_ROWS, MODES, locate, record_batch
 
 __all__ = ["OPTIONS", "ArchiveDataSource", "ArchiveReader", "TaskPartition", "parse_options", "parse_stream_ids"]
 
-OPTIONS = ("path", "paths", "decoder", "stream_ids", "task_bytes", "mode", "start_positions")
+OPTIONS = ("path", "paths", "decoder", "stream_ids", "task_bytes", "mode", "pushdown", "start_positions")
 """``start_positions``: JSON ``{"node": {"recording_id": position}}``; each recording is read from
 that position (the end of a message read before) on: what ``pipeline export --incremental`` uses."""
 
@@ -113,7 +121,11 @@ def parse_options(options: Mapping[str, str]) -> dict:
     mode = (get("mode") or "failfast").strip().lower()
     if mode not in MODES:
         raise ValueError(f"option mode must be one of {', '.join(MODES)}, got {get('mode')!r}")
+    pushdown = (get("pushdown") or "false").strip().lower()
+    if pushdown not in ("true", "false"):
+        raise ValueError(f"option pushdown must be true or false, got {get('pushdown')!r}")
     return {
+        "pushdown": pushdown == "true",
         "task_bytes": _task_bytes(get("task_bytes")),
         "mode": mode,
         "start_positions": _start_positions(get("start_positions")),
@@ -172,7 +184,8 @@ class ArchiveDataSource(DataSource):
         if given != wanted:
             raise ValueError(f"this source's columns are {wanted}; a user schema cannot change them (got {given})")
         tasks = start_after(self._plan(), self._parsed["start_positions"])
-        return ArchiveReader(tasks, decoder, self._parsed["task_bytes"], self._parsed["mode"])
+        return ArchiveReader(tasks, decoder, self._parsed["task_bytes"], self._parsed["mode"],
+                             self._parsed["pushdown"])
 
 
 # Columns whose pushed filters can drop whole tasks, and the TaskFilter field each narrows.
@@ -183,16 +196,22 @@ _SET_COLUMNS = {"node": "nodes", "member_id": "member_ids", "cluster_id": "clust
 class ArchiveReader(DataSourceReader):
     """Pickled to the executors: holds planned tasks and settings only, never an open file."""
 
-    def __init__(self, tasks: list[ReadTask], decoder: MessageDecoder, task_bytes: int, mode: str) -> None:
+    def __init__(
+        self, tasks: list[ReadTask], decoder: MessageDecoder, task_bytes: int, mode: str, pushdown: bool
+    ) -> None:
         self.tasks = tasks
         self.decoder = decoder
         self.task_bytes = task_bytes
         self.mode = mode
+        self.pushdown = pushdown
         self.task_filter = TaskFilter()
 
     def pushFilters(self, filters) -> Iterable:
         """Narrow the task filter with every filter it understands; return them all (see the module
         docstring: Spark still applies them to the rows)."""
+        if not self.pushdown:
+            yield from filters
+            return
         for f in filters:
             column = f.attribute[0] if len(f.attribute) == 1 else None
             if column in _SET_COLUMNS and isinstance(f, (EqualTo, In)):

@@ -32,7 +32,12 @@ def test_pushdown_reads_only_the_filtered_nodes_tasks(spark, agreeing_cluster):
     from pyspark.sql import functions as F
 
     log = agreeing_cluster.log
-    df = spark.read.format("cluster_log").option("task_bytes", str(log.term_length)).load(_paths(agreeing_cluster))
+
+    def load():
+        return (spark.read.format("cluster_log").option("task_bytes", str(log.term_length))
+                .option("pushdown", "true").load(_paths(agreeing_cluster)))
+
+    df = load()
     every = df.rdd.getNumPartitions()
     assert every >= 6  # one term per task and per partition
     low, high = log.term_length + 100, log.term_length + 20_000
@@ -40,13 +45,21 @@ def test_pushdown_reads_only_the_filtered_nodes_tasks(spark, agreeing_cluster):
     assert filtered.rdd.getNumPartitions() == 1  # node1's second term only
     got = sorted((r["node"], r["position"], r["frame_hash"]) for r in filtered.select("node", "position", "frame_hash")
                  .collect())
-    everything = df.select("node", "position", "frame_hash").collect()
+    everything = load().select("node", "position", "frame_hash").collect()
     expected = sorted((r["node"], r["position"], r["frame_hash"]) for r in everything
                       if r["node"] == "node1" and low <= r["position"] < high)
     assert got == expected and len(got) > 10
     # IN on member ids and an equality on the recording: two nodes' tasks.
-    two = df.where(F.col("member_id").isin(0, 2) & (F.col("recording_id") == 0))
+    two = load().where(F.col("member_id").isin(0, 2) & (F.col("recording_id") == 0))
     assert two.rdd.getNumPartitions() == every * 2 // 3
+
+
+def test_without_the_pushdown_option_a_filtered_query_does_not_narrow_later_ones(spark, agreeing_cluster):
+    from pyspark.sql import functions as F
+
+    df = spark.read.format("cluster_log").load(_paths(agreeing_cluster))
+    assert df.where(F.col("node") == "node1").count() == len(agreeing_cluster.log.entries)
+    assert df.count() == 3 * len(agreeing_cluster.log.entries)
 
 
 def test_load_fails_for_bad_paths_and_options(spark, agreeing_cluster, tmp_path):
