@@ -100,15 +100,26 @@ class ArchiveCorruptError(ValueError):
 # ------------------------------------------------------------------------------ storage
 
 _fs_cache: dict[str, Any] = {}
+_BUCKET_SCHEMES = ("s3", "gs", "gcs")
+"""Object stores whose paths inside the filesystem are ``bucket/key`` (the URI's authority and path)."""
 
 
 def _is_uri(location: str) -> bool:
     return "://" in location
 
 
+def _split(location: str) -> tuple[str, str, str]:
+    """``(scheme://authority, path, ?query)`` of a URI; the query (S3 endpoint, region...) stays
+    with every location derived from it."""
+    head, _, rest = location.partition("://")
+    authority, slash, path = rest.partition("/")
+    path, question, query = (slash + path).partition("?")
+    return f"{head}://{authority}", path, question + query
+
+
 def filesystem(location: str):
     """``(pyarrow filesystem, path inside it)`` for a local path or a URI. Filesystems are cached per
-    scheme and authority, so an executor opens one S3 client, not one per task."""
+    scheme, authority and query, so an executor opens one S3 client, not one per task."""
     import pyarrow.fs as pafs
 
     if not _is_uri(location):
@@ -116,29 +127,37 @@ def filesystem(location: str):
         if fs is None:
             fs = _fs_cache[""] = pafs.LocalFileSystem()
         return fs, os.path.abspath(location)
-    scheme, _, rest = location.partition("://")
-    key = f"{scheme}://{rest.split('/', 1)[0]}"
+    base, path, query = _split(location)
+    scheme, _, authority = base.partition("://")
+    if scheme not in _BUCKET_SCHEMES:
+        return pafs.FileSystem.from_uri(location)  # file://, hdfs://...: cheap to open
+    key = base + query
     fs = _fs_cache.get(key)
     if fs is None:
-        fs, path = pafs.FileSystem.from_uri(location)
-        if scheme != "file":
-            _fs_cache[key] = fs
-        return fs, path
-    _, path = pafs.FileSystem.from_uri(location)
-    return fs, path
+        fs, _ = pafs.FileSystem.from_uri(location)
+        _fs_cache[key] = fs
+    return fs, authority.rpartition("@")[2] + path.rstrip("/")  # without user:secret@
 
 
 def join(location: str, *names: str) -> str:
-    """A child of a local path or of a URI (URIs always use ``/``)."""
-    return posixpath.join(location, *names) if _is_uri(location) else os.path.join(location, *names)
+    """A child of a local path or of a URI (URIs always use ``/``; a query string stays last)."""
+    if not _is_uri(location):
+        return os.path.join(location, *names)
+    base, path, query = _split(location)
+    return base + posixpath.join(path or "/", *names) + query
 
 
 def _parent(location: str) -> str:
-    return posixpath.dirname(location.rstrip("/")) if _is_uri(location) else os.path.dirname(location)
+    if not _is_uri(location):
+        return os.path.dirname(location)
+    base, path, query = _split(location)
+    return base + posixpath.dirname(path.rstrip("/")) + query
 
 
 def _base_name(location: str) -> str:
-    return posixpath.basename(location.rstrip("/")) if _is_uri(location) else os.path.basename(location.rstrip(os.sep))
+    if not _is_uri(location):
+        return os.path.basename(location.rstrip(os.sep))
+    return posixpath.basename(_split(location)[1].rstrip("/"))
 
 
 def _file_info(location: str):
@@ -295,7 +314,7 @@ def expand_paths(paths: list[str] | tuple[str, ...] | str) -> list[str]:
         else:
             matches = sorted(glob.glob(raw))
         for m in matches or [raw]:
-            key = m.rstrip("/") if _is_uri(m) else os.path.realpath(m)
+            key = m if _is_uri(m) else os.path.realpath(m)
             if key not in seen:
                 seen.add(key)
                 out.append(m)
