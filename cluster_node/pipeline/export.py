@@ -188,6 +188,9 @@ def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental
     if starts:
         reader = reader.option("start_positions", json.dumps(starts))
     df: DataFrame = reader.load(paths).withColumn("date", F.to_date("event_time"))
+    # As pyarrow writes them (--local): microseconds, UTC-adjusted. Spark's default (INT96) reads
+    # back in pyarrow as a naive timestamp, and one table would then hold two types.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     staging = _staging_location(out)
     df.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
     ends = [] if not _has_parquet(staging) else (

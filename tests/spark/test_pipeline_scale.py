@@ -156,6 +156,10 @@ def test_export_and_audit_through_a_file_uri_rerun_keeps_other_partitions(spark,
     outcome = runner.invoke(main, ["pipeline", "audit", "--from-parquet", out, "--out", out + "/audit"])
     assert outcome.exit_code == 0, outcome.output
     assert json.loads((tmp_path / "export" / "audit" / "audit.json").read_text())["agreed"] is True
+    outcome = runner.invoke(main, ["pipeline", "stats", "--from-parquet", out, "--out", out + "/stats"])
+    assert outcome.exit_code == 0, outcome.output
+    stats = json.loads((tmp_path / "export" / "stats" / "stats.json").read_text())
+    assert stats["messages"] == len(agreeing_cluster.log.entries)
 
 
 def test_duplicate_member_is_refused_in_one_line(tmp_path, synthetic_log):
@@ -168,3 +172,34 @@ def test_duplicate_member_is_refused_in_one_line(tmp_path, synthetic_log):
                                             "--out", str(tmp_path / "o")])
         assert outcome.exit_code == 2
         assert "two archives are named node0" in outcome.output and "Traceback" not in outcome.output
+
+
+def test_spark_incremental_export_twice_equals_the_local_full_export(spark, tmp_path):
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from cluster_node.cli import main
+    from cluster_node.pipeline.export import export_local
+
+    log = build_log(seed=6, terms=2, messages_per_term=150)
+    cut = log.terms[1].base_position + 3000
+    cluster = write_cluster(tmp_path / "c", log, cut_short={0: cut, 1: cut, 2: cut})
+    head = sum(1 for e in log.entries if e.position < log.message_boundary_at_or_before(cut))
+    runner = CliRunner()
+    out = str(tmp_path / "inc")
+    outcome = runner.invoke(main, ["pipeline", "export", *_paths(cluster), "--out", out, "--incremental"])
+    assert outcome.exit_code == 0, outcome.output
+    assert f"{3 * head} rows written" in outcome.output
+    write_cluster(tmp_path / "c", log)
+    outcome = runner.invoke(main, ["pipeline", "export", *_paths(cluster), "--out", out, "--incremental"])
+    assert outcome.exit_code == 0, outcome.output
+    assert f"{3 * (len(log.entries) - head)} rows written" in outcome.output
+    export_local(_paths(cluster), str(tmp_path / "full"))
+    keys = pa.schema([("cluster_id", pa.int32()), ("member_id", pa.int32()), ("date", pa.date32())])
+
+    def rows(path):
+        table = ds.dataset(str(path), format="parquet", partitioning=ds.partitioning(keys, flavor="hive")).to_table(
+            columns=["member_id", "position", "frame_hash", "event_time", "payload", "date"])
+        return sorted(tuple(r.values()) for r in table.to_pylist())
+
+    assert rows(tmp_path / "inc" / "log.parquet") == rows(tmp_path / "full" / "log.parquet")
