@@ -235,3 +235,52 @@ def test_high_water_file_is_json_beside_the_output(tmp_path, log):
     doc = json.loads((tmp_path / "o" / HIGH_WATER_FILE).read_text())
     assert doc == {"__HIVE_DEFAULT_PARTITION__/0": {"0": log.message_boundary_at_or_before(log.end_position)}}
     shutil.rmtree(tmp_path / "o")
+
+
+def _stats_result(sessions: int):
+    pytest.importorskip("pyspark")
+    from cluster_node.pipeline.jobs import StatsResult
+
+    second = 1_700_000_000
+    throughput = [{"second": second + i, "messages": m, "bytes": 100 * m, "leadership_term_id": None if m == 0 else 1}
+                  for i, m in enumerate([5, 7, 0, 0, 4])]
+    elections = [
+        {"leadership_term_id": 1, "leader_member_id": 0, "term_base_log_position": 0, "time_ns": second * 10**9,
+         "previous_term_last_time_ns": None, "gap_since_previous_term_s": None},
+        {"leadership_term_id": 2, "leader_member_id": 1, "term_base_log_position": 999,
+         "time_ns": (second + 4) * 10**9, "previous_term_last_time_ns": (second + 1) * 10**9 + 5,
+         "gap_since_previous_term_s": 3.0},
+    ]
+    rows = [{"cluster_session_id": i, "kind": "client", "messages": 1, "bytes": 1, "open_time_ns": None,
+             "open_term": 1, "close_time_ns": None, "close_reason": None, "duration_s": None} for i in range(sessions)]
+    return StatsResult("node0", 999, 16, [], rows, elections, throughput, [])
+
+
+def test_throughput_plot_draws_empty_seconds_as_zero_and_shades_election_gaps(tmp_path, monkeypatch):
+    result = _stats_result(3)
+    from matplotlib.axes import Axes
+
+    from cluster_node.pipeline import report
+
+    plotted, shaded = [], []
+    original_plot, original_span = Axes.plot, Axes.axvspan
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: plotted.append((list(a[0]), list(a[1]), k.get("label")))
+                        or original_plot(self, *a, **k))
+    monkeypatch.setattr(Axes, "axvspan", lambda self, x0, x1, **k: shaded.append((x0, x1))
+                        or original_span(self, x0, x1, **k))
+    files = report.write_stats_report(result, str(tmp_path))
+    assert (tmp_path / "throughput.png").stat().st_size > 1000 and str(tmp_path / "report.md") in files
+    lines = {label: (xs, ys) for xs, ys, label in plotted}
+    assert lines["messages/s"] == ([0, 1, 2, 3, 4], [5, 7, 0, 0, 4])
+    assert lines["bytes/s"] == ([0, 1, 2, 3, 4], [500, 700, 0, 0, 400])
+    assert shaded == [(pytest.approx(1.0), pytest.approx(4.0))]
+
+
+def test_report_caps_the_sessions_table(tmp_path):
+    result = _stats_result(120)
+    from cluster_node.pipeline import report
+
+    text = report.stats_markdown(result, [])
+    session_rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[2].strip() == "client"]
+    assert len(session_rows) == report.MAX_REPORT_SESSIONS
+    assert f"The first {report.MAX_REPORT_SESSIONS} of 120 sessions" in text
