@@ -142,11 +142,19 @@ def _publish(out: str, staging: str, incremental: bool, starting_marks: dict[str
         for path in staged_files:
             fs.move(path, posixpath.join(target, prefix + posixpath.basename(path)))
     fs.delete_dir(staged_root)
+    _remove_staging_if_empty(fs, posixpath.dirname(staged_root))
+    return sorted(files)
+
+
+def _remove_staging_if_empty(fs, staging_root: str) -> None:
+    """``_staging`` goes when no other run is staging there (never deleted with contents)."""
+    import pyarrow.fs as pafs
+
     try:
-        fs.delete_dir(posixpath.dirname(staged_root))  # _staging, if no other run is using it
+        if not fs.get_file_info(pafs.FileSelector(staging_root, allow_not_found=True)):
+            fs.delete_dir(staging_root)
     except OSError:
         pass
-    return sorted(files)
 
 
 def _merge_marks(
@@ -266,6 +274,7 @@ def export_local(paths: list[str], out: str, *, incremental: bool = False) -> Ex
             fs.delete_dir(staged_root)
         except OSError:
             pass
+        _remove_staging_if_empty(fs, posixpath.dirname(staged_root))
     merged = _merge_marks(marks if incremental else read_high_water(out), new, incremental)
     _write_high_water(out, merged)
     return ExportResult(join(out, DATA_DIR), count, written, merged)

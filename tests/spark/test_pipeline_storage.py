@@ -284,3 +284,13 @@ def test_report_caps_the_sessions_table(tmp_path):
     session_rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[2].strip() == "client"]
     assert len(session_rows) == report.MAX_REPORT_SESSIONS
     assert f"The first {report.MAX_REPORT_SESSIONS} of 120 sessions" in text
+
+
+def test_another_runs_staging_directory_is_left_alone(tmp_path, log):
+    cluster = write_cluster(tmp_path / "c", log, nodes=1)
+    other = tmp_path / "out" / "_staging" / "another-run"
+    other.mkdir(parents=True)
+    (other / "part-0.parquet").write_bytes(b"being written")
+    export_local(_paths(cluster, (0,)), str(tmp_path / "out"))
+    assert (other / "part-0.parquet").read_bytes() == b"being written"
+    assert sorted(p.name for p in (tmp_path / "out" / "_staging").iterdir()) == ["another-run"]
