@@ -119,7 +119,8 @@ def _split(location: str) -> tuple[str, str, str]:
 
 def filesystem(location: str):
     """``(pyarrow filesystem, path inside it)`` for a local path or a URI. Filesystems are cached per
-    scheme, authority and query, so an executor opens one S3 client, not one per task."""
+    scheme, authority and query, so an executor opens one S3 client, not one per task. ``s3a://``
+    (what Spark's Hadoop filesystems call S3) is read as ``s3://``, so one URI serves both."""
     import pyarrow.fs as pafs
 
     if not _is_uri(location):
@@ -127,6 +128,8 @@ def filesystem(location: str):
         if fs is None:
             fs = _fs_cache[""] = pafs.LocalFileSystem()
         return fs, os.path.abspath(location)
+    if location.startswith("s3a://"):
+        location = "s3://" + location[len("s3a://") :]  # Hadoop's name for the same store
     base, path, query = _split(location)
     scheme, _, authority = base.partition("://")
     if scheme not in _BUCKET_SCHEMES:

@@ -70,7 +70,8 @@ def test_spark_audit_of_s3_archives_writes_its_report_to_s3(spark, s3, s3_cluste
 
     fs, uri = s3
     cluster, archives = s3_cluster
-    outcome = CliRunner().invoke(main, ["pipeline", "audit", *archives, "--out", uri("audit")])
+    # The report's URI in Hadoop's spelling (s3a://), as a Spark cluster would name it.
+    outcome = CliRunner().invoke(main, ["pipeline", "audit", *archives, "--out", "s3a" + uri("audit")[2:]])
     assert outcome.exit_code == 0, outcome.output
     report = json.loads(fs.open_input_stream(f"{BUCKET}/audit/audit.json").read())
     assert report["agreed"] is True
