@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 
-__all__ = ["DEFAULT_MASTER", "is_local_master", "register_sources", "session"]
+__all__ = ["DEFAULT_MASTER", "is_local_master", "local_environment", "register_sources", "session"]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -81,6 +81,14 @@ def is_local_master(master: str | None) -> bool:
     return master is None or master == "local" or master.startswith("local[")
 
 
+def local_environment(master: str | None) -> dict[str, str]:
+    """What :func:`session` puts in the environment (unless already set): for a local master this
+    interpreter for the Python workers and loopback for the driver; for any other, nothing."""
+    if not is_local_master(master):
+        return {}
+    return {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
 def session(
     master: str | None = None,
     conf: dict[str, str] | None = None,
@@ -90,10 +98,8 @@ def session(
     progress: bool | None = None,
 ):
     """A SparkSession (created, or the active one reconfigured) with the data sources registered."""
-    if is_local_master(master):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    for key, value in local_environment(master).items():
+        os.environ.setdefault(key, value)
     from pyspark.sql import SparkSession
 
     if progress is None:

@@ -294,3 +294,14 @@ def test_another_runs_staging_directory_is_left_alone(tmp_path, log):
     export_local(_paths(cluster, (0,)), str(tmp_path / "out"))
     assert (other / "part-0.parquet").read_bytes() == b"being written"
     assert sorted(p.name for p in (tmp_path / "out" / "_staging").iterdir()) == ["another-run"]
+
+
+def test_the_python_interpreter_is_pinned_for_local_masters_only():
+    import sys
+
+    from cluster_node.pipeline.spark import local_environment
+
+    for master in (None, "local", "local[2]", "local[*]"):
+        assert local_environment(master)["PYSPARK_PYTHON"] == sys.executable
+    for master in ("spark://host:7077", "yarn", "k8s://https://api:6443"):
+        assert local_environment(master) == {}
