@@ -125,7 +125,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
                  + ", ".join(loc.node for loc in locations))
         try:
             exported = export_local(paths, out, incremental=incremental)
-        except (ArchiveCorruptError, ArchiveNotFoundError, OSError) as e:
+        except (ArchiveCorruptError, ArchiveNotFoundError, OSError, ValueError) as e:
             raise PipelineError(str(e).splitlines()[0]) from None
         click.echo(f"{exported.rows} rows written to {exported.path} ({len(exported.partitions)} partitions)")
         return

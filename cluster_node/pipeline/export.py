@@ -170,6 +170,17 @@ def _merge_marks(
     return merged
 
 
+def _require_member_ids(locations: list[ArchiveLocation]) -> None:
+    """Partitions are per member: an archive whose member is unknown would share the null
+    partition with every other such archive, and a rerun of one would replace the others' rows."""
+    unknown = [loc.node_dir for loc in locations if loc.member_id is None]
+    if unknown:
+        raise ValueError(
+            f"cannot tell which member {unknown[0]} is (no readable cluster-mark.dat, no member id at the end of "
+            "its directory name): export partitions by member"
+        )
+
+
 def _has_parquet(location: str) -> bool:
     import pyarrow.fs as pafs
 
@@ -190,6 +201,7 @@ def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental
     from cluster_node.pipeline.decoder import ClusterLogDecoder
 
     locations = locations or locate(paths, ClusterLogDecoder())
+    _require_member_ids(locations)
     marks = read_high_water(out) if incremental else {}
     starts = start_positions(locations, marks)
     reader = spark.read.format("cluster_log")
@@ -232,7 +244,9 @@ def export_local(paths: list[str], out: str, *, incremental: bool = False) -> Ex
 
     decoder = ClusterLogDecoder()
     marks = read_high_water(out) if incremental else {}
-    starts = {(node, int(rec)): pos for node, recs in start_positions(locate(paths, decoder), marks).items()
+    locations = locate(paths, decoder)
+    _require_member_ids(locations)
+    starts = {(node, int(rec)): pos for node, recs in start_positions(locations, marks).items()
               for rec, pos in recs.items()}
     archives = ArchiveSet(paths, decoder=decoder, start_positions=starts)
     schema = arrow_schema(decoder).append(pa.field("date", pa.date32()))

@@ -305,3 +305,16 @@ def test_the_python_interpreter_is_pinned_for_local_masters_only():
         assert local_environment(master)["PYSPARK_PYTHON"] == sys.executable
     for master in ("spark://host:7077", "yarn", "k8s://https://api:6443"):
         assert local_environment(master) == {}
+
+
+def test_export_refuses_an_archive_of_unknown_member(tmp_path, log):
+    from click.testing import CliRunner
+
+    from cluster_node.cli import main
+
+    write_archive(tmp_path / "primary", log)  # no digits in the name, no mark file
+    outcome = CliRunner().invoke(main, ["pipeline", "export", str(tmp_path / "primary"), "--out",
+                                        str(tmp_path / "out"), "--local"])
+    assert outcome.exit_code == 2
+    assert "cannot tell which member" in outcome.output and "Traceback" not in outcome.output
+    assert not (tmp_path / "out" / "log.parquet").exists()
