@@ -203,3 +203,10 @@ def test_spark_incremental_export_twice_equals_the_local_full_export(spark, tmp_
         return sorted(tuple(r.values()) for r in table.to_pylist())
 
     assert rows(tmp_path / "inc" / "log.parquet") == rows(tmp_path / "full" / "log.parquet")
+    # The deployment that scales: members export with --local, Spark audits the Parquet.
+    outcome = runner.invoke(main, ["pipeline", "audit", "--from-parquet", str(tmp_path / "full"),
+                                   "--out", str(tmp_path / "audit")])
+    assert outcome.exit_code == 0, outcome.output
+    report = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    assert report["rows_compared"] == 3 * len(log.entries)
+    assert [n["member_id"] for n in report["nodes"]] == [0, 1, 2]
