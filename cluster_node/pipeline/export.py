@@ -3,7 +3,7 @@
 Layout under the output location ``OUT`` (a local path or a ``pyarrow.fs`` URI)::
 
     OUT/log.parquet/cluster_id=<c>/member_id=<m>/date=<yyyy-mm-dd>/*.parquet   the rows
-    OUT/_high_water.json                                                        what was read
+    OUT/_high_water/cluster_id=<c>.member_id=<m>.json                           what was read
     OUT/_staging/<run id>/...                                                   during a run only
 
 Why staging: a run writes its rows under ``_staging/<run id>`` first (Spark's writer, or pyarrow's
@@ -13,15 +13,16 @@ the run wrote (dynamic partition overwrite): exporting node0 again leaves node1'
 partitions alone. ``date`` is the UTC date of ``event_time`` (null: undecodable messages, in
 Hive's default partition).
 
-``--incremental`` appends instead: ``_high_water.json`` keeps, per member
-(``"<cluster_id>/<member_id>"``), the recordings read and for each the end of the last complete
-message exported (its position plus its frame length aligned to 32 bytes, a frame boundary). The
+``--incremental`` appends instead: each member's file in ``_high_water`` keeps the recordings
+read and for each the end of the last complete message exported (its position plus its frame length aligned to 32 bytes, a frame boundary). The
 next run reads each recording from there (``archive.spark.layout.start_after``: whole tasks before
 it are not planned, the task holding it starts at it), so nothing is read twice. Its new files are
 named ``inc-<token>-...`` where the token is derived from the member's high-water mark the run
 started from: a rerun after a crash between moving files and writing the high-water file starts
 from the same mark, deletes the files of the same token it finds and writes them again, so a
-rerun never duplicates rows. The high-water file is written last, by write-and-move.
+rerun never duplicates rows. The high-water files are written last, by write-and-move, and a run
+writes only the files of the members it read: member hosts exporting their own archives to one
+output at the same time do not overwrite each other's marks (nor partitions, nor staging).
 
 A full (not incremental) export resets the high-water marks of the members it wrote.
 """
@@ -31,7 +32,9 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +43,11 @@ from archive.spark.layout import ArchiveLocation, filesystem, join
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DATA_DIR", "HIGH_WATER_FILE", "PARTITION_COLUMNS", "ExportResult", "export_local", "export_spark",
+__all__ = ["DATA_DIR", "HIGH_WATER_DIR", "PARTITION_COLUMNS", "ExportResult", "export_local", "export_spark",
            "member_key", "read_high_water"]
 
 DATA_DIR = "log.parquet"
-HIGH_WATER_FILE = "_high_water.json"
+HIGH_WATER_DIR = "_high_water"
 STAGING_DIR = "_staging"
 PARTITION_COLUMNS = ("cluster_id", "member_id", "date")
 _NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -67,24 +70,40 @@ def member_key(cluster_id: Any, member_id: Any) -> str:
     return f"{text(cluster_id)}/{text(member_id)}"
 
 
+def _mark_file(key: str) -> str:
+    cluster, member = key.split("/")
+    return f"cluster_id={cluster}.member_id={member}.json"
+
+
+_MARK_FILE = re.compile(r"^cluster_id=(.+)\.member_id=(.+)\.json$")
+
+
 def read_high_water(out: str) -> dict[str, dict[str, int]]:
+    """Every member's marks: ``{"<cluster_id>/<member_id>": {"<recording_id>": position}}``."""
     import pyarrow.fs as pafs
 
     fs, root = filesystem(out)
-    path = posixpath.join(root, HIGH_WATER_FILE)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return {}
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read().decode())
+    marks: dict[str, dict[str, int]] = {}
+    for info in fs.get_file_info(pafs.FileSelector(posixpath.join(root, HIGH_WATER_DIR), allow_not_found=True)):
+        match = _MARK_FILE.match(posixpath.basename(info.path))
+        if match and info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                marks[f"{match.group(1)}/{match.group(2)}"] = json.loads(f.read().decode())
+    return marks
 
 
-def _write_high_water(out: str, marks: dict[str, dict[str, int]]) -> None:
+def _write_high_water(out: str, marks: dict[str, dict[str, int]], keys: Iterable[str]) -> None:
+    """Write the marks of ``keys`` only (each member's file by write-and-move): runs exporting
+    other members at the same time keep theirs."""
     fs, root = filesystem(out)
-    path = posixpath.join(root, HIGH_WATER_FILE)
-    tmp = path + f".{uuid.uuid4().hex}.tmp"
-    with fs.open_output_stream(tmp) as f:
-        f.write(json.dumps(marks, indent=1, sort_keys=True).encode())
-    fs.move(tmp, path)
+    directory = posixpath.join(root, HIGH_WATER_DIR)
+    fs.create_dir(directory, recursive=True)
+    for key in keys:
+        path = posixpath.join(directory, _mark_file(key))
+        tmp = posixpath.join(directory, f".{uuid.uuid4().hex}.tmp")
+        with fs.open_output_stream(tmp) as f:
+            f.write(json.dumps(marks[key], indent=1, sort_keys=True).encode())
+        fs.move(tmp, path)
 
 
 def start_positions(locations: list[ArchiveLocation], marks: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -227,7 +246,7 @@ def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental
     rows = sum(int(r["rows"]) for r in ends)
     written = _publish(out, staging, incremental, marks)
     merged = _merge_marks(marks if incremental else read_high_water(out), new, incremental)
-    _write_high_water(out, merged)
+    _write_high_water(out, merged, new)
     return ExportResult(join(out, DATA_DIR), rows, written, merged)
 
 
@@ -290,5 +309,5 @@ def export_local(paths: list[str], out: str, *, incremental: bool = False) -> Ex
             pass
         _remove_staging_if_empty(fs, posixpath.dirname(staged_root))
     merged = _merge_marks(marks if incremental else read_high_water(out), new, incremental)
-    _write_high_water(out, merged)
+    _write_high_water(out, merged, new)
     return ExportResult(join(out, DATA_DIR), count, written, merged)

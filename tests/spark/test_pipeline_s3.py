@@ -60,8 +60,8 @@ def test_local_export_from_and_to_s3(s3, s3_cluster):
                        partitioning=ds.partitioning(keys, flavor="hive")).to_table(columns=["position", "node"])
     assert table.num_rows == 3 * len(cluster.log.entries)
     assert sorted(set(table.column("node").to_pylist())) == ["node0", "node1", "node2"]
-    marks = json.loads(fs.open_input_stream(f"{BUCKET}/export/_high_water.json").read())
-    assert len(marks) == 3
+    marks = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/export/_high_water"))
+    assert len(marks) == 3 and all(json.loads(fs.open_input_stream(m.path).read()) for m in marks)
     assert fs.get_file_info(f"{BUCKET}/export/_staging").type == pafs.FileType.NotFound
 
 

@@ -26,7 +26,7 @@ from archive.spark.layout import (  # noqa: E402
 from archive.spark.reader import ArchiveSet  # noqa: E402
 from cluster_node.codecs import ClusterTimeUnit  # noqa: E402
 from cluster_node.pipeline.decoder import ClusterLogDecoder  # noqa: E402
-from cluster_node.pipeline.export import HIGH_WATER_FILE, export_local, read_high_water  # noqa: E402
+from cluster_node.pipeline.export import HIGH_WATER_DIR, export_local, read_high_water  # noqa: E402
 from tests.support.synthetic_archive import build_log, write_archive, write_cluster  # noqa: E402
 
 
@@ -102,7 +102,7 @@ def test_incremental_export_reads_only_the_new_tail_and_equals_a_full_export(tmp
     assert marks == {f"__HIVE_DEFAULT_PARTITION__/{i}": {"0": boundary} for i in range(3)}
 
     write_cluster(tmp_path / "c", log)  # the members went on recording: the whole log now
-    saved_marks = (out / HIGH_WATER_FILE).read_bytes()
+    saved_marks = {p.name: p.read_bytes() for p in (out / HIGH_WATER_DIR).iterdir()}
     second = export_local(_paths(cluster), str(out), incremental=True)
     assert second.rows == 3 * (len(log.entries) - head)  # only the tail was read
     full = export_local(_paths(cluster), str(tmp_path / "full"))
@@ -113,7 +113,8 @@ def test_incremental_export_reads_only_the_new_tail_and_equals_a_full_export(tmp
     assert export_local(_paths(cluster), str(out), incremental=True).rows == 0
     assert _partition_files(out / "log.parquet") == files
     # A rerun after a crash that moved the files but did not record the new marks: no duplicates.
-    (out / HIGH_WATER_FILE).write_bytes(saved_marks)
+    for name, content in saved_marks.items():
+        (out / HIGH_WATER_DIR / name).write_bytes(content)
     assert export_local(_paths(cluster), str(out), incremental=True).rows == second.rows
     assert _table_rows(out / "log.parquet") == _table_rows(tmp_path / "full" / "log.parquet")
     assert full.high_water == read_high_water(str(out))
@@ -229,12 +230,17 @@ def test_source_options_are_checked_by_name():
     assert parse_options({"path": "x", "task_bytes": "4096", "MODE": "Permissive"})["mode"] == "permissive"
 
 
-def test_high_water_file_is_json_beside_the_output(tmp_path, log):
-    cluster = write_cluster(tmp_path / "c", log, nodes=1)
-    export_local(_paths(cluster, (0,)), str(tmp_path / "o"), incremental=True)
-    doc = json.loads((tmp_path / "o" / HIGH_WATER_FILE).read_text())
-    assert doc == {"__HIVE_DEFAULT_PARTITION__/0": {"0": log.message_boundary_at_or_before(log.end_position)}}
-    shutil.rmtree(tmp_path / "o")
+def test_high_water_marks_are_one_file_per_member_beside_the_output(tmp_path, log):
+    cluster = write_cluster(tmp_path / "c", log)
+    out = tmp_path / "o"
+    export_local(_paths(cluster, (0,)), str(out), incremental=True)
+    export_local(_paths(cluster, (1,)), str(out), incremental=True)  # another member's host
+    end = log.message_boundary_at_or_before(log.end_position)
+    names = sorted(p.name for p in (out / HIGH_WATER_DIR).iterdir())
+    assert names == [f"cluster_id=__HIVE_DEFAULT_PARTITION__.member_id={i}.json" for i in (0, 1)]
+    assert all(json.loads((out / HIGH_WATER_DIR / n).read_text()) == {"0": end} for n in names)
+    assert read_high_water(str(out)) == {f"__HIVE_DEFAULT_PARTITION__/{i}": {"0": end} for i in (0, 1)}
+    shutil.rmtree(out)
 
 
 def _stats_result(sessions: int):
