@@ -171,7 +171,8 @@ def test_event_time_in_the_declared_unit(tmp_path):
             r = dict(zip(names, row))
             assert r["timestamp"] == e.timestamp
             assert r["time_ns"] == e.timestamp * 1_000_000
-            assert r["event_time"] == datetime.datetime.fromtimestamp(e.timestamp / 1000, tz=datetime.timezone.utc)
+            epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+            assert r["event_time"] == epoch + datetime.timedelta(milliseconds=e.timestamp)
 
 
 def test_permissive_mode_returns_the_rows_before_the_bad_frame_and_an_error_row(tmp_path):
