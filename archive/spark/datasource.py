@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     EqualTo,
     GreaterThan,
     GreaterThanOrEqual,
@@ -61,7 +62,15 @@ from archive.spark.decoder import MessageDecoder, arrow_schema, column_names, re
 from archive.spark.layout import DEFAULT_TARGET_TASK_BYTES, ReadTask, TaskFilter, pack_tasks, plan_tasks, start_after
 from archive.spark.reader import DEFAULT_BATCH_ROWS, MODES, locate, record_batches
 
-__all__ = ["OPTIONS", "ArchiveDataSource", "ArchiveReader", "TaskPartition", "parse_options", "parse_stream_ids"]
+__all__ = [
+    "OPTIONS",
+    "ArchiveDataSource",
+    "ArchiveReader",
+    "ArchiveStreamReader",
+    "TaskPartition",
+    "parse_options",
+    "parse_stream_ids",
+]
 
 OPTIONS = ("path", "paths", "decoder", "stream_ids", "task_bytes", "mode", "pushdown", "start_positions")
 """``start_positions``: JSON ``{"node": {"recording_id": position}}``; each recording is read from
@@ -188,6 +197,15 @@ class ArchiveDataSource(DataSource):
                              self._parsed["pushdown"])
 
 
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        self.reader(schema)  # the same checks (schema, paths, recordings) as a batch read
+        parsed = self._parsed
+        return ArchiveStreamReader(
+            _paths(parsed), self._decoder_object, parse_stream_ids(parsed["stream_ids_text"], self.default_stream_ids),
+            parsed["task_bytes"], parsed["mode"], parsed["start_positions"],
+        )
+
+
 # Columns whose pushed filters can drop whole tasks, and the TaskFilter field each narrows.
 _SET_COLUMNS = {"node": "nodes", "member_id": "member_ids", "cluster_id": "cluster_ids",
                 "stream_id": "stream_ids", "recording_id": "recording_ids"}
@@ -240,3 +258,103 @@ class ArchiveReader(DataSourceReader):
         tasks: list[ReadTask] = partition.value
         for task in tasks:
             yield from record_batches(task, self.decoder, schema, DEFAULT_BATCH_ROWS, self.mode)
+
+
+def _offset_key(node: str, recording_id: int) -> str:
+    return f"{node}|{recording_id}"
+
+
+class ArchiveStreamReader(DataSourceStreamReader):
+    """The archives as a stream: ``spark.readStream.format("cluster_log").load(paths)``.
+
+    An offset is ``{"positions": {"<node>|<recording_id>": position}}``: per recording, the log
+    position up to which rows were read, always the end of a complete message (a frame
+    boundary), so a micro-batch reads the messages starting in ``[start, end)`` and the next one
+    starts exactly where it ended. The latest offset of an active recording is the end of its
+    last complete message (its last task is read to find it; a torn tail waits for the next
+    batch); of a stopped recording, its stop position. Recordings that appear later start at
+    their start position. Planning lists the archives again at every micro-batch; each batch's
+    tasks are the batch read's, trimmed to the offsets.
+    """
+
+    def __init__(
+        self,
+        paths: list[str],
+        decoder: MessageDecoder,
+        stream_ids: frozenset[int] | None,
+        task_bytes: int,
+        mode: str,
+        start_positions: dict[tuple[str, int], int],
+    ) -> None:
+        self.paths = paths
+        self.decoder = decoder
+        self.stream_ids = stream_ids
+        self.task_bytes = task_bytes
+        self.mode = mode
+        self.start_positions = start_positions
+
+    def _tasks(self) -> list[ReadTask]:
+        locations = locate(self.paths, self.decoder)
+        return plan_tasks(locations, stream_ids=self.stream_ids, target_task_bytes=self.task_bytes,
+                          decoder=self.decoder)
+
+    def initialOffset(self) -> dict:
+        positions: dict[str, int] = {}
+        for t in self._tasks():
+            positions.setdefault(_offset_key(t.node, t.recording_id),
+                                 self.start_positions.get((t.node, t.recording_id), t.recording_start_position))
+        return {"positions": positions}
+
+    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+        by_recording: dict[str, list[ReadTask]] = {}
+        for t in self._tasks():
+            by_recording.setdefault(_offset_key(t.node, t.recording_id), []).append(t)
+        positions = dict((start or {}).get("positions", {}))
+        for key, tasks in by_recording.items():
+            positions[key] = max(positions.get(key, tasks[0].recording_start_position), _readable_end(tasks))
+        return {"positions": positions}
+
+    def partitions(self, start: dict, end: dict) -> list[TaskPartition]:
+        import dataclasses
+
+        begin = start.get("positions", {}) if start else {}
+        until = end.get("positions", {})
+        tasks = []
+        for t in self._tasks():
+            key = _offset_key(t.node, t.recording_id)
+            if key not in until:
+                continue
+            low = begin.get(key, t.recording_start_position)
+            high = until[key]
+            if t.end_position <= low or t.start_position >= high:
+                continue
+            if t.start_position < low:
+                t = dataclasses.replace(t, start_offset=low - t.segment_base_position)
+            if t.end_position > high:
+                # ``high`` is a message boundary: the data reaches it exactly, as for a stopped recording.
+                t = dataclasses.replace(t, end_offset=high - t.segment_base_position, stopped=True)
+            tasks.append(t)
+        return [TaskPartition(group) for group in pack_tasks(tasks, self.task_bytes)]
+
+    def read(self, partition: TaskPartition) -> Iterator:
+        schema = arrow_schema(self.decoder)
+        for task in partition.value:
+            yield from record_batches(task, self.decoder, schema, DEFAULT_BATCH_ROWS, self.mode)
+
+    def commit(self, end: dict) -> None:
+        pass  # the archives are read, never consumed
+
+
+def _readable_end(tasks: list[ReadTask]) -> int:
+    """The end of the last complete message of one recording's tasks (in position order)."""
+    from archive.spark.frames import read_batch
+
+    last = tasks[-1]
+    if last.stopped:
+        return last.end_position
+    for task in reversed(tasks):
+        batch = read_batch(task)
+        if len(batch):
+            ends = batch.positions + ((batch.frame_lengths.astype("int64") + 31) // 32) * 32
+            return int(ends.max())
+    return tasks[0].start_position

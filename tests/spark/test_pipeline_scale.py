@@ -210,3 +210,28 @@ def test_spark_incremental_export_twice_equals_the_local_full_export(spark, tmp_
     report = json.loads((tmp_path / "audit" / "audit.json").read_text())
     assert report["rows_compared"] == 3 * len(log.entries)
     assert [n["member_id"] for n in report["nodes"]] == [0, 1, 2]
+
+
+def test_streaming_source_reads_each_message_once_as_the_recording_grows(spark, tmp_path):
+    from archive.segments import HEADER_LENGTH
+
+    log = build_log(seed=9, terms=2, messages_per_term=150)
+    cut = log.message_boundary_at_or_before(log.terms[1].base_position + 2000)
+    cluster = write_cluster(tmp_path / "c", log, nodes=1, cut_short={0: cut}, active=frozenset({0}))
+    segment = cluster.node_dirs[0] / "archive" / segment_file_name(0, 0)
+    segment.write_bytes(bytes(log.data[: cut + HEADER_LENGTH + 8]))  # and a torn frame after it
+    head = sum(1 for e in log.entries if e.position < cut)
+    out, checkpoint = tmp_path / "stream", tmp_path / "checkpoint"
+
+    def run_once():
+        query = (spark.readStream.format("cluster_log").load(_paths(cluster, (0,))[0])
+                 .select("node", "position", "frame_hash").writeStream.format("parquet")
+                 .option("path", str(out)).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+        return sorted(r["position"] for r in spark.read.parquet(str(out)).collect())
+
+    assert run_once() == [e.position for e in log.entries[:head]]
+    write_cluster(tmp_path / "c", log, nodes=1, active=frozenset({0}))  # the member went on recording
+    assert run_once() == [e.position for e in log.entries]  # each message once
