@@ -920,7 +920,10 @@ class Archive:
         session_id = uri.session_id
         if session_id is None:
             session_id = self._rng.randrange(-(2**31), 2**31)
-        pub_uri = uri.with_params(mtu=d.mtu_length, session_id=session_id).starting_at(
+        # The recording's MTU, or the replay channel's if larger: a recording may hold frames
+        # longer than the MTU it was made with (blocks copied from a stream of a larger MTU).
+        mtu = max(d.mtu_length, uri.mtu or 0)
+        pub_uri = uri.with_params(mtu=mtu, session_id=session_id).starting_at(
             position, d.initial_term_id, d.term_buffer_length)
         publication = self.driver.add_publication(pub_uri, stream_id)
         replay_session_id = (next(self._replay_ids) << 32) | (session_id & 0xFFFFFFFF)

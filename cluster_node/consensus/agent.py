@@ -1349,7 +1349,7 @@ class ConsensusAgent:
     def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
         """``Image.frames_poll`` handler: the leading run of one session's messages into the
         log with one offer; returns the bytes taken (0: leave them to :meth:`_on_ingress`)."""
-        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length)
+        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length, self.local.pub.mtu)
         if count == 0:
             return 0
         m = self.module

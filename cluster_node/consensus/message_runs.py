@@ -50,21 +50,30 @@ _TIMESTAMP_AT = HEADER_LENGTH + SESSION_TIMESTAMP_OFFSET
 _I64 = struct.Struct("<q")
 
 
-def session_run(buffer, offset: int, starts, length: int) -> tuple[int, int, int, int]:
+def session_run(buffer, offset: int, starts, length: int, max_frame_length: int) -> tuple[int, int, int, int]:
     """``(count, end, leadership_term_id, cluster_session_id)``: the leading ``count`` frames of
     ``buffer[offset:offset + length]`` (frame starts ``starts``, relative offsets as
     ``media.framescan.chain`` gives them, ``length`` where the last frame ends) are unfragmented
-    data frames holding session messages of that one session and term, and end at relative
-    offset ``end``. ``count`` 0 when the first frame is not one."""
+    data frames of at most ``max_frame_length`` bytes holding session messages of that one
+    session and term, and end at relative offset ``end``. ``count`` 0 when the first frame is
+    not one.
+
+    ``max_frame_length`` is the log's MTU: a client whose MTU is larger sends frames the log may
+    not hold as they are (a replay of the log uses the log's MTU, and its sender never splits a
+    frame); such a message takes the per-message path, whose offer fragments it as the log's."""
     np = numpy_module()
     count, w64, at = _session_messages(np, buffer, offset, starts, length)
     if count == 0:
         return 0, 0, 0, 0
+    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
     terms = w64[at + 1]
     sessions = w64[at + 2]
     term_id = int(terms[0])
     session_id = int(sessions[0])
-    count = _leading(np, (terms == term_id) & (sessions == session_id), count)
+    ok = (terms == term_id) & (sessions == session_id) & (w32[starts[:count] >> 2] <= max_frame_length)
+    count = _leading(np, ok, count)
+    if count == 0:
+        return 0, 0, 0, 0
     return count, _end(starts, count, length), term_id, session_id
 
 
