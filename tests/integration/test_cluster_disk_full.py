@@ -58,9 +58,7 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
         assert "[archive]" in text
         node.config_path.write_text(text.replace("[archive]", '[archive]\nlow_space_threshold = "6m"', 1))
         cluster.start()
-        # Load only once every member follows: a member that joins while the leader takes writes
-        # without pause can stay in FOLLOWER_CATCHUP (a catchup that is not sent), a fault of
-        # its own that this test is not about.
+        # Load once every member follows, so that each member's archive is measured from the start.
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
         async with open_kv_client(cluster.client_config) as kv, \
                 open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
@@ -93,9 +91,8 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
                                         "the other two go on committing")
                 writer.stop.set()
             await writer.verify()
-            # A follower restarted while the leader takes writes without pause stays in
-            # FOLLOWER_CATCHUP (the leader's catchup replay is not sent); so it restarts with
-            # the load stopped, as after any outage, and the load resumes once it is back.
+            # The member restarts with the load stopped (a restart under load is
+            # test_cluster_catchup_under_load's), and the load resumes once it is back.
             (small_disk / "filler").unlink()
             cluster.restart(FULL_MEMBER, timeout=60)
             await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {FULL_MEMBER} caught up")

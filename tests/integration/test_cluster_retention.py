@@ -50,9 +50,7 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
     with TestCluster(tmp_path, snapshot_interval=INTERVAL, retain_snapshots=2, purge_log=True,
                      log_term_length=64 * 1024, segment_length=SEGMENT) as cluster:
         cluster.start()
-        # Load only once every member follows: a member that joins while the leader takes writes
-        # without pause can stay in FOLLOWER_CATCHUP (a catchup that is not sent), a fault of
-        # its own that this test is not about.
+        # Load once every member follows, so that each member's archive is measured from the start.
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
         adirs = [n.cfg.archive_dir for n in cluster.nodes]
         peak = [0, 0, 0]
