@@ -89,7 +89,7 @@ from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
-from media.channel import ChannelUri, parse
+from media.channel import ChannelUri, parse, reply_channel_refusal
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
@@ -322,6 +322,8 @@ class ConsensusAgent:
         self._from_service = None
         # Log plumbing
         self.recording_id = NULL_VALUE
+        self.log_start_position = 0
+        """Where the log recording starts (after a purge of its front, not 0); BackupResponse."""
         self.initial_term_id = 0
         self._rec_counter_id: int | None = None
         self._counters_reader: CountersReader | None = None
@@ -402,6 +404,7 @@ class ConsensusAgent:
         stop = await self.archive.get_stop_position(self.recording_id)
         start = await self.archive.get_start_position(self.recording_id)
         plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
+        self.log_start_position = start
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
@@ -1153,6 +1156,11 @@ class ConsensusAgent:
         if t is codecs.TerminationPosition or t is codecs.TerminationAck:
             self._on_termination_message(msg)
             return
+        if t is codecs.BackupQuery:
+            self._on_backup_query(msg, header.session_id)
+            return
+        if t is codecs.BackupResponse:
+            return  # meant for a backup's own channel, never a member's
         if t is codecs.CatchupPosition and msg.catchup_endpoint:
             # The follower's catchup endpoint as it bound it (config may say port 0).
             self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
@@ -1160,6 +1168,63 @@ class ConsensusAgent:
         # StopCatchup and TerminationPosition come from the leader and name no sender.
         sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
         self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
+        """Answer a backup (or a member seeding its empty directory) with what it needs to copy
+        the cluster: our log recording, terms, commit-position counter and latest snapshot set.
+        Any member answers; the answer names the leader, whom the asker then prefers."""
+        source = ""
+        for image in self._consensus_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_host
+        refusal = reply_channel_refusal(msg.response_channel, source)
+        if refusal is not None:
+            self.counters["errors"].add(1)
+            self.input_errors.record(f"backup query refused: {refusal.split(':')[0]}",
+                                     "backup query refused (no answer sent): " + refusal)
+            return
+        if not self._one_shot_reply_allowed():
+            return
+        try:
+            pub = self.driver.add_publication(msg.response_channel, msg.response_stream_id, exclusive=False)
+        except Exception as e:  # noqa: BLE001 - an asker's bad channel
+            self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
+            return
+        self._tasks.start_soon(self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id)))
+
+    def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
+        """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
+        rl = self.recording_log_file.log
+        m = self.module
+        terms = [e for e in rl.term_entries() if e.recording_id == self.recording_id]
+        first = terms[0] if terms else None
+        last = rl.last_term()
+        plan = rl.create_recovery_plan(self.service_count, 0, 0, self.recording_id)
+        snapshots = tuple(codecs.BackupSnapshot(s.recording_id, s.leadership_term_id, s.term_base_log_position,
+                                                s.log_position, s.timestamp, s.service_id) for s in plan.snapshots)
+        leader = m.known_leader_member_id if m is not None else NULL_VALUE
+        return codecs.BackupResponse(
+            correlation_id=correlation_id, log_recording_id=self.recording_id,
+            log_leadership_term_id=first.leadership_term_id if first else NULL_VALUE,
+            log_term_base_log_position=first.term_base_log_position if first else 0,
+            last_leadership_term_id=last.leadership_term_id if last else NULL_VALUE,
+            last_term_base_log_position=last.term_base_log_position if last else 0,
+            commit_position_counter_id=self.counters["commit-pos"].counter_id,
+            leader_member_id=leader, member_id=self.cfg.member_id, snapshots=snapshots,
+            cluster_members=self.cfg.members_text, commit_position=self.counters["commit-pos"].get(),
+            log_start_position=self.log_start_position,
+        )
+
+    async def _send_one_shot(self, pub, data: bytes) -> None:
+        """Offer ``data`` once the asker's channel connects (bounded), then close it."""
+        self._one_shot_open += 1
+        try:
+            with trio.move_on_after(1.0):
+                while pub.offer(data) < 0 and not pub.closed:
+                    await trio.sleep(0.005)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S)
+        finally:
+            self._one_shot_open -= 1
 
     def _on_members_mismatch(self, msg) -> None:
         """A member whose view of the cluster (cluster id, members list) differs from ours: its

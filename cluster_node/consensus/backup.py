@@ -101,9 +101,10 @@ class BackupSettings:
     """RESET_BACKUP waits this long after a failure before it queries again."""
     seed: bool = False
     """Member seeding: stop (CLOSED) once the snapshots are copied and written."""
-    seed_query_timeout_ns: int = 10 * _S
+    seed_query_timeout_ns: int = 60 * _S
     """Seeding gives up (and the member starts with an empty log) when no member has answered
-    with a snapshot set within this long, or every other member has answered without one."""
+    with a snapshot set within this long; it does at once when a majority of the cluster,
+    itself included, has none."""
 
 
 # ------------------------------------------------------------------ effects
@@ -237,6 +238,12 @@ class ClusterBackupCore:
         self._deadline_ns = now_ns + self.settings.response_timeout_ns
 
     def _ask_next(self, now_ns: int) -> None:
+        if self.settings.seed:
+            # A starting member asks everyone at once: it waits for a majority's answer.
+            for member_id in self.member_ids:
+                if member_id not in self._round.answered_empty:
+                    self._ask(member_id, now_ns)
+            return
         member_id = self.member_ids[self._next_member % len(self.member_ids)]
         self._next_member += 1
         self._ask(member_id, now_ns)
@@ -250,16 +257,20 @@ class ClusterBackupCore:
         self.highest_term_seen = max(self.highest_term_seen, resp.last_leadership_term_id)
         usable = snapshot_set_is_complete(resp.snapshots, self.service_count)
         if self.settings.seed and not usable:
+            # A majority of the cluster (this member, with nothing, included) without a
+            # snapshot set: no committed snapshot is missing from a member that could lead,
+            # so the member starts with an empty log (a new cluster's first start, say).
             r.answered_empty.add(resp.member_id)
-            if r.answered_empty >= set(self.member_ids):
+            if len(r.answered_empty) + 1 > (len(self.member_ids) + 1) // 2:
                 self._seed_done(now_ns, seeded=False)
-            else:
-                self._ask_next(now_ns)
             return
         if not self.settings.seed and resp.log_recording_id == NULL_VALUE:
             self._ask_next(now_ns)  # a member with no log yet (it is seeding itself)
             return
         leader = resp.leader_member_id
+        if self.settings.seed and r.fallback is None and resp.member_id != leader and leader in r.asked:
+            r.fallback = resp  # the leader was asked with the others; its answer may follow
+            return
         if resp.member_id != leader and leader in self.member_ids and leader not in r.asked:
             r.fallback = r.fallback or resp
             self._ask(leader, now_ns)

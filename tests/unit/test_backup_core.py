@@ -149,32 +149,52 @@ def test_the_member_s_live_log_ending_queries_again():
     assert c.state == b.BackupState.BACKUP_QUERY and c.live_stop_position == 640
 
 
-def test_seed_copies_the_snapshot_set_and_writes_snapshot_and_term_entries():
+def test_seed_asks_every_member_and_copies_the_leader_s_snapshot_set():
     rl = RecordingLog()
     c = core(seed=True, rl=rl, self_member_id=1)
-    (q,) = c.drain_effects()
-    assert q.member_id != 1
-    c.on_response(response(q.correlation_id, q.member_id, q.member_id), 1)
+    qs = c.drain_effects()
+    assert sorted(q.member_id for q in qs) == [0, 2]
+    cid = qs[0].correlation_id
+    # A follower answers first, naming the leader (also asked): its answer is kept aside.
+    c.on_response(response(cid, 2, 0), 1)
+    assert c.state == b.BackupState.BACKUP_QUERY
+    c.on_response(response(cid, 0, 0), 2)
+    assert c.source_member_id == 0
     c.on_snapshot_retrieved(*[e.snapshot for e in c.drain_effects()], 100, 2)
     c.on_snapshot_retrieved(*[e.snapshot for e in c.drain_effects()], 101, 3)
     assert c.drain_effects() == [b.StartLogRecording(-1, 4096)]
     c.on_log_recording(7, 4)
     assert apply(c.drain_effects())
-    assert c.state == b.BackupState.CLOSED and c.seeded
+    assert c.state == b.BackupState.CLOSED and c.seeded and c.highest_term_seen == 2
     plan = rl.create_recovery_plan(1, 4096, 4096)
     assert plan.snapshots[0].log_position == 4096 and plan.log_recording_id == 7
     assert plan.last_leadership_term_id == 2 and plan.last_term_base_log_position == 1024
 
 
-def test_seed_gives_up_when_every_other_member_has_no_snapshot_or_on_timeout():
+def test_seed_without_the_leader_s_answer_uses_the_follower_s_after_the_response_timeout():
+    c = core(seed=True, self_member_id=1)
+    cid = c.drain_effects()[0].correlation_id
+    c.on_response(response(cid, 2, 0), 1)
+    c.do_work(4 * S)
+    assert c.state == b.BackupState.BACKUP_QUERY
+    c.do_work(5 * S)
+    assert c.state == b.BackupState.SNAPSHOT_RETRIEVE and c.source_member_id == 2
+
+
+def test_seed_asks_again_until_someone_answers():
+    c = core(seed=True, self_member_id=1)
+    assert len(c.drain_effects()) == 2
+    c.do_work(5 * S)
+    assert len(c.drain_effects()) == 2 and c.state == b.BackupState.BACKUP_QUERY
+
+
+def test_seed_gives_up_when_a_majority_has_no_snapshot_or_on_timeout():
     c = core(seed=True, self_member_id=0)
-    (q,) = c.drain_effects()
+    (q, _) = c.drain_effects()
     c.on_response(response(q.correlation_id, q.member_id, -1, snapshots=(), rec=-1), 1)
-    (q2,) = c.drain_effects()
-    c.on_response(response(q.correlation_id, q2.member_id, -1, snapshots=(), rec=-1), 2)
     assert c.state == b.BackupState.CLOSED and not c.seeded
     c = core(seed=True, self_member_id=0)
-    c.do_work(10 * S)
+    c.do_work(60 * S)
     assert c.state == b.BackupState.CLOSED and not c.seeded
 
 
