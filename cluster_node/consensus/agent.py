@@ -67,7 +67,16 @@ from cluster_node.codecs import (
     encode_session_message,
 )
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
+from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus.backup import (
+    BackupSettings,
+    BackupState,
+    ClusterBackupCore,
+    RetrieveSnapshot,
+    SendBackupQuery,
+    StartLogRecording,
+)
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
@@ -155,6 +164,8 @@ class CounterTypes:
     """One per member, keyed by that member's id: the append position it last reported to this
     node while this node leads (-1 when it does not lead), so a lagging follower shows on the
     leader."""
+    SNAPSHOT_TRANSFERS = 1204
+    """1 when this start copied its snapshot set from another member (an empty directory), else 0."""
 
 
 class ModuleState:
@@ -292,6 +303,7 @@ class ConsensusAgent:
                 ("cycle-time-threshold-exceeded", CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED),
                 ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
                 ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
+                ("snapshot-transfers", CounterTypes.SNAPSHOT_TRANSFERS),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -399,6 +411,7 @@ class ConsensusAgent:
         # The driver's own counters file: the archive's recording positions are there (it is
         # not counters.dat when a predecessor's process still holds that name).
         self._counters_reader = CountersReader.open(self.driver.counters.path)
+        await self._seed_if_empty()
         await self._recover_log_recording()
         rl = self.recording_log_file.log
         stop = await self.archive.get_stop_position(self.recording_id)
@@ -455,6 +468,99 @@ class ConsensusAgent:
         self.counters["cm-state"].set(ModuleState.ACTIVE)
         nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
+
+    async def _seed_if_empty(self) -> None:
+        """A member that starts with nothing (a new disk, a wiped directory) first asks the
+        other members for their latest snapshot set (BackupQuery, every member at once). When
+        one has a snapshot set (the leader's answer preferred) its recordings are replicated
+        into our archive, and recording.log gets their SNAPSHOT entries and a TERM entry for an
+        empty log recording at the snapshot's position: the member then starts from the
+        snapshot and its election catches the log up from there, instead of from position 0
+        (which the leader may no longer hold, and which costs the whole log). When a majority
+        of the cluster, this member included, has no snapshot set (a new cluster's first
+        start), or nobody answers within ``timeouts.startup_canvass_timeout``, the member
+        starts with an empty log as before. Meanwhile this member answers the others' queries
+        (with nothing), so members of a new cluster starting together do not wait on each other."""
+        cfg = self.cfg
+        rl = self.recording_log_file.log
+        if rl.entries or len(cfg.cluster.members) == 1:
+            return
+        for d in await self.archive.list_recordings():
+            if d.stream_id == self.log_stream_id:
+                return  # a log without recording.log: _recover_log_recording's case
+        me = cfg.this_member
+        host = me.consensus.rpartition(":")[0]
+        others = [m for m in cfg.cluster.members if m.id != me.id]
+        link = BackupLink(self.driver, others, consensus_stream_id=cfg.cluster.consensus_stream_id,
+                          consensus_term_length=cfg.cluster.consensus_term_length,
+                          response_endpoint=f"{host}:{free_fixed_udp_ports(1, host)[0]}")
+        self._consensus_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.consensus}",
+                                                           cfg.cluster.consensus_stream_id)
+        t = cfg.timeouts
+        core = ClusterBackupCore(
+            [m.id for m in cfg.cluster.members],
+            BackupSettings(seed=True, response_timeout_ns=t.election_timeout_ns,
+                           seed_query_timeout_ns=t.startup_canvass_timeout_ns),
+            rl, self.service_count, time.monotonic_ns(), self.rng, self_member_id=me.id)
+        by_id = {m.id: m for m in others}
+        started = time.monotonic_ns()
+        log.info("empty node directory: asking the other members for a snapshot")
+
+        def on_query(buf, offset, length, header) -> None:
+            try:
+                msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+            except CodecError:
+                return
+            if type(msg) is codecs.BackupQuery:
+                self._on_backup_query(msg, header.session_id)
+
+        try:
+            while True:
+                for e in core.drain_effects():
+                    t_e = type(e)
+                    if t_e is SendBackupQuery:
+                        link.send_query(e.member_id, e.correlation_id)
+                    elif t_e is RetrieveSnapshot:
+                        try:
+                            rid = await retrieve_snapshot(
+                                self.archive, by_id[e.member_id], e.snapshot,
+                                control_stream_id=cfg.archive.control_request_stream_id,
+                                timeout_s=max(60.0, t.replication_progress_timeout_ns / 1e9))
+                        except ArchiveError as ex:
+                            core.on_failure(str(ex), time.monotonic_ns())
+                        else:
+                            core.on_snapshot_retrieved(e.snapshot, rid, time.monotonic_ns())
+                    elif t_e is StartLogRecording:
+                        rid = await create_empty_recording(
+                            self.archive, self.driver, self._local_channel(e.position, self._new_local_session()),
+                            self.log_stream_id)
+                        core.on_log_recording(rid, time.monotonic_ns())
+                    elif t_e is fx.WriteRecordingLog:
+                        self.recording_log_file.apply(e.writes)
+                if core.state == BackupState.CLOSED and not core.has_effects:
+                    break
+                for r in link.poll():
+                    core.on_response(r, time.monotonic_ns())
+                self._consensus_sub.poll(on_query, 16)
+                core.do_work(time.monotonic_ns())
+                if not core.has_effects:
+                    await link.wait(0.01)
+        finally:
+            link.close()
+            self._consensus_sub.close()
+            self._consensus_sub = None
+        elapsed_ms = (time.monotonic_ns() - started) // 1_000_000
+        if core.seeded:
+            # Votes this member cast before it lost its directory are gone with node-state.dat:
+            # it does not take part in any term it has heard of, so it cannot vote twice in one.
+            self.node_state.propose_max_candidate_term_id(core.highest_term_seen, 0, time.time_ns() // 1_000_000)
+            self.counters["snapshot-transfers"].set(1)
+            log.info("seeded from a member's snapshot", member=core.source_member_id,
+                     log_position=core.response.snapshots[0].log_position if core.response else None,
+                     recording_id=core.live_recording_id, elapsed_ms=elapsed_ms)
+        else:
+            log.info("starting with an empty log", reason=core.failure or "no member has a snapshot set",
+                     elapsed_ms=elapsed_ms)
 
     async def _load_snapshot(self, plan) -> None:
         """Restore sessions, timers and pending service messages from the plan's consensus module

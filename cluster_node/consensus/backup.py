@@ -213,6 +213,10 @@ class ClusterBackupCore:
 
     # ------------------------------------------------------------------ plumbing
 
+    @property
+    def has_effects(self) -> bool:
+        return bool(self._effects)
+
     def drain_effects(self) -> list:
         effects, self._effects = self._effects, []
         return effects
