@@ -38,7 +38,7 @@ the next answer names the new leader.
 
 Inputs: ``do_work(now_ns)``, ``on_response(resp, now_ns)``, ``on_snapshot_retrieved(snapshot,
 dst_recording_id, now_ns)``, ``on_log_recording(recording_id, now_ns)``,
-``on_live_log_replay_started(now_ns)``, ``on_live_log_position(position, now_ns)``,
+``on_live_log_replay_started(recording_id, now_ns)``, ``on_live_log_position(position, now_ns)``,
 ``on_live_log_ended(stop_position, now_ns)``, ``on_new_term(term_id, base, now_ns)``,
 ``on_failure(reason, now_ns)``. Effects (drained with ``drain_effects``) are the dataclasses
 below; ``WriteRecordingLog`` carries recording.log patches as the consensus core's do.
@@ -60,6 +60,7 @@ from cluster_node.consensus.recording_log import (
 
 __all__ = [
     "BackupState",
+    "BackupCounterTypes",
     "BackupSettings",
     "ClusterBackupCore",
     "SendBackupQuery",
@@ -86,6 +87,17 @@ class BackupState(enum.IntEnum):
     BACKING_UP = 5
     RESET_BACKUP = 6
     CLOSED = 7
+
+
+class BackupCounterTypes:
+    """The reference's ClusterBackup counter types, and ours."""
+
+    STATE = 208
+    LIVE_LOG_POSITION = 209
+    NEXT_QUERY_DEADLINE = 210
+    ERRORS = 211
+    LAST_SUCCESS = 1205
+    """Ours: wall-clock ms of the last query cycle that reached BACKING_UP (0: none yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +139,9 @@ class RetrieveSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class StartLogRecording:
-    """Backup: record the live log replay into ``extend_recording_id`` (NULL_VALUE: a new
-    recording), from ``position``. Seed: create an empty log recording at ``position``.
-    Answer with ``on_log_recording``."""
+    """Backup: get ready to record the live log replay into ``extend_recording_id`` (NULL_VALUE:
+    a new recording), from ``position``; answer with ``on_log_recording`` (any id). Seed: create
+    an empty log recording at ``position``; answer with ``on_log_recording(its id)``."""
 
     extend_recording_id: int
     position: int
@@ -138,7 +150,8 @@ class StartLogRecording:
 @dataclass(frozen=True, slots=True)
 class StartLiveLogReplay:
     """Ask ``member_id``'s archive for a replay of its log recording from ``position``, bounded
-    by its commit-position counter, into the recording started before."""
+    by its commit-position counter, into the recording started before; answer with
+    ``on_live_log_replay_started(recording id)`` once it records, or ``on_failure``."""
 
     member_id: int
     src_recording_id: int
@@ -386,31 +399,33 @@ class ClusterBackupCore:
             return
         if self.state != BackupState.LIVE_LOG_RECORD:
             return
-        new = recording_id != self.live_recording_id
-        self.live_recording_id = recording_id
-        if new:
-            self.live_stop_position = self.live_position = self._replay_from
+        # Backup: the recording waits for the replay's image; a new one's id comes with
+        # on_live_log_replay_started.
         resp = self.response
         self._set_state(BackupState.LIVE_LOG_REPLAY)
         self._live_running = True
         self._emit(StartLiveLogReplay(resp.member_id, resp.log_recording_id, self._replay_from,
                                       resp.commit_position_counter_id))
 
-    def on_live_log_replay_started(self, now_ns: int) -> None:
+    def on_live_log_replay_started(self, recording_id: int, now_ns: int) -> None:
+        """The member's replay arrived and ``recording_id`` records it (new, or the extended one)."""
         if self.state != BackupState.LIVE_LOG_REPLAY:
             return
+        if recording_id != self.live_recording_id:
+            self.live_recording_id = recording_id
+            self.live_stop_position = self.live_position = self._replay_from
         self._set_state(BackupState.UPDATE_RECORDING_LOG)
         patches = self._snapshot_patches()
-        if self.recording_log.last_term() is None or self.recording_log.last_term().recording_id != self.live_recording_id:
+        last = self.recording_log.last_term()
+        if last is None or last.recording_id != self.live_recording_id:
             # The term the copy starts in: the snapshot's when it starts at one (later terms
             # are found in the log as it arrives); from 0, the log's first entry names it.
             cm = [s for s in self.response.snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID]
-            if cm and cm[0].log_position == self._replay_from:
-                last = self.recording_log.last_term()
-                if last is None or cm[0].leadership_term_id > last.leadership_term_id:
-                    patches.extend(self.recording_log.append_term(
-                        self.live_recording_id, cm[0].leadership_term_id, cm[0].term_base_log_position,
-                        cm[0].timestamp))
+            if cm and cm[0].log_position == self._replay_from and (
+                    last is None or cm[0].leadership_term_id > last.leadership_term_id):
+                patches.extend(self.recording_log.append_term(
+                    self.live_recording_id, cm[0].leadership_term_id, cm[0].term_base_log_position,
+                    cm[0].timestamp))
         if patches:
             self._emit(WriteRecordingLog(tuple(patches)))
         self._set_state(BackupState.BACKING_UP)
@@ -431,8 +446,11 @@ class ClusterBackupCore:
             return
         self._emit(WriteRecordingLog(self.recording_log.append_term(
             self.live_recording_id, leadership_term_id, term_base_log_position, now_ns)))
-        if self.state == BackupState.BACKING_UP:
-            self._query_due = True  # an election: ask again, the answer names the new leader
+        answered = self.response.last_leadership_term_id if self.response is not None else NULL_VALUE
+        if self.state == BackupState.BACKING_UP and leadership_term_id > answered:
+            # An election since the last answer: ask again, the answer names the new leader.
+            # (Terms the answer already knew, met while copying older log, are not elections.)
+            self._query_due = True
 
     def on_live_log_ended(self, stop_position: int, now_ns: int) -> None:
         """The local recording of the live log stopped (we stopped it, or the member's replay

@@ -70,10 +70,10 @@ def test_backup_cycle_copies_snapshots_records_the_log_from_the_snapshot_and_wri
     c.on_snapshot_retrieved(SNAPS[1], 101, 3)
     (rec,) = c.drain_effects()
     assert rec == b.StartLogRecording(-1, 4096) and c.state == b.BackupState.LIVE_LOG_RECORD
-    c.on_log_recording(102, 4)
+    c.on_log_recording(-1, 4)
     (replay,) = c.drain_effects()
     assert replay == b.StartLiveLogReplay(q.member_id, 3, 4096, 42)
-    c.on_live_log_replay_started(5)
+    c.on_live_log_replay_started(102, 5)
     (w,) = apply(c.drain_effects())
     assert c.state == b.BackupState.BACKING_UP and c.last_success_ns == 5
     # services first, then the consensus module, then the TERM of the snapshot
@@ -92,10 +92,12 @@ def test_new_term_in_the_log_adds_a_term_and_queries_again_extending_the_recordi
     c.on_response(response(q.correlation_id, q.member_id, q.member_id), 1)
     c.on_snapshot_retrieved(SNAPS[0], 100, 2)
     c.on_snapshot_retrieved(SNAPS[1], 101, 3)
-    c.on_log_recording(102, 4)
-    c.on_live_log_replay_started(5)
+    c.on_log_recording(-1, 4)
+    c.on_live_log_replay_started(102, 5)
     c.drain_effects()
     c.on_live_log_position(9000, 6)
+    c.on_new_term(2, 1024, 6)  # the term the answer named (the copy started in it): no new query
+    assert c.do_work(6) == 0 and c.drain_effects() == []
     c.on_new_term(3, 8800, 7)
     assert apply(c.drain_effects()) and rl.last_term().leadership_term_id == 3
     c.on_new_term(3, 8800, 7)  # seen again: nothing
@@ -110,7 +112,7 @@ def test_new_term_in_the_log_adds_a_term_and_queries_again_extending_the_recordi
     assert c.drain_effects() == [b.StartLogRecording(102, 9024)]
     c.on_log_recording(102, 11)
     assert c.drain_effects() == [b.StartLiveLogReplay(q2.member_id, 3, 9024, 42)]
-    c.on_live_log_replay_started(12)
+    c.on_live_log_replay_started(102, 12)
     assert c.drain_effects() == [] and c.state == b.BackupState.BACKING_UP
 
 
@@ -142,9 +144,9 @@ def test_the_member_s_live_log_ending_queries_again():
     (q,) = c.drain_effects()
     c.on_response(response(q.correlation_id, q.member_id, q.member_id, snapshots=()), 1)
     assert c.drain_effects() == [b.StartLogRecording(-1, 0)]
-    c.on_log_recording(5, 2)
+    c.on_log_recording(-1, 2)
     c.drain_effects()
-    c.on_live_log_replay_started(3)
+    c.on_live_log_replay_started(5, 3)
     c.on_live_log_ended(640, 4)
     assert c.state == b.BackupState.BACKUP_QUERY and c.live_stop_position == 640
 
