@@ -96,8 +96,6 @@ def test_new_term_in_the_log_adds_a_term_and_queries_again_extending_the_recordi
     c.on_live_log_replay_started(102, 5)
     c.drain_effects()
     c.on_live_log_position(9000, 6)
-    c.on_new_term(2, 1024, 6)  # the term the answer named (the copy started in it): no new query
-    assert c.do_work(6) == 0 and c.drain_effects() == []
     c.on_new_term(3, 8800, 7)
     assert apply(c.drain_effects()) and rl.last_term().leadership_term_id == 3
     c.on_new_term(3, 8800, 7)  # seen again: nothing
@@ -147,6 +145,13 @@ def test_the_member_s_live_log_ending_queries_again():
     c.on_log_recording(-1, 2)
     c.drain_effects()
     c.on_live_log_replay_started(5, 3)
+    # Copying from 0: terms the answer already knew are written, but are no reason to ask again.
+    c.on_new_term(0, 0, 3)
+    c.on_new_term(2, 320, 3)
+    assert len(apply(c.drain_effects())) == 2 and c.do_work(3) == 0
+    c.on_new_term(3, 600, 3)
+    c.drain_effects()
+    assert c.do_work(3) == 1 and c.drain_effects() == [b.StopLiveLog()]
     c.on_live_log_ended(640, 4)
     assert c.state == b.BackupState.BACKUP_QUERY and c.live_stop_position == 640
 
