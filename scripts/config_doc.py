@@ -35,6 +35,10 @@ SECTIONS: list[tuple[str, type, str]] = [
     ("archive", config.ArchiveSection, "The archive (node configs)."),
     ("logging", config.LoggingSection, "The node log (node configs)."),
     ("client", config.ClientSection, "A cluster client (client configs)."),
+    ("backup", config.BackupSection, "A cluster backup (`cluster-node backup --config backup.toml`). A backup config "
+                                     "also has `[cluster]` (the cluster's `members` and stream ids, as the members "
+                                     "have them), and `[driver]`, `[archive]` and `[logging]` as a node config "
+                                     "(the log file defaults to `<backup dir>/logs/backup.log`)."),
 ]
 MEANINGS: dict[tuple[str, str], str] = {
     ("node", "member_id"): "This member's id: one of the ids in `cluster.members`.",
