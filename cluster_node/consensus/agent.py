@@ -499,7 +499,7 @@ class ConsensusAgent:
         t = cfg.timeouts
         core = ClusterBackupCore(
             [m.id for m in cfg.cluster.members],
-            BackupSettings(seed=True, response_timeout_ns=t.election_timeout_ns,
+            BackupSettings(seed=True, response_timeout_ns=t.election_status_interval_ns,
                            seed_query_timeout_ns=t.startup_canvass_timeout_ns),
             rl, self.service_count, time.monotonic_ns(), self.rng, self_member_id=me.id)
         by_id = {m.id: m for m in others}
