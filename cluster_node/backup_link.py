@@ -20,6 +20,7 @@ from archive.codecs import ControlResponseCode, RecordingSignal
 from cluster_node import codecs
 from cluster_node.backup_channels import archive_control_channel, consensus_channel, response_channel
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
+from media.distinct_errors import DistinctErrors
 
 __all__ = ["BackupLink", "retrieve_snapshot", "create_empty_recording"]
 
@@ -40,7 +41,8 @@ class BackupLink:
                                                    consensus_stream_id, exclusive=False)
                       for m in members}
         self._unsent: dict[int, bytes] = {}
-        self.bad_responses = 0
+        self.errors = DistinctErrors("cluster_node.backup")
+        """Bad datagrams on our response endpoint: counted, each kind said once, dropped."""
 
     def send_query(self, member_id: int, correlation_id: int) -> None:
         """Offered now or, while the member's channel connects, at each ``poll``."""
@@ -61,13 +63,15 @@ class BackupLink:
         def handler(buf, offset, length, header) -> None:
             try:
                 msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
-            except CodecError:
-                self.bad_responses += 1
+            except CodecError as e:
+                self.errors.record("bad response", f"an undecodable message on the backup's response channel "
+                                   f"dropped: {e}")
                 return
             if type(msg) is codecs.BackupResponse:
                 got.append(msg)
             else:
-                self.bad_responses += 1
+                self.errors.record(f"unexpected {type(msg).__name__}", "a message other than BackupResponse on "
+                                   f"the backup's response channel dropped: {type(msg).__name__}")
 
         self.subscription.poll(handler, 16)
         return got

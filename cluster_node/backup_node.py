@@ -95,6 +95,7 @@ class _Backup:
         self._recording_subscription_pending = False
         self._extend_id = codecs.NULL_VALUE
         self._last_state = None
+        self._failures = 0
 
     # ------------------------------------------------------------------ effects
 
@@ -136,7 +137,7 @@ class _Backup:
             self.rl_file.apply(e.writes)
 
     def _failed(self, reason: str) -> None:
-        self.counters["errors"].add(1)
+        self._failures += 1
         log.warning("backup step failed", state=self.core.state.name, reason=reason)
         self.core.on_failure(reason, time.monotonic_ns())
 
@@ -245,6 +246,7 @@ class _Backup:
         c = self.counters
         c["state"].set(int(core.state))
         c["live"].set(max(core.live_position, 0))
+        c["errors"].set(self._failures + self.link.errors.total)
         wall_minus_mono = time.time_ns() - time.monotonic_ns()
         c["deadline"].set((core.next_deadline_ns + wall_minus_mono) // 1_000_000)
         if core.last_success_ns:
