@@ -52,6 +52,7 @@ from archive.client import ArchiveClient, ArchiveError, find_recording_position_
 from archive.codecs import RecordingSignal
 from cluster_node import codecs
 from cluster_node.affinity import RoleAffinity
+from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
     CONSENSUS_TO_SERVICE_CODEC,
@@ -67,8 +68,8 @@ from cluster_node.codecs import (
     encode_session_message,
 )
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
-from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus import message_runs
 from cluster_node.consensus.backup import (
     BackupSettings,
     BackupState,
@@ -77,7 +78,6 @@ from cluster_node.consensus.backup import (
     SendBackupQuery,
     StartLogRecording,
 )
-from cluster_node.consensus import message_runs
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
