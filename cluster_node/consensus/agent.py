@@ -486,8 +486,10 @@ class ConsensusAgent:
         if rl.entries or len(cfg.cluster.members) == 1:
             return
         for d in await self.archive.list_recordings():
-            if d.stream_id == self.log_stream_id:
+            if d.stream_id == self.log_stream_id and d.start_position == 0:
                 return  # a log without recording.log: _recover_log_recording's case
+            # A log recording starting later with an empty recording.log is a seeding that
+            # stopped before it wrote recording.log (its entries come last): seeded again.
         me = cfg.this_member
         host = me.consensus.rpartition(":")[0]
         others = [m for m in cfg.cluster.members if m.id != me.id]
@@ -611,7 +613,10 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
+                # Only a log from 0 is of use without recording.log: one starting later (a
+                # seeding cut short) needs the snapshot recording.log would have named.
+                if (d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc")
+                        and d.start_position == 0):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.

@@ -80,6 +80,16 @@ async def test_a_wiped_follower_is_seeded_from_the_snapshot_catches_up_and_can_l
         assert [e.entry_type for e in rl.entries][:3] == [ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM]
         await same_digests(cluster, kv, "after-seed")
 
+        # A seeding cut short before it wrote recording.log (its entries come last) leaves a
+        # log recording that starts at the snapshot and no recording.log: the member seeds
+        # again rather than taking that log without its snapshot.
+        node.kill()
+        (node.dir / "recording.log").unlink()
+        await trio.to_thread.run_sync(cluster.restart, target)
+        await cluster.await_for(lambda: cluster.caught_up([0, 1, 2]), 60, f"member {target} caught up again")
+        assert events(cluster, target, "seeded from a member's snapshot"), node.log_tail()
+        await same_digests(cluster, kv, "after-second-seed")
+
         # The replaced member can lead: the two others are told never to nominate themselves
         # (appointed leader: the replaced member), restarted one at a time (a quorum stays up),
         # then the leader is killed.
