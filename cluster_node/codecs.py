@@ -607,6 +607,10 @@ class NewLeadershipTerm(Message, tag=53):
     is_startup: bool
     members_digest: U32 = 0
     """As CanvassPosition's."""
+    log_start_position: Position = 0
+    """This project's: where the leader's log recording starts (above 0 once its front was
+    purged). A follower whose log ends before it cannot be caught up from the leader's log: it
+    needs the leader's snapshot (``effects.SnapshotNeeded``)."""
 
 
 class AppendPosition(Message, tag=54):

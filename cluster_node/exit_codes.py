@@ -46,6 +46,9 @@ class ExitCode(enum.IntEnum):
     DATA_DAMAGED = 9
     """A file of the node is damaged (the catalog, the recorded log, recording.log, node-state,
     a snapshot): the node will not use, serve or cut it; the line names it and what to do."""
+    SNAPSHOT_NEEDED = 10
+    """The member's log ends before the leader's log starts (the leader purged it after a
+    snapshot): recording.log was moved aside, and the next start copies the leader's snapshot."""
     INTERNAL = 70
     """Any other unexpected error (a bug): the log file has the traceback."""
 

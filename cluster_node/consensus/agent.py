@@ -96,6 +96,7 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
+from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse, reply_channel_refusal
@@ -463,6 +464,7 @@ class ConsensusAgent:
             self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
             cluster_clock=lambda _monotonic_ns: time.time_ns(),
         )
+        self.module.log_start_position = start
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
         self.counters["cm-state"].set(ModuleState.ACTIVE)
@@ -485,8 +487,9 @@ class ConsensusAgent:
         rl = self.recording_log_file.log
         if rl.entries or len(cfg.cluster.members) == 1:
             return
+        below_log_start = any(p.name.startswith(self._BELOW_LOG_START) for p in cfg.node_dir.iterdir())
         for d in await self.archive.list_recordings():
-            if d.stream_id == self.log_stream_id and d.start_position == 0:
+            if d.stream_id == self.log_stream_id and d.start_position == 0 and not below_log_start:
                 return  # a log without recording.log: _recover_log_recording's case
             # A log recording starting later with an empty recording.log is a seeding that
             # stopped before it wrote recording.log (its entries come last): seeded again.
@@ -563,6 +566,25 @@ class ConsensusAgent:
         else:
             log.info("starting with an empty log", reason=core.failure or "no member has a snapshot set",
                      elapsed_ms=elapsed_ms)
+
+    _BELOW_LOG_START = "recording.log.below-log-start-"
+    """recording.log moved aside by ``_snapshot_needed``: the next start seeds from a snapshot."""
+
+    def _snapshot_needed(self, e: fx.SnapshotNeeded) -> None:
+        """Our log ends before the leader's log starts: only the leader's snapshot can bring
+        this member back, and its service cannot drop the state it holds while running. So
+        recording.log is moved aside (kept for the operator) and the member ends; its next
+        start finds no recording.log and copies the latest snapshot (``_seed_if_empty``)."""
+        path = self.recording_log_file.path
+        aside = path.with_name(f"{self._BELOW_LOG_START}{time.time_ns()}")
+        try:
+            os.replace(path, aside)
+        except OSError as ex:
+            fail(ExitCode.PERSIST_FAILED, f"cannot move {path} aside for a snapshot transfer: {ex.strerror or ex}")
+        fail(ExitCode.SNAPSHOT_NEEDED,
+             f"this member's log ends at {e.append_position}, before leader {e.leader_member_id}'s log starts "
+             f"({e.leader_log_start_position}): {path.name} was moved aside as {aside.name}; start the member "
+             "again and it copies the leader's latest snapshot")
 
     async def _load_snapshot(self, plan) -> None:
         """Restore sessions, timers and pending service messages from the plan's consensus module
@@ -704,7 +726,7 @@ class ConsensusAgent:
         fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
         fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription,
+        fx.CloseLogSubscription, fx.SnapshotNeeded,
     })
     """Effects that never await: executed with this pass's sends still held."""
 
@@ -856,6 +878,8 @@ class ConsensusAgent:
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
                      adapter_position=self._adapter_position(), commit_position=m.commit_position)
+        elif t is fx.SnapshotNeeded:
+            self._snapshot_needed(e)
         elif t is fx.RollbackUncommitted:
             self._abandon_snapshot("the log is being torn down for an election")
             self._abandon_termination("an election started")
