@@ -5,6 +5,7 @@ catches the log up from the snapshot's position, not from 0. Real processes, rea
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 import trio
@@ -14,7 +15,7 @@ from archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from tests.integration.test_cluster_snapshots import events, get_all, put_all, take_snapshot
 from cluster_node.service.examples.kv import Get
-from tests.support.cluster import DIGEST_PREFIX, TestCluster, open_kv_client, read_digests
+from tests.support.cluster import DIGEST_PREFIX, TestCluster, _node_command, open_kv_client, read_digests
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +107,61 @@ async def test_a_wiped_follower_is_seeded_from_the_snapshot_catches_up_and_can_l
         await put_all(kv, more)
         got = await get_all(kv, ["a0", "a299", "b0", "b199", "c0", "c49"])
         assert got == {"a0": b"0", "a299": b"299", "b0": b"0", "b199": b"199", "c0": b"0", "c49": b"49"}
+
+
+async def test_a_member_whose_log_ends_before_the_leader_s_log_start_restarts_from_a_snapshot(
+        cluster: TestCluster, tmp_path) -> None:
+    """The leaders' logs start at a snapshot (they were restored from a backup, which copies the
+    log from the latest snapshot on: as after a purge of the log's front), and one member's log
+    ends before that: it cannot be caught up from the log. It exits SNAPSHOT_NEEDED (10) with
+    recording.log moved aside, and its next start copies the snapshot and catches up."""
+    from tests.integration.test_cluster_backup import Backup
+
+    leader = cluster.start()
+    lagging = (leader + 1) % 3
+    others = [m for m in (0, 1, 2) if m != lagging]
+    async with open_kv_client(cluster.client_config) as kv:
+        await put_all(kv, {f"a{i}": b"%d" % i for i in range(50)})
+        cluster.nodes[lagging].kill()
+        await put_all(kv, {f"b{i}": b"%d" % i for i in range(300)})
+        r = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
+            capture_output=True, text=True, timeout=90))
+        assert r.returncode == 0, r.stdout + r.stderr
+        await put_all(kv, {f"c{i}": b"%d" % i for i in range(100)})
+        commit = cluster.counters()[leader].commit
+    backup = Backup(cluster, tmp_path)
+    backup.start()
+    try:
+        await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
+                                "the backup at the commit position")
+        assert backup.stop() == 0
+    finally:
+        backup.kill()
+    start = backup.log_recording().start_position
+    assert start > 0
+    for m in others:
+        node = cluster.nodes[m]
+        node.kill()
+        shutil.rmtree(node.dir)
+        node.dir.mkdir(parents=True)
+        shutil.copy2(backup.dir / "recording.log", node.dir / "recording.log")
+        shutil.copytree(backup.dir / "archive", node.dir / "archive")
+    for m in others:
+        cluster.nodes[m].start()
+    for m in others:
+        cluster.nodes[m].wait_ready(30)
+    await cluster.await_leader(30, exclude=[lagging])
+    node = cluster.nodes[lagging]
+    await trio.to_thread.run_sync(cluster.restart, lagging)
+    await cluster.await_for(lambda: not node.running, 60, f"member {lagging} exits")
+    assert node.proc.returncode == 10, (node.proc.returncode, node.stderr_tail())
+    assert list(node.dir.glob("recording.log.below-log-start-*")) and not (node.dir / "recording.log").exists()
+    await trio.to_thread.run_sync(cluster.restart, lagging)
+    await cluster.await_for(lambda: cluster.caught_up([0, 1, 2]), 60, f"member {lagging} caught up")
+    seeded = events(cluster, lagging, "seeded from a member's snapshot")
+    assert seeded and seeded[0]["log_position"] <= start, seeded
+    async with open_kv_client(cluster.client_config) as kv:
+        await same_digests(cluster, kv, "after-log-start")
+        got = await get_all(kv, ["a0", "b299", "c99"])
+        assert got == {"a0": b"0", "b299": b"299", "c99": b"99"}
