@@ -77,6 +77,7 @@ class ArchiveClient:
         self.async_responses: deque[c.ControlResponse] = deque(maxlen=_MAX_SIGNALS)
         self.on_signal: Callable[[c.RecordingSignalEvent], None] | None = None
         self.invalid_responses = 0
+        self.last_correlation_id = -1
         self.closed = False
 
     # ------------------------------------------------------------------ connect / close
@@ -191,6 +192,7 @@ class ArchiveClient:
 
     async def _request(self, cls, **fields) -> c.ControlResponse:
         correlation_id = self._new_correlation_id()
+        self.last_correlation_id = correlation_id  # a replication's signals carry it
         await self._send(cls(control_session_id=self.control_session_id, correlation_id=correlation_id, **fields))
         return await self._await(correlation_id)
 

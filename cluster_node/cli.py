@@ -10,6 +10,7 @@ import click
 
 from cluster_node import __version__
 from cluster_node.archive_cmd import archive
+from cluster_node.backup_cmd import backup
 from cluster_node.run_cmd import run
 from cluster_node.pipeline_cmd import pipeline
 from cluster_node.secret_cmd import secret
@@ -34,6 +35,7 @@ main.add_command(up)
 main.add_command(client)
 main.add_command(tool)
 main.add_command(secret)
+main.add_command(backup)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

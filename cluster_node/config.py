@@ -109,6 +109,10 @@ __all__ = [
     "NodeConfig",
     "ClientSection",
     "ClientConfig",
+    "BackupSection",
+    "BackupConfig",
+    "load_backup_config",
+    "parse_backup_config",
     "parse_duration_ns",
     "parse_size",
     "format_duration",
@@ -592,6 +596,76 @@ class ClientConfig(_Section):
         return self
 
 
+class BackupSection(_Section):
+    """A cluster backup process (``cluster-node backup``; ``cluster_node.backup_node``)."""
+
+    dir: str
+    """The backup's directory: recording.log, archive/ and logs/, laid out as a member's, so
+    that a member can be started from a copy of it (docs/operations.md)."""
+    host: str = "127.0.0.1"
+    """The address of this host the members answer and replay to (the backup's driver sends
+    from it: a member answers a query only on a channel of the address it came from)."""
+    query_interval_ns: int = 3600 * _S
+    """While backing up, query the cluster again this long after the last answer, to copy newer
+    snapshots (the reference's backup interval). A new leadership term found in the log
+    queries at once."""
+    response_timeout_ns: int = 5 * _S
+    """How long one member is given to answer a query before the next is asked."""
+    cool_down_ns: int = 30 * _S
+    """After a failure (a member's archive unreachable, a copy refused), wait this long in
+    RESET_BACKUP before querying again."""
+    service_count: int = 1
+    """Clustered services of the cluster (a snapshot set has one snapshot per service)."""
+
+
+class BackupConfig(_Section):
+    """Everything a backup process needs. Build with :func:`load_backup_config`."""
+
+    backup: BackupSection
+    cluster: ClusterSection
+    driver: DriverSection = DriverSection()
+    archive: ArchiveSection = ArchiveSection()
+    logging: LoggingSection = LoggingSection()
+    source: str = "<config>"
+
+    @property
+    def backup_dir(self) -> Path:
+        return Path(self.backup.dir)
+
+    @property
+    def archive_dir(self) -> Path:
+        return Path(self.archive.dir) if self.archive.dir else self.backup_dir / "archive"
+
+    @property
+    def driver_dir(self) -> Path:
+        return Path(self.driver.dir) if self.driver.dir else default_driver_dir(self.backup_dir)
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.logging.file) if self.logging.file else self.backup_dir / "logs" / "backup.log"
+
+    def driver_kwargs(self) -> dict[str, Any]:
+        return dict(self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(f"{self.backup.host}:0"))
+
+    def validate(self) -> "BackupConfig":
+        try:
+            _validate_backup(self)
+        except ConfigError as ex:
+            raise _prefixed(self.source, ex) from None
+        return self
+
+
+def _validate_backup(cfg: BackupConfig) -> None:
+    b = cfg.backup
+    if not b.dir:
+        _fail(cfg, "backup.dir", "must name a directory")
+    if not cfg.cluster.members:
+        _fail(cfg, "cluster.members", "the backup needs the cluster's members")
+    _check_endpoint(f"{b.host}:1", "backup.host")
+    _check_positive(cfg, "backup", b, ("query_interval_ns", "response_timeout_ns", "cool_down_ns", "service_count"))
+    _check_driver(cfg, cfg.driver)
+
+
 # --------------------------------------------------------------------------------------------
 # Member and endpoint text
 # --------------------------------------------------------------------------------------------
@@ -803,6 +877,25 @@ def parse_client_config(text: str, source: str = "<config>") -> ClientConfig:
     cfg = _convert(ClientConfig, data, source)
     cfg = msgspec.structs.replace(cfg, source=source)
     return cfg.validate()
+
+
+def parse_backup_config(text: str, source: str = "<config>") -> BackupConfig:
+    """A validated BackupConfig from TOML text; raises ConfigError."""
+    try:
+        data = _normalise(BackupConfig, _load_toml(text, source), "")
+    except ConfigError as ex:
+        raise _prefixed(source, ex) from None
+    for required in ("backup", "cluster"):
+        if required not in data:
+            raise ConfigError(f"{source}: [{required}]: missing table")
+    cfg = _convert(BackupConfig, data, source)
+    cfg = msgspec.structs.replace(cfg, source=source)
+    return cfg.validate()
+
+
+def load_backup_config(path: str | Path) -> BackupConfig:
+    """Read and validate a backup's TOML file; raises ConfigError with a one-line message."""
+    return parse_backup_config(_read(path), str(path))
 
 
 def _read(path: str | Path) -> str:

@@ -51,6 +51,9 @@ class ExitCode(enum.IntEnum):
     record its log can neither append nor acknowledge, so it leaves the cluster at once and the
     others go on; free space (``cluster-node tool purge-log``, ``cluster.purge_log``) and start it
     again, and it catches up."""
+    SNAPSHOT_NEEDED = 11
+    """The member's log ends before the leader's log starts (the leader purged it after a
+    snapshot): recording.log was moved aside, and the next start copies the leader's snapshot."""
     INTERNAL = 70
     """Any other unexpected error (a bug): the log file has the traceback."""
 

@@ -37,6 +37,10 @@ SECTIONS: list[tuple[str, type, str]] = [
     ("auth", config.AuthSection, "Client authentication and admin requests (node configs; the same on every member; "
                                  "see docs/security.md)."),
     ("client", config.ClientSection, "A cluster client (client configs)."),
+    ("backup", config.BackupSection, "A cluster backup (`cluster-node backup --config backup.toml`). A backup config "
+                                     "also has `[cluster]` (the cluster's `members` and stream ids, as the members "
+                                     "have them), and `[driver]`, `[archive]` and `[logging]` as a node config "
+                                     "(the log file defaults to `<backup dir>/logs/backup.log`)."),
 ]
 MEANINGS: dict[tuple[str, str], str] = {
     ("node", "member_id"): "This member's id: one of the ids in `cluster.members`.",

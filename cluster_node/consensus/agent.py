@@ -53,6 +53,7 @@ from archive.codecs import RecordingSignal
 from archive.segments import segment_base_position
 from cluster_node import codecs
 from cluster_node.affinity import RoleAffinity
+from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
     CONSENSUS_TO_SERVICE_CODEC,
@@ -72,6 +73,14 @@ from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.cluster_clock import ClusterClock
+from cluster_node.consensus.backup import (
+    BackupSettings,
+    BackupState,
+    ClusterBackupCore,
+    RetrieveSnapshot,
+    SendBackupQuery,
+    StartLogRecording,
+)
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
@@ -91,10 +100,11 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
+from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from cluster_node.wall_clock import wall_clock
-from media.channel import ChannelUri, parse
+from media.channel import ChannelUri, parse, reply_channel_refusal
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
@@ -160,6 +170,8 @@ class CounterTypes:
     """One per member, keyed by that member's id: the append position it last reported to this
     node while this node leads (-1 when it does not lead), so a lagging follower shows on the
     leader."""
+    SNAPSHOT_TRANSFERS = 1204
+    """1 when this start copied its snapshot set from another member (an empty directory), else 0."""
 
 
 class ModuleState:
@@ -297,6 +309,7 @@ class ConsensusAgent:
                 ("cycle-time-threshold-exceeded", CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED),
                 ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
                 ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
+                ("snapshot-transfers", CounterTypes.SNAPSHOT_TRANSFERS),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -331,6 +344,8 @@ class ConsensusAgent:
         self._from_service = None
         # Log plumbing
         self.recording_id = NULL_VALUE
+        self.log_start_position = 0
+        """Where the log recording starts (after a purge of its front, not 0); BackupResponse."""
         self.initial_term_id = 0
         self._rec_counter_id: int | None = None
         self._counters_reader: CountersReader | None = None
@@ -411,11 +426,13 @@ class ConsensusAgent:
         # The driver's own counters file: the archive's recording positions are there (it is
         # not counters.dat when a predecessor's process still holds that name).
         self._counters_reader = CountersReader.open(self.driver.counters.path)
+        await self._seed_if_empty()
         await self._recover_log_recording()
         rl = self.recording_log_file.log
         stop = await self.archive.get_stop_position(self.recording_id)
         start = await self.archive.get_start_position(self.recording_id)
         plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
+        self.log_start_position = start
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
@@ -468,11 +485,127 @@ class ConsensusAgent:
             self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
             cluster_clock=lambda _monotonic_ns: self._clock.now(),
         )
+        self.module.log_start_position = start
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
         self.counters["cm-state"].set(ModuleState.ACTIVE)
         nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
+
+    async def _seed_if_empty(self) -> None:
+        """A member that starts with nothing (a new disk, a wiped directory) first asks the
+        other members for their latest snapshot set (BackupQuery, every member at once). When
+        one has a snapshot set (the leader's answer preferred) its recordings are replicated
+        into our archive, and recording.log gets their SNAPSHOT entries and a TERM entry for an
+        empty log recording at the snapshot's position: the member then starts from the
+        snapshot and its election catches the log up from there, instead of from position 0
+        (which the leader may no longer hold, and which costs the whole log). When a majority
+        of the cluster, this member included, has no snapshot set (a new cluster's first
+        start), or nobody answers within ``timeouts.startup_canvass_timeout``, the member
+        starts with an empty log as before. Meanwhile this member answers the others' queries
+        (with nothing), so members of a new cluster starting together do not wait on each other."""
+        cfg = self.cfg
+        rl = self.recording_log_file.log
+        if rl.entries or len(cfg.cluster.members) == 1:
+            return
+        below_log_start = any(p.name.startswith(self._BELOW_LOG_START) for p in cfg.node_dir.iterdir())
+        for d in await self.archive.list_recordings():
+            if d.stream_id == self.log_stream_id and d.start_position == 0 and not below_log_start:
+                return  # a log without recording.log: _recover_log_recording's case
+            # A log recording starting later with an empty recording.log is a seeding that
+            # stopped before it wrote recording.log (its entries come last): seeded again.
+        me = cfg.this_member
+        host = me.consensus.rpartition(":")[0]
+        others = [m for m in cfg.cluster.members if m.id != me.id]
+        link = BackupLink(self.driver, others, consensus_stream_id=cfg.cluster.consensus_stream_id,
+                          consensus_term_length=cfg.cluster.consensus_term_length,
+                          response_endpoint=f"{host}:{free_fixed_udp_ports(1, host)[0]}")
+        self._consensus_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.consensus}",
+                                                           cfg.cluster.consensus_stream_id)
+        t = cfg.timeouts
+        core = ClusterBackupCore(
+            [m.id for m in cfg.cluster.members],
+            BackupSettings(seed=True, response_timeout_ns=t.election_status_interval_ns,
+                           seed_query_timeout_ns=t.startup_canvass_timeout_ns),
+            rl, self.service_count, time.monotonic_ns(), self.rng, self_member_id=me.id)
+        by_id = {m.id: m for m in others}
+        started = time.monotonic_ns()
+        log.info("empty node directory: asking the other members for a snapshot")
+
+        def on_query(buf, offset, length, header) -> None:
+            try:
+                msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+            except CodecError:
+                return
+            if type(msg) is codecs.BackupQuery:
+                self._on_backup_query(msg, header.session_id)
+
+        try:
+            while True:
+                for e in core.drain_effects():
+                    t_e = type(e)
+                    if t_e is SendBackupQuery:
+                        link.send_query(e.member_id, e.correlation_id)
+                    elif t_e is RetrieveSnapshot:
+                        try:
+                            rid = await retrieve_snapshot(
+                                self.archive, by_id[e.member_id], e.snapshot,
+                                control_stream_id=cfg.archive.control_request_stream_id,
+                                timeout_s=max(60.0, t.replication_progress_timeout_ns / 1e9))
+                        except ArchiveError as ex:
+                            core.on_failure(str(ex), time.monotonic_ns())
+                        else:
+                            core.on_snapshot_retrieved(e.snapshot, rid, time.monotonic_ns())
+                    elif t_e is StartLogRecording:
+                        rid = await create_empty_recording(
+                            self.archive, self.driver, self._local_channel(e.position, self._new_local_session()),
+                            self.log_stream_id)
+                        core.on_log_recording(rid, time.monotonic_ns())
+                    elif t_e is fx.WriteRecordingLog:
+                        self.recording_log_file.apply(e.writes)
+                if core.state == BackupState.CLOSED and not core.has_effects:
+                    break
+                for r in link.poll():
+                    core.on_response(r, time.monotonic_ns())
+                self._consensus_sub.poll(on_query, 16)
+                core.do_work(time.monotonic_ns())
+                if not core.has_effects:
+                    await link.wait(0.01)
+        finally:
+            link.close()
+            self._consensus_sub.close()
+            self._consensus_sub = None
+        elapsed_ms = (time.monotonic_ns() - started) // 1_000_000
+        if core.seeded:
+            # Votes this member cast before it lost its directory are gone with node-state.dat:
+            # it does not take part in any term it has heard of, so it cannot vote twice in one.
+            self.node_state.propose_max_candidate_term_id(core.highest_term_seen, 0, time.time_ns() // 1_000_000)
+            self.counters["snapshot-transfers"].set(1)
+            log.info("seeded from a member's snapshot", member=core.source_member_id,
+                     log_position=core.response.snapshots[0].log_position if core.response else None,
+                     recording_id=core.live_recording_id, elapsed_ms=elapsed_ms)
+        else:
+            log.info("starting with an empty log", reason=core.failure or "no member has a snapshot set",
+                     elapsed_ms=elapsed_ms)
+
+    _BELOW_LOG_START = "recording.log.below-log-start-"
+    """recording.log moved aside by ``_snapshot_needed``: the next start seeds from a snapshot."""
+
+    def _snapshot_needed(self, e: fx.SnapshotNeeded) -> None:
+        """Our log ends before the leader's log starts: only the leader's snapshot can bring
+        this member back, and its service cannot drop the state it holds while running. So
+        recording.log is moved aside (kept for the operator) and the member ends; its next
+        start finds no recording.log and copies the latest snapshot (``_seed_if_empty``)."""
+        path = self.recording_log_file.path
+        aside = path.with_name(f"{self._BELOW_LOG_START}{time.time_ns()}")
+        try:
+            os.replace(path, aside)
+        except OSError as ex:
+            fail(ExitCode.PERSIST_FAILED, f"cannot move {path} aside for a snapshot transfer: {ex.strerror or ex}")
+        fail(ExitCode.SNAPSHOT_NEEDED,
+             f"this member's log ends at {e.append_position}, before leader {e.leader_member_id}'s log starts "
+             f"({e.leader_log_start_position}): {path.name} was moved aside as {aside.name}; start the member "
+             "again and it copies the leader's latest snapshot")
 
     async def _load_snapshot(self, plan) -> None:
         """Restore sessions, timers and pending service messages from the plan's consensus module
@@ -523,7 +656,10 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
+                # Only a log from 0 is of use without recording.log: one starting later (a
+                # seeding cut short) needs the snapshot recording.log would have named.
+                if (d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc")
+                        and d.start_position == 0):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.
@@ -611,7 +747,7 @@ class ConsensusAgent:
         fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
         fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription,
+        fx.CloseLogSubscription, fx.SnapshotNeeded,
     })
     """Effects that never await: executed with this pass's sends still held."""
 
@@ -763,6 +899,8 @@ class ConsensusAgent:
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
                      adapter_position=self._adapter_position(), commit_position=m.commit_position)
+        elif t is fx.SnapshotNeeded:
+            self._snapshot_needed(e)
         elif t is fx.RollbackUncommitted:
             self._abandon_snapshot("the log is being torn down for an election")
             self._abandon_termination("an election started")
@@ -1191,6 +1329,11 @@ class ConsensusAgent:
         if t is codecs.TerminationPosition or t is codecs.TerminationAck:
             self._on_termination_message(msg)
             return
+        if t is codecs.BackupQuery:
+            self._on_backup_query(msg, header.session_id)
+            return
+        if t is codecs.BackupResponse:
+            return  # meant for a backup's own channel, never a member's
         if t is codecs.CatchupPosition and msg.catchup_endpoint:
             # The follower's catchup endpoint as it bound it (config may say port 0).
             self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
@@ -1198,6 +1341,63 @@ class ConsensusAgent:
         # StopCatchup and TerminationPosition come from the leader and name no sender.
         sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
         self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
+        """Answer a backup (or a member seeding its empty directory) with what it needs to copy
+        the cluster: our log recording, terms, commit-position counter and latest snapshot set.
+        Any member answers; the answer names the leader, whom the asker then prefers."""
+        source = ""
+        for image in self._consensus_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_host
+        refusal = reply_channel_refusal(msg.response_channel, source)
+        if refusal is not None:
+            self.counters["errors"].add(1)
+            self.input_errors.record(f"backup query refused: {refusal.split(':')[0]}",
+                                     "backup query refused (no answer sent): " + refusal)
+            return
+        if not self._one_shot_reply_allowed():
+            return
+        try:
+            pub = self.driver.add_publication(msg.response_channel, msg.response_stream_id, exclusive=False)
+        except Exception as e:  # noqa: BLE001 - an asker's bad channel
+            self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
+            return
+        self._tasks.start_soon(self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id)))
+
+    def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
+        """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
+        rl = self.recording_log_file.log
+        m = self.module
+        terms = [e for e in rl.term_entries() if e.recording_id == self.recording_id]
+        first = terms[0] if terms else None
+        last = rl.last_term()
+        plan = rl.create_recovery_plan(self.service_count, 0, 0, self.recording_id)
+        snapshots = tuple(codecs.BackupSnapshot(s.recording_id, s.leadership_term_id, s.term_base_log_position,
+                                                s.log_position, s.timestamp, s.service_id) for s in plan.snapshots)
+        leader = m.known_leader_member_id if m is not None else NULL_VALUE
+        return codecs.BackupResponse(
+            correlation_id=correlation_id, log_recording_id=self.recording_id,
+            log_leadership_term_id=first.leadership_term_id if first else NULL_VALUE,
+            log_term_base_log_position=first.term_base_log_position if first else 0,
+            last_leadership_term_id=last.leadership_term_id if last else NULL_VALUE,
+            last_term_base_log_position=last.term_base_log_position if last else 0,
+            commit_position_counter_id=self.counters["commit-pos"].counter_id,
+            leader_member_id=leader, member_id=self.cfg.member_id, snapshots=snapshots,
+            cluster_members=self.cfg.members_text, commit_position=self.counters["commit-pos"].get(),
+            log_start_position=self.log_start_position,
+        )
+
+    async def _send_one_shot(self, pub, data: bytes) -> None:
+        """Offer ``data`` once the asker's channel connects (bounded), then close it."""
+        self._one_shot_open += 1
+        try:
+            with trio.move_on_after(1.0):
+                while pub.offer(data) < 0 and not pub.closed:
+                    await trio.sleep(0.005)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S)
+        finally:
+            self._one_shot_open -= 1
 
     def _on_members_mismatch(self, msg) -> None:
         """A member whose view of the cluster (cluster id, members list) differs from ours: its

@@ -144,6 +144,9 @@ class ConsensusModule:
         self.rng = rng
         self.recording_log = recording_log
         self.log_recording_id = log_recording_id
+        self.log_start_position = 0
+        """Where this member's log recording starts (the shell sets it; above 0 after a purge of
+        the log's front). A leader tells its followers in NewLeadershipTerm."""
         last = recording_log.last_term()
         self.log_leadership_term_id = last.leadership_term_id if last else NULL_VALUE
         self.leadership_term_id = self.log_leadership_term_id
@@ -470,6 +473,7 @@ class ConsensusModule:
             self.log_session_id,
             self.settings.app_version,
             self.election is not None and self.election.is_node_startup,
+            log_start_position=self.log_start_position,
         )
 
     def track_append_position(self, msg: codecs.AppendPosition, now_ns: int) -> None:
