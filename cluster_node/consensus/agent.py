@@ -2222,6 +2222,9 @@ class ConsensusAgent:
                         done["segment_files_removed"] = await self.archive.purge_segments(self.recording_id,
                                                                                           new_start)
                         done["log_start_position"] = new_start
+                        # Named in NewLeadershipTerm: a member whose log ends before it cannot be
+                        # caught up from the log and takes a snapshot instead (SnapshotNeeded).
+                        self.log_start_position = self.module.log_start_position = new_start
                     else:
                         # Nothing new to detach; files a crash left detached still go.
                         done["segment_files_removed"] = await self.archive.delete_detached_segments(
