@@ -666,7 +666,8 @@ class Catalog:
         return self._write_fields(record, _STOP_TIMESTAMP_OFFSET, "<qqq", stop_timestamp, start, stop_position)
 
     def update_start_position(self, recording_id: int, start_position: int) -> ByteRange:
-        """Move the start forward after the front segments were purged."""
+        """Move the start: forward when the front segments are detached or purged, back when
+        detached ones are attached again."""
         record = self._valid_record(recording_id)
         stop = self._read_i64(record, _STOP_POSITION_OFFSET)
         _check_range("start_position", start_position, 0, _I64_MAX)

@@ -77,6 +77,7 @@ class ArchiveClient:
         self.async_responses: deque[c.ControlResponse] = deque(maxlen=_MAX_SIGNALS)
         self.on_signal: Callable[[c.RecordingSignalEvent], None] | None = None
         self.invalid_responses = 0
+        self.last_correlation_id = -1
         self.closed = False
 
     # ------------------------------------------------------------------ connect / close
@@ -191,6 +192,7 @@ class ArchiveClient:
 
     async def _request(self, cls, **fields) -> c.ControlResponse:
         correlation_id = self._new_correlation_id()
+        self.last_correlation_id = correlation_id  # a replication's signals carry it
         await self._send(cls(control_session_id=self.control_session_id, correlation_id=correlation_id, **fields))
         return await self._await(correlation_id)
 
@@ -312,6 +314,23 @@ class ArchiveClient:
 
     async def purge_recording(self, recording_id: int) -> None:
         await self._request(c.PurgeRecordingRequest, recording_id=recording_id)
+
+    async def detach_segments(self, recording_id: int, new_start_position: int) -> None:
+        """Move the start forward to a segment base; the files before it stay, detached."""
+        await self._request(c.DetachSegmentsRequest, recording_id=recording_id, new_start_position=new_start_position)
+
+    async def delete_detached_segments(self, recording_id: int) -> int:
+        """Delete the detached segment files; how many there were."""
+        return (await self._request(c.DeleteDetachedSegmentsRequest, recording_id=recording_id)).relevant_id
+
+    async def purge_segments(self, recording_id: int, new_start_position: int) -> int:
+        """Detach up to ``new_start_position`` (a segment base) and delete those files; how many."""
+        return (await self._request(c.PurgeSegmentsRequest, recording_id=recording_id,
+                                    new_start_position=new_start_position)).relevant_id
+
+    async def attach_segments(self, recording_id: int) -> int:
+        """Take back the detached files that join the start; how many."""
+        return (await self._request(c.AttachSegmentsRequest, recording_id=recording_id)).relevant_id
 
     # ------------------------------------------------------------------ replication
 

@@ -70,6 +70,10 @@ __all__ = [
     "ListRecordingsRequest",
     "MaxRecordedPositionRequest",
     "PurgeRecordingRequest",
+    "DetachSegmentsRequest",
+    "DeleteDetachedSegmentsRequest",
+    "PurgeSegmentsRequest",
+    "AttachSegmentsRequest",
     "RecordingDescriptorMessage",
     "RecordingPositionRequest",
     "RecordingProgress",
@@ -316,6 +320,41 @@ class StartPositionRequest(_Message, tag=52):
     recording_id: I64
 
 
+class DetachSegmentsRequest(_Message, tag=53):
+    """Move the recording's start forward to ``new_start_position`` (a segment base); the files
+    before it stay on disk, detached, until DeleteDetachedSegments or AttachSegments."""
+
+    control_session_id: I64
+    correlation_id: I64
+    recording_id: I64
+    new_start_position: I64
+
+
+class DeleteDetachedSegmentsRequest(_Message, tag=54):
+    """Delete the recording's detached segment files; the response's relevant id is how many."""
+
+    control_session_id: I64
+    correlation_id: I64
+    recording_id: I64
+
+
+class PurgeSegmentsRequest(_Message, tag=55):
+    """Detach up to ``new_start_position`` and delete the detached files; relevant id: how many."""
+
+    control_session_id: I64
+    correlation_id: I64
+    recording_id: I64
+    new_start_position: I64
+
+
+class AttachSegmentsRequest(_Message, tag=56):
+    """Take back the detached files that join the start; relevant id: how many."""
+
+    control_session_id: I64
+    correlation_id: I64
+    recording_id: I64
+
+
 class KeepAliveRequest(_Message, tag=61):
     control_session_id: I64
     correlation_id: I64
@@ -401,6 +440,10 @@ ArchiveRequest = Union[  # noqa: UP007 - msgspec needs a runtime union object
     StopAllReplaysRequest,
     StopReplicationRequest,
     StartPositionRequest,
+    DetachSegmentsRequest,
+    DeleteDetachedSegmentsRequest,
+    PurgeSegmentsRequest,
+    AttachSegmentsRequest,
     KeepAliveRequest,
     StartRecordingRequest2,
     ExtendRecordingRequest2,

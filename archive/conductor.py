@@ -26,6 +26,7 @@ process, or a tool in another, reads the append position without a request.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
@@ -54,7 +55,11 @@ from archive.storage import (
     ArchiveStorageError,
     CatalogStore,
     SegmentWriter,
+    attach_front,
+    delete_detached_segments,
     delete_segments,
+    detach_front,
+    free_space,
     recover,
     truncate_segments,
 )
@@ -84,6 +89,9 @@ _IDLE_WAIT_S = 5.0
 it waits for wakes it (data, images coming and going, stop), so this only bounds the cost of a
 wake-up lost to a race with a writer in another process; an idle archive wakes no more often."""
 E = c.ArchiveErrorCode
+
+_SPACE_CHECK_INTERVAL_S = 1.0
+"""How often a recording that grows checks the free space (``ArchiveConfig.low_space_threshold``)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,10 @@ class ArchiveConfig:
     """New recordings (and extensions of recordings written without them) carry a checksum in
     every frame (archive.checksums), checked by replay and verify. A recording that has them
     keeps them whatever this says."""
+    low_space_threshold: int = 0
+    """Warn when the free space of the archive's filesystem falls below this many bytes
+    (checked as each segment file is opened for writing, and every second while a recording
+    grows); 0: one segment length (the reference's default)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))
@@ -266,6 +278,14 @@ class Archive:
         """Warnings about bad requests: anyone who can reach the control port sends those."""
         self._counters_reader: CountersReader | None = None
         self._closed = False
+        self.on_storage_failure: Callable[[str], None] | None = None
+        """Called with one line when a recording cannot be written (a full disk, EIO): the node
+        ends there (a member that cannot record its log must not go on as one)."""
+        self.storage_failures = 0
+        self._next_space_check = 0.0
+        self.low_space = False
+        """The free space is below ``low_space_threshold`` (the first time logged, every crossing
+        counted in the archive's distinct errors)."""
 
     # ------------------------------------------------------------------ directory lock
 
@@ -550,6 +570,11 @@ class Archive:
         return session.do_work()
 
     def _on_progress(self, recording_id: int, position: int) -> None:
+        now = time.monotonic()
+        if now >= self._next_space_check:
+            # Besides each new segment file: a segment can be larger than the space left.
+            self._next_space_check = now + _SPACE_CHECK_INTERVAL_S
+            self.check_free_space()
         event = self._progress.pop(recording_id, None)
         if event is not None:
             event.set()
@@ -721,12 +746,13 @@ class Archive:
             f"rec-pos: {d.recording_id} {image.session_id} {image.stream_id} {rs.channel}",
             RECORDING_POSITION_TYPE_ID, d.recording_id,
         )
-        writer = SegmentWriter(self.dir, d, position, self.config.sync_level, rs.session_id_override)
+        writer = SegmentWriter(self.dir, d, position, self.config.sync_level, rs.session_id_override,
+                               on_new_segment=self.check_free_space)
         session = RecordingSession(
             recording_id=d.recording_id, image=image, writer=writer, position_counter=counter,
             subscription_id=rs.subscription_id, control_session_id=rs.control_session_id,
             correlation_id=rs.correlation_id, auto_stop=rs.auto_stop, on_progress=self._on_progress,
-            block_length=self.config.block_length,
+            block_length=self.config.block_length, on_write_failed=self._on_write_failed,
         )
         rs.sessions[d.recording_id] = session
         self.active_recordings[d.recording_id] = session
@@ -735,6 +761,40 @@ class Archive:
         self._signal(rs.control_session_id, rs.correlation_id, d.recording_id, rs.subscription_id, position, signal)
         log.info("recording started", recording_id=d.recording_id, position=position, signal=signal.name,
                  session_id=image.session_id, stream_id=image.stream_id, channel=rs.channel)
+
+    def check_free_space(self) -> bool:
+        """Warn (once, until the space comes back) when the archive's filesystem has less free
+        space than ``low_space_threshold``; True while it is low."""
+        threshold = self.config.low_space_threshold or self.config.segment_file_length
+        try:
+            free, total = free_space(self.dir)
+        except OSError:
+            return self.low_space
+        low = free < threshold
+        if low and not self.low_space:
+            self.errors.record("low storage space", "archive storage space is low: free space before the disk is full",
+                               level="warning", free_bytes=free, total_bytes=total, threshold_bytes=threshold,
+                               directory=str(self.dir))
+        elif not low and self.low_space:
+            log.info("archive storage space back above the threshold", free_bytes=free, threshold_bytes=threshold)
+        self.low_space = low
+        return low
+
+    def _on_write_failed(self, recording_id: int, message: str, error: OSError) -> None:
+        self.storage_failures += 1
+        free = None
+        try:
+            free = free_space(self.dir)[0]
+        except OSError:
+            pass
+        line = (f"archive cannot write recording {recording_id} in {self.dir}: "
+                f"{errno.errorcode.get(error.errno, error.errno)} ({error.strerror or error}); free space {free} bytes. "
+                f"Free space on that filesystem (cluster-node tool purge-log, cluster.purge_log) and start the member "
+                f"again: it catches up from the others")
+        self.errors.record("storage failure", "archive cannot write", level="error", recording_id=recording_id,
+                           error=message)
+        if self.on_storage_failure is not None:
+            self.on_storage_failure(line)
 
     def _finish_session(self, rs: RecordingSubscription, session: RecordingSession, signal: bool = True) -> None:
         session.do_work()
@@ -910,7 +970,10 @@ class Archive:
         session_id = uri.session_id
         if session_id is None:
             session_id = self._rng.randrange(-(2**31), 2**31)
-        pub_uri = uri.with_params(mtu=d.mtu_length, session_id=session_id).starting_at(
+        # The recording's MTU, or the replay channel's if larger: a recording may hold frames
+        # longer than the MTU it was made with (blocks copied from a stream of a larger MTU).
+        mtu = max(d.mtu_length, uri.mtu or 0)
+        pub_uri = uri.with_params(mtu=mtu, session_id=session_id).starting_at(
             position, d.initial_term_id, d.term_buffer_length)
         publication = self.driver.add_publication(pub_uri, stream_id)
         replay_session_id = (next(self._replay_ids) << 32) | (session_id & 0xFFFFFFFF)
@@ -990,6 +1053,54 @@ class Archive:
         delete_segments(self.dir, r.recording_id)
         session.ok(r.correlation_id)
         session.signal(r.correlation_id, r.recording_id, c.NULL_VALUE, d.stop_position, c.RecordingSignal.DELETE)
+
+    # ------------------------------------------------------------------ segments (front of a recording)
+
+    def _end_position(self, d: RecordingDescriptor) -> int:
+        """Where the recording's data ends now: the live position of an active one, else its stop."""
+        session = self.active_recordings.get(d.recording_id)
+        if session is not None:
+            return session.position
+        return d.stop_position if d.stop_position != NULL_POSITION else d.start_position
+
+    def _check_no_reader_before(self, recording_id: int, position: int, what: str) -> None:
+        for rp in self.replays.values():
+            if rp.recording_id == recording_id and not rp.done and rp.position < position:
+                raise ArchiveRequestError(
+                    E.GENERIC, f"cannot {what} recording {recording_id} to {position}: a replay reads it at {rp.position}")
+
+    def detach_segments(self, recording_id: int, new_start_position: int) -> RecordingDescriptor:
+        """Move the start of a recording (active or not) forward to a segment base; the files
+        before it stay, detached (storage.detach_front has the rules and the crash order)."""
+        d = self._descriptor(recording_id)
+        self._check_no_reader_before(recording_id, new_start_position, "detach")
+        try:
+            return detach_front(self.store, recording_id, new_start_position, self._end_position(d))
+        except ValueError as e:
+            raise ArchiveRequestError(E.GENERIC, str(e)) from None
+
+    def purge_segments(self, recording_id: int, new_start_position: int) -> int:
+        """Detach, then delete the detached files (catalog first: see storage.detach_front)."""
+        self.detach_segments(recording_id, new_start_position)
+        deleted = delete_detached_segments(self.dir, self.catalog.get(recording_id), self.config.sync_level)
+        log.info("recording segments purged", recording_id=recording_id, start_position=new_start_position,
+                 files=deleted)
+        return deleted
+
+    def _on_DetachSegmentsRequest(self, session: ControlSession, r: c.DetachSegmentsRequest) -> None:
+        self.detach_segments(r.recording_id, r.new_start_position)
+        session.ok(r.correlation_id)
+
+    def _on_DeleteDetachedSegmentsRequest(self, session: ControlSession, r: c.DeleteDetachedSegmentsRequest) -> None:
+        d = self._descriptor(r.recording_id)
+        session.ok(r.correlation_id, delete_detached_segments(self.dir, d, self.config.sync_level))
+
+    def _on_PurgeSegmentsRequest(self, session: ControlSession, r: c.PurgeSegmentsRequest) -> None:
+        session.ok(r.correlation_id, self.purge_segments(r.recording_id, r.new_start_position))
+
+    def _on_AttachSegmentsRequest(self, session: ControlSession, r: c.AttachSegmentsRequest) -> None:
+        self._descriptor(r.recording_id)
+        session.ok(r.correlation_id, attach_front(self.store, r.recording_id))
 
     # ------------------------------------------------------------------ replication
 

@@ -114,6 +114,10 @@ def _wrap_i32(n: int) -> int:
 
 def _reconstruct(directory: Path, rid: int, bases: list[int], hint: RecordingDescriptor | None,
                  peers: list[RecordingDescriptor], notes: list[str]) -> RecordingDescriptor:
+    if hint is not None and hint.start_position in bases:
+        # The entry's front was detached or purged to this segment base: files before it (left
+        # by a detach, or by a purge a crash cut short) are not part of the recording.
+        bases = [b for b in bases if b >= hint.start_position]
     files = {b: (directory / segment_file_name(rid, b)).read_bytes() for b in bases}
     base0 = bases[0]
     first = _first_frame(files[base0])

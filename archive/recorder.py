@@ -54,6 +54,7 @@ class RecordingSession:
         on_progress: Callable[[int, int], None],
         block_length: int = DEFAULT_BLOCK_LENGTH,
         max_blocks_per_work: int = 16,
+        on_write_failed: Callable[[int, str, OSError], None] | None = None,
     ) -> None:
         self.recording_id = recording_id
         self.image = image
@@ -71,6 +72,7 @@ class RecordingSession:
         """A duty cycle of this thread writes the recording itself after each append
         (ArchiveConductor.record_now): the recording task need not be woken for its data."""
         self._on_progress = on_progress
+        self._on_write_failed = on_write_failed
         self._block_length = block_length
         self._max_blocks = max_blocks_per_work
         self._write = writer.write_block
@@ -97,6 +99,8 @@ class RecordingSession:
             self.error = f"recording {self.recording_id}: write failed at {self.writer.position}: {e.strerror or e}"
             log.error("recording write failed", recording_id=self.recording_id, error=str(e))
             self.stop_requested = True
+            if self._on_write_failed is not None:
+                self._on_write_failed(self.recording_id, self.error, e)
         if total:
             self.position = self.writer.position
             self.counter.set(self.position)

@@ -60,6 +60,7 @@ __all__ = [
     "SegmentName",
     "align",
     "compute_position",
+    "detach_problem",
     "is_aligned",
     "parse_segment_file_name",
     "scan_frames",
@@ -286,3 +287,35 @@ def scan_frames(
             break
         position = end
     return position
+
+
+def detach_problem(
+    start_position: int, new_start_position: int, end_position: int, term_length: int, segment_length: int
+) -> str | None:
+    """Why the front of a recording may not be detached up to ``new_start_position`` (None: it may).
+
+    The reference's rules (``AeronArchive.detachSegments``): the new start must be a segment
+    base on the recording's grid, so that the names of the files that stay do not change; it must
+    lie beyond the segment holding the current start (detaching nothing is refused); and it must
+    not pass ``end_position`` (the stop position, or where an active recording has written to),
+    so that the file holding the current position is never detached: every file that goes has
+    its base before the new start, and the new start is at most the base of the file holding
+    ``end_position``.
+    """
+    validate_segment_length(segment_length, term_length)
+    if new_start_position < 0 or not is_aligned(new_start_position):
+        return f"new start position {new_start_position} is not a 32-byte aligned position"
+    if new_start_position < start_position:
+        return f"new start position {new_start_position} precedes the start position {start_position}"
+    base = segment_base_position(start_position, new_start_position, term_length, segment_length)
+    if base != new_start_position:
+        return (f"new start position {new_start_position} is not a segment boundary "
+                f"(the segment holding it starts at {base}; segments are {segment_length} bytes)")
+    first_base = segment_base_position(start_position, start_position, term_length, segment_length)
+    if new_start_position < first_base + segment_length:
+        return (f"new start position {new_start_position} leaves no segment to detach (the first segment "
+                f"starts at {first_base} and ends at {first_base + segment_length})")
+    if new_start_position > end_position:
+        return (f"new start position {new_start_position} is beyond the recorded position {end_position}: "
+                f"the segment holding the current position is in use")
+    return None

@@ -27,13 +27,18 @@ import click
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
-from archive.segments import FRAME_TYPE_DATA, is_aligned
+from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.rebuild import RebuildError, rebuild_catalog
 from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
+    CatalogStore,
+    attach_front,
     checks_text,
+    delete_detached_segments,
+    detach_front,
+    detached_segments,
     load_catalog,
     iter_frames,
     list_segments,
@@ -150,15 +155,23 @@ def describe(directory: Path, recording_id: int, as_json: bool) -> None:
     if as_json:
         fields = {name: getattr(d, name) for name in d.__struct_fields__}
         fields = {k: v if isinstance(v, (int, str, bool)) or v is None else str(v) for k, v in fields.items()}
-        files = [f"{recording_id}-{b}.rec" for b in list_segments(adir, recording_id)]
+        detached = set(detached_segments(adir, d))
+        files = [f"{recording_id}-{b}.rec" for b in list_segments(adir, recording_id) if b not in detached]
         click.echo(json.dumps({"archive_dir": str(adir), "descriptor": fields, "checks": checks_text(d),
-                               "segment_files": files}, indent=2))
+                               "segment_files": files,
+                               "detached_segment_files": [f"{recording_id}-{b}.rec" for b in sorted(detached)]},
+                              indent=2))
         return
     for name in d.__struct_fields__:
         click.echo(f"{name:20} {getattr(d, name)}")
     click.echo(f"{'checks':20} {checks_text(d)}")
-    bases = list_segments(adir, recording_id)
+    detached = detached_segments(adir, d)
+    bases = [b for b in list_segments(adir, recording_id) if b not in set(detached)]
     click.echo(f"{'segments':20} {len(bases)}: " + ", ".join(f"{recording_id}-{b}.rec" for b in bases))
+    if detached:
+        click.echo(f"{'detached segments':20} {len(detached)}: "
+                   + ", ".join(f"{recording_id}-{b}.rec" for b in detached)
+                   + " (before the start position: removed by the next purge, or taken back by attach-segments)")
 
 
 def _decode_payload(payload: bytes) -> str:
@@ -298,3 +311,79 @@ def truncate(directory: Path, recording_id: int, position: int) -> None:
         click.echo(f"recording {recording_id} truncated at {position} (was {_stop_text(d)})")
     finally:
         os.close(fd)
+
+
+def _store(adir: Path) -> CatalogStore:
+    try:
+        return CatalogStore(adir, sync_level=1)
+    except ArchiveStorageError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@archive.command("purge-segments")
+@_dir_option
+@click.argument("recording_id", type=int)
+@click.option("--before", "before", type=int, required=True,
+              help="log position: every segment file wholly before it is removed (rounded down to a segment boundary)")
+@_json_option
+def purge_segments(directory: Path, recording_id: int, before: int, as_json: bool) -> None:
+    """Remove the segment files of a recording wholly before a position (the node must be stopped).
+
+    The recording's start position moves to the segment boundary at or before BEFORE, the catalog
+    is synced, then the files go (oldest first). The segment holding the recording's last
+    position is never removed. A running node does this itself (`cluster.purge_log`)."""
+    adir = _archive_dir(directory)
+    fd = _locked(adir, "purge segments")
+    try:
+        store = _store(adir)
+        try:
+            d = _descriptor(store.catalog, recording_id)
+            end = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
+            if before < d.start_position:
+                raise click.ClickException(f"--before {before} precedes the recording's start position {d.start_position}")
+            new_start = segment_base_position(d.start_position, min(before, end), d.term_buffer_length,
+                                              d.segment_file_length)
+            first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
+                                              d.segment_file_length) + d.segment_file_length
+            deleted = 0
+            if new_start >= first_end:
+                try:
+                    detach_front(store, recording_id, new_start, end)
+                except ValueError as e:
+                    raise click.ClickException(str(e)) from None
+            else:
+                new_start = d.start_position
+            deleted = delete_detached_segments(adir, store.catalog.get(recording_id), sync_level=2)
+        finally:
+            store.close()
+    finally:
+        os.close(fd)
+    if as_json:
+        click.echo(json.dumps({"recording_id": recording_id, "old_start_position": d.start_position,
+                               "start_position": new_start, "segment_files_removed": deleted}, indent=2))
+    elif new_start == d.start_position and not deleted:
+        click.echo(f"recording {recording_id}: nothing to purge before {before} (start position {d.start_position}, "
+                   f"segments of {d.segment_file_length} bytes)")
+    else:
+        click.echo(f"recording {recording_id}: start position {d.start_position} -> {new_start}, "
+                   f"{deleted} segment file(s) removed")
+
+
+@archive.command("attach-segments")
+@_dir_option
+@click.argument("recording_id", type=int)
+def attach_segments(directory: Path, recording_id: int) -> None:
+    """Take back the detached segment files that join a recording's start (the node must be stopped)."""
+    adir = _archive_dir(directory)
+    fd = _locked(adir, "attach segments")
+    try:
+        store = _store(adir)
+        try:
+            d = _descriptor(store.catalog, recording_id)
+            n = attach_front(store, recording_id)
+            start = store.catalog.get(recording_id).start_position
+        finally:
+            store.close()
+    finally:
+        os.close(fd)
+    click.echo(f"recording {recording_id}: {n} segment file(s) attached, start position {d.start_position} -> {start}")

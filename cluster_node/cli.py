@@ -10,6 +10,7 @@ import click
 
 from cluster_node import __version__
 from cluster_node.archive_cmd import archive
+from cluster_node.backup_cmd import backup
 from cluster_node.run_cmd import run
 from cluster_node.pipeline_cmd import pipeline
 from cluster_node.secret_cmd import secret
@@ -17,6 +18,7 @@ from cluster_node.stat_cmd import stat
 from cluster_node.up_cmd import up
 from cluster_node.client_cmd import client
 from cluster_node.tool_cmd import tool
+from cluster_node import retention_cmd  # noqa: F401 - adds purge-log and the recording.log tools to `tool`
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,6 +35,7 @@ main.add_command(up)
 main.add_command(client)
 main.add_command(tool)
 main.add_command(secret)
+main.add_command(backup)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

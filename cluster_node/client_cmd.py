@@ -7,6 +7,7 @@
     cluster-node client --config var/cluster/client.toml delete greeting        -> OK
     cluster-node client --config configs/client.toml send "hi"                  -> hi (echo service)
     cluster-node client --config configs/client.toml watch                      -> events until Ctrl-C
+    cluster-node client --credentials-file alice.cred snapshot                  -> OK (an admin request)
 
 Each call opens one client session (a private media driver, connect, redirect to the leader),
 does its work and closes the session. ``put``/``get``/``delete``/``append`` speak the ``kv``
@@ -16,6 +17,11 @@ service's protocol (``cluster_node.service.examples.kv``) and match the reply by
 ``--timeout`` is one deadline for the whole call: until it passes, the connect asks every member
 again and again (a call made during an election waits for the new leader), and what is left of it
 after the connect is the wait for the reply (``watch``: for the connect).
+
+``--credentials-file`` names this client's id and key for a cluster that authenticates its
+clients (shared-secret; one ``client-id hexkey`` line, mode 0600; see docs/security.md); it
+overrides the config's ``client.credentials_file``. A refused client gets one line with the
+cluster's reason ("authentication rejected: ...") and exit code 1.
 
 Exit codes: 0 done; 1 an error (one line on stderr: no leader within ``--timeout``, naming what
 each member said; no reply within ``--timeout``, the cluster refused the session, a bad config, the
@@ -39,10 +45,12 @@ DEFAULT_CONFIG = Path("var/cluster/client.toml")
 
 
 class _Ctx:
-    def __init__(self, config_path: Path, timeout_s: float, verbose: bool) -> None:
+    def __init__(self, config_path: Path, timeout_s: float, verbose: bool,
+                 credentials_file: Path | None = None) -> None:
         import time
 
         self.config_path = config_path
+        self.credentials_file = credentials_file
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         """The whole call's deadline (``--timeout`` from the start)."""
@@ -63,11 +71,17 @@ def _say(ctx: _Ctx, text: str) -> None:
 def _connect(ctx: _Ctx, **kwargs):
     """A connected BlockingClusterClient, or a one-line ClickException."""
     from cluster_node.client import BlockingClusterClient, ClusterClientError, ConnectTimeoutError
+    from cluster_node.client import SharedSecretCredentials
     from cluster_node.config import ConfigError, load_client_config
+    from cluster_node.secret_file import SecretFileError
 
     try:
         cfg = load_client_config(ctx.config_path)
-    except ConfigError as e:
+        if ctx.credentials_file is not None:
+            kwargs["credentials"] = SharedSecretCredentials.from_file(ctx.credentials_file)
+        elif cfg.client.credentials_file:
+            kwargs["credentials"] = SharedSecretCredentials.from_file(cfg.client.credentials_file)
+    except (ConfigError, SecretFileError) as e:
         raise click.ClickException(str(e)) from None
     try:
         c = BlockingClusterClient(cfg, connect_timeout=ctx.left_s(), **kwargs)
@@ -143,8 +157,12 @@ def _interruptible(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
               help="Seconds for the whole call: the connect (through an election) and the reply.")
 @click.option("-v", "--verbose", is_flag=True, help="Print the session (id, leader, term) on stderr.")
+@click.option("--credentials-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="This client's `client-id hexkey` line (mode 0600) for a cluster that authenticates clients"
+                   " (overrides client.credentials_file).")
 @click.pass_context
-def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool) -> None:
+def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool,
+           credentials_file: Path | None) -> None:
     """Send requests to a running cluster: kv put/get/delete/append, raw send, watch events."""
     if config_path is None:
         if not DEFAULT_CONFIG.is_file():
@@ -162,7 +180,7 @@ def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbo
 
     # The client library logs its connects and leader changes; stdout is for results only.
     logsetup.configure("console", "info" if verbose else "error")
-    ctx.obj = _Ctx(config_path, timeout_s, verbose)
+    ctx.obj = _Ctx(config_path, timeout_s, verbose, credentials_file)
 
 
 @client.command()
@@ -243,6 +261,34 @@ def send(ctx: _Ctx, text: str, no_reply: bool) -> None:
         except ClusterClientError as e:
             raise click.ClickException(str(e)) from None
         click.echo(_text(raw))
+
+
+@client.command()
+@click.pass_obj
+@_interruptible
+def snapshot(ctx: _Ctx) -> None:
+    """Ask the cluster for a snapshot on every member (an admin request; this client's principal
+    must be allowed: auth.admin_principals). Prints OK, exit 0; otherwise the cluster's answer, exit 1."""
+    import trio
+
+    from cluster_node.client import ClusterClientError
+    from cluster_node.codecs import AdminResponseCode
+
+    with _connect(ctx) as c:
+        try:
+            response = c.request_snapshot(timeout=ctx.left_s())
+        except (TimeoutError, trio.TooSlowError):
+            raise click.ClickException(
+                f"no answer within {ctx.timeout_s:g}s (leader member {c.leader_member_id}, term {c.leadership_term_id})"
+            ) from None
+        except ClusterClientError as e:
+            raise click.ClickException(str(e)) from None
+    code = response.response_code
+    if code == AdminResponseCode.OK:
+        click.echo("OK")
+        return
+    name = AdminResponseCode(code).name if code in AdminResponseCode._value2member_map_ else str(code)
+    raise click.ClickException(f"{name}: {response.message or 'no message'}")
 
 
 @client.command()

@@ -159,6 +159,9 @@ __all__ = [
     "TerminationAck",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "BackupQuery",
+    "BackupSnapshot",
+    "BackupResponse",
     "CloseSession",
     "ScheduleTimer",
     "CancelTimer",
@@ -445,7 +448,8 @@ class AdminRequest(Message, tag=26):
     leadership_term_id: TermId
     cluster_session_id: I64
     correlation_id: I64
-    request_type: AdminRequestType
+    request_type: I32
+    """An :class:`AdminRequestType` value; any other is decoded too, and answered ERROR."""
     payload: Blob = b""
 
 
@@ -482,7 +486,8 @@ class Challenge(Message, tag=7):
 class AdminResponse(Message, tag=27):
     cluster_session_id: I64
     correlation_id: I64
-    request_type: AdminRequestType
+    request_type: I32
+    """The request's type as it came (an :class:`AdminRequestType` value, or not)."""
     response_code: AdminResponseCode
     message: Text = ""
     payload: Blob = b""
@@ -604,6 +609,10 @@ class NewLeadershipTerm(Message, tag=53):
     is_startup: bool
     members_digest: U32 = 0
     """As CanvassPosition's."""
+    log_start_position: Position = 0
+    """This project's: where the leader's log recording starts (above 0 once its front was
+    purged). A follower whose log ends before it cannot be caught up from the leader's log: it
+    needs the leader's snapshot (``effects.SnapshotNeeded``)."""
 
 
 class AppendPosition(Message, tag=54):
@@ -640,6 +649,58 @@ class TerminationAck(Message, tag=76):
     leadership_term_id: TermId
     log_position: Position
     member_id: MemberId
+
+
+class BackupQuery(Message, tag=77):
+    """Asks a member for what a copy of the cluster needs: its log recording, terms and latest
+    snapshot set (a backup, or a member that starts with an empty directory). Sent on the
+    member's consensus channel; the answer goes to ``response_channel``."""
+
+    correlation_id: I64
+    response_stream_id: I32
+    version: Version
+    response_channel: Text
+    encoded_credentials: Blob = b""
+
+
+class BackupSnapshot(
+    msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True
+):
+    """One snapshot of a BackupResponse (an untagged group entry): a recording in the answering
+    member's archive, as its recording.log lists it."""
+
+    recording_id: RecordingId
+    leadership_term_id: TermId
+    term_base_log_position: Position
+    log_position: Position
+    timestamp: I64
+    service_id: I32
+
+
+BackupSnapshots = Annotated[tuple[BackupSnapshot, ...], msgspec.Meta(max_length=MAX_MEMBERS)]
+
+
+class BackupResponse(Message, tag=78):
+    """The answer to a BackupQuery: the member's log recording (``log_recording_id``, the first
+    term it holds), its last term, the id of its commit-position counter (a bounded replay of
+    the log from its archive stops there), the leader it follows and the latest snapshot set
+    (the consensus module's, service id -1, first). ``commit_position`` and
+    ``log_start_position`` are this project's: the commit position when it answered, and where
+    its log recording starts (a purged log starts after 0)."""
+
+    correlation_id: I64
+    log_recording_id: RecordingId
+    log_leadership_term_id: TermId
+    log_term_base_log_position: Position
+    last_leadership_term_id: TermId
+    last_term_base_log_position: Position
+    commit_position_counter_id: I32
+    leader_member_id: MemberId
+    member_id: MemberId
+    snapshots: BackupSnapshots = ()
+    cluster_members: MembersText = ""
+    commit_position: Position = NULL_POSITION
+    log_start_position: Position = 0
 
 
 class HeartbeatRequest(Message, tag=79):
@@ -783,6 +844,9 @@ class ClusterSession(Message, tag=103):
     close_reason: CloseReason
     response_stream_id: I32
     response_channel: Text
+    encoded_principal: Blob = b""
+    """Who the session's client authenticated as (its SessionOpenEvent's principal): a member
+    that leads after loading this snapshot authorises the session's admin requests by it."""
 
 
 class Timer(Message, tag=104):
@@ -837,6 +901,8 @@ ConsensusMessage = Union[
     HeartbeatRequest,
     HeartbeatResponse,
     ChallengeResponse,
+    BackupQuery,
+    BackupResponse,
 ]
 ServiceToConsensus = Union[CloseSession, ScheduleTimer, CancelTimer, ServiceAck, ClusterMembersQuery]
 ConsensusToService = Union[

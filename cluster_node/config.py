@@ -105,9 +105,14 @@ __all__ = [
     "DriverSection",
     "ArchiveSection",
     "LoggingSection",
+    "AuthSection",
     "NodeConfig",
     "ClientSection",
     "ClientConfig",
+    "BackupSection",
+    "BackupConfig",
+    "load_backup_config",
+    "parse_backup_config",
     "parse_duration_ns",
     "parse_size",
     "format_duration",
@@ -235,6 +240,7 @@ _SIZE_FIELDS = frozenset(
         "snapshot_interval",
         "max_receive_term_length",
         "max_file_bytes",
+        "low_space_threshold",
     }
 )
 
@@ -291,6 +297,11 @@ class NodeSection(_Section):
     the idle state while its log moves, with an idle-class spinner each: cheaper wake-ups on
     virtual machines, at the price of those CPUs while traffic flows (see
     :mod:`cluster_node.keep_awake`)."""
+    clock_offset_file: str = ""
+    """For testing only: a file holding a signed number of milliseconds added to this member's
+    wall clock (cluster time, when it leads), read again while the member runs, so that a test
+    can step one member's clock back or forward (see :mod:`cluster_node.wall_clock`). Empty:
+    the system clock, as in production."""
 
 
 class ClusterSection(_Section):
@@ -328,6 +339,10 @@ class ClusterSection(_Section):
     requests, responses and replication) carries a MAC made with the key, and datagrams without
     a valid one are dropped and counted (docs/security.md). Every member needs the same key.
     Empty: no MACs; members' messages are then only checked against their configured host."""
+    backup_hosts: str = ""
+    """Hosts (comma-separated addresses) of cluster backups (``cluster-node backup``): their
+    requests to a member's archive control port are taken like a member's. Empty: a backup
+    must run on a member's host. With ``secret_file`` a backup also needs the key."""
     previous_secret_file: str = ""
     """A key still accepted (never sent with) during a rotation: the old key while the members
     restart one by one onto a new ``secret_file`` (docs/security.md). Empty: none."""
@@ -336,6 +351,17 @@ class ClusterSection(_Section):
     def member_auth(self) -> bool:
         """Member traffic is MAC'd (``secret_file`` is set)."""
         return bool(self.secret_file.strip())
+    retain_snapshots: int = 2
+    """Snapshot sets each member keeps (at least 1). After each snapshot a member marks older
+    sets invalid in recording.log, then removes their recordings from its archive. Two by
+    default: the newest, and one to fall back to (``cluster-node tool
+    invalidate-latest-snapshot``) should the newest not load."""
+    purge_log: bool = False
+    """After each snapshot, remove the log's segment files wholly before the oldest retained
+    snapshot (``retain_snapshots``), so the archive stays bounded. Off by default: a member
+    that was away while the log it lacks was purged everywhere cannot catch up from the log
+    and needs a snapshot from another member; turn it on where the disk must stay bounded. A
+    leader never purges below what a live follower has acknowledged."""
 
 
 class TimeoutsSection(_Section):
@@ -429,6 +455,10 @@ class ArchiveSection(_Section):
     frame_checksums: bool = True
     """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
     (archive/checksums.py); false records without (a recording that has them keeps them)."""
+    low_space_threshold: int = 0
+    """Warn (once, in the log and in ``cluster-node tool errors``) when the free space of the
+    archive's filesystem falls below this size, checked as each segment file is started and
+    every second while the log grows; 0: one ``segment_length``. When the disk is full the member exits (code 10) and the others go on."""
 
 
 class LoggingSection(_Section):
@@ -442,6 +472,30 @@ class LoggingSection(_Section):
     """Rotated files kept (``node.log.1`` .. ``node.log.<max_files>``); older ones are removed."""
 
 
+class AuthSection(_Section):
+    """Who may open a session and who may send admin requests (see docs/security.md,
+    "Client authentication" and "Admin requests"). Only the leader uses it; give every member
+    the same."""
+
+    authenticator: str = "null"
+    """``null``: every client is accepted with an empty principal (a warning is logged at
+    start); ``shared-secret``: challenge-response over a key per client, the keys in
+    ``credentials_file``; or ``package.module:ClassName`` of an Authenticator (constructed with
+    this section)."""
+    credentials_file: str = ""
+    """The shared-secret authenticator's client keys: a file only this user may read, one
+    ``client-id hexkey`` line per client (format in :mod:`cluster_node.auth`). Never inline."""
+    challenge_timeout_ns: int = 5 * _S
+    """A challenge not answered within this is rejected (shared-secret)."""
+    authorisation_service: str = "allow-list"
+    """``allow-list``: admin requests of the principals in ``admin_principals`` only (none by
+    default: every request is refused); or ``package.module:ClassName`` of an
+    AuthorisationService (constructed with this section)."""
+    admin_principals: tuple[str, ...] = ()
+    """Principals (the shared-secret authenticator's: client ids) whose admin requests are
+    authorised by the ``allow-list`` service."""
+
+
 class NodeConfig(_Section):
     """Everything one node process needs. Build with :func:`load_node_config`."""
 
@@ -451,6 +505,7 @@ class NodeConfig(_Section):
     driver: DriverSection = DriverSection()
     archive: ArchiveSection = ArchiveSection()
     logging: LoggingSection = LoggingSection()
+    auth: AuthSection = AuthSection()
     source: str = "<config>"
     """Where the config came from, for error messages (not a TOML key)."""
 
@@ -540,6 +595,10 @@ class ClientSection(_Section):
     """How long an automatic reconnect keeps trying before the client gives up and closes."""
     egress_buffer_messages: int = 4096
     """Messages kept for ``receive()`` when no handler is given; older ones are dropped."""
+    credentials_file: str = ""
+    """This client's id and key for a cluster with the shared-secret authenticator: a file only
+    this user may read, one line ``client-id hexkey`` (the client's line of the cluster's
+    ``auth.credentials_file``). Empty: no credentials are sent."""
 
 
 CLIENT_DRIVER_DEFAULTS = DriverSection(term_length=1024 * 1024, ipc_term_length=1024 * 1024)
@@ -566,6 +625,76 @@ class ClientConfig(_Section):
         except ConfigError as ex:
             raise _prefixed(self.source, ex) from None
         return self
+
+
+class BackupSection(_Section):
+    """A cluster backup process (``cluster-node backup``; ``cluster_node.backup_node``)."""
+
+    dir: str
+    """The backup's directory: recording.log, archive/ and logs/, laid out as a member's, so
+    that a member can be started from a copy of it (docs/operations.md)."""
+    host: str = "127.0.0.1"
+    """The address of this host the members answer and replay to (the backup's driver sends
+    from it: a member answers a query only on a channel of the address it came from)."""
+    query_interval_ns: int = 3600 * _S
+    """While backing up, query the cluster again this long after the last answer, to copy newer
+    snapshots (the reference's backup interval). A new leadership term found in the log
+    queries at once."""
+    response_timeout_ns: int = 5 * _S
+    """How long one member is given to answer a query before the next is asked."""
+    cool_down_ns: int = 30 * _S
+    """After a failure (a member's archive unreachable, a copy refused), wait this long in
+    RESET_BACKUP before querying again."""
+    service_count: int = 1
+    """Clustered services of the cluster (a snapshot set has one snapshot per service)."""
+
+
+class BackupConfig(_Section):
+    """Everything a backup process needs. Build with :func:`load_backup_config`."""
+
+    backup: BackupSection
+    cluster: ClusterSection
+    driver: DriverSection = DriverSection()
+    archive: ArchiveSection = ArchiveSection()
+    logging: LoggingSection = LoggingSection()
+    source: str = "<config>"
+
+    @property
+    def backup_dir(self) -> Path:
+        return Path(self.backup.dir)
+
+    @property
+    def archive_dir(self) -> Path:
+        return Path(self.archive.dir) if self.archive.dir else self.backup_dir / "archive"
+
+    @property
+    def driver_dir(self) -> Path:
+        return Path(self.driver.dir) if self.driver.dir else default_driver_dir(self.backup_dir)
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.logging.file) if self.logging.file else self.backup_dir / "logs" / "backup.log"
+
+    def driver_kwargs(self) -> dict[str, Any]:
+        return dict(self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(f"{self.backup.host}:0"))
+
+    def validate(self) -> "BackupConfig":
+        try:
+            _validate_backup(self)
+        except ConfigError as ex:
+            raise _prefixed(self.source, ex) from None
+        return self
+
+
+def _validate_backup(cfg: BackupConfig) -> None:
+    b = cfg.backup
+    if not b.dir:
+        _fail(cfg, "backup.dir", "must name a directory")
+    if not cfg.cluster.members:
+        _fail(cfg, "cluster.members", "the backup needs the cluster's members")
+    _check_endpoint(f"{b.host}:1", "backup.host")
+    _check_positive(cfg, "backup", b, ("query_interval_ns", "response_timeout_ns", "cool_down_ns", "service_count"))
+    _check_driver(cfg, cfg.driver)
 
 
 # --------------------------------------------------------------------------------------------
@@ -781,6 +910,25 @@ def parse_client_config(text: str, source: str = "<config>") -> ClientConfig:
     return cfg.validate()
 
 
+def parse_backup_config(text: str, source: str = "<config>") -> BackupConfig:
+    """A validated BackupConfig from TOML text; raises ConfigError."""
+    try:
+        data = _normalise(BackupConfig, _load_toml(text, source), "")
+    except ConfigError as ex:
+        raise _prefixed(source, ex) from None
+    for required in ("backup", "cluster"):
+        if required not in data:
+            raise ConfigError(f"{source}: [{required}]: missing table")
+    cfg = _convert(BackupConfig, data, source)
+    cfg = msgspec.structs.replace(cfg, source=source)
+    return cfg.validate()
+
+
+def load_backup_config(path: str | Path) -> BackupConfig:
+    """Read and validate a backup's TOML file; raises ConfigError with a one-line message."""
+    return parse_backup_config(_read(path), str(path))
+
+
 def _read(path: str | Path) -> str:
     try:
         return Path(path).read_text()
@@ -949,6 +1097,15 @@ def _validate_node(cfg: NodeConfig) -> None:
             _fail(cfg, f"node.{name}", f"CPU {affinity.format_cpus(missing)} is not one this process may run on"
                                        f" (it may run on {affinity.format_cpus(allowed)})")
 
+    a = cfg.auth
+    if a.authenticator == "shared-secret" and not a.credentials_file.strip():
+        _fail(cfg, "auth.credentials_file", "the shared-secret authenticator needs a file of client keys"
+                                            " (one `client-id hexkey` line per client)")
+    if a.challenge_timeout_ns <= 0:
+        _fail(cfg, "auth.challenge_timeout", "must be positive")
+    if any(not p.strip() for p in a.admin_principals):
+        _fail(cfg, "auth.admin_principals", "an empty principal would authorise unauthenticated clients")
+
     c = cfg.cluster
     if not c.members:
         _fail(cfg, "cluster.members", "no members")
@@ -996,6 +1153,8 @@ def _validate_node(cfg: NodeConfig) -> None:
         _fail(cfg, "cluster.ticks_per_wheel", f"must be a power of two, got {c.ticks_per_wheel}")
     if c.previous_secret_file.strip() and not c.member_auth:
         _fail(cfg, "cluster.previous_secret_file", "needs cluster.secret_file (the key members send with)")
+    if c.retain_snapshots < 1:
+        _fail(cfg, "cluster.retain_snapshots", f"must be at least 1, got {c.retain_snapshots}")
     if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
         _fail(cfg, "cluster.snapshot_interval",
               f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")
@@ -1043,6 +1202,8 @@ def _validate_node(cfg: NodeConfig) -> None:
             _fail(cfg, f"archive.{name}", f"must be 0, 1 or 2, got {getattr(a, name)}")
     _check_stream_ids(cfg, "archive", a, ("control_request_stream_id", "control_response_stream_id"))
     _check_positive(cfg, "archive", a, ("max_concurrent_recordings", "max_concurrent_replays", "connect_timeout_ns"))
+    if a.low_space_threshold < 0:
+        _fail(cfg, "archive.low_space_threshold", f"must be 0 (one segment) or a size, got {a.low_space_threshold}")
 
     lg = cfg.logging
     if lg.level not in ("debug", "info", "warning", "error"):
@@ -1090,6 +1251,8 @@ def _toml_value(name: str, value: Any) -> tuple[str, str]:
         return name, '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         return name, "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return name, "[" + ", ".join(_toml_value(name, v)[1] for v in value) + "]"
     raise TypeError(f"cannot write {name}={value!r} as TOML")
 
 
@@ -1125,7 +1288,7 @@ def node_config_to_toml(cfg: NodeConfig, header: str = "") -> str:
         if f.name != "members" and value != getattr(default_cluster, f.name):
             k, v = _toml_value(f.name, value)
             out.append(f"{k} = {v}")
-    for title in ("timeouts", "driver", "archive", "logging"):
+    for title in ("timeouts", "driver", "archive", "logging", "auth"):
         section = getattr(cfg, title)
         lines = _toml_table(title, section, only_changed=True)
         if len(lines) > 1:
@@ -1263,12 +1426,15 @@ def generate_loopback_cluster(
     appointed_leader_id: int = -1,
     cluster_id: int = 0,
     snapshot_interval: int = 0,
+    retain_snapshots: int = 2,
+    purge_log: bool = False,
     hosts: typing.Sequence[str] | None = None,
     leader_cpus: tuple[int, ...] = (),
     follower_cpus: tuple[int, ...] = (),
     keep_cpus_awake: bool = False,
     service_errors: str = "record",
     secret_file: str | Path = "",
+    auth: AuthSection | None = None,
 ) -> tuple[list[NodeConfig], ClientConfig]:
     """Configs of an N-node cluster on ``host``, node i in ``base_dir/node<i>``.
 
@@ -1282,7 +1448,7 @@ def generate_loopback_cluster(
     ``leader_cpus`` / ``follower_cpus`` go into every member's ``[node]`` table (see
     :func:`cluster_node.affinity.split_for_shared_machine`), and ``keep_cpus_awake`` (see
     :mod:`cluster_node.keep_awake`) and ``service_errors``; ``secret_file`` becomes every
-    member's ``cluster.secret_file`` (member traffic MAC'd).
+    member's ``cluster.secret_file`` (member traffic MAC'd); ``auth`` is every member's ``[auth]``.
     """
     if not 1 <= nodes <= 64:
         raise ConfigError(f"nodes: must be from 1 to 64, got {nodes}")
@@ -1308,6 +1474,7 @@ def generate_loopback_cluster(
     cluster = ClusterSection(
         members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
         snapshot_interval=snapshot_interval, secret_file=str(secret_file),
+        retain_snapshots=retain_snapshots, purge_log=purge_log,
     )
     configs = []
     for i in range(nodes):
@@ -1320,6 +1487,7 @@ def generate_loopback_cluster(
             timeouts=timeouts,
             driver=driver,
             archive=ArchiveSection(segment_length=segment_length),
+            auth=auth if auth is not None else AuthSection(),
             source=f"generated node{i}",
         )
         configs.append(cfg.validate())

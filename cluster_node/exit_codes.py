@@ -46,6 +46,14 @@ class ExitCode(enum.IntEnum):
     DATA_DAMAGED = 9
     """A file of the node is damaged (the catalog, the recorded log, recording.log, node-state,
     a snapshot): the node will not use, serve or cut it; the line names it and what to do."""
+    STORAGE_FAILED = 10
+    """The archive could not write (a full disk: ENOSPC, a quota; or EIO): a member that cannot
+    record its log can neither append nor acknowledge, so it leaves the cluster at once and the
+    others go on; free space (``cluster-node tool purge-log``, ``cluster.purge_log``) and start it
+    again, and it catches up."""
+    SNAPSHOT_NEEDED = 11
+    """The member's log ends before the leader's log starts (the leader purged it after a
+    snapshot): recording.log was moved aside, and the next start copies the leader's snapshot."""
     INTERNAL = 70
     """Any other unexpected error (a bug): the log file has the traceback."""
 

@@ -43,6 +43,9 @@ class RotatingFile:
         self.max_bytes = max_bytes
         self.keep = keep
         self._at_line_start = True
+        self.lost_writes = 0
+        self._line_cut = False
+        """Writes that failed (a full disk): their text is not in the file."""
         self._file = self._open()
 
     def _open(self) -> TextIO:
@@ -53,7 +56,19 @@ class RotatingFile:
     def write(self, text: str) -> int:
         if self._at_line_start and self._size and self._size + len(text) >= self.max_bytes:
             self._rotate()
-        self._file.write(text)
+        if self._line_cut and text:
+            text = "\n" + text  # the failed write may have left part of a line
+            self._line_cut = False
+        try:
+            self._file.write(text)
+        except OSError:
+            # A full disk must not fail the caller (a duty cycle) through its log line: the
+            # line is lost, counted, and the file opened again so its buffer does not keep
+            # the failed bytes.
+            self.lost_writes += 1
+            self._reopen_after_failure()
+            self._line_cut = True
+            return len(text)
         self._size += len(text)
         if text:
             self._at_line_start = text.endswith("\n")
@@ -77,8 +92,23 @@ class RotatingFile:
         if not rotated:
             self._size = 0
 
+    def _reopen_after_failure(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass  # the buffer's flush failed again; the descriptor is closed all the same
+        try:
+            self._file = self._open()
+        except OSError:
+            self._file = open(os.devnull, "a", encoding="utf-8")  # noqa: SIM115 - until the next rotation
+        self._at_line_start = True
+
     def flush(self) -> None:
-        self._file.flush()
+        try:
+            self._file.flush()
+        except OSError:
+            self.lost_writes += 1
+            self._reopen_after_failure()
 
     def isatty(self) -> bool:
         return False

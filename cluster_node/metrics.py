@@ -128,8 +128,9 @@ def counters_snapshot(path: Path) -> dict[str, Any]:
 
     Keys: ``path``, ``owner_pid``, ``owner_alive``, ``start_timestamp_ms``, ``counters`` (a list of
     ``{id, type_id, type, registration_id, label, value}``), ``cluster`` (member id as a string ->
-    ``{role, leadership_term_id, leader_member_id, election_count, ...}``). CountersError when the
-    file cannot be read."""
+    ``{role, leadership_term_id, leader_member_id, election_count, ...}``), and for a backup
+    process ``backup`` (``state``, ``state_name``, ``live_log_position``, ``last_backup_time_ms``,
+    ``next_query_deadline_ms``, ``errors``). CountersError when the file cannot be read."""
     with CountersReader.open(path) as reader:
         rows = list(reader.counters())
         head = {"path": str(path), "owner_pid": reader.owner_pid, "owner_alive": reader.owner_alive(),
@@ -137,7 +138,27 @@ def counters_snapshot(path: Path) -> dict[str, Any]:
     head["counters"] = [{"id": c.counter_id, "type_id": c.type_id, "type": type_name(c.type_id),
                          "registration_id": c.registration_id, "label": c.label, "value": c.value} for c in rows]
     head["cluster"] = {str(k): v for k, v in sorted(cluster_values(rows).items())}
+    backup = backup_values(rows)
+    if backup:
+        head["backup"] = backup
     return head
+
+
+def backup_values(rows: list[CounterInfo]) -> dict[str, Any]:
+    """A backup process's counters (``cluster-node backup``), by name; {} for a member."""
+    from cluster_node.consensus.backup import BackupCounterTypes as T
+    from cluster_node.consensus.backup import BackupState
+
+    names = {T.STATE: "state", T.LIVE_LOG_POSITION: "live_log_position",
+             T.NEXT_QUERY_DEADLINE: "next_query_deadline_ms", T.ERRORS: "errors",
+             T.LAST_SUCCESS: "last_backup_time_ms"}
+    out: dict[str, Any] = {names[c.type_id]: c.value for c in rows if c.type_id in names}
+    if "state" in out:
+        try:
+            out["state_name"] = BackupState(out["state"]).name
+        except ValueError:
+            out["state_name"] = str(out["state"])
+    return out
 
 
 def _escape(value: str) -> str:

@@ -45,6 +45,8 @@ from cluster_node.node_identity import (
     check_identity,
     record_identity,
 )
+from cluster_node.auth import AuthLoadError, load_authenticator, load_authorisation
+from cluster_node.secret_file import SecretFileError
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
@@ -132,7 +134,10 @@ def member_hosts(cfg: NodeConfig) -> frozenset[str] | None:
     """The hosts members send from (each one's consensus host, where its driver binds its
     publications); None when one is a wildcard, which names no address to check against."""
     hosts = {m.send_host for m in cfg.cluster.members}
-    return None if None in hosts else frozenset(hosts)
+    if None in hosts:
+        return None
+    # A backup (cluster-node backup) copies from members' archives: its host is let in too.
+    return frozenset(hosts | {h.strip() for h in cfg.cluster.backup_hosts.split(",") if h.strip()})
 
 
 async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
@@ -177,6 +182,12 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     _prepare_driver_dir(cfg)
     service = load_service(cfg.node.service)
     try:
+        authenticator = load_authenticator(cfg.auth)
+        authorisation = load_authorisation(cfg.auth)
+    except (AuthLoadError, SecretFileError) as e:
+        mark.close()
+        raise NodeStartError(str(e)) from None
+    try:
         skip_positions = skip_positions_of(node_dir)
     except SkipListError as e:
         raise NodeStartError(str(e)) from None
@@ -199,6 +210,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 segment_file_length=cfg.archive.segment_length,
                 sync_level=cfg.archive.file_sync_level,
                 frame_checksums=cfg.archive.frame_checksums,
+                low_space_threshold=cfg.archive.low_space_threshold,
                 replication_channel=f"aeron:udp?endpoint={archive_host}:{replication_port}{auth}",
                 control_response_channel=f"aeron:udp?endpoint={archive_host}:{response_port}{auth}",
                 # The control port takes requests from members' hosts only (with a key, MAC'd
@@ -208,6 +220,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             async with _open_archive_or_refuse(driver, archive_cfg) as _archive:
                 exit_on_component_failure(_archive, ExitCode.ARCHIVE_FAILED)
                 _archive.on_data_damaged = lambda line: fail(ExitCode.DATA_DAMAGED, line)
+                _archive.on_storage_failure = lambda line: fail(ExitCode.STORAGE_FAILED, line)
                 client = await ArchiveClient.connect(driver)
                 token = trio.lowlevel.current_trio_token()
 
@@ -229,7 +242,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     return done.result(timeout=10)
 
                 container_holder: list[ServiceContainer] = []
-                agent = ConsensusAgent(cfg, driver, client, service_bell=b"")
+                agent = ConsensusAgent(cfg, driver, client, service_bell=b"", authenticator=authenticator,
+                                       authorisation=authorisation)
                 # The archive's bad requests and failed requests count as the node's errors too
                 # (an operator watches one counter).
                 _archive.errors.on_record = agent.counters["errors"].add

@@ -16,6 +16,8 @@ Commands, by what they touch:
   ``skip-entry --position P`` adds P to the node's service skip list (``service-skips.json``,
   see ``cluster_node.service.skips``): the service will not be given the log entry that ends at
   P, on this member; run it on every member's directory before any of them starts again.
+  ``purge-log``, ``seed-recording-log-from-snapshot`` and ``sort-recording-log`` are in
+  ``cluster_node.retention_cmd``.
 
 Liveness follows the mark file's rule (``consensus/node_files.py``): a node runs there when the
 pid in ``cluster-mark.dat`` is alive *and* refreshed the activity timestamp within the liveness
@@ -87,6 +89,7 @@ from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
+    free_space,
     iter_frames,
     list_segments,
     recovered_end,
@@ -534,7 +537,8 @@ def tool(ctx: click.Context, node_dir: Path) -> None:
     Cluster control (the leader of a running cluster):
       suspend, resume, snapshot, shutdown, abort
     Offline edit (a stopped node):
-      invalidate-latest-snapshot, skip-entry
+      invalidate-latest-snapshot, skip-entry, purge-log,
+      seed-recording-log-from-snapshot, sort-recording-log
     """
     ctx.obj = {"dir": node_dir}
 
@@ -725,6 +729,19 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
                 "recording_id": d.recording_id, "log": is_log, "stream_id": d.stream_id,
                 "start_position": d.start_position, "stop_position": stop, "how": how,
                 "segment_files": segments, "bytes": size, "channel": d.original_channel})
+    doc["disk"] = {}
+    for what, where in (("node_dir", node.path), ("archive_dir", node.archive_dir)):
+        try:
+            free, total = free_space(where)
+        except OSError as e:
+            out.append(f"free space        {what}: ? ({e.strerror})")
+            doc["disk"][what] = None
+            continue
+        if what == "archive_dir" and doc["disk"].get("node_dir") == {"free_bytes": free, "total_bytes": total}:
+            continue  # the same filesystem
+        doc["disk"][what] = {"free_bytes": free, "total_bytes": total}
+        out.append(f"free space        {free:,} of {total:,} bytes ({100 * free / max(total, 1):.0f}%) on the "
+                   f"filesystem of {where}")
     if as_json:
         _echo_json(doc)
     else:

@@ -65,6 +65,7 @@ __all__ = ["SenderConfig", "SenderCore", "SenderStats"]
 
 _PREFIX = struct.Struct("<iBBH").unpack_from
 _META = 4096  # media.logbuffer.META_LENGTH; the core does not import the mmap module
+_MAX_LONE_FRAME = 65504  # the largest MTU there is (a UDP datagram of IPv4 holds 65507 bytes)
 LONE_WORK_NS = 10_000_000
 """:meth:`SenderCore.send_lone` leaves the decision to :meth:`SenderCore.do_work` when that has not
 run for this long, so its expiries and stall checks keep their pace under lone sends."""
@@ -421,6 +422,11 @@ class SenderCore:
                 break
             aligned = (flen + 31) & ~31
             if length + aligned > mtu or length + aligned > avail:
+                if length == 0 and mtu < aligned <= avail and aligned <= _MAX_LONE_FRAME:
+                    # A frame longer than this publication's MTU (a block copied from a stream
+                    # of a larger MTU) goes alone: a frame is never split, and holding it back
+                    # would stop the stream for good, however open the window.
+                    length = aligned
                 break  # never split a frame, never pass the flow-control limit
             length += aligned
         return off, length, length

@@ -11,7 +11,11 @@ of ``--nodes`` nodes, then measures, in one run on the same files:
   process without Spark (where the Spark figure's speed comes from, shown separately);
 * ``spark_rows_per_s``: ``spark.read.format("cluster_log").load(...).count()``, warm (a first,
   cold count is reported as ``spark_cold_rows_per_s``);
-* ``audit_rows_per_s``: the audit job over all nodes (rows read / wall time).
+* ``audit_rows_per_s``: the audit job over all nodes (rows read / wall time);
+* ``one_node_pushdown_rows_per_s`` and ``one_node_no_pushdown_rows_per_s``: the rows of one node
+  (``node = 'node0'``) counted, from a DataFrame loaded with ``pushdown=true`` (only that node's
+  tasks are planned) and from one without (every node is read, then filtered by Spark). Rows of
+  that one node per wall-clock second, warm.
 
 Every figure is rows of all nodes per wall-clock second. The last line printed is one JSON object.
     .venv/bin/python scripts/bench_pipeline.py            # 1,000,000 messages x 3 nodes
@@ -93,6 +97,20 @@ def main() -> int:
         warm_s = time.perf_counter() - t
         log(f"Spark count: {n} rows, cold {cold_s:.2f}s, warm {warm_s:.2f}s ({df.rdd.getNumPartitions()} partitions)")
 
+        from pyspark.sql import functions as F
+
+        one_node = rows // args.nodes
+        timings = {}
+        for name, pushdown in (("pushdown", "true"), ("no_pushdown", "false")):
+            filtered = (spark.read.format("cluster_log").option("pushdown", pushdown).load(paths)
+                        .where(F.col("node") == "node0"))
+            n = filtered.count()  # warm-up
+            t = time.perf_counter()
+            n = filtered.count()
+            timings[name] = time.perf_counter() - t
+            assert n == one_node, (name, n, one_node)
+            log(f"one node, {name}: {n} rows in {timings[name]:.2f}s ({filtered.rdd.getNumPartitions()} partitions)")
+
         t = time.perf_counter()
         result = jobs.audit(spark, df)
         audit_s = time.perf_counter() - t
@@ -107,6 +125,8 @@ def main() -> int:
             "spark_rows_per_s": round(rows / warm_s),
             "spark_cold_rows_per_s": round(rows / cold_s),
             "audit_rows_per_s": round(rows / audit_s),
+            "one_node_pushdown_rows_per_s": round(one_node / timings["pushdown"]),
+            "one_node_no_pushdown_rows_per_s": round(one_node / timings["no_pushdown"]),
             "plain_python_rows_per_s": round(rows / plain_s),
             "batch_single_process_rows_per_s": round(rows / batch_s),
             "spark_vs_plain": round(plain_s / warm_s, 2),

@@ -34,7 +34,13 @@ SECTIONS: list[tuple[str, type, str]] = [
                                      f"`\"{config.format_size(config.CLIENT_DRIVER_DEFAULTS.ipc_term_length)}\"`."),
     ("archive", config.ArchiveSection, "The archive (node configs)."),
     ("logging", config.LoggingSection, "The node log (node configs)."),
+    ("auth", config.AuthSection, "Client authentication and admin requests (node configs; the same on every member; "
+                                 "see docs/security.md)."),
     ("client", config.ClientSection, "A cluster client (client configs)."),
+    ("backup", config.BackupSection, "A cluster backup (`cluster-node backup --config backup.toml`). A backup config "
+                                     "also has `[cluster]` (the cluster's `members` and stream ids, as the members "
+                                     "have them), and `[driver]`, `[archive]` and `[logging]` as a node config "
+                                     "(the log file defaults to `<backup dir>/logs/backup.log`)."),
 ]
 MEANINGS: dict[tuple[str, str], str] = {
     ("node", "member_id"): "This member's id: one of the ids in `cluster.members`.",
@@ -139,7 +145,7 @@ def keys() -> list[tuple[str, str, str, str, str]]:
             elif f.type is str:
                 kind, shown = "string", "" if required else f'"{default}"'
             elif typing.get_origin(f.type) is tuple:
-                kind = "list" if section == "node" else "string"
+                kind = "list" if section in ("node", "auth") else "string"
                 shown = "" if required else ("[]" if default == () else str(list(default)))
             else:
                 kind, shown = "string", "" if required else str(default)

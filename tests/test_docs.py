@@ -236,7 +236,7 @@ def _config_keys() -> dict[str, set[str]]:
 
     sections = {"node": config.NodeSection, "cluster": config.ClusterSection, "timeouts": config.TimeoutsSection,
                 "driver": config.DriverSection, "archive": config.ArchiveSection, "logging": config.LoggingSection,
-                "client": config.ClientSection}
+                "client": config.ClientSection, "auth": config.AuthSection}
     return {name: {f.name.removesuffix("_ns") for f in msgspec.structs.fields(cls)} for name, cls in sections.items()}
 
 
@@ -246,8 +246,8 @@ def test_config_keys_shown_exist(doc: Path):
     text = _without_code_blocks(doc.read_text(encoding="utf-8"))
     shown = set()
     for span in (s for line in text.splitlines() for s in re.findall(r"`([^`]+)`", line)):
-        shown |= set(re.findall(r"(?<![\w./])(node|cluster|timeouts|driver|archive|logging|client)\.([a-z_]+)\b(?!\.)", span))
-        shown |= {(s, k) for s, k in re.findall(r"^\[(node|cluster|timeouts|driver|archive|logging|client)\] ([a-z_]+)", span)}
+        shown |= set(re.findall(r"(?<![\w./])(node|cluster|timeouts|driver|archive|logging|client|auth)\.([a-z_]+)\b(?!\.)", span))
+        shown |= {(s, k) for s, k in re.findall(r"^\[(node|cluster|timeouts|driver|archive|logging|client|auth)\] ([a-z_]+)", span)}
     from cluster_node.service.api import Cluster
 
     service_api = set(dir(Cluster))  # `cluster.offer(...)`, `cluster.time`: the service's Cluster, not [cluster]

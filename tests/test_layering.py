@@ -28,6 +28,7 @@ EXPECTED_CORE = {
     "archive/segments.py",
     "archive/catalog.py",
     "archive/checksums.py",
+    "cluster_node/consensus/backup.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",

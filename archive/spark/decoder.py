@@ -4,10 +4,15 @@ The archive reader produces the *frame columns* of every row; a :class:`MessageD
 *message columns* (and may replace the ``payload`` column, e.g. to strip a header it decoded).
 The table is, in this order::
 
-    node, member_id, archive_path, recording_id, stream_id,          frame columns (before)
-    position, frame_length, fragments, session_id,
+    cluster_id, member_id, node, recording_id, stream_id,            frame columns (before)
+    position, frame_length, fragments, transport_session_id,
     <decoder columns>,                                                message columns
-    payload, frame_hash                                               frame columns (after)
+    payload, frame_hash, read_error                                   frame columns (after)
+
+No column holds a host path: the table is exported and shared, and a path on one member's disk
+means nothing elsewhere (the reader keeps the archive's location in its read tasks instead).
+``read_error`` is null on every row except the one error row a ``permissive`` read appends where
+a recording could not be read further (see ``archive.spark.datasource``).
 
 A decoder has two ways to decode, which must agree (the tests check it on every fixture):
 
@@ -16,13 +21,19 @@ A decoder has two ways to decode, which must agree (the tests check it on every 
 * :meth:`MessageDecoder.decode_batch`: a :class:`~archive.spark.frames.MessageBatch` -> pyarrow
   arrays, vectorised where the format allows; what the Spark data source runs.
 
+A decoder may also derive a *recording context* at planning from the recording's first message
+(:meth:`MessageDecoder.recording_context`; the cluster decoder takes the time unit its first
+``NewLeadershipTermEvent`` declares), which travels in every read task of that recording and is
+passed to both decode methods, so a task can be decoded without reading anything but its bytes.
+
 Decoders must be picklable (they travel to Spark workers) and must not raise for undecodable
 messages: a row whose bytes do not decode says so in its own columns, since an archive can hold
 anything a buggy writer put there.
 
-:func:`resolve_decoder` turns ``"package.module:attribute"`` into a decoder (calling the attribute
-if it is a class or a factory), so a decoder can be named in a data source option without this
-package importing its module.
+:func:`resolve_decoder` turns ``"package.module:attribute"`` into a decoder, so a decoder can be
+named in a data source option without this package importing its module. The attribute must be a
+MessageDecoder subclass (instantiated without arguments) or instance; anything else is refused
+*before* it is called, since an option string must not be able to run arbitrary callables.
 """
 
 from __future__ import annotations
@@ -48,22 +59,25 @@ __all__ = [
 
 # (name, arrow type name, nullable)
 FRAME_COLUMNS_BEFORE: tuple[tuple[str, str, bool], ...] = (
-    ("node", "string", False),
+    ("cluster_id", "int32", True),
     ("member_id", "int32", True),
-    ("archive_path", "string", False),
+    ("node", "string", False),
     ("recording_id", "int64", False),
     ("stream_id", "int32", False),
     ("position", "int64", False),
     ("frame_length", "int32", False),
     ("fragments", "int32", False),
-    ("session_id", "int32", False),
+    ("transport_session_id", "int32", False),
 )
 FRAME_COLUMNS_AFTER: tuple[tuple[str, str, bool], ...] = (
     ("payload", "binary", True),
     ("frame_hash", "int64", False),
+    ("read_error", "string", True),
 )
 
-_SPARK_TYPES = {"string": "STRING", "int32": "INT", "int64": "BIGINT", "binary": "BINARY", "int16": "SMALLINT"}
+# "timestamp" is Spark's TIMESTAMP: microseconds since the epoch, UTC (Arrow timestamp[us, UTC]).
+_SPARK_TYPES = {"string": "STRING", "int32": "INT", "int64": "BIGINT", "binary": "BINARY", "int16": "SMALLINT",
+                "timestamp": "TIMESTAMP"}
 
 
 class MessageDecoder:
@@ -73,14 +87,21 @@ class MessageDecoder:
     columns: tuple[tuple[str, str, bool], ...] = ()
     """(name, arrow type name: string/int32/int64/binary, nullable) of each message column."""
 
-    def member_id(self, node_dir: str) -> int | None:
-        """The node's member id if this decoder knows better than the directory name (None: it doesn't)."""
+    def identity(self, node_dir: str) -> tuple[int, int] | None:
+        """``(member_id, cluster_id)`` of the node if this decoder can tell from the node directory
+        (None: it cannot; the member id then comes from the directory name's trailing digits)."""
         return None
 
-    def decode_row(self, message: bytes) -> tuple[tuple[Any, ...], bytes | None]:
+    def recording_context(self, first_message: bytes | None) -> Any:
+        """What decoding any message of a recording needs to know from its first message (None:
+        nothing). Computed once per recording at planning; must be small and picklable."""
+        return None
+
+    def decode_row(self, message: bytes, context: Any = None) -> tuple[tuple[Any, ...], bytes | None]:
         return (), message
 
     def decode_batch(self, batch: MessageBatch) -> tuple[list[pa.Array], pa.Array]:
+        """``batch.task.context`` is the recording context."""
         return [], batch.messages
 
 
@@ -107,7 +128,8 @@ def arrow_schema(decoder: MessageDecoder) -> pa.Schema:
     """The same schema in Arrow terms; record batches must match it exactly (Spark checks)."""
     import pyarrow as pa
 
-    kinds = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "binary": pa.binary(), "int16": pa.int16()}
+    kinds = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "binary": pa.binary(), "int16": pa.int16(),
+             "timestamp": pa.timestamp("us", tz="UTC")}
     return pa.schema([pa.field(name, kinds[kind], nullable) for name, kind, nullable in all_columns(decoder)])
 
 
@@ -124,7 +146,10 @@ def resolve_decoder(spec: str | MessageDecoder | None) -> MessageDecoder:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot load decoder {spec!r}: {e}") from None
-    decoder = target() if callable(target) and not isinstance(target, MessageDecoder) else target
-    if not isinstance(decoder, MessageDecoder):
-        raise ValueError(f"decoder {spec!r} is not a MessageDecoder")
-    return decoder
+    if isinstance(target, MessageDecoder):
+        return target
+    if isinstance(target, type) and issubclass(target, MessageDecoder):
+        return target()
+    raise ValueError(
+        f"decoder {spec!r} is a {type(target).__name__}, not a MessageDecoder subclass or instance (not called)"
+    )

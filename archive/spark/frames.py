@@ -106,22 +106,18 @@ class RawMessage(NamedTuple):
 def read_task_data(task: ReadTask) -> bytearray:
     """The task's bytes, zero-padded to a multiple of 32 plus one spare 32-byte record (so that a
     header lookup one record past the last frame stays in bounds). A file shorter than the task
-    reads as zeros there: the walk then reports where data ends."""
+    reads as zeros there: the walk then reports where data ends. Read through ``pyarrow.fs``
+    (the task's archive may be a URI)."""
+    from archive.spark.layout import read_range
+
     length = task.end_offset - task.start_offset
     padded = (length + 31) // 32 * 32 + 32
     data = bytearray(padded)
     try:
-        with open(task.path, "rb", buffering=0) as f:
-            f.seek(task.start_offset)
-            view = memoryview(data)[:length]
-            got = 0
-            while got < length:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+        got = read_range(task.path, task.start_offset, length)
     except OSError as e:
-        raise ArchiveCorruptError(task.path, task.start_position, f"cannot read: {e.strerror}") from None
+        raise ArchiveCorruptError(task.path, task.start_position, f"cannot read: {e}") from None
+    data[: len(got)] = got
     return data
 
 

@@ -11,6 +11,12 @@ member ids, and plans the read tasks. Then either
   process (a benchmark figure on its own: the batch decoder without Spark).
 
 Both give the same rows (tests compare them value for value).
+
+Modes: ``failfast`` (default) raises ArchiveCorruptError at the first frame that fails a check;
+``permissive`` yields the task's rows before that frame and then one *error row*: the task's
+node, member and recording, ``position`` where the bad frame lies, zeros in the other NOT NULL
+frame columns, nulls in the message columns and the error text in ``read_error``. The rest of that
+task is not read (a frame walk cannot resynchronise past a bad length field); other tasks are.
 """
 
 from __future__ import annotations
@@ -22,19 +28,38 @@ from archive.spark.decoder import MessageDecoder, arrow_schema, column_names, re
 from archive.spark.frames import iter_messages, read_batch
 from archive.spark.layout import (
     DEFAULT_TARGET_TASK_BYTES,
+    ArchiveCorruptError,
     ArchiveLocation,
     ReadTask,
+    TaskFilter,
+    check_distinct_members,
     expand_paths,
     find_archive,
     plan_tasks,
+    start_after,
 )
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["DEFAULT_BATCH_ROWS", "ArchiveSet", "record_batches"]
+__all__ = ["DEFAULT_BATCH_ROWS", "MODES", "ArchiveSet", "locate", "record_batches", "task_rows"]
 
 DEFAULT_BATCH_ROWS = 65536
+MODES = ("failfast", "permissive")
+
+
+def locate(paths: list[str] | tuple[str, ...] | str, decoder: MessageDecoder) -> list[ArchiveLocation]:
+    """The archives at ``paths`` with the decoder's member and cluster ids; DuplicateMemberError if
+    two of them are the same member (or have the same node name)."""
+    locations = []
+    for path in expand_paths(paths):
+        location = find_archive(path)
+        identity = decoder.identity(location.node_dir)
+        if identity is not None:
+            location = find_archive(path, *identity)
+        locations.append(location)
+    check_distinct_members(locations)
+    return locations
 
 
 class ArchiveSet:
@@ -47,18 +72,23 @@ class ArchiveSet:
         decoder: MessageDecoder | str | None = None,
         stream_ids: frozenset[int] | None = frozenset({100}),
         target_task_bytes: int = DEFAULT_TARGET_TASK_BYTES,
+        task_filter: TaskFilter | None = None,
+        start_positions: dict[tuple[str, int], int] | None = None,
+        mode: str = "failfast",
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.decoder = resolve_decoder(decoder)
-        self.locations: list[ArchiveLocation] = []
-        for path in expand_paths(paths):
-            location = find_archive(path)
-            member_id = self.decoder.member_id(location.node_dir)
-            if member_id is not None:
-                location = find_archive(path, member_id)
-            self.locations.append(location)
-        self.tasks: list[ReadTask] = plan_tasks(
-            self.locations, stream_ids=stream_ids, target_task_bytes=target_task_bytes
+        self.mode = mode
+        self.locations: list[ArchiveLocation] = locate(paths, self.decoder)
+        tasks = plan_tasks(
+            self.locations, stream_ids=stream_ids, target_task_bytes=target_task_bytes, decoder=self.decoder
         )
+        if task_filter is not None:
+            tasks = [t for t in tasks if task_filter.keeps(t)]
+        if start_positions:
+            tasks = start_after(tasks, start_positions)
+        self.tasks: list[ReadTask] = tasks
 
     @property
     def column_names(self) -> list[str]:
@@ -66,50 +96,80 @@ class ArchiveSet:
 
     def rows(self) -> Iterator[tuple]:
         """Every row through the reference path (single process, one message at a time)."""
-        decode_row = self.decoder.decode_row
         for task in self.tasks:
-            prefix = (task.node, task.member_id, task.archive_dir, task.recording_id, task.stream_id)
-            for m in iter_messages(task):
-                columns, payload = decode_row(m.message)
-                yield (
-                    *prefix,
-                    m.position,
-                    m.frame_length,
-                    m.fragments,
-                    m.session_id,
-                    *columns,
-                    payload,
-                    m.frame_hash,
-                )
+            yield from task_rows(task, self.decoder, self.mode)
 
     def record_batches(self, max_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[pa.RecordBatch]:
         """Every row through the batch path, in one process."""
         schema = arrow_schema(self.decoder)
         for task in self.tasks:
-            yield from record_batches(task, self.decoder, schema, max_rows)
+            yield from record_batches(task, self.decoder, schema, max_rows, self.mode)
+
+
+def _error_row(task: ReadTask, decoder: MessageDecoder, error: ArchiveCorruptError) -> tuple:
+    return (
+        task.cluster_id, task.member_id, task.node, task.recording_id, task.stream_id,
+        error.position, 0, 0, 0,
+        *([None] * len(decoder.columns)),
+        None, 0, str(error),
+    )
+
+
+def task_rows(task: ReadTask, decoder: MessageDecoder, mode: str = "failfast") -> Iterator[tuple]:
+    """The rows of one task through the reference path."""
+    decode_row = decoder.decode_row
+    context = task.context
+    prefix = (task.cluster_id, task.member_id, task.node, task.recording_id, task.stream_id)
+    try:
+        for m in iter_messages(task):
+            columns, payload = decode_row(m.message, context)
+            yield (*prefix, m.position, m.frame_length, m.fragments, m.session_id, *columns, payload,
+                   m.frame_hash, None)
+    except ArchiveCorruptError as e:
+        if mode != "permissive":
+            raise
+        yield _error_row(task, decoder, e)
 
 
 def record_batches(
-    task: ReadTask, decoder: MessageDecoder, schema: pa.Schema, max_rows: int = DEFAULT_BATCH_ROWS
+    task: ReadTask,
+    decoder: MessageDecoder,
+    schema: pa.Schema,
+    max_rows: int = DEFAULT_BATCH_ROWS,
+    mode: str = "failfast",
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one task as record batches of at most ``max_rows`` rows, matching ``schema``."""
     import numpy as np
     import pyarrow as pa
 
-    batch = read_batch(task)
+    try:
+        batch = read_batch(task)
+    except ArchiveCorruptError:
+        if mode != "permissive":
+            raise
+        # The rows before the bad frame and the error row, through the reference path (slow, but
+        # only for the one task that needs it).
+        rows = list(task_rows(task, decoder, mode))
+        kinds = [f.type for f in schema]
+        arrays = [pa.array([r[i] for r in rows], type=kinds[i]) for i in range(len(kinds))]
+        record_batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        for start in range(0, len(rows), max_rows):
+            yield record_batch.slice(start, max_rows)
+        return
     n = len(batch)
     if n == 0:
         return
     decoded, payload = decoder.decode_batch(batch)
-    member_ids = (
-        pa.nulls(n, pa.int32())
-        if task.member_id is None
-        else pa.array(np.full(n, task.member_id, dtype=np.int32))
-    )
+
+    def constant(value, kind, dtype):
+        if value is None:
+            return pa.nulls(n, kind)
+        return pa.array(np.full(n, value, dtype=dtype))
+
     arrays = [
+        constant(task.cluster_id, pa.int32(), np.int32),
+        constant(task.member_id, pa.int32(), np.int32),
         pa.array([task.node], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
-        member_ids,
-        pa.array([task.archive_dir], pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
         pa.array(np.full(n, task.recording_id, dtype=np.int64)),
         pa.array(np.full(n, task.stream_id, dtype=np.int32)),
         pa.array(batch.positions),
@@ -119,8 +179,8 @@ def record_batches(
         *decoded,
         payload,
         pa.array(batch.frame_hashes),
+        pa.nulls(n, pa.string()),
     ]
     record_batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
     for start in range(0, n, max_rows):
         yield record_batch.slice(start, max_rows)
-

@@ -8,7 +8,9 @@ from cluster_node.client.cluster_client import (
     ClusterClientError,
     ClusterRejectedError,
     ConnectTimeoutError,
+    NullCredentialsSupplier,
     ServiceRequestError,
+    SharedSecretCredentials,
     open_cluster_client,
 )
 
@@ -20,6 +22,8 @@ __all__ = [
     "ClusterClientError",
     "ClusterRejectedError",
     "ConnectTimeoutError",
+    "NullCredentialsSupplier",
     "ServiceRequestError",
+    "SharedSecretCredentials",
     "open_cluster_client",
 ]

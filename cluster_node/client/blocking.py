@@ -138,6 +138,10 @@ class BlockingClusterClient:
 
         return self._async(go)
 
+    def request_snapshot(self, timeout: float = 10.0):
+        """Ask the cluster for a snapshot (an admin request); returns the AdminResponse."""
+        return self._async(self.client.request_snapshot, timeout)
+
     def close(self) -> None:
         if self._token is not None and self._thread.is_alive() and self._stop is not None:
             try:

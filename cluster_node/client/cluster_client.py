@@ -11,6 +11,9 @@ Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.cod
       |      REDIRECT                the member is a follower; detail = "0=h:p,1=h:p,...",
       |                              leader_member_id names the leader (-1: none yet, retry)
       |      ERROR / AUTHENTICATION_REJECTED   raised to the caller (e.g. "invalid client version")
+      |<-------------- Challenge(correlation_id, session id, challenge) (an authenticating leader)
+      |-- ChallengeResponse(correlation_id, session id, credentials.on_challenge(challenge)) ->|
+      |      ... then SessionEvent OK or AUTHENTICATION_REJECTED (with the cluster's reason)
       |-- session message [32-byte header: term, session id, timestamp -1][payload] ------->|
       |<----------------- session message [header][reply payload] (from the leader's service)|
       |-- SessionKeepAlive(term, session id)  every keep_alive_interval when otherwise idle ->|
@@ -56,6 +59,16 @@ messages to the handler, sends keep-alives and watches the leader:
   reconnect by hand). An event of an earlier term than the session's is for an older session
   with the same id (ids start again with each leader) and is ignored.
 
+**Credentials** (the reference's ``CredentialsSupplier``): ``credentials=`` an object with
+``encoded_credentials() -> bytes`` (sent in every connect request) and ``on_challenge(
+encoded_challenge) -> bytes`` (the answer to a Challenge); :class:`SharedSecretCredentials` is
+the one for the cluster's shared-secret authenticator, read from ``client.credentials_file``
+when the config names one. A refusal raises :class:`AuthenticationError` with the cluster's
+reason. A reconnect authenticates again.
+
+**Admin requests**: :meth:`ClusterClient.request_snapshot` sends an AdminRequest SNAPSHOT and
+returns the AdminResponse (OK, UNAUTHORISED_ACCESS, ERROR with a message).
+
 Across a reconnect nothing is sent again: a message offered to the old session was applied once
 or not at all, and only the application knows whether to offer it again (``on_reconnect``).
 
@@ -95,6 +108,10 @@ import trio
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_VALUE,
+    AdminRequest,
+    AdminRequestType,
+    AdminResponse,
+    ChallengeResponse,
     SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
     SESSION_PREFIX_WORD,
@@ -170,7 +187,51 @@ class ClusterRejectedError(ClusterClientError):
 
 
 class AuthenticationError(ClusterClientError):
-    """The cluster answered AUTHENTICATION_REJECTED, or asked for a challenge we cannot answer."""
+    """The cluster answered AUTHENTICATION_REJECTED (``reason`` is its detail), or asked for a
+    challenge this client cannot answer."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NullCredentialsSupplier:
+    """No credentials: what a cluster with the null authenticator expects."""
+
+    def encoded_credentials(self) -> bytes:
+        return b""
+
+    def on_challenge(self, encoded_challenge: bytes) -> bytes:
+        raise AuthenticationError("the cluster asked for an authentication challenge and this client has no"
+                                  " credentials (give it a credentials file)")
+
+
+class SharedSecretCredentials:
+    """The client's side of the shared-secret authenticator: its id as the credentials, and
+    HMAC-SHA256(key, challenge || id) as the answer (``consensus.auth.challenge_answer``)."""
+
+    def __init__(self, client_id: bytes, key: bytes) -> None:
+        self.client_id = bytes(client_id)
+        self._key = bytes(key)
+
+    @classmethod
+    def from_file(cls, path) -> "SharedSecretCredentials":
+        """From a credentials file of one ``client-id hexkey`` line (``cluster_node.auth``);
+        raises ``secret_file.SecretFileError`` (one line) when it cannot be used."""
+        from cluster_node.auth import read_client_credentials
+
+        return cls(*read_client_credentials(path))
+
+    def encoded_credentials(self) -> bytes:
+        return self.client_id
+
+    def on_challenge(self, encoded_challenge: bytes) -> bytes:
+        from cluster_node.consensus.auth import challenge_answer
+
+        return challenge_answer(self._key, bytes(encoded_challenge), self.client_id)
+
+    def __repr__(self) -> str:
+        return f"SharedSecretCredentials({self.client_id!r})"  # never the key
 
 
 class ClientClosedError(ClusterClientError):
@@ -227,6 +288,7 @@ class ClusterClient:
         encoded_credentials: bytes = b"",
         on_service_error: Callable[[ServiceRequestError], None] | None = None,
         reconnect_when_unanswered: bool = True,
+        credentials=None,
     ) -> None:
         c: ClientSection = config.client
         self.config = config
@@ -239,7 +301,14 @@ class ClusterClient:
         self.on_service_error = on_service_error
         """``on_service_error(error)`` for a ServiceErrorEvent, when ``on_message`` is used."""
         self._protocol_version = protocol_version
-        self._credentials = encoded_credentials
+        if credentials is None and encoded_credentials:
+            credentials = _FixedCredentials(bytes(encoded_credentials))
+        if credentials is None and c.credentials_file:
+            credentials = SharedSecretCredentials.from_file(c.credentials_file)
+        self.credentials = credentials if credentials is not None else NullCredentialsSupplier()
+        """The credentials supplier (see the module docstring)."""
+        self._admin_responses: dict[int, AdminResponse | None] = {}
+        self._admin_lot = trio.lowlevel.ParkingLot()
         self.ingress_endpoints: dict[int, str] = parse_ingress_endpoints(c.ingress_endpoints, "client.ingress_endpoints")
         self._ingress_stream_id = c.ingress_stream_id
         self._egress_stream_id = c.egress_stream_id
@@ -409,6 +478,13 @@ class ClusterClient:
             member_id = self._connect_ids.get(msg.correlation_id)
             if member_id is not None and self._connecting:
                 self._connect_replies.append((member_id, msg))
+        elif t is AdminResponse:
+            if msg.cluster_session_id == self.cluster_session_id and msg.correlation_id in self._admin_responses:
+                self._admin_responses[msg.correlation_id] = msg
+                self._answered()
+                self._admin_lot.unpark_all()
+            else:
+                self.foreign_messages += 1
         elif t is ServiceErrorEvent:
             self._on_service_error_event(msg)
         else:
@@ -575,8 +651,13 @@ class ClusterClient:
                 for member_id, reply in replies:
                     unanswered.discard(member_id)
                     if isinstance(reply, Challenge):
-                        raise AuthenticationError(
-                            "the cluster asked for an authentication challenge, which this client does not answer")
+                        pub = pubs.get(member_id)
+                        if pub is not None:
+                            self._answer_challenge(pub, reply)
+                            unanswered.add(member_id)
+                            # The verdict comes next: no new connect request (a new challenge) meanwhile.
+                            next_ask_ns[member_id] = now + max(resend_ns, int(_ASK_AGAIN_MAX_S * 1e9))
+                        continue
                     code = reply.code
                     if code == EventCode.OK:
                         leader = reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id
@@ -623,7 +704,8 @@ class ClusterClient:
                             next_ask_ns[member_id] = now + int(_ASK_AGAIN_MAX_S * 1e9)
                         continue
                     if code == EventCode.AUTHENTICATION_REJECTED:
-                        raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}")
+                        raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}",
+                                                  reply.detail)
                     raise ClusterRejectedError(
                         f"the cluster refused the connection ({EventCode(code).name}): {reply.detail or 'no detail'}"
                     )
@@ -668,11 +750,27 @@ class ClusterClient:
             self._connecting = False
             self._connect_replies = []
 
+    def _answer_challenge(self, pub: ExclusivePublication, challenge: Challenge) -> None:
+        """Answer a Challenge on the publication the connect request went on (the leader takes
+        the answer from that image only). A supplier that cannot answer raises AuthenticationError."""
+        try:
+            answer = self.credentials.on_challenge(bytes(challenge.encoded_challenge))
+        except AuthenticationError:
+            raise
+        except Exception as ex:  # noqa: BLE001 - the application's supplier
+            raise AuthenticationError(f"the credentials supplier failed to answer the challenge: {ex}") from None
+        msg = encode_ingress(ChallengeResponse(challenge.correlation_id, challenge.cluster_session_id, bytes(answer)))
+        for _ in range(3):
+            if pub.offer(msg) > 0:
+                return
+        log.warning("challenge response not sent (back-pressure)", session=challenge.cluster_session_id)
+
     def _send_connect_request(self, member_id: int, pub: ExclusivePublication) -> bool:
         correlation_id = next(self._correlation_ids)
         request = encode_ingress(
             SessionConnectRequest(
-                correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel, self._credentials
+                correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel,
+                bytes(self.credentials.encoded_credentials()),
             )
         )
         if pub.offer(request) < 0:
@@ -746,6 +844,37 @@ class ClusterClient:
             if self.on_reconnect is not None:
                 self.on_reconnect(self.cluster_session_id)
             return
+
+    # ---------------------------------------------------------------- admin requests
+
+    async def request_snapshot(self, timeout: float = 10.0) -> AdminResponse:
+        """Ask the cluster for a snapshot (AdminRequest SNAPSHOT) and return its AdminResponse:
+        OK (every member takes a snapshot), UNAUTHORISED_ACCESS (this session's principal may
+        not), ERROR (``message`` says why). Raises trio.TooSlowError after ``timeout``."""
+        return await self.admin_request(int(AdminRequestType.SNAPSHOT), timeout)
+
+    async def admin_request(self, request_type: int, timeout: float = 10.0) -> AdminResponse:
+        """Send an AdminRequest of ``request_type`` and wait for its AdminResponse."""
+        correlation_id = next(self._correlation_ids)
+        self._admin_responses[correlation_id] = None
+        try:
+            with trio.fail_after(timeout):
+                msg = encode_ingress(AdminRequest(self.leadership_term_id, self.cluster_session_id, correlation_id,
+                                                  request_type))
+                while True:
+                    if self._closed:
+                        raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
+                    pub = self._ingress
+                    if pub is not None and not self._connecting and pub.offer(msg) > 0:
+                        break
+                    await trio.sleep(_POLL_S)
+                while self._admin_responses[correlation_id] is None:
+                    if self._closed:
+                        raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
+                    await self._admin_lot.park()
+                return self._admin_responses[correlation_id]
+        finally:
+            self._admin_responses.pop(correlation_id, None)
 
     # ---------------------------------------------------------------- duty cycle
 
@@ -825,6 +954,7 @@ class ClusterClient:
         self._replace_ingress(None)
         self._egress.close()
         self._inbox_lot.unpark_all()
+        self._admin_lot.unpark_all()
 
     def close(self) -> None:
         """Close the session (SessionCloseRequest, best effort) and the client's streams."""
@@ -837,6 +967,20 @@ class ClusterClient:
                 if pub.offer(msg) > 0:
                     break
         self._close_locally(None)
+
+
+class _FixedCredentials:
+    """``encoded_credentials=`` bytes given without a supplier: sent as they are; a challenge
+    cannot be answered."""
+
+    def __init__(self, credentials: bytes) -> None:
+        self._credentials = credentials
+
+    def encoded_credentials(self) -> bytes:
+        return self._credentials
+
+    def on_challenge(self, encoded_challenge: bytes) -> bytes:
+        return NullCredentialsSupplier().on_challenge(encoded_challenge)
 
 
 def _unwrap(exc: BaseException) -> BaseException:
@@ -859,6 +1003,7 @@ async def open_cluster_client(
     on_service_error: Callable[[ServiceRequestError], None] | None = None,
     reconnect_when_unanswered: bool = True,
     connect_timeout: float | None = None,
+    credentials=None,
 ) -> AsyncIterator[ClusterClient]:
     """Connect to the cluster and keep the session alive for the ``async with`` block.
 
@@ -869,6 +1014,10 @@ async def open_cluster_client(
     An exception from the block comes out as itself, not wrapped in an exception group.
     ``connect_timeout`` (seconds) is the connect's deadline, the config's ``connect_timeout``
     when None: until it passes the client asks every member, through elections.
+    ``credentials`` is a credentials supplier (:class:`SharedSecretCredentials`, or any object
+    with ``encoded_credentials()`` and ``on_challenge(challenge)``); None: the config's
+    ``client.credentials_file`` if it names one (a file that cannot be used raises
+    ``secret_file.SecretFileError``), else none.
     """
     if connect_timeout is not None and not connect_timeout > 0:
         raise ValueError(f"connect_timeout must be positive, not {connect_timeout!r}")
@@ -889,6 +1038,7 @@ async def open_cluster_client(
                 encoded_credentials=encoded_credentials,
                 on_service_error=on_service_error,
                 reconnect_when_unanswered=reconnect_when_unanswered,
+                credentials=credentials,
             )
             stack.callback(client.close)
             timeout_ns = client._connect_timeout_ns if connect_timeout is None else int(connect_timeout * 1e9)

@@ -50,8 +50,10 @@ import trio
 
 from archive.client import ArchiveClient, ArchiveError, find_recording_position_counter
 from archive.codecs import RecordingSignal
+from archive.segments import segment_base_position
 from cluster_node import codecs
 from cluster_node.affinity import RoleAffinity
+from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
     CONSENSUS_TO_SERVICE_CODEC,
@@ -69,6 +71,16 @@ from cluster_node.codecs import (
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
+from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
+from cluster_node.consensus.cluster_clock import ClusterClock
+from cluster_node.consensus.backup import (
+    BackupSettings,
+    BackupState,
+    ClusterBackupCore,
+    RetrieveSnapshot,
+    SendBackupQuery,
+    StartLogRecording,
+)
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
@@ -76,7 +88,8 @@ from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import (
-    AppendSessionEvent, ClusterSessions, CloseEgress, SendEgress, SessionSettings, response_channel_refusal,
+    AppendSessionEvent, AuthenticatorFailed, ClusterSessions, CloseEgress, ForeignMessage, SendEgress,
+    SessionSettings, TakeSnapshot, response_channel_refusal,
 )
 from cluster_node.consensus.snapshot import (
     SnapshotError,
@@ -87,9 +100,11 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
+from cluster_node.exit_codes import ExitCode, fail
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
-from media.channel import ChannelUri, parse
+from cluster_node.wall_clock import wall_clock
+from media.channel import ChannelUri, parse, reply_channel_refusal
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
 from media.doorbell import ring
@@ -155,6 +170,8 @@ class CounterTypes:
     """One per member, keyed by that member's id: the append position it last reported to this
     node while this node leads (-1 when it does not lead), so a lagging follower shows on the
     leader."""
+    SNAPSHOT_TRANSFERS = 1204
+    """1 when this start copied its snapshot set from another member (an empty directory), else 0."""
 
 
 class ModuleState:
@@ -238,7 +255,7 @@ class ConsensusAgent:
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
-                 service_count: int = 1) -> None:
+                 service_count: int = 1, authenticator=None, authorisation=None) -> None:
         self.cfg = config
         self.driver = driver
         self.archive = archive
@@ -292,6 +309,7 @@ class ConsensusAgent:
                 ("cycle-time-threshold-exceeded", CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED),
                 ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
                 ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
+                ("snapshot-transfers", CounterTypes.SNAPSHOT_TRANSFERS),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -311,7 +329,11 @@ class ConsensusAgent:
         self.sessions = ClusterSessions(
             member_id=config.member_id, ingress_endpoints=config.ingress_endpoints_text,
             settings=SessionSettings(config.timeouts.session_timeout_ns, cl.max_sessions),
+            authenticator=authenticator if authenticator is not None else NullAuthenticator(),
+            authorisation=authorisation if authorisation is not None else DenyAllAuthorisation(),
+            image_source_host=self._ingress_source_host,
         )
+        self._frames_image_session_id = NULL_VALUE
         self.timers = Timers()
         self.pending = PendingServiceMessages()
         self._consensus_pubs: dict[int, object] = {}
@@ -322,6 +344,8 @@ class ConsensusAgent:
         self._from_service = None
         # Log plumbing
         self.recording_id = NULL_VALUE
+        self.log_start_position = 0
+        """Where the log recording starts (after a purge of its front, not 0); BackupResponse."""
         self.initial_term_id = 0
         self._rec_counter_id: int | None = None
         self._counters_reader: CountersReader | None = None
@@ -348,10 +372,13 @@ class ConsensusAgent:
         self._recording_progress_ns = 0
         self._stall: tuple | None = None  # (positions, since ns, warned) of a log that stopped moving
         self._now = time.monotonic_ns()
-        self._cluster_now = time.time_ns()
-        """Cluster time: the leader's wall clock (epoch ns), written into the log as every entry's
-        timestamp and used for session activity and timer deadlines, so that it means the same on
-        every host and across restarts (the monotonic clock ``_now`` serves local intervals)."""
+        self._clock = ClusterClock(wall_clock(config.node.clock_offset_file))
+        """Cluster time: the leader's wall clock (epoch ns), never below the log's timestamps
+        (consensus.cluster_clock); the log adapter tells it each entry's time."""
+        self._cluster_now = self._clock.now()
+        """Cluster time as of this duty cycle: written into the log as every entry's timestamp
+        and used for session activity and timer deadlines, so that it means the same on every
+        host and across restarts (the monotonic clock ``_now`` serves local intervals)."""
         self.catchup_endpoint = ""
         self.stopping = False
         self._wake = trio.Event()
@@ -395,6 +422,8 @@ class ConsensusAgent:
         self._recovery_state: tuple[int, int] | None = None
         self._service_acks: deque = deque()
         self._snapshot_interval = cl.snapshot_interval
+        self._removed_snapshot_recordings: set[int] = set()
+        """Snapshot recordings retention removed (or found gone) since start: not asked again."""
         self._last_snapshot_position = 0
 
     # ------------------------------------------------------------------ start
@@ -407,15 +436,24 @@ class ConsensusAgent:
         # The driver's own counters file: the archive's recording positions are there (it is
         # not counters.dat when a predecessor's process still holds that name).
         self._counters_reader = CountersReader.open(self.driver.counters.path)
+        await self._seed_if_empty()
         await self._recover_log_recording()
         rl = self.recording_log_file.log
         stop = await self.archive.get_stop_position(self.recording_id)
         start = await self.archive.get_start_position(self.recording_id)
         plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
+        self.log_start_position = start
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
         await self._load_snapshot(plan)
+        # Cluster time had reached at least the time this member wrote into its latest term or
+        # snapshot entry (its cluster time then): a log wholly inside a snapshot is not replayed,
+        # its entries' times are not seen again. Those times are in ms: rounded up, so as not to
+        # fall below the log's last timestamp (cluster time stands still for under a ms).
+        for entry in rl.entries:
+            if entry.is_valid:
+                self._clock.observe((entry.timestamp + 1) * 1_000_000)
         catchup = me.catchup
         host, _, port = catchup.rpartition(":")
         if port == "0":
@@ -455,13 +493,131 @@ class ConsensusAgent:
         self.module = ConsensusModule(
             cfg.member_id, members, settings, random.Random(), rl, self.node_state.candidate_term_id,
             self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
-            cluster_clock=lambda _monotonic_ns: time.time_ns(),
+            cluster_clock=lambda _monotonic_ns: self._clock.now(),
         )
+        self.module.log_start_position = start
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
         self.counters["cm-state"].set(ModuleState.ACTIVE)
         nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
+
+    async def _seed_if_empty(self) -> None:
+        """A member that starts with nothing (a new disk, a wiped directory) first asks the
+        other members for their latest snapshot set (BackupQuery, every member at once). When
+        one has a snapshot set (the leader's answer preferred) its recordings are replicated
+        into our archive, and recording.log gets their SNAPSHOT entries and a TERM entry for an
+        empty log recording at the snapshot's position: the member then starts from the
+        snapshot and its election catches the log up from there, instead of from position 0
+        (which the leader may no longer hold, and which costs the whole log). When a majority
+        of the cluster, this member included, has no snapshot set (a new cluster's first
+        start), or nobody answers within ``timeouts.startup_canvass_timeout``, the member
+        starts with an empty log as before. Meanwhile this member answers the others' queries
+        (with nothing), so members of a new cluster starting together do not wait on each other."""
+        cfg = self.cfg
+        rl = self.recording_log_file.log
+        if rl.entries or len(cfg.cluster.members) == 1:
+            return
+        below_log_start = any(p.name.startswith(self._BELOW_LOG_START) for p in cfg.node_dir.iterdir())
+        for d in await self.archive.list_recordings():
+            if d.stream_id == self.log_stream_id and d.start_position == 0 and not below_log_start:
+                return  # a log without recording.log: _recover_log_recording's case
+            # A log recording starting later with an empty recording.log is a seeding that
+            # stopped before it wrote recording.log (its entries come last): seeded again.
+        me = cfg.this_member
+        host = me.consensus.rpartition(":")[0]
+        others = [m for m in cfg.cluster.members if m.id != me.id]
+        link = BackupLink(self.driver, others, consensus_stream_id=cfg.cluster.consensus_stream_id,
+                          consensus_term_length=cfg.cluster.consensus_term_length,
+                          response_endpoint=f"{host}:{free_fixed_udp_ports(1, host)[0]}",
+                          auth=cfg.cluster.member_auth)
+        self._consensus_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.consensus}{self._auth}",
+                                                           cfg.cluster.consensus_stream_id)
+        t = cfg.timeouts
+        core = ClusterBackupCore(
+            [m.id for m in cfg.cluster.members],
+            BackupSettings(seed=True, response_timeout_ns=t.election_status_interval_ns,
+                           seed_query_timeout_ns=t.startup_canvass_timeout_ns),
+            rl, self.service_count, time.monotonic_ns(), self.rng, self_member_id=me.id)
+        by_id = {m.id: m for m in others}
+        started = time.monotonic_ns()
+        log.info("empty node directory: asking the other members for a snapshot")
+
+        def on_query(buf, offset, length, header) -> None:
+            try:
+                msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+            except CodecError:
+                return
+            if type(msg) is codecs.BackupQuery:
+                self._on_backup_query(msg, header.session_id)
+
+        try:
+            while True:
+                for e in core.drain_effects():
+                    t_e = type(e)
+                    if t_e is SendBackupQuery:
+                        link.send_query(e.member_id, e.correlation_id)
+                    elif t_e is RetrieveSnapshot:
+                        try:
+                            rid = await retrieve_snapshot(
+                                self.archive, by_id[e.member_id], e.snapshot,
+                                control_stream_id=cfg.archive.control_request_stream_id,
+                                timeout_s=max(60.0, t.replication_progress_timeout_ns / 1e9),
+                                auth=cfg.cluster.member_auth)
+                        except ArchiveError as ex:
+                            core.on_failure(str(ex), time.monotonic_ns())
+                        else:
+                            core.on_snapshot_retrieved(e.snapshot, rid, time.monotonic_ns())
+                    elif t_e is StartLogRecording:
+                        rid = await create_empty_recording(
+                            self.archive, self.driver, self._local_channel(e.position, self._new_local_session()),
+                            self.log_stream_id)
+                        core.on_log_recording(rid, time.monotonic_ns())
+                    elif t_e is fx.WriteRecordingLog:
+                        self.recording_log_file.apply(e.writes)
+                if core.state == BackupState.CLOSED and not core.has_effects:
+                    break
+                for r in link.poll():
+                    core.on_response(r, time.monotonic_ns())
+                self._consensus_sub.poll(on_query, 16)
+                core.do_work(time.monotonic_ns())
+                if not core.has_effects:
+                    await link.wait(0.01)
+        finally:
+            link.close()
+            self._consensus_sub.close()
+            self._consensus_sub = None
+        elapsed_ms = (time.monotonic_ns() - started) // 1_000_000
+        if core.seeded:
+            # Votes this member cast before it lost its directory are gone with node-state.dat:
+            # it does not take part in any term it has heard of, so it cannot vote twice in one.
+            self.node_state.propose_max_candidate_term_id(core.highest_term_seen, 0, time.time_ns() // 1_000_000)
+            self.counters["snapshot-transfers"].set(1)
+            log.info("seeded from a member's snapshot", member=core.source_member_id,
+                     log_position=core.response.snapshots[0].log_position if core.response else None,
+                     recording_id=core.live_recording_id, elapsed_ms=elapsed_ms)
+        else:
+            log.info("starting with an empty log", reason=core.failure or "no member has a snapshot set",
+                     elapsed_ms=elapsed_ms)
+
+    _BELOW_LOG_START = "recording.log.below-log-start-"
+    """recording.log moved aside by ``_snapshot_needed``: the next start seeds from a snapshot."""
+
+    def _snapshot_needed(self, e: fx.SnapshotNeeded) -> None:
+        """Our log ends before the leader's log starts: only the leader's snapshot can bring
+        this member back, and its service cannot drop the state it holds while running. So
+        recording.log is moved aside (kept for the operator) and the member ends; its next
+        start finds no recording.log and copies the latest snapshot (``_seed_if_empty``)."""
+        path = self.recording_log_file.path
+        aside = path.with_name(f"{self._BELOW_LOG_START}{time.time_ns()}")
+        try:
+            os.replace(path, aside)
+        except OSError as ex:
+            fail(ExitCode.PERSIST_FAILED, f"cannot move {path} aside for a snapshot transfer: {ex.strerror or ex}")
+        fail(ExitCode.SNAPSHOT_NEEDED,
+             f"this member's log ends at {e.append_position}, before leader {e.leader_member_id}'s log starts "
+             f"({e.leader_log_start_position}): {path.name} was moved aside as {aside.name}; start the member "
+             "again and it copies the leader's latest snapshot")
 
     async def _load_snapshot(self, plan) -> None:
         """Restore sessions, timers and pending service messages from the plan's consensus module
@@ -512,7 +668,10 @@ class ConsensusAgent:
             self.recording_id = last.recording_id
         else:
             for d in await self.archive.list_recordings():
-                if d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc"):
+                # Only a log from 0 is of use without recording.log: one starting later (a
+                # seeding cut short) needs the snapshot recording.log would have named.
+                if (d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc")
+                        and d.start_position == 0):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.
@@ -600,7 +759,7 @@ class ConsensusAgent:
         fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
         fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription,
+        fx.CloseLogSubscription, fx.SnapshotNeeded,
     })
     """Effects that never await: executed with this pass's sends still held."""
 
@@ -747,15 +906,17 @@ class ConsensusAgent:
             is_startup = self.elections_completed == 1
             self.sessions.on_new_leadership(
                 is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-                leader_member_id=e.leader_member_id, now_ns=time.time_ns())
+                leader_member_id=e.leader_member_id, now_ns=self._clock.now())
             await self._execute_sessions()
             log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
                      role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
                      adapter_position=self._adapter_position(), commit_position=m.commit_position)
+        elif t is fx.SnapshotNeeded:
+            self._snapshot_needed(e)
         elif t is fx.RollbackUncommitted:
             self._abandon_snapshot("the log is being torn down for an election")
             self._abandon_termination("an election started")
-            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=time.time_ns())
+            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=self._clock.now())
             self.timers.rollback(e.commit_position)
             self.pending.rollback(e.commit_position)
             self._appends.clear()
@@ -1072,6 +1233,23 @@ class ConsensusAgent:
                 pub = self._egress.pop(e.cluster_session_id, None)
                 if pub is not None:
                     self._tasks.start_soon(self._close_later, pub)
+            elif type(e) is ForeignMessage:
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"foreign {e.kind}", f"a {e.kind} for a session from an ingress image "
+                                         "other than the session's own was dropped", session=e.cluster_session_id)
+            elif type(e) is TakeSnapshot:
+                m = self.module
+                if (m.is_leader and self._leader_action is None and self._leader_active()
+                        and self.counters["cm-state"].get() == ModuleState.ACTIVE):
+                    self._take_leader_action(ToggleState.SNAPSHOT, "admin request")
+                else:
+                    log.warning("admin request: snapshot not taken, the cluster is no longer ACTIVE",
+                                session=e.cluster_session_id)
+            elif type(e) is AuthenticatorFailed:
+                self.counters["errors"].add(1)
+                self.input_errors.record(f"authenticator failed: {e.error.split(':')[0]}",
+                                         "the authenticator or authorisation service raised: the client is refused",
+                                         level="error", error=e.error)
         self._flush_appends()
 
     def _one_shot_reply_allowed(self) -> bool:
@@ -1150,6 +1328,11 @@ class ConsensusAgent:
             log.debug("bad consensus message dropped", error=str(e))
             return
         t = type(msg)
+        if t is codecs.BackupQuery:
+            # From a backup or a member seeding its empty directory, on any host: it names no
+            # member, and is answered only on a channel of the host it came from.
+            self._on_backup_query(msg, header.session_id)
+            return
         if not self._from_claimed_host(msg, header.session_id):
             return
         fields = _TERM_FIELDS.get(t)
@@ -1166,6 +1349,8 @@ class ConsensusAgent:
         if t is codecs.TerminationPosition or t is codecs.TerminationAck:
             self._on_termination_message(msg)
             return
+        if t is codecs.BackupResponse:
+            return  # meant for a backup's own channel, never a member's
         if t is codecs.CatchupPosition and msg.catchup_endpoint:
             # The follower's catchup endpoint as it bound it (config may say port 0).
             self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
@@ -1219,6 +1404,62 @@ class ConsensusAgent:
                                  "log image from a host that is not the leader's: not used", leader=leader,
                                  source=image.source_host, expected=sorted(expected))
         return False
+    def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
+        """Answer a backup (or a member seeding its empty directory) with what it needs to copy
+        the cluster: our log recording, terms, commit-position counter and latest snapshot set.
+        Any member answers; the answer names the leader, whom the asker then prefers."""
+        source = ""
+        for image in self._consensus_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_host
+        refusal = reply_channel_refusal(msg.response_channel, source)
+        if refusal is not None:
+            self.counters["errors"].add(1)
+            self.input_errors.record(f"backup query refused: {refusal.split(':')[0]}",
+                                     "backup query refused (no answer sent): " + refusal)
+            return
+        if not self._one_shot_reply_allowed():
+            return
+        try:
+            pub = self.driver.add_publication(msg.response_channel, msg.response_stream_id, exclusive=False)
+        except Exception as e:  # noqa: BLE001 - an asker's bad channel
+            self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
+            return
+        self._tasks.start_soon(self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id)))
+
+    def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
+        """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
+        rl = self.recording_log_file.log
+        m = self.module
+        terms = [e for e in rl.term_entries() if e.recording_id == self.recording_id]
+        first = terms[0] if terms else None
+        last = rl.last_term()
+        plan = rl.create_recovery_plan(self.service_count, 0, 0, self.recording_id)
+        snapshots = tuple(codecs.BackupSnapshot(s.recording_id, s.leadership_term_id, s.term_base_log_position,
+                                                s.log_position, s.timestamp, s.service_id) for s in plan.snapshots)
+        leader = m.known_leader_member_id if m is not None else NULL_VALUE
+        return codecs.BackupResponse(
+            correlation_id=correlation_id, log_recording_id=self.recording_id,
+            log_leadership_term_id=first.leadership_term_id if first else NULL_VALUE,
+            log_term_base_log_position=first.term_base_log_position if first else 0,
+            last_leadership_term_id=last.leadership_term_id if last else NULL_VALUE,
+            last_term_base_log_position=last.term_base_log_position if last else 0,
+            commit_position_counter_id=self.counters["commit-pos"].counter_id,
+            leader_member_id=leader, member_id=self.cfg.member_id, snapshots=snapshots,
+            cluster_members=self.cfg.members_text, commit_position=self.counters["commit-pos"].get(),
+            log_start_position=self.log_start_position,
+        )
+
+    async def _send_one_shot(self, pub, data: bytes) -> None:
+        """Offer ``data`` once the asker's channel connects (bounded), then close it."""
+        self._one_shot_open += 1
+        try:
+            with trio.move_on_after(1.0):
+                while pub.offer(data) < 0 and not pub.closed:
+                    await trio.sleep(0.005)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S)
+        finally:
+            self._one_shot_open -= 1
 
     def _on_members_mismatch(self, msg) -> None:
         """A member whose view of the cluster (cluster id, members list) differs from ours: its
@@ -1248,7 +1489,8 @@ class ConsensusAgent:
                     term_id, session_id, leader_member_id=m.known_leader_member_id,
                     current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
                 return
-            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now):
+            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
+                                            header.session_id):
                 return
             data = bytearray(buf[offset: offset + length])
             _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._cluster_now)
@@ -1279,10 +1521,11 @@ class ConsensusAgent:
                 return
             self.sessions.on_connect_request(
                 msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
-                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now)
+                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now, image_session_id=header.session_id)
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
-                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
+                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
+                                            self._cluster_now, header.session_id)
             else:
                 self.sessions.on_ingress_not_leading(
                     msg.leadership_term_id, msg.cluster_session_id, leader_member_id=m.known_leader_member_id,
@@ -1290,9 +1533,22 @@ class ConsensusAgent:
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
                 self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               self._cluster_now)
+                                               self._cluster_now, header.session_id)
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
+        elif t is codecs.ChallengeResponse:
+            if m.election is None and m.role == Role.LEADER:
+                self.sessions.on_challenge_response(
+                    msg.correlation_id, msg.cluster_session_id, msg.encoded_credentials,
+                    leadership_term_id=m.leadership_term_id, leader_member_id=m.known_leader_member_id,
+                    now_ns=self._cluster_now, image_session_id=header.session_id)
+        elif t is codecs.AdminRequest:
+            if m.election is None and m.role == Role.LEADER:
+                self.sessions.on_admin_request(
+                    msg, current_term_id=m.leadership_term_id, now_ns=self._cluster_now,
+                    image_session_id=header.session_id,
+                    can_snapshot=(self.counters["cm-state"].get() == ModuleState.ACTIVE and self._leader_active()
+                                  and self._leader_action is None))
 
     def _ingress_source_host(self, image_session_id: int) -> str | None:
         """The address the ingress image of ``image_session_id`` receives from (its first
@@ -1341,6 +1597,7 @@ class ConsensusAgent:
             # Once a message waits in _appends (the log refused it), everything after it waits
             # behind it, as one by one: messages enter the log in the order they were taken.
             try:
+                self._frames_image_session_id = image.session_id
                 if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
                     work += 1
                     continue
@@ -1354,11 +1611,12 @@ class ConsensusAgent:
     def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
         """``Image.frames_poll`` handler: the leading run of one session's messages into the
         log with one offer; returns the bytes taken (0: leave them to :meth:`_on_ingress`)."""
-        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length)
+        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length, self.local.pub.mtu)
         if count == 0:
             return 0
         m = self.module
-        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now, count):
+        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
+                                        self._frames_image_session_id, count):
             return end  # dropped, as one by one
         pub = self.local.pub
         count, end = message_runs.fit(starts, count, end, pub.block_room())
@@ -1401,9 +1659,13 @@ class ConsensusAgent:
             # module, so read the session id without building the message (per entry on every
             # follower, this was a fifth of its conductor's time at full load).
             if length >= SESSION_HEADER_LENGTH:
-                prefix, _term_id, session_id, _ts = codecs.unpack_session_header_from(buf, offset)
-                if session_id < 0 and prefix == codecs.SESSION_PREFIX_WORD:
-                    self.pending.on_log_service_message(session_id)
+                prefix, _term_id, session_id, timestamp = codecs.unpack_session_header_from(buf, offset)
+                if prefix == codecs.SESSION_PREFIX_WORD:
+                    clock = self._clock
+                    if timestamp > clock.floor:  # clock.observe, inline: once per entry
+                        clock.floor = timestamp
+                    if session_id < 0:
+                        self.pending.on_log_service_message(session_id)
             return
         view = buf[offset: offset + length]
         try:
@@ -1411,6 +1673,9 @@ class ConsensusAgent:
         except CodecError:
             return
         t = type(msg)
+        timestamp = getattr(msg, "timestamp", None)
+        if timestamp is not None:
+            self._clock.observe(timestamp)
         if t is codecs.SessionOpenEvent:
             self.sessions.on_log_session_open(msg, header.position)
         elif t is codecs.SessionCloseEvent:
@@ -1527,9 +1792,11 @@ class ConsensusAgent:
             work = 1
         return work + image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
 
-    @staticmethod
-    def _skip_client_messages(buf, offset, starts, length, position) -> int:
-        return message_runs.client_run(buf, offset, starts, length)
+    def _skip_client_messages(self, buf, offset, starts, length, position) -> int:
+        end = message_runs.client_run(buf, offset, starts, length)
+        if end:
+            self._clock.observe(message_runs.last_timestamp(buf, offset, starts, end))
+        return end
 
     def _adapter_position(self) -> int:
         image = self._log_adapter_image
@@ -1576,7 +1843,7 @@ class ConsensusAgent:
             else:
                 driver.receive_work()
             now = self._now = time.monotonic_ns()
-            self._cluster_now = time.time_ns()
+            self._cluster_now = self._clock.now()
             # A leader takes its clients' messages first and sends them on to the followers at
             # once: a client's round trip waits on that, not on the rest of the pass (the
             # leader read -> log send hop of scripts/hops.py). Suspended (or snapshotting, terminating), ingress is left unread (as the
@@ -1613,6 +1880,8 @@ class ConsensusAgent:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
                     work += 1
+                if self.sessions.pending and m.election is None:
+                    self.sessions.process_pending(m.leadership_term_id, m.known_leader_member_id, self._cluster_now)
                 if self.suspended and now >= self._suspended_reminder_ns:
                     self._suspended_reminder_ns = now + self.cfg.timeouts.leader_heartbeat_interval_ns
                     work += min(1, self.sessions.remind_suspended(m.leadership_term_id))
@@ -1858,7 +2127,7 @@ class ConsensusAgent:
         if action == ToggleState.ABORT:
             position = local.pub.position
         else:
-            request = codecs.ClusterActionRequest(term, local.pub.position, time.time_ns(), codecs.ClusterAction.SNAPSHOT,
+            request = codecs.ClusterActionRequest(term, local.pub.position, self._cluster_now, codecs.ClusterAction.SNAPSHOT,
                                                   codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
             position = local.pub.offer(LOG_CODEC.encode(request))
             if position < 0:
@@ -1962,7 +2231,7 @@ class ConsensusAgent:
                                   log_position=snap.position, error=str(e))
             return
         rl = self.recording_log_file.log
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = self._clock.now() // 1_000_000
         writes = rl.append_snapshot(ack.relevant_id, snap.leadership_term_id, snap.term_base_log_position,
                                     snap.position, now_ms, 0)
         writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
@@ -1979,6 +2248,63 @@ class ConsensusAgent:
                  timers=len(state.timers), pending=len(state.pending),
                  ms=round((time.monotonic_ns() - snap.started_ns) / 1e6, 1))
         self._snapshot_finished()
+        await self.apply_retention()
+
+    async def apply_retention(self) -> dict:
+        """Keep ``cluster.retain_snapshots`` snapshot sets and, with ``cluster.purge_log``, the log
+        from the oldest of them on (see ``RecordingLog.retention`` for which).
+
+        Order, so that a kill -9 anywhere leaves a member that starts: recording.log marks the
+        old sets invalid (synced) before the archive removes their recordings, so no valid entry
+        names a removed recording; the archive moves the log's start (synced) before it unlinks
+        a file. What a crash leaves (a recording of an invalid entry, detached segment files) is
+        removed by the next run. A removal the archive refuses (a replay still reads there) is
+        logged and tried again after the next snapshot. Returns what was done, for the log."""
+        cl = self.cfg.cluster
+        rl = self.recording_log_file.log
+        floor, writes, recordings = rl.retention(self.service_count, cl.retain_snapshots)
+        if writes:
+            self.recording_log_file.apply(writes)
+        removed = []
+        for rid in recordings:
+            if rid in self._removed_snapshot_recordings or rid == self.recording_id:
+                continue
+            try:
+                if await self.archive.list_recording(rid) is not None:
+                    await self.archive.purge_recording(rid)
+                    removed.append(rid)
+                self._removed_snapshot_recordings.add(rid)
+            except ArchiveError as e:
+                log.warning("snapshot recording not removed; tried again after the next snapshot",
+                            recording_id=rid, error=str(e))
+        done = {"invalidated_entries": len(writes), "removed_snapshot_recordings": removed,
+                "retained_from": floor, "log_start_position": None, "segment_files_removed": 0}
+        if cl.purge_log and floor != NULL_POSITION and self.recording_id != NULL_VALUE:
+            target = min(floor, self.module.log_retention_floor(time.monotonic_ns()))
+            try:
+                d = await self.archive.list_recording(self.recording_id)
+                if d is not None:
+                    new_start = segment_base_position(d.start_position, max(target, d.start_position),
+                                                      d.term_buffer_length, d.segment_file_length)
+                    first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
+                                                      d.segment_file_length) + d.segment_file_length
+                    if new_start >= first_end:
+                        done["segment_files_removed"] = await self.archive.purge_segments(self.recording_id,
+                                                                                          new_start)
+                        done["log_start_position"] = new_start
+                        # Named in NewLeadershipTerm: a member whose log ends before it cannot be
+                        # caught up from the log and takes a snapshot instead (SnapshotNeeded).
+                        self.log_start_position = self.module.log_start_position = new_start
+                    else:
+                        # Nothing new to detach; files a crash left detached still go.
+                        done["segment_files_removed"] = await self.archive.delete_detached_segments(
+                            self.recording_id)
+            except ArchiveError as e:
+                log.warning("log segments not purged; tried again after the next snapshot",
+                            recording_id=self.recording_id, target=target, error=str(e))
+        if writes or removed or done["segment_files_removed"]:
+            log.info("retention applied", **done)
+        return done
 
     def _snapshot_timed_out(self) -> None:
         """The service did not acknowledge the snapshot in time (``timeouts.snapshot_timeout``):
@@ -2119,7 +2445,7 @@ class ConsensusAgent:
         # Exact, whatever the grid: the services' timers and a replication's progress.
         nxt = self.timers.next_deadline()
         if nxt is not None and m.is_leader:
-            deadline_ns = min(deadline_ns, now + max(0, nxt - time.time_ns()))  # deadlines are cluster time
+            deadline_ns = min(deadline_ns, now + max(0, nxt - self._clock.now()))  # deadlines are cluster time
         if self._replication is not None:
             deadline_ns = min(deadline_ns, now + 10_000_000)
         if self._service_ring_due:

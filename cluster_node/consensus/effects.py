@@ -57,6 +57,7 @@ from typing import Any
 __all__ = [
     "Role",
     "Effect",
+    "SnapshotNeeded",
     "PersistCandidateTerm",
     "WriteRecordingLog",
     "SendToMember",
@@ -338,3 +339,14 @@ class RollbackUncommitted(Effect):
     ``commit_position`` (sessions, timers, pending service messages) must be rolled back."""
 
     commit_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotNeeded(Effect):
+    """This member's log ends at ``append_position``, before the leader's log starts
+    (``leader_log_start_position``, its front purged): no catch-up or replication can reach it.
+    The shell ends the member so that its next start copies the leader's latest snapshot."""
+
+    leader_member_id: int
+    leader_log_start_position: int
+    append_position: int

@@ -40,6 +40,10 @@ Safety rules, on top of the reference's behaviour
   and can loop; this is the one place the project's rule differs.
 * Truncation never cuts below the member's commit position (it would be a safety bug; it is
   recorded in ``ConsensusModule.safety_alerts`` and refused).
+* A member whose log ends before the leader's log starts (NewLeadershipTerm's
+  ``log_start_position``: the leader purged its log's front after a snapshot) does not follow:
+  it asks its shell for the leader's snapshot (``SnapshotNeeded``). This project's; the
+  reference has no way back for such a member.
 """
 
 from __future__ import annotations
@@ -125,6 +129,7 @@ class Election:
         self.time_of_last_leader_contact_ns = module.time_of_last_leader_message_ns
         self.init_not_before_ns = now_ns
         self.nomination_deadline_ns = NULL_VALUE
+        self.snapshot_needed = False  # SnapshotNeeded emitted (once per election)
         # The leadership term being joined or led.
         self.leader_member_id = NULL_VALUE
         self.leader_recording_id = NULL_VALUE
@@ -704,6 +709,15 @@ class Election:
         self.time_of_last_leader_contact_ns = now_ns
         log_term = m.log_leadership_term_id
         append_position = m.append_position
+        if msg.log_start_position > append_position:
+            # The leader's log no longer holds what follows ours (its front was purged after a
+            # snapshot): neither a catch-up replay nor log replication can start where we end.
+            # Only the leader's snapshot can bring this member back (the shell restarts it
+            # to copy one); following would fail for ever.
+            if not self.snapshot_needed:
+                self.snapshot_needed = True
+                m.emit(fx.SnapshotNeeded(msg.leader_member_id, msg.log_start_position, append_position))
+            return
         if msg.log_leadership_term_id == log_term:
             next_base = msg.next_term_base_log_position
             if next_base != NULL_POSITION and next_base < append_position:

@@ -34,34 +34,46 @@ pressure, the end of a term): the per-message path queues or rotates as before.
 
 from __future__ import annotations
 
+import struct
+
 from media.framescan import numpy_module
 from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
 
 from cluster_node.codecs import SESSION_HEADER_LENGTH, SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET
 
-__all__ = ["client_run", "fit", "session_run", "stamp_timestamps"]
+__all__ = ["client_run", "fit", "last_timestamp", "session_run", "stamp_timestamps"]
 
 _DATA_WORD = VERSION | (FLAG_UNFRAGMENTED << 8) | (TYPE_DATA << 16)
 """A frame header's second int32 (version, flags, type) for an unfragmented data frame."""
 _MIN_FRAME = HEADER_LENGTH + SESSION_HEADER_LENGTH
 _TIMESTAMP_AT = HEADER_LENGTH + SESSION_TIMESTAMP_OFFSET
+_I64 = struct.Struct("<q")
 
 
-def session_run(buffer, offset: int, starts, length: int) -> tuple[int, int, int, int]:
+def session_run(buffer, offset: int, starts, length: int, max_frame_length: int) -> tuple[int, int, int, int]:
     """``(count, end, leadership_term_id, cluster_session_id)``: the leading ``count`` frames of
     ``buffer[offset:offset + length]`` (frame starts ``starts``, relative offsets as
     ``media.framescan.chain`` gives them, ``length`` where the last frame ends) are unfragmented
-    data frames holding session messages of that one session and term, and end at relative
-    offset ``end``. ``count`` 0 when the first frame is not one."""
+    data frames of at most ``max_frame_length`` bytes holding session messages of that one
+    session and term, and end at relative offset ``end``. ``count`` 0 when the first frame is
+    not one.
+
+    ``max_frame_length`` is the log's MTU: a client whose MTU is larger sends frames the log may
+    not hold as they are (a replay of the log uses the log's MTU, and its sender never splits a
+    frame); such a message takes the per-message path, whose offer fragments it as the log's."""
     np = numpy_module()
     count, w64, at = _session_messages(np, buffer, offset, starts, length)
     if count == 0:
         return 0, 0, 0, 0
+    w32 = np.frombuffer(buffer, dtype="<i4", count=length >> 2, offset=offset)
     terms = w64[at + 1]
     sessions = w64[at + 2]
     term_id = int(terms[0])
     session_id = int(sessions[0])
-    count = _leading(np, (terms == term_id) & (sessions == session_id), count)
+    ok = (terms == term_id) & (sessions == session_id) & (w32[starts[:count] >> 2] <= max_frame_length)
+    count = _leading(np, ok, count)
+    if count == 0:
+        return 0, 0, 0, 0
     return count, _end(starts, count, length), term_id, session_id
 
 
@@ -74,6 +86,15 @@ def client_run(buffer, offset: int, starts, length: int) -> int:
     if count == 0:
         return 0
     return _end(starts, _leading(np, w64[at + 2] >= 0, count), length)
+
+
+def last_timestamp(buffer, offset: int, starts, end: int) -> int:
+    """The timestamp in the session header of the last frame of a run that ends at relative
+    offset ``end`` (as :func:`client_run` returned it, > 0): what the log's cluster time had
+    reached there (consensus.cluster_clock)."""
+    np = numpy_module()
+    last = int(starts[int(np.searchsorted(starts, end, side="left")) - 1])
+    return _I64.unpack_from(buffer, offset + last + _TIMESTAMP_AT)[0]
 
 
 def _session_messages(np, buffer, offset: int, starts, length: int):

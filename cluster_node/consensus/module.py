@@ -144,6 +144,9 @@ class ConsensusModule:
         self.rng = rng
         self.recording_log = recording_log
         self.log_recording_id = log_recording_id
+        self.log_start_position = 0
+        """Where this member's log recording starts (the shell sets it; above 0 after a purge of
+        the log's front). A leader tells its followers in NewLeadershipTerm."""
         last = recording_log.last_term()
         self.log_leadership_term_id = last.leadership_term_id if last else NULL_VALUE
         self.leadership_term_id = self.log_leadership_term_id
@@ -470,6 +473,7 @@ class ConsensusModule:
             self.log_session_id,
             self.settings.app_version,
             self.election is not None and self.election.is_node_startup,
+            log_start_position=self.log_start_position,
         )
 
     def track_append_position(self, msg: codecs.AppendPosition, now_ns: int) -> None:
@@ -489,6 +493,25 @@ class ConsensusModule:
                 self.emit(fx.StopCatchupReplay(member.member_id))
                 member.catchup_replay_from_position = NULL_POSITION
             self.send(member.member_id, codecs.StopCatchup(self.leadership_term_id, member.member_id))
+
+    def log_retention_floor(self, now_ns: int) -> int:
+        """The lowest log position this member must keep in its archive for its peers.
+
+        A leader serves catchup and log replication from its archive, so it keeps the log from
+        the lowest position a live follower (one heard from within the heartbeat timeout) has
+        acknowledged; a follower keeps what is not yet committed. Neither ever drops below its
+        commit position. A member away for longer than that is not waited for: it needs a
+        snapshot from another member (docs/operations.md)."""
+        floor = self.commit_position
+        if self.role != Role.LEADER:
+            return floor
+        timeout = self.settings.leader_heartbeat_timeout_ns
+        for m in self.members:
+            if m is self.this_member or m.time_of_last_append_position_ns == NULL_VALUE:
+                continue
+            if now_ns - m.time_of_last_append_position_ns <= timeout and m.log_position != NULL_POSITION:
+                floor = min(floor, m.log_position)
+        return floor
 
     def answer_canvass(self, member: ClusterMember, log_leadership_term_id: int, now_ns: int) -> None:
         """Leader: ``member`` canvasses, so it is (re)starting its election, and a catchup replay

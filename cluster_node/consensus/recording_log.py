@@ -409,6 +409,98 @@ class RecordingLog:
             and e.leadership_term_id == cm.leadership_term_id
         ))
 
+    # ------------------------------------------------------------------------------ retention
+
+    def snapshot_sets(self, service_count: int) -> list[tuple[Entry, ...]]:
+        """The complete valid snapshot sets, newest first: each the consensus module's entry
+        followed by one entry per service at the same term and log position."""
+        sets = []
+        for cm in reversed(self.entries):
+            if not (cm.is_valid and cm.entry_type == ENTRY_TYPE_SNAPSHOT
+                    and cm.service_id == CONSENSUS_MODULE_SERVICE_ID):
+                continue
+            found = [cm]
+            for service_id in range(service_count):
+                s = next((e for e in reversed(self.entries)
+                          if e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == service_id
+                          and e.log_position == cm.log_position
+                          and e.leadership_term_id == cm.leadership_term_id), None)
+                if s is None:
+                    break
+                found.append(s)
+            if len(found) == service_count + 1:
+                sets.append(tuple(found))
+        return sets
+
+    def retention(self, service_count: int, retain: int) -> tuple[int, tuple[tuple[int, bytes], ...], list[int]]:
+        """What keeping the newest ``retain`` snapshot sets means: ``(log position, patches,
+        recording ids)``.
+
+        The log position is the oldest retained set's: the log before it is needed by no
+        recovery this file can plan (NULL_POSITION while there are fewer than ``retain`` sets:
+        then the fallback past the newest sets is a replay from the log's start, so nothing of
+        the log may go). The patches invalidate every valid snapshot entry before that position,
+        and the recording ids are the snapshot recordings no valid entry names any more: the
+        ones just invalidated and those of earlier invalid entries before that position (a
+        removal a crash cut short). An entry invalidated after the oldest retained set (an
+        operator's ``invalidate-latest-snapshot``) keeps its recording, to be looked at.
+
+        The shell applies the patches (synced) before it asks the archive to remove anything,
+        so that no valid entry ever names a removed recording."""
+        if retain < 1:
+            raise RecordingLogError(f"at least one snapshot set must be retained, got {retain}")
+        sets = self.snapshot_sets(service_count)
+        if len(sets) < retain:
+            return NULL_POSITION, (), []
+        floor = sets[retain - 1][0].log_position
+        kinds = (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
+        gone = [e for e in self.entries if e.entry_type in kinds and e.log_position < floor]
+        writes = self._invalidate(lambda e: e.entry_type in kinds and e.log_position < floor)
+        kept = {e.recording_id for e in self.entries if e.is_valid and e.entry_type in kinds}
+        recordings = sorted({e.recording_id for e in gone if e.recording_id != NULL_VALUE} - kept)
+        return floor, tuple(writes), recordings
+
+    # ------------------------------------------------------------------- offline rewrites
+
+    @staticmethod
+    def _order(e: Entry) -> tuple:
+        # Term, then the TERM entry before the snapshots taken in it, by position, and at one
+        # position the services (highest id first) before the consensus module (-1): the order
+        # a member appends them in.
+        position = e.term_base_log_position if e.entry_type == ENTRY_TYPE_TERM else e.log_position
+        return (e.leadership_term_id, 0 if e.entry_type == ENTRY_TYPE_TERM else 1, position, -e.service_id)
+
+    def sorted_copy(self) -> RecordingLog:
+        """The same entries (invalid ones too) in the order a member appends them (see
+        ``_order``); a file edited or merged by hand may hold them otherwise, and the queries
+        that take "the newest" entry read the file from its end. Stable for equal keys."""
+        return RecordingLog._of(sorted(self.entries, key=RecordingLog._order))
+
+    def seeded_from_latest_snapshot(self, service_count: int) -> RecordingLog:
+        """A log holding only what a start from the latest valid snapshot set needs: that set
+        and the valid TERM entries of the log from its position on (the term it was taken in and
+        every later one), in order. Every other entry (older snapshots and terms, invalid
+        entries) is left out. RecordingLogError when there is no complete valid set."""
+        sets = self.snapshot_sets(service_count)
+        if not sets:
+            raise RecordingLogError("no complete valid snapshot set to seed from")
+        latest = sets[0]
+        cm = latest[0]
+        terms = [e for e in self.term_entries() if e.leadership_term_id >= cm.leadership_term_id]
+        if not terms or terms[0].leadership_term_id != cm.leadership_term_id:
+            raise RecordingLogError(
+                f"no valid TERM entry for leadership term {cm.leadership_term_id}, in which the latest snapshot "
+                f"(log position {cm.log_position}) was taken")
+        services = sorted(latest[1:], key=lambda e: -e.service_id)
+        return RecordingLog._of(sorted([*terms, *services, cm], key=RecordingLog._order))
+
+    @classmethod
+    def _of(cls, entries: list[Entry]) -> RecordingLog:
+        log = cls()
+        for e in entries:
+            log._append(e)
+        return log
+
     # ------------------------------------------------------------------------- recovery plan
 
     def create_recovery_plan(

@@ -14,10 +14,27 @@ Session states (reference ``ClusterSession.State`` names and order)::
 
     INIT CONNECTING CONNECTED CHALLENGED AUTHENTICATED REJECTED OPEN CLOSING INVALID CLOSED
 
-Only a few are used here: a connect request that passes the checks is AUTHENTICATED (there is no
-authenticator beyond the protocol version), becomes OPEN when its SessionOpenEvent is appended,
-CLOSING when a close is decided, and is forgotten once its SessionCloseEvent is appended. A
-rejected request never becomes a session: it gets SessionEvent ERROR and nothing is logged.
+A connect request that passes the checks is CONNECTED (in :attr:`ClusterSessions.pending`) and
+goes to the authenticator (``cluster_node.consensus.auth``), which may challenge it (CHALLENGED:
+a Challenge on the session's egress, answered by a ChallengeResponse), accept it with a principal
+(the session is OPEN at once: its SessionOpenEvent, carrying the principal, is appended and the
+client told OK) or reject it (REJECTED: SessionEvent AUTHENTICATION_REJECTED with the reason,
+nothing logged). A session still pending after the session timeout is rejected. An open session
+is CLOSING when a close is decided, and forgotten once its SessionCloseEvent is appended. A
+request refused before that (version, limit) never becomes a session: it gets SessionEvent ERROR.
+
+Binding: a session id is in the log for all to read, so it is no capability. A session takes
+session messages, keep-alives, close requests, challenge responses and admin requests only from
+one ingress image (the publication of one client process), named by the image's session id: the
+image its connect request came on. A message for it from any other image is dropped, counted
+(:attr:`ClusterSessions.foreign_dropped`) and reported (:class:`ForeignMessage`). The check is one
+integer comparison after the session lookup the hot path makes anyway. After an election every
+session is unbound (its client moves its ingress to the new leader on a new image once it reads
+the NewLeaderEvent), and is bound again to the first image that sends a message of the new term
+for it from the host the session's response channel names; the connect request's source was
+checked against that same host. What is left open: until its client's first message of the new
+term, another process on the client's host (or one that can forge that host's address and
+guess the session id and term) may take the session over; it then has the session's principal.
 
 Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``):
 
@@ -58,8 +75,14 @@ from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_POSITION,
     NULL_VALUE,
+    AdminRequest,
+    AdminRequestType,
+    AdminResponse,
+    AdminResponseCode,
+    Challenge,
     CloseReason,
     EventCode,
+    SCHEMA_ID,
     NewLeaderEvent,
     SessionCloseEvent,
     SessionConnectRequest,
@@ -67,7 +90,8 @@ from cluster_node.codecs import (
     SessionOpenEvent,
     semantic_version_major,
 )
-from media.channel import reply_channel_refusal
+from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
+from media.channel import ChannelError, parse, reply_channel_refusal
 
 __all__ = [
     "SessionState",
@@ -78,6 +102,9 @@ __all__ = [
     "SendEgress",
     "CloseEgress",
     "SessionSettings",
+    "TakeSnapshot",
+    "ForeignMessage",
+    "AuthenticatorFailed",
     "response_channel_refusal",
 ]
 
@@ -123,6 +150,32 @@ class CloseEgress:
 
 
 @dataclass(frozen=True, slots=True)
+class TakeSnapshot:
+    """Leader: an authorised admin request asks for a cluster-wide snapshot (as the operator's
+    ``cluster-node tool snapshot`` does)."""
+
+    cluster_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignMessage:
+    """A message for a session came from an ingress image other than the one bound to the
+    session (``kind``: "session message", "keep-alive", "close request", "challenge response",
+    "admin request"): dropped and counted; the executor says so once per kind."""
+
+    kind: str
+    cluster_session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AuthenticatorFailed:
+    """The authenticator or the authorisation service raised: the session is rejected (or the
+    request refused); the executor says so once per kind of error."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSettings:
     session_timeout_ns: int = 10_000_000_000
     max_sessions: int = 10
@@ -150,6 +203,51 @@ def response_channel_refusal(channel: str, stream_id: int, source_host: str | No
     return refusal
 
 
+def _response_host(channel: str) -> str | None:
+    """The host a response channel sends to (None for IPC; "" when there is none): a client's
+    ingress comes from the host it receives egress on (the client's driver sends from its
+    egress host, and the leader answers a connect only on a channel naming the request's
+    source)."""
+    try:
+        uri = parse(channel)
+    except ChannelError:
+        return ""
+    if uri.is_ipc:
+        return None
+    return uri.endpoint[0] if uri.endpoint is not None else ""
+
+
+class _Proxy:
+    """The reference's ``SessionProxy``: what an authenticator may do with one session, for the
+    length of one call."""
+
+    __slots__ = ("_sessions", "session", "_term_id", "_leader_member_id", "_now_ns")
+
+    def __init__(self, sessions: "ClusterSessions", session: "ClusterSession", term_id: int, leader_member_id: int,
+                 now_ns: int) -> None:
+        self._sessions = sessions
+        self.session = session
+        self._term_id = term_id
+        self._leader_member_id = leader_member_id
+        self._now_ns = now_ns
+
+    @property
+    def session_id(self) -> int:
+        return self.session.id if self.session is not None else NULL_VALUE
+
+    def challenge(self, encoded_challenge: bytes) -> bool:
+        return self.session is not None and self._sessions._challenge(self.session, encoded_challenge)
+
+    def authenticate(self, encoded_principal: bytes | None) -> bool:
+        return self.session is not None and self._sessions._open(
+            self.session, encoded_principal or b"", self._term_id, self._leader_member_id, self._now_ns)
+
+    def reject(self, reason: str = "") -> None:
+        if self.session is not None and self.session.state in (SessionState.CONNECTED, SessionState.CHALLENGED):
+            self._sessions._reject(self.session, reason or "authentication rejected", self._term_id,
+                                   self._leader_member_id)
+
+
 _GONE_LIMIT = 256
 """Most sessions a member remembers having rolled back (the oldest are forgotten first)."""
 
@@ -174,6 +272,9 @@ class ClusterSession:
     """The leadership term the session was opened in (the term its client sends with), when known."""
     time_of_last_answer_ns: int = 0
     """When a member that does not lead last answered this session's ingress."""
+    bound_image: int | None = None
+    """The session id of the ingress image this session takes messages from on this leader
+    (see "Binding" in the module docstring); None: not bound yet."""
 
 
 @dataclass(slots=True)
@@ -205,7 +306,20 @@ class ClusterSessions:
     """Rolled-back sessions by (term opened in, session id): ids restart in a new term, the term
     tells them apart."""
     effects: list = field(default_factory=list)
+    authenticator: Any = field(default_factory=NullAuthenticator)
+    """Decides who may open a session (``cluster_node.consensus.auth.Authenticator``)."""
+    authorisation: Any = field(default_factory=DenyAllAuthorisation)
+    """Decides who may send admin requests (``auth.AuthorisationService``)."""
+    image_source_host: Any = lambda image_session_id: ""
+    """``image_source_host(image_session_id)``: the host an ingress image receives from (None
+    for IPC, "" when there is no such image): binding an inherited session needs it."""
+    pending: dict[int, ClusterSession] = field(default_factory=dict)
+    """Leader: sessions being authenticated (CONNECTED, CHALLENGED), not in the log yet."""
     rejected: int = 0
+    auth_rejected: int = 0
+    foreign_dropped: int = 0
+    rebound: int = 0
+    admin_refused: int = 0
     timed_out: int = 0
     stale_term_dropped: int = 0
     rolled_back: int = 0
@@ -221,8 +335,12 @@ class ClusterSessions:
         leader_member_id: int,
         leadership_term_id: int,
         now_ns: int,
+        image_session_id: int,
     ) -> ClusterSession | None:
-        """A client asks to connect. Returns the new session when it was opened (leader)."""
+        """A client asks to connect (on the ingress image ``image_session_id``, which the
+        session is bound to). Returns the new session when it was opened at once (leader; a
+        session the authenticator challenges opens later: :meth:`on_challenge_response`,
+        :meth:`process_pending`)."""
 
         def answer(code: EventCode, detail: str, session_id: int = NULL_VALUE) -> None:
             self.effects.append(SendEgress(
@@ -238,29 +356,210 @@ class ClusterSessions:
             self.rejected += 1
             answer(EventCode.ERROR, f"invalid client version {req.version}")
             return None
-        if len(self.sessions) >= self.settings.max_sessions:
+        if len(self.sessions) + len(self.pending) >= self.settings.max_sessions:
             self.rejected += 1
             answer(EventCode.ERROR, "concurrent session limit")
             return None
         session = ClusterSession(
             self.next_session_id, req.correlation_id, req.response_stream_id, req.response_channel,
-            SessionState.OPEN, now_ns, opened_log_position=NOT_IN_LOG, opened_term_id=leadership_term_id,
+            SessionState.CONNECTED, now_ns, opened_log_position=NOT_IN_LOG, opened_term_id=leadership_term_id,
+            bound_image=image_session_id,
         )
         self.next_session_id += 1
+        self.pending[session.id] = session
+        try:
+            self.authenticator.on_connect_request(session.id, bytes(req.encoded_credentials), now_ns // 1_000_000)
+        except Exception as e:  # noqa: BLE001 - the authenticator is the operator's code
+            self._authenticator_failed(session, e, leadership_term_id, leader_member_id)
+            return None
+        self._decide(session, leadership_term_id, leader_member_id, now_ns)
+        return session if session.state == SessionState.OPEN else None
+
+    # ------------------------------------------------------------------ authentication (leader)
+
+    def on_challenge_response(self, correlation_id: int, cluster_session_id: int, encoded_credentials: bytes, *,
+                              leadership_term_id: int, leader_member_id: int, now_ns: int,
+                              image_session_id: int) -> bool:
+        """A client answers its challenge. Only a CHALLENGED session's own ingress image may
+        answer, with the connect's correlation id; anything else is dropped. True when taken."""
+        session = self.pending.get(cluster_session_id)
+        if session is None or session.state != SessionState.CHALLENGED or session.correlation_id != correlation_id:
+            return False
+        if session.bound_image != image_session_id:
+            self._foreign("challenge response", cluster_session_id)
+            return False
+        try:
+            self.authenticator.on_challenge_response(session.id, bytes(encoded_credentials), now_ns // 1_000_000)
+        except Exception as e:  # noqa: BLE001 - the operator's code
+            self._authenticator_failed(session, e, leadership_term_id, leader_member_id)
+            return True
+        self._decide(session, leadership_term_id, leader_member_id, now_ns)
+        return True
+
+    def process_pending(self, leadership_term_id: int, leader_member_id: int, now_ns: int) -> int:
+        """Leader, each duty cycle: ask the authenticator again about every session it has not
+        decided on, and reject those undecided for longer than the session timeout."""
+        if not self.pending:
+            return 0
+        timeout = self.settings.session_timeout_ns
+        for session in list(self.pending.values()):
+            if now_ns - session.time_of_last_activity_ns > timeout:
+                self._forget_authenticating(session.id)
+                self._reject(session, "authentication timed out", leadership_term_id, leader_member_id)
+            else:
+                self._decide(session, leadership_term_id, leader_member_id, now_ns)
+        return 1
+
+    def _decide(self, session: ClusterSession, term_id: int, leader_member_id: int, now_ns: int) -> None:
+        proxy = _Proxy(self, session, term_id, leader_member_id, now_ns)
+        try:
+            if session.state == SessionState.CONNECTED:
+                self.authenticator.on_connected_session(proxy, now_ns // 1_000_000)
+            elif session.state == SessionState.CHALLENGED:
+                self.authenticator.on_challenged_session(proxy, now_ns // 1_000_000)
+        except Exception as e:  # noqa: BLE001 - the operator's code
+            if session.state in (SessionState.CONNECTED, SessionState.CHALLENGED):
+                self._authenticator_failed(session, e, term_id, leader_member_id)
+        finally:
+            proxy.session = None  # a proxy kept by the authenticator can do nothing more
+
+    def _authenticator_failed(self, session: ClusterSession, error: Exception, term_id: int,
+                              leader_member_id: int) -> None:
+        self.effects.append(AuthenticatorFailed(f"{type(error).__name__}: {error}"))
+        self._forget_authenticating(session.id)
+        self._reject(session, "authenticator error", term_id, leader_member_id)
+
+    def _forget_authenticating(self, session_id: int) -> None:
+        forget = getattr(self.authenticator, "forget", None)
+        if forget is not None:
+            forget(session_id)
+
+    def _challenge(self, session: ClusterSession, encoded_challenge: bytes) -> bool:
+        if session.state not in (SessionState.CONNECTED, SessionState.CHALLENGED):
+            return False
+        session.state = SessionState.CHALLENGED
+        self.effects.append(SendEgress(
+            session.id, session.response_channel, session.response_stream_id,
+            Challenge(session.correlation_id, session.id, bytes(encoded_challenge)),
+        ))
+        return True
+
+    def _open(self, session: ClusterSession, principal: bytes, term_id: int, leader_member_id: int,
+              now_ns: int) -> bool:
+        if session.state not in (SessionState.CONNECTED, SessionState.CHALLENGED):
+            return False
+        del self.pending[session.id]
+        session.state = SessionState.OPEN
+        session.encoded_principal = bytes(principal)
+        session.time_of_last_activity_ns = now_ns
         self.sessions[session.id] = session
         self.effects.append(AppendSessionEvent(SessionOpenEvent(
-            leadership_term_id, req.correlation_id, session.id, now_ns,
-            req.response_stream_id, req.response_channel,
+            term_id, session.correlation_id, session.id, now_ns,
+            session.response_stream_id, session.response_channel, session.encoded_principal,
         ), session))
-        answer(EventCode.OK, "", session.id)
-        return session
+        self.effects.append(SendEgress(
+            session.id, session.response_channel, session.response_stream_id,
+            SessionEvent(session.id, session.correlation_id, term_id, leader_member_id, EventCode.OK,
+                         CLIENT_PROTOCOL_VERSION, ""),
+        ))
+        return True
+
+    def _reject(self, session: ClusterSession, reason: str, term_id: int, leader_member_id: int) -> None:
+        if self.pending.pop(session.id, None) is None:
+            return
+        # A session that was challenged has an egress publication (the Challenge went on it); one
+        # rejected at once is answered as a refused connect request is, on a one-shot publication
+        # whose rate the executor bounds: rejections cost the sender one datagram each.
+        egress_id = session.id if session.state == SessionState.CHALLENGED else NULL_VALUE
+        session.state = SessionState.REJECTED
+        self.rejected += 1
+        self.auth_rejected += 1
+        self.effects.append(SendEgress(
+            egress_id, session.response_channel, session.response_stream_id,
+            SessionEvent(session.id, session.correlation_id, term_id, leader_member_id,
+                         EventCode.AUTHENTICATION_REJECTED, CLIENT_PROTOCOL_VERSION, reason[:200]),
+        ))
+        self.effects.append(CloseEgress(session.id))
+
+    def _drop_pending(self) -> None:
+        """This member stops leading: the sessions it was authenticating are forgotten (their
+        clients' connects go unanswered and ask the next leader)."""
+        for sid in list(self.pending):
+            self._forget_authenticating(sid)
+            del self.pending[sid]
+            self.effects.append(CloseEgress(sid))
+
+    # ------------------------------------------------------------------ binding (leader)
+
+    def _bound(self, session: ClusterSession, image_session_id: int, kind: str) -> bool:
+        """Whether ``image_session_id`` may speak for ``session``; an unbound session (one this
+        leader inherited) is bound to it when the image comes from the host its response
+        channel names. Otherwise the message is foreign: counted and reported."""
+        bound = session.bound_image
+        if bound == image_session_id:
+            return True
+        if bound is None:
+            host = self.image_source_host(image_session_id)
+            if host != "" and host == _response_host(session.response_channel):
+                session.bound_image = image_session_id
+                self.rebound += 1
+                return True
+        self._foreign(kind, session.id)
+        return False
+
+    def _foreign(self, kind: str, cluster_session_id: int) -> None:
+        self.foreign_dropped += 1
+        self.effects.append(ForeignMessage(kind, cluster_session_id))
+
+    # ------------------------------------------------------------------ admin requests (leader)
+
+    def on_admin_request(self, req: AdminRequest, *, current_term_id: int, now_ns: int, image_session_id: int,
+                         can_snapshot: bool) -> bool:
+        """An admin request of an open session (reference ``ConsensusModuleAgent.onAdminRequest``),
+        answered with an AdminResponse on the session's egress: OK (and :class:`TakeSnapshot`),
+        UNAUTHORISED_ACCESS, or ERROR (an unknown type; ``can_snapshot`` False: the leader is
+        not ACTIVE). A request of another term or image is dropped. True when answered."""
+        session = self.sessions.get(req.cluster_session_id)
+        if session is None or session.state != SessionState.OPEN or req.leadership_term_id != current_term_id:
+            return False
+        if not self._bound(session, image_session_id, "admin request"):
+            return False
+        session.time_of_last_activity_ns = now_ns
+        request_type = req.request_type
+
+        def respond(code: AdminResponseCode, message: str) -> None:
+            self.effects.append(SendEgress(
+                session.id, session.response_channel, session.response_stream_id,
+                AdminResponse(session.id, req.correlation_id, request_type, code, message),
+            ))
+
+        if request_type != AdminRequestType.SNAPSHOT:
+            respond(AdminResponseCode.ERROR, f"unknown request type {request_type}")
+            return True
+        try:
+            allowed = self.authorisation.is_authorised(SCHEMA_ID, AdminRequest.TEMPLATE_ID,
+                                                       AdminRequestType.SNAPSHOT, session.encoded_principal)
+        except Exception as e:  # noqa: BLE001 - the operator's code
+            self.effects.append(AuthenticatorFailed(f"authorisation service: {type(e).__name__}: {e}"))
+            allowed = False
+        if not allowed:
+            self.admin_refused += 1
+            respond(AdminResponseCode.UNAUTHORISED_ACCESS, "execution of the SNAPSHOT request was not authorised")
+            return True
+        if not can_snapshot:
+            respond(AdminResponseCode.ERROR, "the cluster cannot take a snapshot now (not ACTIVE)")
+            return True
+        self.effects.append(TakeSnapshot(session.id))
+        respond(AdminResponseCode.OK, "")
+        return True
 
     # ------------------------------------------------------------------ activity (leader)
 
     def on_ingress(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int,
-                   count: int = 1) -> bool:
-        """A session message arrived (``count`` of them, all of that session and term): True
-        when they may be appended (open session, current term)."""
+                   image_session_id: int, count: int = 1, kind: str = "session message") -> bool:
+        """A session message arrived (``count`` of them, all of that session and term, on the
+        ingress image ``image_session_id``): True when they may be appended (open session,
+        current term, the session's own image)."""
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN:
             return False
@@ -273,16 +572,24 @@ class ClusterSessions:
                     NewLeaderEvent(current_term_id, session.id, self.member_id, self.ingress_endpoints),
                 ))
             return False
+        if session.bound_image != image_session_id and not self._bound(session, image_session_id, kind):
+            if count > 1:
+                self.foreign_dropped += count - 1
+            return False
         session.time_of_last_activity_ns = now_ns
         return True
 
-    def on_keep_alive(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int) -> bool:
-        return self.on_ingress(leadership_term_id, cluster_session_id, current_term_id, now_ns)
+    def on_keep_alive(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int,
+                      image_session_id: int) -> bool:
+        return self.on_ingress(leadership_term_id, cluster_session_id, current_term_id, now_ns, image_session_id,
+                               kind="keep-alive")
 
     def on_close_request(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int,
-                         now_ns: int) -> bool:
+                         now_ns: int, image_session_id: int) -> bool:
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN or leadership_term_id != current_term_id:
+            return False
+        if not self._bound(session, image_session_id, "close request"):
             return False
         self._close(session, CloseReason.CLIENT_ACTION, current_term_id, now_ns, tell_client=False)
         return True
@@ -390,6 +697,7 @@ class ClusterSessions:
         term is not known). The egress of every session kept is released: a member that no
         longer leads must not look like a live leader to the session's client."""
         self._forget_gone(now_ns)
+        self._drop_pending()
         for sid in [sid for sid, s in self.sessions.items() if s.opened_log_position > commit_position]:
             session = self.sessions.pop(sid)
             self.rolled_back += 1
@@ -479,6 +787,9 @@ class ClusterSessions:
         a full restart); every member restarts session timeouts."""
         for session in self.sessions.values():
             session.time_of_last_activity_ns = now_ns
+            # Clients move their ingress to the new leader on a new image after the NewLeaderEvent
+            # (see "Binding" in the module docstring).
+            session.bound_image = None
         if not is_leader:
             return
         if is_startup:

@@ -131,7 +131,7 @@ def take_cm_snapshot(log_position: int, leadership_term_id: int, sessions, timer
         pending_message_capacity=pending.capacity,
         sessions=[
             codecs.ClusterSession(s.id, s.correlation_id, s.opened_log_position, NULL_VALUE,
-                                  s.close_reason, s.response_stream_id, s.response_channel)
+                                  s.close_reason, s.response_stream_id, s.response_channel, s.encoded_principal)
             for s in sorted(_open_at(sessions, log_position), key=lambda s: s.id)
         ],
         timers=timers.snapshot(),
@@ -161,6 +161,7 @@ def restore_cm_snapshot(snap: ConsensusModuleSnapshot, sessions, timers, pending
         sessions.sessions[s.cluster_session_id] = ClusterSession(
             s.cluster_session_id, s.correlation_id, s.response_stream_id, s.response_channel,
             SessionState.OPEN, 0, opened_log_position=s.opened_log_position,
+            encoded_principal=s.encoded_principal,
         )
     for correlation_id, deadline in snap.timers:
         timers.load(correlation_id, deadline)

@@ -26,21 +26,21 @@ If a node has several recordings of the log stream, the one reaching furthest is
 Stats
 =====
 On the committed log of one node (the one holding most of it): messages and bytes per leadership
-term and per session, per-second throughput, session lifecycles (open, close, reason, duration),
-and the election timeline (each term's NewLeadershipTermEvent: leader, base position, time, and
-the gap since the previous term's last message, an upper bound on the election's length). Cluster
-timestamps are converted to nanoseconds with the time unit the term's NewLeadershipTermEvent
-declares (nanoseconds when a term has none).
+term and per session, per-second throughput (every second from the first message to the last,
+zero where nothing was appended), session lifecycles (open, close, reason, duration), and the
+election timeline (each term's NewLeadershipTermEvent: leader, base position, time, and the gap
+since the previous term's last message, an upper bound on the election's length). Times are the
+table's ``time_ns`` (the decoder converts with the time unit the log declares).
 
 Export
 ======
-The decoded log of every node, as Parquet partitioned by node.
+The decoded log of every node, as Parquet partitioned by cluster, member and date, staged and
+moved into place partition by partition: see :mod:`cluster_node.pipeline.export`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,12 +59,20 @@ __all__ = [
     "stats",
 ]
 
-NS_PER_UNIT = {"MILLIS": 1_000_000, "MICROS": 1_000, "NANOS": 1}
 MAX_DETAILED_MISMATCHES = 10_000
 
 
-def load_log(spark: SparkSession, paths: list[str]) -> DataFrame:
-    return spark.read.format("cluster_log").load(paths)
+def load_log(spark: SparkSession, paths: list[str], *, mode: str = "failfast", parquet: bool = False) -> DataFrame:
+    """The cluster log table from archives (``cluster_log`` source) or from an export's Parquet
+    (``parquet=True``: ``paths`` are export outputs or their ``log.parquet`` directories)."""
+    if parquet:
+        from archive.spark.layout import join
+        from cluster_node.pipeline.export import DATA_DIR
+
+        roots = [p if p.rstrip("/").endswith(DATA_DIR) else join(p, DATA_DIR) for p in paths]
+        return spark.read.option("basePath", roots[0]).parquet(*roots) if len(roots) == 1 else (
+            spark.read.parquet(*roots))
+    return spark.read.format("cluster_log").option("mode", mode).load(paths)
 
 
 def _aligned_end(df: DataFrame):
@@ -151,6 +159,26 @@ class Divergence:
 
 
 @dataclass
+class Dissent:
+    node: str
+    member_id: int | None
+    position: int
+    leadership_term_id: int | None
+    majority: int
+    """How many of the ``expected`` nodes agree with each other here."""
+    expected: int
+
+
+@dataclass
+class CorruptNode:
+    node: str
+    member_id: int | None
+    error: str
+    """One line: the file and the stream position, or why the archive could not be opened."""
+    position: int | None = None
+
+
+@dataclass
 class AuditResult:
     agreed: bool
     cluster_size: int
@@ -162,18 +190,24 @@ class AuditResult:
     divergences: list[Divergence] = field(default_factory=list)
     incomplete: bool = False
     """True when more mismatching positions existed than were examined for first divergences."""
+    dissenters: list[Dissent] = field(default_factory=list)
+    """Nodes that disagree with a majority, each at the first position where it does."""
+    corrupt_nodes: list[CorruptNode] = field(default_factory=list)
+    """Nodes whose archive could not be read (to the end): each a finding; the audit disagrees."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
 
-def _side(node: str, row: Any | None) -> FrameSide:
+def _side(node: str, row: Any | None, archive: str | None) -> FrameSide:
     if row is None:
         return FrameSide(node, False)
     from archive.spark.layout import read_recorded_bytes
 
     try:
-        recorded = read_recorded_bytes(row["archive_path"], row["recording_id"], row["position"], min(row["frame_length"], 96))
+        if archive is None:
+            raise ValueError("no archive")  # audited from Parquet: the table's columns only
+        recorded = read_recorded_bytes(archive, row["recording_id"], row["position"], min(row["frame_length"], 96))
         payload = recorded[32:96]
     except (OSError, ValueError):
         payload = None  # files not readable from the driver: the table's columns only
@@ -192,15 +226,17 @@ def _side(node: str, row: Any | None) -> FrameSide:
     )
 
 
-def _first_differing_byte(position: int, ra: Any | None, rb: Any | None) -> int | None:
-    if ra is None or rb is None:
+def _first_differing_byte(
+    position: int, ra: Any | None, rb: Any | None, archive_a: str | None, archive_b: str | None
+) -> int | None:
+    if ra is None or rb is None or archive_a is None or archive_b is None:
         return None
     from archive.spark.layout import read_recorded_bytes
 
     length = max(ra["frame_length"], rb["frame_length"])
     try:
-        a = read_recorded_bytes(ra["archive_path"], ra["recording_id"], position, length)
-        b = read_recorded_bytes(rb["archive_path"], rb["recording_id"], position, length)
+        a = read_recorded_bytes(archive_a, ra["recording_id"], position, length)
+        b = read_recorded_bytes(archive_b, rb["recording_id"], position, length)
     except (OSError, ValueError):
         return None  # the files are not readable from the driver (a real cluster): tables only
     from archive.spark.frames import first_differing_byte
@@ -209,20 +245,68 @@ def _first_differing_byte(position: int, ra: Any | None, rb: Any | None) -> int 
     return None if offset is None else position + offset
 
 
-def audit(spark: SparkSession, df: DataFrame, cluster_size: int | None = None) -> AuditResult:
+def audit(
+    spark: SparkSession,
+    df: DataFrame,
+    cluster_size: int | None = None,
+    archives: dict[str, str] | None = None,
+    unreadable: list[CorruptNode] | None = None,
+) -> AuditResult:
+    """``archives``: node -> archive location, to read divergent frames' bytes back (optional).
+    ``unreadable``: nodes the caller could not plan a read of (findings, not in ``df``).
+    Read ``df`` with ``mode=permissive`` to have a corrupt segment reported as a finding."""
     # The data source decodes every column whatever is selected, so read once and keep the
     # narrow columns the audit needs; payload bytes of divergent frames are read from the files.
+    has_errors = "read_error" in df.columns
     narrow = df.select(
-        "node", "member_id", "archive_path", "recording_id", "position", "frame_length", "frame_hash",
+        "node", "member_id", "recording_id", "position", "frame_length", "frame_hash",
         "leadership_term_id", "message_type", "cluster_session_id", "timestamp", "fragments", "decode_error",
+        F.col("read_error") if has_errors else F.lit(None).cast("string").alias("read_error"),
     ).persist()
     try:
-        return _audit(spark, narrow, cluster_size)
+        errors = narrow.where(F.col("read_error").isNotNull())
+        corrupt = [
+            CorruptNode(r["node"], r["member_id"], r["read_error"], r["position"])
+            for r in errors.select("node", "member_id", "read_error", "position").orderBy("node", "position").collect()
+        ]
+        first_error: dict[str, CorruptNode] = {}
+        for c in corrupt:
+            first_error.setdefault(c.node, c)
+        result = _audit(spark, narrow.where(F.col("read_error").isNull()), cluster_size, archives or {})
+        result.corrupt_nodes = list(unreadable or []) + list(first_error.values())
+        if result.corrupt_nodes:
+            result.agreed = False
+        return result
     finally:
         narrow.unpersist()
 
 
-def _audit(spark: SparkSession, df: DataFrame, cluster_size: int | None) -> AuditResult:
+def _dissenters(
+    bad_positions: list[int], by_position: dict[int, dict[str, Any]], lengths: list[NodeLength]
+) -> list[Dissent]:
+    """Per node, the first position where it is outside a strict majority of the nodes that should
+    hold the position (a missing message counts as a disagreement)."""
+    first: dict[str, Dissent] = {}
+    members = {n.node: n.member_id for n in lengths}
+    for p in bad_positions:
+        expected = [n.node for n in lengths if p < n.committed_length]
+        groups: dict[Any, list[str]] = {}
+        for node in expected:
+            r = by_position.get(p, {}).get(node)
+            key = None if r is None else (r["frame_hash"], r["frame_length"])
+            groups.setdefault(key, []).append(node)
+        majority = [g for k, g in groups.items() if k is not None and len(g) * 2 > len(expected)]
+        if not majority:
+            continue
+        for node in expected:
+            if node not in majority[0] and node not in first:
+                r = by_position.get(p, {}).get(node)
+                first[node] = Dissent(node, members.get(node), p, None if r is None else r["leadership_term_id"],
+                                      len(majority[0]), len(expected))
+    return sorted(first.values(), key=lambda d: (d.position, d.node))
+
+
+def _audit(spark: SparkSession, df: DataFrame, cluster_size: int | None, archives: dict[str, str]) -> AuditResult:
     lengths, committed = node_lengths(df, cluster_size)
     size = cluster_size or len(lengths)
     part = _committed_part(spark, df, lengths)
@@ -278,9 +362,13 @@ def _audit(spark: SparkSession, df: DataFrame, cluster_size: int | None) -> Audi
                     if not same:
                         term = (ra or rb)["leadership_term_id"]
                         divergences.append(
-                            Divergence(a, b, p, term, _side(a, ra), _side(b, rb), _first_differing_byte(p, ra, rb))
+                            Divergence(a, b, p, term, _side(a, ra, archives.get(a)), _side(b, rb, archives.get(b)),
+                                       _first_differing_byte(p, ra, rb, archives.get(a), archives.get(b)))
                         )
                         break
+        dissenters = _dissenters(bad_positions, by_position, lengths)
+    else:
+        dissenters = []
     return AuditResult(
         agreed=not bad_positions,
         cluster_size=size,
@@ -291,6 +379,7 @@ def _audit(spark: SparkSession, df: DataFrame, cluster_size: int | None) -> Audi
         mismatched_positions=int(mismatched),
         divergences=divergences,
         incomplete=len(bad_positions) >= MAX_DETAILED_MISMATCHES,
+        dissenters=dissenters,
     )
 
 
@@ -310,28 +399,10 @@ class StatsResult:
     message_types: list[dict]
 
 
-def _with_time(df: DataFrame) -> DataFrame:
-    """Adds ``time_ns``: the cluster timestamp in nanoseconds, per the term's declared time unit."""
-    units = (
-        df.where(F.col("message_type") == "NewLeadershipTermEvent")
-        .select(
-            "leadership_term_id",
-            F.get_json_object("detail", "$.time_unit").alias("time_unit"),
-        )
-        .groupBy("leadership_term_id")
-        .agg(F.first("time_unit").alias("time_unit"))
-    )
-    factor = F.coalesce(
-        *[F.when(F.col("time_unit") == name, F.lit(v)) for name, v in NS_PER_UNIT.items()], F.lit(1)
-    ).cast("bigint")
-    return (
-        df.join(F.broadcast(units), "leadership_term_id", "left")
-        .withColumn("time_ns", F.col("timestamp") * factor)
-        .drop("time_unit")
-    )
-
-
 def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, out_dir: str | None = None) -> StatsResult:
+    """``out_dir`` (a local path or a URI Spark can write) receives the full tables as Parquet."""
+    from archive.spark.layout import join
+
     lengths, committed = node_lengths(df, cluster_size)
     if not lengths:
         return StatsResult("", 0, 0, [], [], [], [], [])
@@ -341,7 +412,7 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
         .where(F.col("position") < ref.committed_length)
         .drop("payload")
     )
-    log = _with_time(log).cache()
+    log = log.cache()
     try:
         terms = (
             log.groupBy("leadership_term_id")
@@ -398,21 +469,33 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
             .drop("term_last_time_ns")
             .orderBy("leadership_term_id")
         )
-        throughput = (
-            log.withColumn("second", F.floor(F.col("time_ns") / F.lit(1_000_000_000)).cast("bigint"))
+        per_second = (
+            log.where(F.col("time_ns").isNotNull())
+            .withColumn("second", F.floor(F.col("time_ns") / F.lit(1_000_000_000)).cast("bigint"))
             .groupBy("second")
             .agg(
                 F.count(F.lit(1)).alias("messages"),
-                F.sum("frame_length").alias("bytes"),
+                F.sum("frame_length").cast("bigint").alias("bytes"),
                 F.min("leadership_term_id").alias("leadership_term_id"),
             )
-            .orderBy("second")
         )
+        # Every second from the first to the last, with zeros where the log has nothing (an
+        # election gap is silence, and a table or plot without those rows would hide it).
+        low, high = per_second.agg(F.min("second"), F.max("second")).collect()[0]
+        if low is None:
+            throughput = per_second
+        else:
+            throughput = (
+                spark.range(low, high + 1).withColumnRenamed("id", "second")
+                .join(per_second, "second", "left")
+                .fillna(0, ["messages", "bytes"])
+                .orderBy("second")
+            )
         types = log.groupBy("leadership_term_id", "message_type").count().orderBy("leadership_term_id", "message_type")
         if out_dir:
             for name, frame in (("terms", terms), ("sessions", sessions), ("elections", elections),
                                 ("throughput", throughput), ("message_types", types)):
-                frame.write.mode("overwrite").parquet(os.path.join(out_dir, f"{name}.parquet"))
+                frame.write.mode("overwrite").parquet(join(out_dir, f"{name}.parquet"))
         as_dicts = lambda frame: [r.asDict() for r in frame.collect()]  # noqa: E731
         return StatsResult(
             node=ref.node,
@@ -428,7 +511,8 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
         log.unpersist()
 
 
-def export(df: DataFrame, out_dir: str) -> str:
-    path = os.path.join(out_dir, "log.parquet")
-    df.write.mode("overwrite").partitionBy("node").parquet(path)
-    return path
+def export(spark: SparkSession, paths: list[str], out: str, *, incremental: bool = False):
+    """See :mod:`cluster_node.pipeline.export`."""
+    from cluster_node.pipeline.export import export_spark
+
+    return export_spark(spark, paths, out, incremental=incremental)

@@ -1,20 +1,40 @@
 """Reports of the pipeline's jobs: Markdown and HTML text, JSON, and PNG plots.
 
-Plots use matplotlib's Agg backend (files only, no display): throughput per second with the
-leadership-term boundaries marked, and messages per term. The log records no client send times,
-so there is no latency plot; the report says so rather than plotting a made-up figure.
+Plots use matplotlib's Agg backend (files only, no display): messages and bytes per second (every
+second, zero where nothing was appended) with each election's gap shaded (from the previous term's
+last message to the new term's first) and the term boundaries marked, and messages per term. The
+log records no client send times, so there is no latency plot; the report says so rather than
+plotting a made-up figure.
+
+Every file is written through ``pyarrow.fs`` (:func:`write_file`), so ``--out`` may be a URI. The
+report's sessions table shows the first :data:`MAX_REPORT_SESSIONS` sessions; the full table is
+``sessions.parquet``.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import os
+import posixpath
 from datetime import datetime, timezone
 
 from cluster_node.pipeline.jobs import AuditResult, StatsResult
 
-__all__ = ["audit_markdown", "write_audit_report", "write_stats_report"]
+__all__ = ["MAX_REPORT_SESSIONS", "audit_markdown", "write_audit_report", "write_file", "write_stats_report"]
+
+MAX_REPORT_SESSIONS = 50
+
+
+def write_file(out_dir: str, name: str, data: bytes | str) -> str:
+    """``out_dir/name`` (a local path or a URI), written through pyarrow's filesystem layer."""
+    from archive.spark.layout import filesystem, join
+
+    location = join(out_dir, name)
+    fs, path = filesystem(location)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return location
 
 
 def _time(ns: int | None) -> str:
@@ -44,6 +64,14 @@ def audit_markdown(result: AuditResult) -> str:
             [[n.node, n.member_id, n.recording_id, n.held_position, n.committed_length, n.messages] for n in result.nodes],
         ),
     ]
+    if result.corrupt_nodes:
+        lines += ["", "## Unreadable archives", ""]
+        lines += [f"- **{c.node}** (member {c.member_id}): {c.error}" for c in result.corrupt_nodes]
+    if result.dissenters:
+        lines += ["", "## Members disagreeing with the majority", ""]
+        lines += [f"- **{d.node}** (member {d.member_id}) from position {d.position} (leadership term "
+                  f"{d.leadership_term_id}): {d.majority} of {d.expected} members agree with each other there"
+                  for d in result.dissenters]
     if result.divergences:
         lines += ["", "## First divergence per node pair", ""]
         for d in result.divergences:
@@ -69,14 +97,15 @@ def audit_markdown(result: AuditResult) -> str:
 
 
 def write_audit_report(result: AuditResult, out_dir: str) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
-    md = os.path.join(out_dir, "audit.md")
-    js = os.path.join(out_dir, "audit.json")
-    with open(md, "w") as f:
-        f.write(audit_markdown(result))
-    with open(js, "w") as f:
-        f.write(result.to_json())
-    return [md, js]
+    return [write_file(out_dir, "audit.md", audit_markdown(result)), write_file(out_dir, "audit.json", result.to_json())]
+
+
+def _png(fig) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
 
 
 def _plots(result: StatsResult, out_dir: str) -> list[str]:
@@ -90,20 +119,28 @@ def _plots(result: StatsResult, out_dir: str) -> list[str]:
         seconds = [r["second"] for r in result.throughput]
         t0 = seconds[0]
         fig, ax = plt.subplots(figsize=(9, 3.5))
-        ax.plot([s - t0 for s in seconds], [r["messages"] for r in result.throughput], drawstyle="steps-post")
+        xs = [s - t0 for s in seconds]
+        ax.plot(xs, [r["messages"] for r in result.throughput], drawstyle="steps-post", color="tab:blue",
+                label="messages/s")
+        ax.set_ylim(bottom=0)
+        right = ax.twinx()
+        right.plot(xs, [r["bytes"] for r in result.throughput], drawstyle="steps-post", color="tab:green",
+                   linewidth=0.8, label="bytes/s")
+        right.set_ylim(bottom=0)
+        right.set_ylabel("bytes / s", color="tab:green")
         for e in result.elections:
             x = e["time_ns"] / 1e9 - t0
+            if e.get("previous_term_last_time_ns") is not None:
+                ax.axvspan(e["previous_term_last_time_ns"] / 1e9 - t0, x, color="tab:red", alpha=0.15, linewidth=0)
             ax.axvline(x, color="tab:red", linestyle="--", linewidth=1)
             ax.text(x, ax.get_ylim()[1] * 0.95, f" term {e['leadership_term_id']}\n leader {e['leader_member_id']}",
                     color="tab:red", fontsize=8, va="top")
         ax.set_xlabel(f"seconds since {_time(t0 * 1_000_000_000)}")
-        ax.set_ylabel("messages / s")
-        ax.set_title("Log throughput (dashed: new leadership terms)")
+        ax.set_ylabel("messages / s", color="tab:blue")
+        ax.set_title("Log throughput (shaded: election gaps; dashed: new leadership terms)")
         fig.tight_layout()
-        path = os.path.join(out_dir, "throughput.png")
-        fig.savefig(path, dpi=100)
+        written.append(write_file(out_dir, "throughput.png", _png(fig)))
         plt.close(fig)
-        written.append(path)
     if result.terms:
         fig, ax = plt.subplots(figsize=(6, 3))
         ax.bar([str(t["leadership_term_id"]) for t in result.terms], [t["messages"] for t in result.terms])
@@ -111,10 +148,8 @@ def _plots(result: StatsResult, out_dir: str) -> list[str]:
         ax.set_ylabel("messages")
         ax.set_title("Messages per leadership term")
         fig.tight_layout()
-        path = os.path.join(out_dir, "terms.png")
-        fig.savefig(path, dpi=100)
+        written.append(write_file(out_dir, "terms.png", _png(fig)))
         plt.close(fig)
-        written.append(path)
     return written
 
 
@@ -150,25 +185,24 @@ def stats_markdown(result: StatsResult, plots: list[str]) -> str:
         _table(
             ["session", "kind", "messages", "bytes", "opened", "term", "closed", "reason", "duration (s)"],
             [[s["cluster_session_id"], s["kind"], s["messages"], s["bytes"], _time(s["open_time_ns"]), s["open_term"],
-              _time(s["close_time_ns"]), s["close_reason"], _fmt(s["duration_s"], 3)] for s in result.sessions],
+              _time(s["close_time_ns"]), s["close_reason"], _fmt(s["duration_s"], 3)]
+             for s in result.sessions[:MAX_REPORT_SESSIONS]],
         ),
         "",
+        *([f"The first {MAX_REPORT_SESSIONS} of {len(result.sessions)} sessions; all are in sessions.parquet.", ""]
+          if len(result.sessions) > MAX_REPORT_SESSIONS else []),
         "## Plots",
         "",
     ]
-    lines += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in plots]
+    lines += [f"![{p.rsplit('/', 1)[-1]}]({p.rsplit('/', 1)[-1]})" for p in plots]
     lines += ["", "Latency: the log carries no client send times, so none is plotted."]
     return "\n".join(lines) + "\n"
 
 
 def write_stats_report(result: StatsResult, out_dir: str) -> list[str]:
-    os.makedirs(out_dir, exist_ok=True)
     plots = _plots(result, out_dir)
     md_text = stats_markdown(result, plots)
-    md = os.path.join(out_dir, "report.md")
-    with open(md, "w") as f:
-        f.write(md_text)
-    page = os.path.join(out_dir, "report.html")
+    md = write_file(out_dir, "report.md", md_text)
     body = []
     for line in md_text.splitlines():
         if line.startswith("# "):
@@ -189,13 +223,12 @@ def write_stats_report(result: StatsResult, out_dir: str) -> list[str]:
     # Wrap consecutive rows into tables.
     text = text.replace("</p>\n<tr>", "</p>\n<table border=1 cellspacing=0 cellpadding=3><tr>")
     text = text.replace("</tr>\n<h2>", "</tr></table>\n<h2>").replace("</tr>\n<p>", "</tr></table>\n<p>")
-    with open(page, "w") as f:
-        f.write(f"<!doctype html><meta charset=utf-8><title>Log statistics</title>\n{text}\n")
-    summary = os.path.join(out_dir, "stats.json")
-    with open(summary, "w") as f:
-        json.dump(
-            {"node": result.node, "committed_length": result.committed_length, "messages": result.messages,
-             "terms": result.terms, "elections": result.elections, "sessions": result.sessions},
-            f, indent=2, default=str,
-        )
+    page = write_file(out_dir, "report.html",
+                      f"<!doctype html><meta charset=utf-8><title>Log statistics</title>\n{text}\n")
+    summary = write_file(out_dir, "stats.json", json.dumps(
+        {"node": result.node, "committed_length": result.committed_length, "messages": result.messages,
+         "terms": result.terms, "elections": result.elections,
+         "sessions": result.sessions[:MAX_REPORT_SESSIONS], "sessions_total": len(result.sessions)},
+        indent=2, default=str,
+    ))
     return [md, page, summary, *plots]

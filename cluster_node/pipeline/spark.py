@@ -2,10 +2,16 @@
 
 Facts this relies on (measured on the project's machines):
 
-* ``SPARK_LOCAL_IP=127.0.0.1`` keeps the driver on loopback; ``PYSPARK_PYTHON`` is set to this
-  interpreter so Python workers run with the project's packages (the venv), which they import to
-  decode; on a real cluster ship the package instead (``--py-files``, see docs/pipeline.md).
-* The UI is off and Spark's own logging is cut to errors; progress bars appear only when stderr is
+* For a local master (``local``, ``local[N]``, ``local[*]``) ``SPARK_LOCAL_IP=127.0.0.1`` keeps the
+  driver on loopback and ``PYSPARK_PYTHON`` is set to this interpreter, so Python workers run with
+  the project's packages (the venv), which they import to decode. For any other master neither is
+  set: remote executors have no such interpreter path, and the driver must be reachable; ship the
+  package instead (``--py-files``, see docs/pipeline.md).
+* Filter pushdown for Python data sources is switched on: the archive source implements
+  ``pushFilters``, which Spark refuses to call with it off.
+* The UI is off and Spark's own logging is cut to errors, and off for the executor's and the task
+  scheduler's reports of a failed task (each a full Python stack trace, printed again when the
+  job fails; the CLI reports the one line that matters); progress bars appear only when stderr is
   a terminal. ``--conf`` pairs from the command line override any of these.
 * ``fast_start`` adds ``-XX:TieredStopAtLevel=1`` to the driver JVM: about a third less CPU to
   start, at the price of slower long jobs (C1 code only). Tests want it, benchmarks do not.
@@ -19,7 +25,7 @@ import os
 import sys
 import tempfile
 
-__all__ = ["DEFAULT_MASTER", "session", "register_sources"]
+__all__ = ["DEFAULT_MASTER", "is_local_master", "local_environment", "register_sources", "session"]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -31,6 +37,10 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = off
 """
 
 
@@ -62,8 +72,21 @@ def register_sources(spark) -> None:
     from archive.spark.datasource import ArchiveDataSource
     from cluster_node.pipeline.source import ClusterLogDataSource
 
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(ArchiveDataSource)
     spark.dataSource.register(ClusterLogDataSource)
+
+
+def is_local_master(master: str | None) -> bool:
+    return master is None or master == "local" or master.startswith("local[")
+
+
+def local_environment(master: str | None) -> dict[str, str]:
+    """What :func:`session` puts in the environment (unless already set): for a local master this
+    interpreter for the Python workers and loopback for the driver; for any other, nothing."""
+    if not is_local_master(master):
+        return {}
+    return {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
 def session(
@@ -75,9 +98,8 @@ def session(
     progress: bool | None = None,
 ):
     """A SparkSession (created, or the active one reconfigured) with the data sources registered."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    for key, value in local_environment(master).items():
+        os.environ.setdefault(key, value)
     from pyspark.sql import SparkSession
 
     if progress is None:
@@ -92,6 +114,7 @@ def session(
         "spark.driver.extraJavaOptions": java_options,
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
+        "spark.sql.python.filterPushdown.enabled": "true",
     }
     settings.update(conf or {})
     builder = SparkSession.builder.master(master or DEFAULT_MASTER).appName(app_name)

@@ -230,3 +230,50 @@ async def test_control_sessions_are_bounded_and_a_request_that_raises_is_answere
             with pytest.raises(ArchiveError, match="unknown recording 7"):  # the session still answers
                 await first.get_recording_position(7)
             await first.close()
+
+
+async def test_segments_of_an_active_recording_are_purged_detached_and_attached_over_the_protocol(tmp_path):
+    """The front of a live recording goes while it records; the file it writes stays; a replay
+    from the new start reads the rest; a request outside the rules is an error, nothing moves."""
+    async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
+        config = ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)
+        async with open_archive(driver, config):
+            client = await ArchiveClient.connect(driver)
+            rid, pub = await _record(client, driver, 1, 3000)
+            adir = tmp_path / "archive"
+            recorded = await client.get_max_recorded_position(rid)
+            assert recorded > 4 * TERM
+            current_base = recorded - recorded % TERM
+            with pytest.raises(ArchiveError, match="in use"):
+                await client.purge_segments(rid, current_base + TERM)
+            with pytest.raises(ArchiveError, match="segment boundary"):
+                await client.purge_segments(rid, TERM + 32)
+            assert await client.get_start_position(rid) == 0
+            await client.detach_segments(rid, 2 * TERM)
+            assert await client.get_start_position(rid) == 2 * TERM
+            assert list_segments(adir, rid)[0] == 0  # detached, still there
+            assert await client.attach_segments(rid) == 2
+            assert await client.get_start_position(rid) == 0
+            assert await client.purge_segments(rid, current_base) == current_base // TERM
+            assert list_segments(adir, rid)[0] == current_base
+            assert await client.get_start_position(rid) == current_base
+            assert await client.delete_detached_segments(rid) == 0
+            with pytest.raises(ArchiveError, match="precedes the recording's start"):
+                await client.start_replay(rid, 0, 64, "aeron:ipc", 51)
+            # The recording goes on in the file that was kept.
+            for i in range(200):
+                while pub.offer(i.to_bytes(4, "little") * 25) < 0:
+                    await trio.sleep(0.001)
+            with trio.fail_after(10):
+                while await client.get_max_recorded_position(rid) < pub.position:
+                    await trio.sleep(0.01)
+            sub = driver.add_subscription("aeron:ipc", 52)
+            replay_id = await client.start_replay(rid, current_base, pub.position - current_base, "aeron:ipc", 52)
+            got = []
+            with trio.fail_after(10):
+                while not got or got[-1] < pub.position:
+                    image = sub.image_by_session_id(_sid(replay_id))
+                    if image is None or not image.poll(lambda b, o, n, h: got.append(h.position), 100):
+                        await sub.wait(0.02)
+            assert got[-1] == pub.position
+            await client.close()

@@ -168,3 +168,33 @@ def test_a_request_vote_for_a_term_far_beyond_any_known_is_dropped_and_nothing_i
     assert core.candidate_term_id == 0
     core.on_message(1, codecs.RequestVote(0, 1024, MAX_TERM_JUMP, 1, V), 1)  # far, but within the bound
     assert fx.PersistCandidateTerm(MAX_TERM_JUMP, 1024, 1) in core.drain_effects()
+
+
+def _new_term(log_start_position: int) -> codecs.NewLeadershipTerm:
+    """Leader 1's term 1 (its log from term 0, base 0, at 8192), for a member of log term 0."""
+    return codecs.NewLeadershipTerm(0, 1, 4096, 4096, 1, 4096, 8192, 0, 0, 1, 7, 1, False,
+                                    log_start_position=log_start_position)
+
+
+def test_a_member_whose_log_ends_before_the_leader_s_log_start_asks_for_a_snapshot() -> None:
+    core = _core(append_position=1024)
+    core.on_message(1, _new_term(log_start_position=2048), 1)
+    effects = core.drain_effects()
+    assert fx.SnapshotNeeded(1, 2048, 1024) in effects
+    assert core.election_state == S.CANVASS and not core.is_leader  # it does not follow
+    core.on_message(1, _new_term(log_start_position=2048), 2)
+    assert not any(isinstance(e, fx.SnapshotNeeded) for e in core.drain_effects())  # said once
+
+
+def test_a_member_at_or_after_the_leader_s_log_start_follows() -> None:
+    core = _core(append_position=2048)
+    core.on_message(1, _new_term(log_start_position=2048), 1)
+    effects = core.drain_effects()
+    assert not any(isinstance(e, fx.SnapshotNeeded) for e in effects)
+    assert core.election_state != S.CANVASS
+
+
+def test_the_leader_names_its_log_start_in_new_leadership_term() -> None:
+    core = _core()
+    core.log_start_position = 4096
+    assert core.new_leadership_term_for(0, 1).log_start_position == 4096

@@ -43,7 +43,7 @@ def test_rows_match_what_was_written(agreeing_cluster):
     assert any(e.fragments > 1 for e in log.entries)
     for row, e in zip(rows, log.entries):
         assert (row["node"], row["member_id"], row["stream_id"]) == ("node1", 1, 100)
-        assert (row["position"], row["frame_length"], row["fragments"], row["session_id"]) == (
+        assert (row["position"], row["frame_length"], row["fragments"], row["transport_session_id"]) == (
             e.position, e.frame_length, e.fragments, e.session_id)
         assert (row["leadership_term_id"], row["template_id"], row["message_type"]) == (
             e.leadership_term_id, e.template_id, e.message_type)
@@ -62,7 +62,7 @@ def test_rows_match_what_was_written(agreeing_cluster):
 def test_raw_decoder_and_stream_filter(agreeing_cluster):
     node = str(agreeing_cluster.node_dirs[0])
     raw_log = list(ArchiveSet([node]).rows())
-    assert [r[-2] for r in raw_log] == [e.message for e in agreeing_cluster.log.entries]
+    assert [r[-3] for r in raw_log] == [e.message for e in agreeing_cluster.log.entries]
     everything = ArchiveSet([node], stream_ids=None)
     streams = {r[4] for r in everything.rows()}
     assert streams == {100, 107}
@@ -182,7 +182,7 @@ def test_frame_hash_and_byte_comparison_ignore_the_transport_session_id(tmp_path
     b = ArchiveSet([str(tmp_path / "node1")], decoder=ClusterLogDecoder())
     a_rows, b_rows = list(a.rows()), list(b.rows())
     names = a.column_names
-    hash_at, session_at = names.index("frame_hash"), names.index("session_id")
+    hash_at, session_at = names.index("frame_hash"), names.index("transport_session_id")
     assert [r[hash_at] for r in a_rows] == [r[hash_at] for r in b_rows]
     assert {r[session_at] for r in b_rows} == {424242}
     assert b_rows == batch_rows(b)

@@ -49,6 +49,29 @@ def plain_rows(run) -> list[dict]:
     return [dict(zip(names, r)) for r in archives.rows()]
 
 
+@pytest.fixture(scope="module")
+def run_window(run) -> tuple[int, int]:
+    """Wall-clock nanoseconds around the run (its files' ages bound its start from below)."""
+    import os
+    import time
+
+    oldest = min(os.stat(p).st_mtime_ns for d in run.node_dirs for p in d.rglob("*") if p.is_file())
+    return oldest - 600 * 10**9, time.time_ns()
+
+
+def test_event_time_and_member_identity_from_a_real_run(run, plain_rows, run_window):
+    import datetime
+
+    low, high = run_window
+    decoded = [r for r in plain_rows if r["decode_error"] is None]
+    assert decoded and all(low <= r["time_ns"] <= high for r in decoded), (low, high)
+    for r in decoded[:50]:
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        assert r["event_time"] == epoch + datetime.timedelta(microseconds=r["time_ns"] // 1000)
+    assert {(r["node"], r["member_id"]) for r in plain_rows} == {(f"node{i}", i) for i in range(3)}
+    assert {r["cluster_id"] for r in plain_rows} == {0}  # from each member's mark file
+
+
 def _paths(run: RunRecord) -> list[str]:
     return [str(d) for d in run.node_dirs]
 
@@ -74,13 +97,13 @@ def test_the_archives_hold_one_log_recording_per_node_extended_across_terms(run,
         rows = _node_log(plain_rows, f"node{i}")
         assert {r["member_id"] for r in rows} == {i}
         # Each leadership term's frames were recorded from a log publication of that term.
-        by_term = {t: {r["session_id"] for r in rows if r["leadership_term_id"] == t}
+        by_term = {t: {r["transport_session_id"] for r in rows if r["leadership_term_id"] == t}
                    for t in (run.first_term, run.second_term)}
         assert all(by_term.values()) and not by_term[run.first_term] & by_term[run.second_term], by_term
 
 
 def test_data_source_reads_the_same_rows_as_the_plain_reader(spark, run, plain_rows):
-    columns = ["node", "member_id", "recording_id", "position", "frame_length", "fragments", "session_id",
+    columns = ["node", "member_id", "recording_id", "position", "frame_length", "fragments", "transport_session_id",
                "leadership_term_id", "message_type", "cluster_session_id", "timestamp", "payload", "frame_hash"]
     df = spark.read.format("cluster_log").load(_paths(run))
     spark_rows = sorted(tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r)

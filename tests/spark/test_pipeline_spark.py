@@ -98,13 +98,14 @@ def test_stats_counts_every_message_per_term(spark, agreeing_cluster, tmp_path):
     assert "Leadership terms" in (tmp_path / "report.md").read_text()
 
 
-def test_export_writes_parquet_per_node(spark, agreeing_cluster, tmp_path):
+def test_export_writes_parquet_per_member(spark, agreeing_cluster, tmp_path):
     from cluster_node.pipeline import jobs
 
-    path = jobs.export(jobs.load_log(spark, _paths(agreeing_cluster)), str(tmp_path))
-    back = spark.read.parquet(path)
-    assert back.count() == 3 * len(agreeing_cluster.log.entries)
-    assert sorted(r["node"] for r in back.select("node").distinct().collect()) == ["node0", "node1", "node2"]
+    result = jobs.export(spark, _paths(agreeing_cluster), str(tmp_path))
+    back = spark.read.parquet(result.path)
+    assert back.count() == result.rows == 3 * len(agreeing_cluster.log.entries)
+    assert sorted(r["member_id"] for r in back.select("member_id").distinct().collect()) == [0, 1, 2]
+    assert "archive_path" not in back.columns and "session_id" not in back.columns
 
 
 def test_cli_operator_errors_are_one_line(tmp_path):

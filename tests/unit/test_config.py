@@ -206,6 +206,8 @@ def test_contradicting_timeouts(extra: str, expect: str) -> None:
         ("archive", 'segment_length = "1m"', "archive.segment_length: 1m must be at least cluster.log_term_length"),
         ("archive", "file_sync_level = 3", "archive.file_sync_level: must be 0, 1 or 2"),
         ("cluster", "appointed_leader_id = 9", "cluster.appointed_leader_id"),
+        ("cluster", "retain_snapshots = 0", "cluster.retain_snapshots: must be at least 1"),
+        ("archive", "low_space_threshold = -1", "archive.low_space_threshold: must be 0"),
         ("cluster", "egress_stream_id = 101", "cluster.egress_stream_id: stream id 101 is also cluster.ingress_stream_id"),
         ("logging", 'level = "loud"', "logging.level"),
     ],

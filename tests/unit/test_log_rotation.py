@@ -76,3 +76,30 @@ def test_a_rotation_that_fails_goes_on_in_the_current_file(tmp_path, monkeypatch
         out.write("x" * 99 + "\n")  # 10,000 bytes: one failed rotation per 4096, not one per line
     out.close()
     assert len(calls) == 2 and path.stat().st_size == 10_000
+
+
+def test_a_write_that_fails_on_a_full_disk_is_lost_not_raised(tmp_path):
+    """A duty cycle logs through this file: ENOSPC must not end it. The line is counted as lost,
+    the file is opened again, and the next line starts on a line of its own."""
+    import errno
+
+    from cluster_node.logsetup import RotatingFile
+
+    f = RotatingFile(tmp_path / "node.log", max_bytes=1 << 20, keep=2)
+    f.write("first\n")
+    real = f._file
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            real.close()
+
+    f._file = Full()
+    assert f.write('{"half": ') == len('{"half": ')
+    assert f.lost_writes == 1
+    f.write("second\n")
+    f.flush()
+    assert (tmp_path / "node.log").read_text() == "first\n\nsecond\n"
+    f.close()

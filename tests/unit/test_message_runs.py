@@ -25,8 +25,8 @@ MTU = 1408
 _TS = struct.Struct("<q")
 
 
-def _log(session_id: int, stream_id: int, start: int = 0) -> LogBuffer:
-    return LogBuffer.create(None, TL, MTU, 5, session_id, stream_id, start)
+def _log(session_id: int, stream_id: int, start: int = 0, mtu: int = MTU) -> LogBuffer:
+    return LogBuffer.create(None, TL, mtu, 5, session_id, stream_id, start)
 
 
 def _image(log: LogBuffer, start: int = 0) -> Image:
@@ -56,7 +56,7 @@ class Relay:
         assert self.pub.offer(data) > 0
 
     def _frames(self, buf, offset, starts, length, position) -> int:
-        count, end, _term, _session = message_runs.session_run(buf, offset, starts, length)
+        count, end, _term, _session = message_runs.session_run(buf, offset, starts, length, self.pub.mtu)
         if count == 0:
             return 0
         count, end = message_runs.fit(starts, count, end, self.pub.block_room())
@@ -114,9 +114,12 @@ def _message(kind: int, size: int, term: int, session: int) -> bytes:
     min_frames=st.sampled_from([1, 2, 8]),
     block=st.sampled_from([64, 1024, 64 * 1024]),
     start=st.sampled_from([0, TL - 4096, 3 * TL - 320]),
+    # A client whose MTU is larger than the log's sends frames the log must not take as they are.
+    client_mtu=st.sampled_from([MTU, 8192]),
 )
-def test_the_block_path_leaves_the_log_as_one_offer_per_message_does(messages, chunk, min_frames, block, start):
-    source = _log(1, 102)
+def test_the_block_path_leaves_the_log_as_one_offer_per_message_does(messages, chunk, min_frames, block, start,
+                                                                     client_mtu):
+    source = _log(1, 102, mtu=client_mtu)
     by_block, by_message = _image(source), _image(source)
     client = _pub(source, lambda p: min(by_block.position, by_message.position) + TL // 2)
     logs = [_log(7, 100, start), _log(7, 100, start)]
@@ -180,16 +183,19 @@ def test_session_run_stops_at_the_first_frame_the_block_may_not_take():
         encode_session_message(3, 9, 0, b"d"),
     ])
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
-    assert message_runs.session_run(frames, 0, starts, end) == (2, 192, 3, 9)
+    assert message_runs.session_run(frames, 0, starts, end, MTU) == (2, 192, 3, 9)
     # A fragment (flags BEGIN only) first: nothing.
     frames[5] = 0x80
-    assert message_runs.session_run(frames, 0, starts, end)[0] == 0
+    assert message_runs.session_run(frames, 0, starts, end, MTU)[0] == 0
     frames[5] = 0xC0
     # A frame too short for a session header ends the run before it.
     short = bytearray(32)
     DATA_HEADER.pack_into(short, 0, 40, 0, 0xC0, 1, 0, 1, 2, 3, 0)
+    # A frame longer than the log's MTU ends the run before it (the per-message path fragments it).
+    assert message_runs.session_run(frames, 0, starts, end, 65)[0] == 1  # frames of 65 and 66 bytes
+    assert message_runs.session_run(frames, 0, starts, end, 64)[0] == 0
     starts2, end2 = framescan.chain(short + frames, 0, 32 + len(frames), 0, 32)
-    assert message_runs.session_run(short + frames, 0, starts2, end2)[0] == 0
+    assert message_runs.session_run(short + frames, 0, starts2, end2, MTU)[0] == 0
 
 
 def test_fit_keeps_the_frames_that_end_within_the_room():
@@ -306,3 +312,33 @@ def test_client_run_stops_at_a_service_message_or_an_event():
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.client_run(frames, 0, starts, end) == 192  # two clients' messages, any term
     assert message_runs.client_run(frames, 192, starts[2:] - 192, end - 192) == 0
+
+
+def test_last_timestamp_is_the_last_client_message_of_the_run():
+    frames = _framed([encode_session_message(3, 9, 100, b"a"), encode_session_message(4, 10, 250, b"bb"),
+                      encode_session_message(3, -2, 999, b"s")])
+    starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
+    run_end = message_runs.client_run(frames, 0, starts, end)
+    assert message_runs.last_timestamp(frames, 0, starts, run_end) == 250
+    assert message_runs.last_timestamp(frames, 0, starts, end) == 999
+
+
+def test_messages_longer_than_the_logs_mtu_are_fragmented_as_one_by_one():
+    """A client of a larger MTU: its frames do not go into the log as they are (a replay of the
+    log uses the log's MTU and never splits a frame), but fragmented as one offer each would."""
+    source = _log(1, 102, mtu=8192)
+    by_block, by_message = _image(source), _image(source)
+    client = _pub(source, lambda p: min(by_block.position, by_message.position) + TL // 2)
+    logs = [_log(7, 100), _log(7, 100)]
+    relays = [Relay(image, _pub(log, lambda p: 1 << 62), batch, 2, 64 * 1024)
+              for log, image, batch in ((logs[0], by_block, True), (logs[1], by_message, False))]
+    for k in range(12):
+        assert client.offer(encode_session_message(3, 9, 0, bytes([k]) * (100 if k % 3 else 2000))) > 0
+    for relay in relays:
+        relay.drain(now=7)
+    assert bytes(logs[0].buffer[META_LENGTH:]) == bytes(logs[1].buffer[META_LENGTH:])
+    lengths, off = [], META_LENGTH
+    while (n := DATA_HEADER.unpack_from(logs[0].buffer, off)[0]) > 0:
+        lengths.append(n)
+        off += (n + 31) & ~31
+    assert len(lengths) > 12 and max(lengths) <= MTU

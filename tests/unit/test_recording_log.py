@@ -193,3 +193,89 @@ def test_file_shell_round_trips_and_repairs_a_torn_tail(tmp_path) -> None:
     assert path.stat().st_size == 128
     (cut,) = [e for e in logs if e["event"] == "recording.log: a torn last entry cut off"]
     assert (cut["bytes"], cut["entries_kept"], cut["cut_from_offset"]) == (40, 2, 128)
+
+
+# ------------------------------------------------------------------------------ retention
+
+
+def _with_snapshots(positions, service_count=1):
+    rl = RecordingLog()
+    rl.append_term(0, 0, 0, 1)
+    rid = 10
+    for p in positions:
+        for service_id in range(service_count):
+            rl.append_snapshot(rid, 0, 0, p, 2, service_id)
+            rid += 1
+        rl.append_snapshot(rid, 0, 0, p, 2, -1)
+        rid += 1
+    return rl
+
+
+def test_retention_keeps_the_newest_sets_and_names_the_recordings_of_the_others():
+    rl = _with_snapshots([1000, 2000, 3000, 4000])
+    floor, writes, recordings = rl.retention(1, 2)
+    assert floor == 3000
+    assert recordings == [10, 11, 12, 13]
+    assert [s[0].log_position for s in rl.snapshot_sets(1)] == [4000, 3000]
+    # The patches are what the file must say: decoding the patched bytes gives the same entries.
+    data = bytearray(_with_snapshots([1000, 2000, 3000, 4000]).encode())
+    for offset, patch in writes:
+        data[offset:offset + len(patch)] = patch
+    assert RecordingLog.decode(bytes(data)).entries == rl.entries
+    # Applied again (a crash before the archive removed them): the same recordings, no patch.
+    assert rl.retention(1, 2) == (3000, (), [10, 11, 12, 13])
+
+
+def test_retention_keeps_the_log_while_there_are_fewer_sets_than_retained():
+    rl = _with_snapshots([1000])
+    assert rl.retention(1, 2) == (-1, (), [])
+    assert rl.retention(1, 1)[0] == 1000
+
+
+def test_retention_leaves_an_invalidated_latest_snapshot_recording_alone():
+    rl = _with_snapshots([1000, 2000, 3000])
+    rl.invalidate_latest_snapshot()  # the operator's: 3000 is bad
+    floor, _writes, recordings = rl.retention(1, 2)
+    assert floor == 1000 and recordings == []
+    assert 14 not in recordings and 15 not in recordings
+
+
+def test_retention_counts_only_complete_sets():
+    rl = _with_snapshots([1000, 2000])
+    rl.append_snapshot(99, 0, 0, 3000, 2, -1)  # a consensus module snapshot without its service's
+    floor, _writes, recordings = rl.retention(1, 2)
+    assert floor == 1000 and recordings == []
+
+
+def test_sorted_copy_puts_entries_in_append_order_and_keeps_invalid_ones():
+    # Written out of order (by hand, or merged from two files): the bytes are built directly.
+    data = b"".join(encode_entry(e) for e in [
+        Entry(7, 1, 500, -1, 1, 0, ENTRY_TYPE_TERM),
+        Entry(21, 0, 0, 300, 2, -1, ENTRY_TYPE_SNAPSHOT),
+        Entry(20, 0, 0, 300, 2, 0, ENTRY_TYPE_SNAPSHOT),
+        Entry(7, 0, 0, 500, 1, 0, ENTRY_TYPE_TERM),
+    ])
+    rl = RecordingLog.decode(data)
+    rl._invalidate(lambda e: e.recording_id == 20)
+    ordered = rl.sorted_copy()
+    assert [(e.leadership_term_id, e.entry_type, e.service_id, e.is_valid) for e in ordered.entries] == [
+        (0, 0, 0, True), (0, 1, 0, False), (0, 1, -1, True), (1, 0, 0, True)]
+    assert RecordingLog.decode(ordered.encode()).entries == ordered.entries
+
+
+def test_seeded_log_holds_the_latest_set_and_the_terms_from_it_on():
+    rl = RecordingLog()
+    rl.append_term(7, 0, 0, 1)
+    rl.append_snapshot(10, 0, 0, 1000, 2, 0)
+    rl.append_snapshot(11, 0, 0, 1000, 2, -1)
+    rl.append_term(7, 1, 1500, 1)
+    rl.append_snapshot(12, 1, 1500, 2000, 2, 0)
+    rl.append_snapshot(13, 1, 1500, 2000, 2, -1)
+    rl.append_term(7, 2, 2500, 1)
+    seeded = rl.seeded_from_latest_snapshot(1)
+    assert [(e.entry_type, e.leadership_term_id, e.recording_id) for e in seeded.entries] == [
+        (0, 1, 7), (1, 1, 12), (1, 1, 13), (0, 2, 7)]
+    plan = seeded.create_recovery_plan(1, 0, 3000, 7)
+    assert plan.snapshots[0].log_position == 2000 and plan.last_leadership_term_id == 2
+    with pytest.raises(RecordingLogError, match="no complete valid snapshot set"):
+        RecordingLog().seeded_from_latest_snapshot(1)

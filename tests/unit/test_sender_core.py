@@ -931,3 +931,22 @@ def test_send_lone_leaves_everything_else_to_do_work():
     rig.publish(1)
     unchanged(rig, T0 + MS + 10 * MS + 1)
     assert kinds(rig.work(T0 + MS + 10 * MS + 1)) == ["data"]
+
+
+def test_a_frame_longer_than_the_mtu_goes_alone_rather_than_stopping_the_stream():
+    """A block copied in from a stream of a larger MTU (a replay of a recording made so) may hold
+    frames longer than this sender's MTU: each goes whole in a datagram of its own, the frames
+    around it are packed as usual, and the stream never stops at one."""
+    rig = Rig(mtu=8192)
+    rig.core = SenderCore(session_id=SID, stream_id=STREAM, initial_term_id=0, term_length=TL, mtu=MTU,
+                          start_position=0, now_ns=T0, multi_destination=False, config=CFG)
+    for size in (100, 2000, 100, 100, 4000, 100):
+        rig.publish(1, size)
+    rig.work(T0)
+    sizes = []
+    while rig.core.sender_position < rig.pub.position:
+        before = rig.core.sender_position
+        rig.status(before, TL // 2, T0)
+        sizes += [len(d) for d in rig.work(T0 + MS) if kinds([d]) == ["data"]]
+        assert rig.core.sender_position > before, "the sender stopped at a frame longer than its MTU"
+    assert sizes == [160, 2048, 320, 4032, 160]

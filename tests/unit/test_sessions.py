@@ -29,10 +29,14 @@ def make(**kw) -> ClusterSessions:
     return ClusterSessions(member_id=1, ingress_endpoints=ENDPOINTS, settings=SessionSettings(**kw))
 
 
-def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0):
+IMG = 77
+"""The ingress image the test client's messages come on."""
+
+
+def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0, image=IMG):
     req = SessionConnectRequest(corr, 102, version, "aeron:udp?endpoint=127.0.0.1:9999")
     return s.on_connect_request(req, is_leader=leader, leader_member_id=1 if leader else 0,
-                                leadership_term_id=3, now_ns=now)
+                                leadership_term_id=3, now_ns=now, image_session_id=image)
 
 
 def events(effects):
@@ -85,25 +89,25 @@ def test_ingress_refreshes_activity_and_a_silent_session_times_out():
     a = connect(s, now=0)
     b = connect(s, corr=8, now=0)
     s.drain_effects()
-    assert s.on_ingress(3, a.id, 3, 9 * S)
-    assert not s.on_ingress(2, a.id, 3, 9 * S)  # stale term: dropped, and told who leads now
+    assert s.on_ingress(3, a.id, 3, 9 * S, IMG)
+    assert not s.on_ingress(2, a.id, 3, 9 * S, IMG)  # stale term: dropped, and told who leads now
     assert s.stale_term_dropped == 1
     (told,) = events(s.drain_effects())
     assert told == NewLeaderEvent(3, a.id, 1, ENDPOINTS)
-    assert not s.on_ingress(2, a.id, 3, 9 * S + 1) and s.drain_effects() == []  # not again at once
+    assert not s.on_ingress(2, a.id, 3, 9 * S + 1, IMG) and s.drain_effects() == []  # not again at once
     assert s.check_timeouts(3, 11 * S) == 1  # b only
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, b.id, 11 * S, CloseReason.TIMEOUT)]
     assert events(effects)[0].code == EventCode.CLOSED and CloseEgress(b.id) in effects
     assert list(s.sessions) == [a.id]
-    assert not s.on_ingress(3, b.id, 3, 12 * S)
+    assert not s.on_ingress(3, b.id, 3, 12 * S, IMG)
 
 
 def test_client_close_is_logged_without_a_closed_event():
     s = make()
     a = connect(s)
     s.drain_effects()
-    assert s.on_close_request(3, a.id, 3, 1)
+    assert s.on_close_request(3, a.id, 3, 1, IMG)
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, a.id, 1, CloseReason.CLIENT_ACTION)]
     assert events(effects) == []
@@ -145,7 +149,7 @@ def test_rollback_forgets_uncommitted_opens_and_reopens_uncommitted_closes():
     old = connect(s)
     log(s, 196)
     s.on_commit(200)
-    s.on_close_request(3, old.id, 3, 1)
+    s.on_close_request(3, old.id, 3, 1, IMG)
     log(s, 396)
     young = connect(s, corr=9)
     log(s, 496)
@@ -173,7 +177,7 @@ def test_an_event_ending_exactly_at_the_commit_position_is_committed():
     log(leader, 1096)
     leader.rollback(commit_position=1096)
     assert list(leader.sessions) == [session.id]
-    leader.on_close_request(3, session.id, 3, 1)
+    leader.on_close_request(3, session.id, 3, 1, IMG)
     log(leader, 1192)
     leader.on_commit(1192)  # the close ends at the commit position: final
     leader.rollback(commit_position=1192)

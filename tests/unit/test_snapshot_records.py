@@ -24,7 +24,7 @@ def _state():
     for i in range(3):
         sessions.on_connect_request(
             SessionConnectRequest(10 + i, 102, CLIENT_PROTOCOL_VERSION, f"aeron:udp?endpoint=h:{i}"),
-            is_leader=True, leader_member_id=0, leadership_term_id=4, now_ns=5)
+            is_leader=True, leader_member_id=0, leadership_term_id=4, now_ns=5, image_session_id=i)
         for e in sessions.drain_effects():
             if isinstance(e, AppendSessionEvent):
                 sessions.on_event_appended(e, 100 * i + 96)  # the agent appended the open

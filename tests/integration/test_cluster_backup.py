@@ -1,0 +1,164 @@
+"""``cluster-node backup`` against a real 3-member cluster, and a new cluster started from its
+directory. Real processes, real UDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from archive.catalog import Catalog
+from archive.storage import CATALOG_FILE_NAME, iter_frames
+from cluster_node.consensus.backup import BackupState
+from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
+from cluster_node.service.examples.kv import Put, Status
+from tests.integration.test_cluster_snapshots import get_all, put_all, take_snapshot
+from tests.support.cluster import ROOT, TestCluster, _node_command, open_kv_client
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    with TestCluster(tmp_path) as c:
+        yield c
+
+
+class Backup:
+    """A ``cluster-node backup`` process and its directory."""
+
+    def __init__(self, cluster: TestCluster, base: Path, query_interval: str = "1h", secret_file: str = "") -> None:
+        self.dir = base / "backup"
+        self.config = base / "backup.toml"
+        self.config.write_text(
+            "[backup]\n"
+            f'dir = "{self.dir}"\n'
+            'host = "127.0.0.1"\n'
+            f'query_interval = "{query_interval}"\n'
+            'response_timeout = "1s"\n'
+            'cool_down = "1s"\n'
+            "[cluster]\n"
+            f'members = "{cluster.nodes[0].cfg.members_text}"\n'
+            + (f'secret_file = "{secret_file}"\n' if secret_file else "") +
+            "[driver]\n"
+            'image_liveness_timeout = "2s"\n'
+            'publication_connection_timeout = "2s"\n'
+            'term_length = "4m"\n'
+            'ipc_term_length = "4m"\n'
+        )
+        self.out = base / "backup.out"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.out, "wb") as out:
+            self.proc = subprocess.Popen([*_node_command(), "backup", "--config", str(self.config)],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(20)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stat(self) -> dict:
+        r = subprocess.run([*_node_command(), "stat", "--dir", str(self.dir), "--json"], capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode != 0:
+            return {}
+        return json.loads(r.stdout).get("backup", {})
+
+    def describe(self) -> str:
+        text = self.out.read_text(errors="replace")[-3000:] if self.out.exists() else ""
+        logs = self.dir / "logs" / "backup.log"
+        tail = "\n".join(logs.read_text(errors="replace").splitlines()[-30:]) if logs.exists() else ""
+        return f"---- backup output ----\n{text}\n---- backup log ----\n{tail}"
+
+    def log_recording(self):
+        catalog = Catalog.from_bytes((self.dir / "archive" / CATALOG_FILE_NAME).read_bytes(), strict=False)
+        recs = [d for d in catalog if d.stream_id == 100]
+        assert len(recs) == 1, recs
+        return recs[0]
+
+
+def commit_of(cluster: TestCluster, member_id: int) -> int:
+    return cluster.counters()[member_id].commit
+
+
+async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_starts_from_it(
+        cluster: TestCluster, tmp_path: Path) -> None:
+    leader = cluster.start()
+    backup = Backup(cluster, tmp_path)
+    backup.start()
+    try:
+        await cluster.await_for(lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60,
+                                "the backup BACKING_UP")
+        acked: dict[str, bytes] = {}
+        async with open_kv_client(cluster.client_config) as kv:
+            first = {f"a{i}": b"%d" % i for i in range(300)}
+            await put_all(kv, first)
+            acked.update(first)
+            await take_snapshot(cluster, leader)
+            second = {f"b{i}": b"%d" % i for i in range(200)}
+            await put_all(kv, second)
+            acked.update(second)
+            commit = commit_of(cluster, leader)
+            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
+                                    f"the backup's live log at the commit position {commit}")
+
+            # A leader change: the backup goes on without a gap.
+            term = cluster.counters()[leader].term
+            cluster.nodes[leader].kill()
+            new_leader = await cluster.await_leader(30, min_term=term + 1, exclude=[leader])
+            third = {f"c{i}": b"%d" % i for i in range(200)}
+            for k, v in third.items():
+                r = await kv.call(Put(kv.next_id(), k, v), timeout=10, resend_s=2)
+                assert r.status == Status.OK
+                acked[k] = v
+            commit = commit_of(cluster, new_leader)
+            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
+                                    f"the backup's live log at the new leader's commit position {commit}")
+            live = backup.stat()["live_log_position"]
+            assert backup.stat()["last_backup_time_ms"] > 0
+        assert backup.stop() == 0, backup.describe()
+
+        rec = backup.log_recording()
+        assert rec.start_position == 0 and rec.stop_position >= live
+        # No gap: the recorded frames follow each other from the start to the stop.
+        position = rec.start_position
+        for f in iter_frames(backup.dir / "archive", rec):
+            assert f.position == position, (f.position, position)
+            position += (f.frame_length + 31) & ~31
+        assert position == rec.stop_position
+        rl = RecordingLog.decode((backup.dir / "recording.log").read_bytes())
+        terms = [e.leadership_term_id for e in rl.entries if e.entry_type == ENTRY_TYPE_TERM and e.is_valid]
+        assert terms == sorted(terms) and terms[-1] >= term + 1, (terms, rl)
+        assert any(e.entry_type == ENTRY_TYPE_SNAPSHOT for e in rl.entries), rl
+
+        # The whole cluster is lost; a new one starts from copies of the backup directory.
+        for n in cluster.nodes:
+            n.kill()
+        for n in cluster.nodes:
+            shutil.rmtree(n.dir)
+            n.dir.mkdir(parents=True)
+            shutil.copy2(backup.dir / "recording.log", n.dir / "recording.log")
+            shutil.copytree(backup.dir / "archive", n.dir / "archive")
+        cluster.start(timeout=60)
+        async with open_kv_client(cluster.client_config) as kv:
+            got = await get_all(kv, list(acked))
+        missing = {k for k, v in acked.items() if got.get(k) != v}
+        assert not missing, (sorted(missing)[:10], cluster.diagnostics())
+    finally:
+        backup.kill()

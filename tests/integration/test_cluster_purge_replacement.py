@@ -1,0 +1,66 @@
+"""Members replaced after the leader purged its log: with ``cluster.purge_log`` the members
+remove the log before their oldest kept snapshot, so a member that was away meanwhile, or one
+that lost its disk, can no longer be caught up from the log. The first exits SNAPSHOT_NEEDED and
+is seeded from a snapshot at its next start; the second is seeded at once. Both end with the
+state of the others, and the cluster goes on with them."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import trio
+
+from tests.integration.test_cluster_snapshot_transfer import log_recordings, same_digests
+from tests.integration.test_cluster_snapshots import atool, events, get_all, put_all
+from tests.support.cluster import TestCluster, open_kv_client
+
+pytestmark = pytest.mark.slow
+
+SEGMENT = 64 * 1024
+
+
+async def snapshot(cluster: TestCluster, leader: int) -> None:
+    r = await atool(cluster.nodes[leader].dir, "snapshot")
+    assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{cluster.diagnostics()}"
+
+
+async def test_members_behind_a_purged_log_are_seeded_from_a_snapshot(tmp_path) -> None:
+    with TestCluster(tmp_path, retain_snapshots=2, purge_log=True, log_term_length=64 * 1024,
+                     segment_length=SEGMENT) as cluster:
+        leader = cluster.start()
+        away, wiped = (leader + 1) % 3, (leader + 2) % 3
+        value = b"v" * 1000
+        async with open_kv_client(cluster.client_config) as kv:
+            await put_all(kv, {f"a{i}": value for i in range(100)})
+            cluster.nodes[away].kill()
+            for round_ in range(3):  # three snapshots, each after several segments of log
+                await put_all(kv, {f"r{round_}-{i}": value for i in range(300)})
+                await snapshot(cluster, leader)
+            await cluster.await_for(
+                lambda: min(d.start_position for d in log_recordings(cluster, leader)) > 0, 30,
+                "the leader's log purged before its oldest kept snapshot")
+            start = min(d.start_position for d in log_recordings(cluster, leader))
+
+            # Away while the log was purged: its log ends before the leader's log start.
+            node = cluster.nodes[away]
+            await trio.to_thread.run_sync(cluster.restart, away)
+            await cluster.await_for(lambda: not node.running, 60, f"member {away} exits")
+            assert node.proc.returncode == 11, (node.proc.returncode, node.stderr_tail())
+            await trio.to_thread.run_sync(cluster.restart, away)
+            await cluster.await_for(lambda: cluster.caught_up([0, 1, 2]), 60, f"member {away} caught up")
+            assert events(cluster, away, "seeded from a member's snapshot"), node.log_tail()
+            await same_digests(cluster, kv, "after-away")
+
+            # Lost its disk: seeded at once, its log starts at a snapshot past the purge.
+            node = cluster.nodes[wiped]
+            node.kill()
+            shutil.rmtree(node.dir)
+            await trio.to_thread.run_sync(cluster.restart, wiped)
+            await cluster.await_for(lambda: cluster.caught_up([0, 1, 2]), 60, f"member {wiped} caught up")
+            seeded = events(cluster, wiped, "seeded from a member's snapshot")
+            assert seeded and seeded[0]["log_position"] >= start, seeded
+            await put_all(kv, {f"z{i}": value for i in range(50)})
+            await same_digests(cluster, kv, "after-wiped")
+            got = await get_all(kv, ["a0", "r0-0", "r2-299", "z49"])
+            assert got == {"a0": value, "r0-0": value, "r2-299": value, "z49": value}
