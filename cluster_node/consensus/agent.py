@@ -72,7 +72,7 @@ from cluster_node.consensus import message_runs
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
-from cluster_node.consensus.node_files import NodeStateFile
+from cluster_node.consensus.node_files import NodeStateError, NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import (
@@ -87,6 +87,7 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
+from cluster_node.exit_codes import ExitCode, NodeFailure
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from media.channel import ChannelUri, parse
@@ -608,13 +609,42 @@ class ConsensusAgent:
                         unclaimed = True
                 try:
                     await self._execute_one(e)
-                except (ArchiveError, OSError, CodecError) as ex:
+                except (ArchiveError, OSError, CodecError, NodeStateError) as ex:
+                    if type(e) in fx.FAIL_STOP_EFFECTS:
+                        # Nothing after it runs: the effects that follow (the vote, the
+                        # position report, the recording that resumes) depend on it.
+                        raise self._persist_failed(e, ex) from ex
                     self.errors += 1
                     self.counters["errors"].add(1)
                     log.error("effect failed", effect=type(e).__name__, error=str(ex))
         finally:
             if unclaimed:
                 self.driver.claim_receive(duties=True)
+
+    def _persist_failed(self, e, error: Exception) -> NodeFailure:
+        """The one line that ends the node when a fail-stop effect (``fx.FAIL_STOP_EFFECTS``)
+        could not be carried out: which file, what the system said, what was withheld."""
+        t = type(e)
+        if t is fx.PersistCandidateTerm:
+            what = (f"could not write {self.node_state.path} (candidate term {e.candidate_term_id})",
+                    "no vote or vote request for that term was sent")
+        elif t is fx.WriteRecordingLog:
+            what = (f"could not write {self.recording_log_file.path}", "nothing that depends on it was sent")
+        else:
+            what = (f"could not truncate log recording {e.recording_id} to position {e.position}",
+                    "the log is not recorded again")
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        if isinstance(error, NodeStateError):
+            reason = str(error).rpartition(": cannot write: ")[2] or reason
+        return NodeFailure(ExitCode.PERSIST_FAILED, f"{what[0]}: {reason}; {what[1]}, the node stops")
+
+    def _apply_recording_log(self, writes) -> None:
+        """recording.log writes made outside the effect list (snapshot, termination): the same
+        fail-stop rule as ``fx.WriteRecordingLog``."""
+        try:
+            self.recording_log_file.apply(writes)
+        except OSError as ex:
+            raise self._persist_failed(fx.WriteRecordingLog(tuple(writes)), ex) from ex
 
     def _service_limit(self) -> int:
         """How far the service may apply the log: the commit position, except on a follower
@@ -1900,7 +1930,7 @@ class ConsensusAgent:
                                     snap.position, now_ms, 0)
         writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
                                      snap.position, now_ms, -1)
-        self.recording_log_file.apply(writes)
+        self._apply_recording_log(writes)
         self.counters["snapshot-count"].add(1)
         duration_ns = time.monotonic_ns() - snap.started_ns
         self.counters["last-snapshot-duration-ns"].set(duration_ns)
@@ -2010,7 +2040,7 @@ class ConsensusAgent:
         rl = self.recording_log_file.log
         last = rl.last_term()
         if last is not None and last.leadership_term_id == term.leadership_term_id:
-            self.recording_log_file.apply(rl.commit_log_position(term.leadership_term_id, term.position))
+            self._apply_recording_log(rl.commit_log_position(term.leadership_term_id, term.position))
         self.counters["cm-state"].set(ModuleState.CLOSED)
         log.info("terminated", log_position=term.position, leadership_term_id=term.leadership_term_id,
                  commit_position=self.module.commit_position)
