@@ -27,6 +27,9 @@ import pytest
 from cluster_node.exit_codes import ExitCode
 from tests.support.cluster import TestCluster
 
+EXPECTED = [r'"exit_code": 7, "reason": "could not write .*"event": "node failed"']
+"""The failing member's own ERROR line, which the test causes."""
+
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None or os.geteuid() != 0,
                                 reason="needs strace and ptrace rights over the member (root)")
 
@@ -66,7 +69,7 @@ def _reasons(node) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("call,error", [("fdatasync", "EIO"), ("pwrite64", "ENOSPC")])
 def test_a_member_that_cannot_persist_its_candidate_term_stops_without_voting(tmp_path, call, error):
-    with TestCluster(tmp_path) as c:
+    with TestCluster(tmp_path, expected_errors=EXPECTED) as c:
         leader = c.start()
         f, g = [i for i in range(3) if i != leader]
         failing, survivor = c.nodes[f], c.nodes[g]
@@ -93,7 +96,7 @@ def test_a_member_that_cannot_persist_its_candidate_term_stops_without_voting(tm
 
 
 def test_a_member_that_cannot_write_its_recording_log_stops_with_one_line(tmp_path):
-    with TestCluster(tmp_path) as c:
+    with TestCluster(tmp_path, expected_errors=EXPECTED) as c:
         leader = c.start()
         f = next(i for i in range(3) if i != leader)
         failing = c.nodes[f]
