@@ -55,14 +55,21 @@ def _value(key: str, length: int) -> bytes:
 
 
 def _sizes(cluster: TestCluster, prefix: str) -> dict[str, int]:
-    cfg = cluster.nodes[0].cfg
-    mtu = cfg.driver.mtu
-    limit = min(max_message_length(t) for t in (cfg.driver.term_length, cfg.driver.ipc_term_length,
-                                                  cfg.cluster.log_term_length))
-    one_frame = mtu - HEADER_LENGTH  # the payload of one full datagram
+    """Value lengths per key: the edges of a datagram for the client's ingress and for the
+    members' log (their MTUs may differ), a few datagrams, and the longest message every
+    publication on the way takes (the client's ingress, the members' log, local log and egress)."""
+    member, client = cluster.nodes[0].cfg, cluster.client_config
+    limit = min(max_message_length(t) for t in (client.driver.term_length, member.driver.term_length,
+                                                  member.driver.ipc_term_length, member.cluster.log_term_length))
+    edges = {}
+    for who, mtu in (("client", client.driver.mtu), ("member", member.driver.mtu)):
+        one_frame = mtu - HEADER_LENGTH  # the payload of one full datagram
+        edges[f"{who}-one-frame"] = one_frame
+        edges[f"{who}-two-frames"] = one_frame + 1
+        edges[f"{who}-five-frames"] = 5 * one_frame - 3
+    edges["limit"] = limit
     sizes = {}
-    for name, message_length in (("one-frame", one_frame), ("two-frames", one_frame + 1),
-                                 ("five-frames", 5 * one_frame - 3), ("limit", limit)):
+    for name, message_length in edges.items():
         key = f"{prefix}-{name}"
         sizes[key] = _value_length_for(key, message_length)
         assert _message_length(key, sizes[key]) == message_length  # on the edge, exactly
