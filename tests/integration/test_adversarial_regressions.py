@@ -35,7 +35,8 @@ INITIAL_TERM_ID = 7
 
 @pytest.fixture
 def cluster(tmp_path):
-    with TestCluster(tmp_path) as c:
+    # Forged and fuzzed input on purpose: the members count it (and must drop it).
+    with TestCluster(tmp_path, expect_counted_errors=True) as c:
         yield c
 
 

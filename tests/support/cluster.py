@@ -447,6 +447,12 @@ class TestCluster:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(check=exc_type is None)
 
+    def expect_errors(self, *patterns: str, counted: bool = False) -> None:
+        """Declare from inside a test (one using a shared fixture) the ERROR lines it causes on
+        purpose, and with ``counted`` that the members' error counters count them."""
+        self.expected_errors += [re.compile(p) for p in patterns]
+        self.expect_counted_errors = self.expect_counted_errors or counted
+
     SIGTERM_GRACE_S = 60.0
     """How long a member may take to stop after SIGTERM (generous: the machine may be loaded)."""
 
