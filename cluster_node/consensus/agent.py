@@ -1197,6 +1197,13 @@ class ConsensusAgent:
         since the cluster cannot elect with it until an operator fixes one of the configs."""
         sender = getattr(msg, self._SENDER.get(type(msg), ""), None)
         self.counters["errors"].add(1)
+        if sender not in self.module.member_by_id:
+            # Not a member with another view: a message naming a member id we have never had is
+            # bad input (anyone who reaches the port can send it), said once per kind.
+            self.input_errors.record(f"consensus message from a non-member: {type(msg).__name__}",
+                                     "a consensus message naming a member id not in cluster.members was dropped",
+                                     member=sender)
+            return
         key = (sender, msg.members_digest)
         if key not in self._mismatches_said and len(self._mismatches_said) < 64:
             self._mismatches_said.add(key)

@@ -198,6 +198,23 @@ async def test_a_forged_canvass_from_an_absurd_term_does_not_unseat_the_leader(c
     assert cluster.counters()[leader].term == term and cluster.leader() == leader, cluster.diagnostics()
 
 
+async def test_a_forged_canvass_from_a_non_member_is_bad_input_not_a_misconfigured_member(tmp_path) -> None:
+    """Found by the health checks of the fuzz test: a CanvassPosition naming member id 3 (of a
+    three-member cluster) with another members digest was reported as a member whose config
+    differs, at ERROR, once per forged id and digest. No such member exists: it is bad input,
+    counted and logged once as such, and the cluster logs no ERROR (the TestCluster checks)."""
+    with TestCluster(tmp_path, expect_counted_errors=True) as cluster:
+        leader = cluster.start()
+        term = cluster.counters()[leader].term
+        message = cc.CONSENSUS_CODEC.encode(cc.CanvassPosition(0, 0, term, 3, cc.CONSENSUS_PROTOCOL_VERSION,
+                                                               members_digest=12345))
+        await _send_then_sentinel(cluster, leader, [message])
+        assert cluster.counters()[leader].term == term and cluster.leader() == leader, cluster.diagnostics()
+        said = [e for e in cluster.nodes[leader].log_events() if "non-member" in str(e.get("event", "")) + str(e.get("kind", ""))
+                or "not in cluster.members" in str(e.get("event", ""))]
+        assert said, cluster.nodes[leader].log_tail()
+
+
 @pytest.mark.xfail(strict=True, reason="nothing authenticates consensus messages: a TerminationPosition of the "
                    "current term, from anyone who can reach the consensus port, stops a follower (needs the "
                    "consensus stream authenticated: issue 28)")
