@@ -37,7 +37,7 @@ async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and
             await cluster.await_for(lambda: len(writer.acked) >= 200, 30, "200 appends acknowledged")
             target = leader if role == "leader" else (leader + 1) % 3
             node = cluster.nodes[target]
-            node.kill()
+            await trio.to_thread.run_sync(node.kill)
             shutil.rmtree(node.dir)
             if role == "leader":
                 await cluster.await_leader(15, exclude=[target])
