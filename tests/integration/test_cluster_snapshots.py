@@ -202,6 +202,8 @@ async def test_timers_in_a_snapshot_fire_once_each_after_restart(cluster: TestCl
 
 
 async def test_service_messages_and_timers_in_flight_survive_leader_failover_exactly_once(cluster: TestCluster) -> None:
+    from tests.integration.test_cluster_e2e import assert_same_session
+
     leader = cluster.start()
     n = 150
     async with open_kv_client(cluster.client_config) as kv:
@@ -214,6 +216,7 @@ async def test_service_messages_and_timers_in_flight_survive_leader_failover_exa
         assert all(r.status == Status.OK for r in first.values())
         # The rest go out while the leader dies: some are appended and not committed, some not
         # appended at all; service messages and timers from the committed ones are in flight.
+        session_id = kv.client.cluster_session_id
         for r in requests[len(requests) // 2:]:
             await kv.send(r)
         await trio.to_thread.run_sync(cluster.nodes[leader].kill)
@@ -232,6 +235,7 @@ async def test_service_messages_and_timers_in_flight_survive_leader_failover_exa
                     and all(fired[f"{FIRED_PREFIX}{c}"] is not None for c in want_fired))
             if done or time.monotonic() > deadline:
                 break
+        assert_same_session(kv, session_id, cluster)
         assert len(want_svc) >= n // 2, "the acknowledged half must have been applied"
         wrong_svc = {i: svc[f"{SERVICE_APPLIED_PREFIX}{i}"] for i in range(n)
                      if svc[f"{SERVICE_APPLIED_PREFIX}{i}"] != (b"x" if i in want_svc else None)}
