@@ -614,6 +614,10 @@ class ConsensusAgent:
                         # Nothing after it runs: the effects that follow (the vote, the
                         # position report, the recording that resumes) depend on it.
                         raise self._persist_failed(e, ex) from ex
+                    if type(e) in fx.FAIL_STOP_NOT_PERSISTED:
+                        raise NodeFailure(ExitCode.CONSENSUS_FAILED,
+                                          f"could not stop log recording {self.recording_id} and learn where it "
+                                          f"ends: {ex}; an election cannot start without it, the node stops") from ex
                     self.errors += 1
                     self.counters["errors"].add(1)
                     log.error("effect failed", effect=type(e).__name__, error=str(ex))

@@ -67,8 +67,11 @@ StartLogRecording, StartReplay,       continue (counted, logged): the core waits
 StartReplication, StartCatchupReplay  that will not come, and its timeouts (the election's, the
                                       leader heartbeat, the follower's catch-up) turn the failure
                                       into an election instead of a divergent state
-StopLogRecording, StopReplay,         continue: stopping what already stopped is harmless; stale
-StopReplication, StopCatchupReplay    reports of the old ids are ignored
+StopLogRecording                      **stop** (CONSENSUS_FAILED): the election waits in INIT for
+                                      the recording's stop position; without it the member would
+                                      never take part in an election again (a restart recovers it)
+StopReplay, StopReplication,          continue: stopping what already stopped is harmless; stale
+StopCatchupReplay                     reports of the old ids are ignored
 Open/Close log publication and        continue: without its log the member makes no progress, so
 subscription, destinations            followers time the leader out (or the leader its quorum)
                                       and a new election opens the log again
@@ -77,7 +80,8 @@ CommitPositionChanged, NewLeader,     touch no file and the next change overwrit
 ElectionComplete, RollbackUncommitted
 ====================================  ============================================================
 
-The fail-stop effects are :data:`FAIL_STOP_EFFECTS`. Failing stop means: the effects after the
+The fail-stop effects are :data:`FAIL_STOP_EFFECTS` (exit PERSIST_FAILED) and
+:data:`FAIL_STOP_NOT_PERSISTED` (exit CONSENSUS_FAILED). Failing stop means: the effects after the
 failed one are not run (no message that depends on it leaves the node) and the process ends with
 one line naming the file and the error; a restart reads the files back as they are on disk, which
 is what the other members may rely on. Every other failure is counted in the node's error counter
@@ -98,6 +102,7 @@ from typing import Any
 
 __all__ = [
     "FAIL_STOP_EFFECTS",
+    "FAIL_STOP_NOT_PERSISTED",
     "Role",
     "Effect",
     "PersistCandidateTerm",
@@ -386,3 +391,6 @@ class RollbackUncommitted(Effect):
 FAIL_STOP_EFFECTS: frozenset[type[Effect]] = frozenset({PersistCandidateTerm, WriteRecordingLog, TruncateRecording})
 """Effects whose failure must end the node before the next effect runs (the module docstring's
 *When an effect fails*)."""
+
+FAIL_STOP_NOT_PERSISTED: frozenset[type[Effect]] = frozenset({StopLogRecording})
+"""Effects whose failure must also end the node, though no file of the node failed."""

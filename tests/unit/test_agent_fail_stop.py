@@ -123,3 +123,27 @@ def test_a_failed_best_effort_send_is_counted_and_the_effects_after_it_run(agent
 
 def test_the_fail_stop_effects_are_the_durable_ones():
     assert fx.FAIL_STOP_EFFECTS == {fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.TruncateRecording}
+
+
+def test_a_log_recording_that_cannot_be_stopped_stops_the_node(agent):
+    """The election waits in INIT for the stop position: a member that cannot learn it would
+    never elect again, so it stops (a restart recovers the recording)."""
+    from archive.client import ArchiveError
+
+    class _Archive:
+        async def stop_recording_by_identity(self, recording_id):
+            return None
+
+        async def get_stop_position(self, recording_id):
+            raise ArchiveError("the archive did not answer in time")
+
+    class _Driver:
+        def release_sends(self):
+            pass
+
+    agent.archive, agent.driver, agent.recording_id = _Archive(), _Driver(), 4
+    with pytest.raises(NodeFailure) as failure:
+        _run(agent, [fx.StopLogRecording(4), fx.SendToMember(1, VOTE)])
+    assert failure.value.code == ExitCode.CONSENSUS_FAILED
+    assert "could not stop log recording 4" in str(failure.value) and "did not answer" in str(failure.value)
+    assert agent._consensus_pubs[1].offered == []
