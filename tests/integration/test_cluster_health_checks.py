@@ -95,3 +95,19 @@ def test_a_member_that_does_not_exit_0_on_sigterm_fails_the_test(tmp_path):
             cluster.close()
     finally:
         cluster.close(check=False)
+
+
+def test_a_counted_error_fails_the_test_unless_declared(tmp_path):
+    for declared in (False, True):
+        cluster = TestCluster(tmp_path / str(declared), nodes=2, expect_counted_errors=declared)
+        counters, managers = _fake_members(cluster)
+        try:
+            counters[1]["errors"].set(2)
+            if declared:
+                cluster.close()
+            else:
+                with pytest.raises(AssertionError, match=r"node 1: error counter is 2, not 0"):
+                    cluster.close()
+        finally:
+            for m in managers:
+                m.close()

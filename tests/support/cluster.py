@@ -465,11 +465,6 @@ class TestCluster:
         self._closed = True
         self.leaders.stop()
         problems: list[str] = []
-        if check and not self.expect_counted_errors:
-            for n in self.nodes:
-                c = n.counters()
-                if c is not None and c.errors != 0:
-                    problems.append(f"node {n.member_id}: error counter is {c.errors}, not 0")
         members = {id(n.proc): n for n in self.nodes if n.proc is not None}
         live = [p for p in self._all_procs if p.poll() is None]
         for p in live:
@@ -493,6 +488,8 @@ class TestCluster:
                 problems.append(f"node {node.member_id}: exited {rc} on SIGTERM, not 0: {node.stderr_tail(3).strip()}")
         for n in self.nodes:
             n._close_reader()
+        if check and not self.expect_counted_errors:
+            problems += self._counted_errors()
         if check:
             problems += self.leaders.problems()
             problems += self._unexpected_error_lines()
@@ -503,6 +500,30 @@ class TestCluster:
                 shutil.rmtree(n.cfg.driver_dir, ignore_errors=True)
         if problems and check:
             raise AssertionError("cluster health checks failed:\n  " + "\n  ".join(problems))
+
+    def _counted_errors(self) -> list[str]:
+        """Each member's error counter as its last process left it (the counters file outlives
+        the process: a member stopped or killed during the test is checked too)."""
+        found = []
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                reader = CountersReader.open(n.counters_path)
+            except (CountersError, OSError, ValueError):
+                continue
+            try:
+                if reader.owner_pid != n.proc.pid:
+                    continue
+                ids = [c.counter_id for c in reader.find(type_id=ERRORS_TYPE) if c.label.endswith(f"member {n.member_id}")]
+                errors = reader.get(ids[0]) if ids else 0
+            except CountersError:
+                continue
+            finally:
+                reader.close()
+            if errors != 0:
+                found.append(f"node {n.member_id}: error counter is {errors}, not 0 (pid {n.proc.pid})")
+        return found
 
     def _unexpected_error_lines(self, limit: int = 10) -> list[str]:
         found = []
