@@ -111,6 +111,9 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
         cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             assert (await kv.put("a", b"1")).status == Status.OK
+            # Every member in the term first: one that joined the log late (and rejoins through
+            # an election) would still be electing when the other two stop at the entry.
+            await cluster.await_for(lambda: cluster.caught_up(range(3)), 30, "every member caught up")
             await kv.send(Put(kv.next_id(), f"{RAISE_PREFIX}0", b"partial"))
             await cluster.await_for(lambda: not any(n.running for n in cluster.nodes), 30,
                                     "every member stops at the raising entry")
