@@ -36,7 +36,7 @@ from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
 from cluster_node.damaged_files import check_node_files, damaged
 from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
-from cluster_node.exit_codes import ExitCode, fail
+from cluster_node.exit_codes import ExitCode, NodeFailure, fail
 from cluster_node.keep_awake import KeepAwake
 from cluster_node.secret_file import SecretFileError, read_key
 from cluster_node.node_identity import (
@@ -294,6 +294,8 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                         with agent_scope:
                             try:
                                 await agent.run()
+                            except NodeFailure as e:  # its own exit code and line (PERSIST_FAILED)
+                                fail(e.code, str(e))
                             except Exception as e:  # noqa: BLE001 - every failure ends the node alike
                                 log.error("consensus module failed", error=repr(e), exc_info=True)
                                 fail(ExitCode.CONSENSUS_FAILED,

@@ -492,7 +492,9 @@ class ClusterClient:
 
     def _on_session_event(self, event: SessionEvent, image_session_id: int) -> None:
         member_id = self._connect_ids.get(event.correlation_id)
-        if member_id is not None:
+        # The cluster sends every event of a session with its connect request's correlation id:
+        # one for the session we hold (CLOSED, ERROR) is that session's, below, not a connect reply.
+        if member_id is not None and (self._connecting or event.cluster_session_id != self.cluster_session_id):
             if self._connecting:
                 self._connect_replies.append((member_id, event))
             elif (event.code == EventCode.OK and event.cluster_session_id != self.cluster_session_id

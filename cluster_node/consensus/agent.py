@@ -84,7 +84,7 @@ from cluster_node.consensus.backup import (
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
-from cluster_node.consensus.node_files import NodeStateFile
+from cluster_node.consensus.node_files import NodeStateError, NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.consensus.sessions import (
@@ -100,7 +100,7 @@ from cluster_node.consensus.snapshot import (
 )
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
-from cluster_node.exit_codes import ExitCode, fail
+from cluster_node.exit_codes import ExitCode, NodeFailure, fail
 from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from cluster_node.wall_clock import wall_clock
@@ -777,13 +777,46 @@ class ConsensusAgent:
                         unclaimed = True
                 try:
                     await self._execute_one(e)
-                except (ArchiveError, OSError, CodecError) as ex:
+                except (ArchiveError, OSError, CodecError, NodeStateError) as ex:
+                    if type(e) in fx.FAIL_STOP_EFFECTS:
+                        # Nothing after it runs: the effects that follow (the vote, the
+                        # position report, the recording that resumes) depend on it.
+                        raise self._persist_failed(e, ex) from ex
+                    if type(e) in fx.FAIL_STOP_NOT_PERSISTED:
+                        raise NodeFailure(ExitCode.CONSENSUS_FAILED,
+                                          f"could not stop log recording {self.recording_id} and learn where it "
+                                          f"ends: {ex}; an election cannot start without it, the node stops") from ex
                     self.errors += 1
                     self.counters["errors"].add(1)
                     log.error("effect failed", effect=type(e).__name__, error=str(ex))
         finally:
             if unclaimed:
                 self.driver.claim_receive(duties=True)
+
+    def _persist_failed(self, e, error: Exception) -> NodeFailure:
+        """The one line that ends the node when a fail-stop effect (``fx.FAIL_STOP_EFFECTS``)
+        could not be carried out: which file, what the system said, what was withheld."""
+        t = type(e)
+        if t is fx.PersistCandidateTerm:
+            what = (f"could not write {self.node_state.path} (candidate term {e.candidate_term_id})",
+                    "no vote or vote request for that term was sent")
+        elif t is fx.WriteRecordingLog:
+            what = (f"could not write {self.recording_log_file.path}", "nothing that depends on it was sent")
+        else:
+            what = (f"could not truncate log recording {e.recording_id} to position {e.position}",
+                    "the log is not recorded again")
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        if isinstance(error, NodeStateError):
+            reason = str(error).rpartition(": cannot write: ")[2] or reason
+        return NodeFailure(ExitCode.PERSIST_FAILED, f"{what[0]}: {reason}; {what[1]}, the node stops")
+
+    def _apply_recording_log(self, writes) -> None:
+        """recording.log writes made outside the effect list (snapshot, termination): the same
+        fail-stop rule as ``fx.WriteRecordingLog``."""
+        try:
+            self.recording_log_file.apply(writes)
+        except OSError as ex:
+            raise self._persist_failed(fx.WriteRecordingLog(tuple(writes)), ex) from ex
 
     def _service_limit(self) -> int:
         """How far the service may apply the log: the commit position, except on a follower
@@ -1467,6 +1500,13 @@ class ConsensusAgent:
         since the cluster cannot elect with it until an operator fixes one of the configs."""
         sender = getattr(msg, self._SENDER.get(type(msg), ""), None)
         self.counters["errors"].add(1)
+        if sender not in self.module.member_by_id:
+            # Not a member with another view: a message naming a member id we have never had is
+            # bad input (anyone who reaches the port can send it), said once per kind.
+            self.input_errors.record(f"consensus message from a non-member: {type(msg).__name__}",
+                                     "a consensus message naming a member id not in cluster.members was dropped",
+                                     member=sender)
+            return
         key = (sender, msg.members_digest)
         if key not in self._mismatches_said and len(self._mismatches_said) < 64:
             self._mismatches_said.add(key)
@@ -2236,7 +2276,7 @@ class ConsensusAgent:
                                     snap.position, now_ms, 0)
         writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
                                      snap.position, now_ms, -1)
-        self.recording_log_file.apply(writes)
+        self._apply_recording_log(writes)
         self.counters["snapshot-count"].add(1)
         duration_ns = time.monotonic_ns() - snap.started_ns
         self.counters["last-snapshot-duration-ns"].set(duration_ns)
@@ -2403,7 +2443,7 @@ class ConsensusAgent:
         rl = self.recording_log_file.log
         last = rl.last_term()
         if last is not None and last.leadership_term_id == term.leadership_term_id:
-            self.recording_log_file.apply(rl.commit_log_position(term.leadership_term_id, term.position))
+            self._apply_recording_log(rl.commit_log_position(term.leadership_term_id, term.position))
         self.counters["cm-state"].set(ModuleState.CLOSED)
         log.info("terminated", log_position=term.position, leadership_term_id=term.leadership_term_id,
                  commit_position=self.module.commit_position)

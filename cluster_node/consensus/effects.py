@@ -36,10 +36,60 @@ StartReplication                      ``on_recording_position(position)`` while 
                                       ``on_replication_failed(replication_id, reason)``
 StopReplication / StopReplay          (nothing; late reports for old ids are ignored)
 StartCatchupReplay / StopCatchup...   (nothing; the follower's AppendPositions show progress)
+SnapshotNeeded                        (nothing; the shell ends the member, SNAPSHOT_NEEDED, and
+                                      its next start copies a snapshot)
 RoleChanged, ElectionStateChanged,    (nothing; counters, logs, the service and clients)
 CommitPositionChanged, NewLeader,
 ElectionComplete, RollbackUncommitted
 ====================================  ============================================================
+
+When an effect fails
+====================
+
+An executor cannot always carry an effect out (a full or failing disk, the archive refusing a
+request, the driver refusing a channel). What it does next depends on what the following effects
+and the other members take for granted; the decision for each effect:
+
+====================================  ============================================================
+effect                                if it fails
+====================================  ============================================================
+PersistCandidateTerm                  **stop** (fail-stop, exit PERSIST_FAILED): the vote or
+                                      RequestVote after it would promise a term the node may
+                                      forget after a crash and vote in again
+WriteRecordingLog                     **stop** (PERSIST_FAILED): the member would report positions
+                                      in a term, or count a snapshot, that its recording.log does
+                                      not hold
+TruncateRecording                     **stop** (PERSIST_FAILED): recording would resume after a
+                                      tail the new leader does not have, and the log diverges
+SendToMember                          continue: best effort by contract; every consensus message
+                                      is sent again by the timer that sent it
+AppendLog                             continue: the entry stays queued, in order, and is offered
+                                      again; nothing after it is appended first
+StartLogRecording, StartReplay,       continue (counted, logged): the core waits for the report
+StartReplication, StartCatchupReplay  that will not come, and its timeouts (the election's, the
+                                      leader heartbeat, the follower's catch-up) turn the failure
+                                      into an election instead of a divergent state
+StopLogRecording                      **stop** (CONSENSUS_FAILED): the election waits in INIT for
+                                      the recording's stop position; without it the member would
+                                      never take part in an election again (a restart recovers it)
+StopReplay, StopReplication,          continue: stopping what already stopped is harmless; stale
+StopCatchupReplay                     reports of the old ids are ignored
+Open/Close log publication and        continue: without its log the member makes no progress, so
+subscription, destinations            followers time the leader out (or the leader its quorum)
+                                      and a new election opens the log again
+SnapshotNeeded                        **stop** either way: SNAPSHOT_NEEDED once recording.log is
+                                      moved aside, PERSIST_FAILED when it cannot be
+RoleChanged, ElectionStateChanged,    continue: counters, log lines and session bookkeeping; they
+CommitPositionChanged, NewLeader,     touch no file and the next change overwrites them
+ElectionComplete, RollbackUncommitted
+====================================  ============================================================
+
+The fail-stop effects are :data:`FAIL_STOP_EFFECTS` (exit PERSIST_FAILED) and
+:data:`FAIL_STOP_NOT_PERSISTED` (exit CONSENSUS_FAILED). Failing stop means: the effects after the
+failed one are not run (no message that depends on it leaves the node) and the process ends with
+one line naming the file and the error; a restart reads the files back as they are on disk, which
+is what the other members may rely on. Every other failure is counted in the node's error counter
+and logged.
 
 Rules for an executor: run effects in order and synchronously where the table says "before the
 next effect"; never call back into the core for a report older than the effect that superseded
@@ -55,6 +105,8 @@ from enum import IntEnum
 from typing import Any
 
 __all__ = [
+    "FAIL_STOP_EFFECTS",
+    "FAIL_STOP_NOT_PERSISTED",
     "Role",
     "Effect",
     "SnapshotNeeded",
@@ -350,3 +402,11 @@ class SnapshotNeeded(Effect):
     leader_member_id: int
     leader_log_start_position: int
     append_position: int
+
+
+FAIL_STOP_EFFECTS: frozenset[type[Effect]] = frozenset({PersistCandidateTerm, WriteRecordingLog, TruncateRecording})
+"""Effects whose failure must end the node before the next effect runs (the module docstring's
+*When an effect fails*)."""
+
+FAIL_STOP_NOT_PERSISTED: frozenset[type[Effect]] = frozenset({StopLogRecording})
+"""Effects whose failure must also end the node, though no file of the node failed."""

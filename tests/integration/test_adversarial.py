@@ -41,7 +41,8 @@ LONG_RATE = float(os.environ.get("CLUSTER_CHAOS_RATE", "1800"))
 
 @pytest.fixture
 def cluster(tmp_path):
-    with TestCluster(tmp_path) as c:
+    # Forged and fuzzed input on purpose: the members count it (and must drop it).
+    with TestCluster(tmp_path, expect_counted_errors=True) as c:
         yield c
 
 

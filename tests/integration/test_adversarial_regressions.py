@@ -36,7 +36,8 @@ INITIAL_TERM_ID = 7
 
 @pytest.fixture
 def cluster(tmp_path):
-    with TestCluster(tmp_path) as c:
+    # Forged and fuzzed input on purpose: the members count it (and must drop it).
+    with TestCluster(tmp_path, expect_counted_errors=True) as c:
         yield c
 
 
@@ -203,6 +204,25 @@ async def test_a_forged_canvass_from_an_absurd_term_does_not_unseat_the_leader(c
     # From the members' host: from another one it would be dropped before its term is looked at.
     await _send_then_sentinel(cluster, leader, [message], host="127.0.0.1")
     assert cluster.counters()[leader].term == term and cluster.leader() == leader, cluster.diagnostics()
+
+
+async def test_a_forged_canvass_from_a_non_member_is_bad_input_not_a_misconfigured_member(tmp_path) -> None:
+    """Found by the health checks of the fuzz test: a CanvassPosition naming member id 3 (of a
+    three-member cluster) with another members digest was reported as a member whose config
+    differs, at ERROR, once per forged id and digest. No such member exists: it is bad input,
+    counted and logged once as such, and the cluster logs no ERROR (the TestCluster checks)."""
+    with TestCluster(tmp_path, expect_counted_errors=True) as cluster:
+        leader = cluster.start()
+        term = cluster.counters()[leader].term
+        message = cc.CONSENSUS_CODEC.encode(cc.CanvassPosition(0, 0, term, 3, cc.CONSENSUS_PROTOCOL_VERSION,
+                                                               members_digest=12345))
+        await _send_then_sentinel(cluster, leader, [message])
+        assert cluster.counters()[leader].term == term and cluster.leader() == leader, cluster.diagnostics()
+        # (Dropped by the source check first when the message comes from no member's host.)
+        said = [e for e in cluster.nodes[leader].log_events()
+                if any(w in str(e.get("event", "")) + str(e.get("kind", ""))
+                       for w in ("non-member", "not in cluster.members", "from another host"))]
+        assert said, cluster.nodes[leader].log_tail()
 
 
 async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: TestCluster) -> None:

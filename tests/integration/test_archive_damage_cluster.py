@@ -50,7 +50,8 @@ def _refused(cluster: TestCluster, node) -> str:
 
 async def test_a_follower_with_a_flipped_bit_in_its_log_or_catalog_refuses_to_start_then_rebuilt_catches_up(
         tmp_path) -> None:
-    with TestCluster(tmp_path) as cluster:
+    # The damaged follower's own ERROR lines (exit code 9, each time it refuses to start).
+    with TestCluster(tmp_path, expected_errors=[r'"exit_code": 9, "reason": ']) as cluster:
         leader = cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             for i in range(40):

@@ -97,7 +97,7 @@ async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: Te
                     os.kill(node.pid, signal.SIGCONT)
                 else:
                     if fault == "kill":
-                        node.kill()
+                        await trio.to_thread.run_sync(node.kill)
                     else:
                         await trio.to_thread.run_sync(node.terminate)
                     await trio.sleep(hold)

@@ -72,6 +72,7 @@ class FakeCluster:
         self.next_session_id = 100
         self.sessions: dict[int, str] = {}  # session id -> response channel
         self.closed_sessions: set[int] = set()
+        self.session_correlation_ids: dict[int, int] = {}  # session id -> its connect request's correlation id
         self.pubs: dict[tuple[int, str], object] = {}
         self.outbox: dict[object, collections.deque] = {}
         self.events: list[tuple] = []
@@ -161,6 +162,7 @@ class FakeCluster:
                     sid = self.next_session_id
                     self.next_session_id += 1
                     self.sessions[sid] = msg.response_channel
+                    self.session_correlation_ids[sid] = msg.correlation_id
                     event(EventCode.OK, session_id=sid)
             elif isinstance(msg, SessionKeepAlive):
                 self.events.append(("keepalive", member, msg.leadership_term_id, msg.cluster_session_id))
@@ -200,8 +202,9 @@ class FakeCluster:
 
     def close_session(self, sid: int, detail: str, term: int | None = None, leader: int | None = None) -> None:
         self.closed_sessions.add(sid)
+        # The session's connect correlation id, as the cluster's sessions keep and send it.
         self.send(self.leader, self.sessions[sid], encode_egress(
-            SessionEvent(sid, 0, self.term if term is None else term, self.leader if leader is None else leader,
+            SessionEvent(sid, self.session_correlation_ids.get(sid, 0), self.term if term is None else term, self.leader if leader is None else leader,
                          EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, detail)))
 
 

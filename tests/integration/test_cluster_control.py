@@ -24,7 +24,9 @@ _S = 1_000_000_000
 
 @pytest.fixture
 def quick_snapshot_timeout(tmp_path):
-    with TestCluster(tmp_path, timeouts=msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1 * _S)) as c:
+    with TestCluster(tmp_path, timeouts=msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1 * _S),
+                     expected_errors=[r'"event": "snapshot failed: the service did not acknowledge it in time'],
+                     expect_counted_errors=True) as c:
         yield c
 
 

@@ -50,6 +50,7 @@ def test_a_directory_started_with_another_members_id_is_refused_in_one_line(clus
 
 
 async def test_a_member_with_another_members_list_is_refused_loudly_and_counted(cluster: TestCluster) -> None:
+    cluster.expect_errors(r'"event": "a member\'s view of the cluster differs from ours', counted=True)
     bad = cluster.nodes[0]
     text = bad.config_path.read_text()
     # A wrong port for member 2 in member 0's list only.

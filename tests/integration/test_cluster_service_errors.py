@@ -61,7 +61,7 @@ def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 
 async def test_record_answers_with_errors_keeps_states_equal_and_survives_a_full_restart(tmp_path):
-    with TestCluster(tmp_path) as cluster:
+    with TestCluster(tmp_path, expected_errors=[r'"event": "service callback raised \(service_errors = record']) as cluster:
         cluster.start()
         errors: list[ServiceRequestError] = []
         async with open_kv_client(cluster.client_config, on_service_error=errors.append) as kv:
@@ -105,10 +105,15 @@ async def test_record_answers_with_errors_keeps_states_equal_and_survives_a_full
 
 
 async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_cluster_back(tmp_path):
-    with TestCluster(tmp_path, service_errors="stop") as cluster:
+    with TestCluster(tmp_path, service_errors="stop", expected_errors=[
+            r'"event": "service callback raised: stopping \(service_errors = stop\)"',
+            r'"exit_code": 8, "reason": "the service\'s on_session_message raised ValueError: told to raise']) as cluster:
         cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             assert (await kv.put("a", b"1")).status == Status.OK
+            # Every member in the term first: one that joined the log late (and rejoins through
+            # an election) would still be electing when the other two stop at the entry.
+            await cluster.await_for(lambda: cluster.caught_up(range(3)), 30, "every member caught up")
             await kv.send(Put(kv.next_id(), f"{RAISE_PREFIX}0", b"partial"))
             await cluster.await_for(lambda: not any(n.running for n in cluster.nodes), 30,
                                     "every member stops at the raising entry")
@@ -163,7 +168,9 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
 
 
 def test_a_service_that_fails_to_start_ends_the_node_with_service_failed(tmp_path):
-    with TestCluster(tmp_path, nodes=1, service="tests.support.cluster:FailingStartService") as cluster:
+    with TestCluster(tmp_path, nodes=1, service="tests.support.cluster:FailingStartService", expected_errors=[
+            r'"error": "RuntimeError\(\'this service cannot start\'\)", "event": "service thread failed"',
+            r'"exit_code": 3, "reason": "the service failed: RuntimeError: this service cannot start"']) as cluster:
         node = cluster.nodes[0]
         node.start()
         cluster.wait_for(lambda: not node.running, 20, "the node exits")

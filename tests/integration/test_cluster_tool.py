@@ -1,14 +1,13 @@
 """``cluster-node tool --dir NODE_DIR <command>`` against a real three-member cluster.
 
-One cluster serves the whole module (starting one costs a few seconds): it is started, a few kv
-puts are committed, and each read-only command is checked against the leader's and a follower's
-directory, in process (click's runner) and, where exit codes and stderr matter, as a real
-``cluster-node`` process. The last test stops a follower and checks what the tool says of a
-directory nobody runs in any more.
+One cluster serves the read-only tests of the module (starting one costs a few seconds): it is
+started, a few kv puts are committed, and each read-only command is checked against the leader's
+and a follower's directory, in process (click's runner) and, where exit codes and stderr matter,
+as a real ``cluster-node`` process. A test that changes a cluster (suspend and resume, a snapshot,
+a stopped follower) has a cluster of its own, so the tests pass in any order.
 
 The snapshot, shutdown and abort commands are checked against the live cluster where they must
-refuse (a follower, a suspended leader), a snapshot is taken on it late in the module (the
-read-only checks before it expect none), and the commands are checked against a stand-in node process
+refuse (a follower, a suspended leader), a snapshot is taken on a live cluster, and the commands are checked against a stand-in node process
 (``tests/support/snapshot_fixture.py fake-node``) that plays the leader's side of the control
 protocol, so that every outcome the tool reports (applied, failed, refused, timed out, stopped)
 is reached without stopping the shared cluster.
@@ -54,9 +53,10 @@ def field(output: str, name: str) -> str:
     raise AssertionError(f"no {name!r} line in:\n{output}")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    with TestCluster(tmp_path_factory.mktemp("tool")) as c:
+@contextmanager
+def _started_cluster(base: Path):
+    """A running three-member cluster with PUTS keys committed on every member."""
+    with TestCluster(base) as c:
         leader = c.start()
 
         async def write() -> None:
@@ -69,6 +69,22 @@ def cluster(tmp_path_factory):
         c.wait_for(lambda: c.caught_up(range(3)), 10, "every member has the puts")
         c.leader_id = leader
         c.follower_id = next(i for i in range(3) if i != leader)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The module's shared cluster, for the commands that change nothing (so the tests using it
+    pass in any order)."""
+    with _started_cluster(tmp_path_factory.mktemp("tool")) as c:
+        yield c
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A cluster of the test's own, for a test that changes its state (suspends it, takes a
+    snapshot, stops a member)."""
+    with _started_cluster(tmp_path / "own") as c:
         yield c
 
 
@@ -269,7 +285,8 @@ def test_recording_log_and_errors_json(cluster):
     assert errs["log_file"].endswith("node.log") and errs["counters_current"] is True
 
 
-def test_suspend_stops_client_messages_and_resume_brings_them_back(cluster):
+def test_suspend_stops_client_messages_and_resume_brings_them_back(own_cluster):
+    cluster = own_cluster
     leader_dir, follower_dir = dirs(cluster)
     on_follower = tool_process(follower_dir, "suspend")
     assert on_follower.returncode == 1 and "Current node is not the leader" in on_follower.stderr
@@ -325,8 +342,8 @@ def test_offline_snapshot_commands_on_a_running_node(cluster):
     assert described.stderr.splitlines() == [f"no valid snapshot in {leader_dir / 'recording.log'}"]
 
 
-def test_snapshot_on_the_live_leader_is_taken_by_every_member(cluster):
-    """After the read-only checks above (they expect no snapshot yet)."""
+def test_snapshot_on_the_live_leader_is_taken_by_every_member(own_cluster):
+    cluster = own_cluster
     leader_dir, follower_dir = dirs(cluster)
     result = tool_process(leader_dir, "snapshot")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -370,8 +387,8 @@ def test_a_directory_without_a_node_gives_one_line_and_exit_1(tmp_path):
     assert missing.stderr.splitlines() == [f"Error: no such directory: {tmp_path / 'nowhere'}"]
 
 
-def test_a_stopped_node_is_reported_as_not_running(cluster):
-    """Runs last: it stops a follower for good."""
+def test_a_stopped_node_is_reported_as_not_running(own_cluster):
+    cluster = own_cluster
     node = cluster.nodes[cluster.follower_id]
     pid = node.pid
     term = node.counters().term

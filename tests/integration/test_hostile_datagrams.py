@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cluster(tmp_path):
-    with TestCluster(tmp_path) as c:
+    # Every test here sends bad input on purpose: the members count it (and must drop it).
+    with TestCluster(tmp_path, expect_counted_errors=True) as c:
         yield c
 
 

@@ -50,8 +50,12 @@ CASES = {
 }
 
 
+DAMAGED_ERRORS = [r'"exit_code": 9, "reason": ']
+"""The node's own ERROR line when it refuses a damaged file (exit code 9), which these tests cause."""
+
+
 def _stopped_member(tmp_path: Path) -> TestCluster:
-    cluster = TestCluster(tmp_path, nodes=1)
+    cluster = TestCluster(tmp_path, nodes=1, expected_errors=DAMAGED_ERRORS)
     cluster.start()
     assert cluster.nodes[0].terminate() == 0
     return cluster
@@ -109,7 +113,7 @@ def test_a_damaged_snapshot_ends_the_start_with_one_line_naming_the_tool_that_pa
     from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, RecordingLog
     from tests.support.cluster import _node_command
 
-    cluster = TestCluster(tmp_path, nodes=1)
+    cluster = TestCluster(tmp_path, nodes=1, expected_errors=DAMAGED_ERRORS)
     with cluster:
         cluster.start()
         node = cluster.nodes[0]

@@ -23,6 +23,16 @@ request goes through the log, so all members compute it at the same log position
 files prove equal service states (a ``.keys`` file beside each digest lists the keys, to show
 what differs).
 
+Health checks: every test that uses a :class:`TestCluster` also tests the members' health, at
+no cost to its own code. While the cluster lives, a sampler thread reads every running member's
+role, election state and term from its counters file and remembers which member led which term;
+two members seen leading the same term fail the test. When the cluster closes (the ``with``
+block ends), each running member must have an error counter of 0 (a test that sends bad input on
+purpose says ``expect_counted_errors=True``), must stop on SIGTERM with exit code 0 (a stopped
+member is resumed first), and no member's log may hold an ERROR line that the test did not
+declare with ``expected_errors=[regex, ...]`` (matched with ``re.search`` against the JSON line).
+When the test body already failed, the cluster is stopped and its own failure is reported.
+
 ``$CLUSTER_TEST_NODE_SCRIPT``, when set, names a Python script run instead of the
 ``cluster-node`` entry point (with the same arguments): a way to run the nodes under a debugging
 wrapper without changing the tests.
@@ -34,9 +44,11 @@ import hashlib
 import json
 import os
 import shutil
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +209,7 @@ class Node:
     def start(self) -> None:
         """Start this member's process (not waiting for READY: see :meth:`wait_ready`)."""
         assert not self.running, f"node {self.member_id} is already running (pid {self.pid})"
+        self.cluster.leaders.start()
         self._close_reader()
         try:
             self.log_offset = self.log_path.stat().st_size
@@ -397,8 +410,14 @@ class TestCluster:
         service: str = "tests.support.cluster:DigestKvService",
         timeouts: TimeoutsSection = TEST_TIMEOUTS,
         netns: "NetnsLan | None" = None,
+        expected_errors: Iterable[str] = (),
+        expect_counted_errors: bool = False,
         **generate_kwargs,
     ) -> None:
+        self.expected_errors = [re.compile(r) for r in expected_errors]
+        """Patterns of the ERROR log lines this test causes on purpose (see the module docstring)."""
+        self.expect_counted_errors = expect_counted_errors
+        """The test causes counted errors on purpose (bad input): the error counters are not checked."""
         self.base_dir = Path(base_dir)
         self.out_dir = self.base_dir / "out"
         self.digest_dir = self.base_dir / "digests"
@@ -417,36 +436,115 @@ class TestCluster:
         self.timeouts = timeouts
         self.nodes = [Node(self, i, p) for i, p in enumerate(config_paths)]
         self.client_config: ClientConfig = load_client_config(self.client_config_path)
+        self.leaders = LeaderSampler(self)
+        self._closed = False
 
     # ---------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> "TestCluster":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(check=exc_type is None)
 
-    def close(self) -> None:
-        """Stop every process this cluster started: SIGTERM, then SIGKILL after a grace period."""
+    def expect_errors(self, *patterns: str, counted: bool = False) -> None:
+        """Declare from inside a test (one using a shared fixture) the ERROR lines it causes on
+        purpose, and with ``counted`` that the members' error counters count them."""
+        self.expected_errors += [re.compile(p) for p in patterns]
+        self.expect_counted_errors = self.expect_counted_errors or counted
+
+    SIGTERM_GRACE_S = 60.0
+    """How long a member may take to stop after SIGTERM (generous: the machine may be loaded)."""
+
+    def close(self, check: bool = True) -> None:
+        """Stop every process this cluster started; then, with ``check``, fail on what the
+        health checks found (the module docstring). A process that does not stop on SIGTERM is
+        killed (and reported)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.leaders.stop()
+        problems: list[str] = []
+        members = {id(n.proc): n for n in self.nodes if n.proc is not None}
         live = [p for p in self._all_procs if p.poll() is None]
         for p in live:
+            p.send_signal(signal.SIGCONT)  # a member a test left stopped must see the SIGTERM
             p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + self.SIGTERM_GRACE_S
         for p in live:
             try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                rc = p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+                rc = None
+            node = members.get(id(p))
+            if node is None:
+                continue
+            if rc is None:
+                problems.append(f"node {node.member_id}: did not stop within {self.SIGTERM_GRACE_S:.0f}s of SIGTERM "
+                                "(killed)")
+            elif rc != 0:
+                problems.append(f"node {node.member_id}: exited {rc} on SIGTERM, not 0: {node.stderr_tail(3).strip()}")
         for n in self.nodes:
             n._close_reader()
+        if check and not self.expect_counted_errors:
+            problems += self._counted_errors()
+        if check:
+            problems += self.leaders.problems()
+            problems += self._unexpected_error_lines()
+        for n in self.nodes:
             # The driver directory in shared memory holds nothing a later test reads; it would
             # hold memory until a node started after this test's directory is deleted.
             if in_shm_root(n.cfg.driver_dir):
                 shutil.rmtree(n.cfg.driver_dir, ignore_errors=True)
+        if problems and check:
+            raise AssertionError("cluster health checks failed:\n  " + "\n  ".join(problems))
+
+    def _counted_errors(self) -> list[str]:
+        """Each member's error counter as its last process left it (the counters file outlives
+        the process: a member stopped or killed during the test is checked too)."""
+        found = []
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                reader = CountersReader.open(n.counters_path)
+            except (CountersError, OSError, ValueError):
+                continue
+            try:
+                if reader.owner_pid != n.proc.pid:
+                    continue
+                ids = [c.counter_id for c in reader.find(type_id=ERRORS_TYPE) if c.label.endswith(f"member {n.member_id}")]
+                errors = reader.get(ids[0]) if ids else 0
+            except CountersError:
+                continue
+            finally:
+                reader.close()
+            if errors != 0:
+                found.append(f"node {n.member_id}: error counter is {errors}, not 0 (pid {n.proc.pid})")
+        return found
+
+    def _unexpected_error_lines(self, limit: int = 10) -> list[str]:
+        found = []
+        for n in self.nodes:
+            try:
+                lines = n.log_path.read_text(errors="replace").splitlines()
+            except FileNotFoundError:
+                continue
+            for line in lines:
+                if '"level": "error"' not in line and '"level": "critical"' not in line:
+                    continue
+                if any(p.search(line) for p in self.expected_errors):
+                    continue
+                found.append(f"node {n.member_id} logged an unexpected ERROR: {_shorten(line, 600)}")
+        if len(found) > limit:
+            found = found[:limit] + [f"... and {len(found) - limit} more"]
+        return found
 
     def start(self, wait_leader: bool = True, timeout: float = 30.0) -> int | None:
         """Start every member, wait for READY, and (by default) for one leader; its id."""
+        self.leaders.start()
         for n in self.nodes:
             n.start()
         for n in self.nodes:
@@ -578,6 +676,92 @@ class TestCluster:
                 if f.frame_type == FRAME_TYPE_DATA:
                     frames[f.position] = (f.position, f.frame_length, f.flags, f.payload)
         return [frames[p] for p in sorted(frames)]
+
+
+# ------------------------------------------------------------------------- leader sampler
+
+
+class LeaderSampler:
+    """A thread that reads every running member's role, election state and term from its
+    counters file, every few milliseconds, and records which member led which term.
+
+    At most one member leads a term, ever: two members seen leading one term (at the same moment
+    or not) is a split brain. A member counts as leading when its role is LEADER and its
+    election is CLOSED (the counters a member writes last when it takes a term). The sampler
+    opens its own counters readers (the test's thread uses the Node's)."""
+
+    INTERVAL_S = 0.005
+
+    def __init__(self, cluster: "TestCluster") -> None:
+        self.cluster = cluster
+        self.term_leaders: dict[int, set[int]] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._readers: dict[int, tuple[int, CountersReader, dict[str, int]]] = {}  # member -> (pid, ...)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="leader-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for _pid, reader, _ids in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def problems(self) -> list[str]:
+        return [f"members {sorted(ids)} were each leader of term {term}"
+                for term, ids in sorted(self.term_leaders.items()) if len(ids) > 1]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            for n in self.cluster.nodes:
+                proc = n.proc
+                if proc is None or proc.poll() is not None:
+                    continue
+                values = self._read(n.member_id, proc.pid, n.counters_path)
+                if values is not None and values["role"] == LEADER and values["election"] == CLOSED:
+                    self.term_leaders.setdefault(values["term"], set()).add(n.member_id)
+            self.samples += 1
+
+    def _read(self, member_id: int, pid: int, path: Path) -> dict[str, int] | None:
+        entry = self._readers.get(member_id)
+        if entry is not None and entry[0] != pid:
+            self._readers.pop(member_id)[1].close()
+            entry = None
+        if entry is None:
+            try:
+                reader = CountersReader.open(path)
+            except (CountersError, OSError, ValueError):
+                return None
+            if reader.owner_pid != pid:
+                reader.close()
+                return None
+            ids = {}
+            for name in ("role", "election", "term"):
+                found = [c for c in reader.find(type_id=_COUNTER_TYPES[name]) if c.label.endswith(f"member {member_id}")]
+                if found:
+                    ids[name] = found[0].counter_id
+            if len(ids) < 3:
+                reader.close()
+                return None
+            entry = self._readers[member_id] = (pid, reader, ids)
+        get, ids = entry[1].get, entry[2]
+        try:
+            # Term and role read before and after the rest, one consistent reading kept: a
+            # member's counters change one by one (role, then election state, then term).
+            term, role, election = get(ids["term"]), get(ids["role"]), get(ids["election"])
+            if get(ids["term"]) != term or get(ids["role"]) != role:
+                return None
+            return {"term": term, "role": role, "election": election}
+        except CountersError:
+            entry[1].close()
+            del self._readers[member_id]
+            return None
 
 
 # -------------------------------------------------------------------------------- kv client
