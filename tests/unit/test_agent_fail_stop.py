@@ -20,8 +20,9 @@ import trio
 
 from cluster_node import codecs
 from cluster_node.consensus import effects as fx
-from cluster_node.consensus.agent import ConsensusAgent, RecordingLogFile
+from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import NodeStateFile
+from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.exit_codes import ExitCode, NodeFailure
 
 
@@ -49,7 +50,7 @@ class _Counter:
 def agent(tmp_path):
     a = object.__new__(ConsensusAgent)  # only what the executor touches for these effects
     a.node_state = NodeStateFile.open(tmp_path)
-    a.recording_log_file = RecordingLogFile(tmp_path / "recording.log")
+    a.recording_log_file = RecordingLogFile(tmp_path)
     a._consensus_pubs = {1: _Pub()}
     a._members_digest = 0
     a._reads_sockets = False
