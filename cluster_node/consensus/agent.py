@@ -55,13 +55,11 @@ from cluster_node.affinity import RoleAffinity
 from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
-    CONSENSUS_TO_SERVICE_CODEC,
     EGRESS_CODEC,
     INGRESS_CODEC,
     LOG_CODEC,
     NULL_POSITION,
     NULL_VALUE,
-    SERVICE_TO_CONSENSUS_CODEC,
     SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
     CodecError,
@@ -85,6 +83,8 @@ from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import MAX_TERM_JUMP, ConsensusModule, ConsensusSettings, Role
 from cluster_node.consensus.node_files import NodeStateError, NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
+from cluster_node.consensus.idle_strategy import IdleStrategy
+from cluster_node.consensus.service_proxy import ServiceProxy
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.sessions import (
@@ -107,7 +107,6 @@ from cluster_node.wall_clock import wall_clock
 from media.channel import ChannelUri, parse, reply_channel_refusal
 from media.counters import CountersError, CountersReader
 from media.distinct_errors import DistinctErrors
-from media.doorbell import ring
 from media.private_files import make_private_dir
 from media.subscription import StopPolling
 
@@ -133,12 +132,6 @@ _INGRESS_BLOCK = 64 * 1024
 _BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
 """Off (``PYCLUSTER_BATCH_INGRESS=0``): every client message through the per-message paths
 (leader ingress, follower log adapter), to compare."""
-_FOLLOWER_SERVICE_RING_NS = 10_000_000
-"""How often, at most, a follower rings its service thread for commits: nobody waits on a
-follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
-than one per commit: a thread wake-up costs CPU, and at 1,000 messages/s the followers' service
-threads would wake for nearly every message). The leader rings for
-every commit: its service's replies are the clients' round trip."""
 _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
 """The longest block a copy moves at once: a quarter of the log's term at most (see
@@ -187,7 +180,7 @@ class _LocalLog:
     joined: bool = False  # every reader has joined (once true, stays true)
 
 
-class ConsensusAgent:
+class ConsensusAgent(IdleStrategy, ServiceProxy):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -650,9 +643,6 @@ class ConsensusAgent:
                 self._used_sessions.add(sid)
                 return sid
 
-    def _send_service(self, message) -> bool:
-        return self._to_service.offer(CONSENSUS_TO_SERVICE_CODEC.encode(message)) > 0
-
     def _open_local_log(self, position: int, readers: int, replay_to: int = NULL_POSITION) -> _LocalLog:
         """A new local log at ``position`` (a replay's when ``replay_to`` is given, else the live
         one, replacing the previous), announced to the service with a JoinLog."""
@@ -753,74 +743,6 @@ class ConsensusAgent:
             self.recording_log_file.apply(writes)
         except OSError as ex:
             raise self._persist_failed(fx.WriteRecordingLog(tuple(writes)), ex) from ex
-
-    def _service_limit(self) -> int:
-        """How far the service may apply the log: the commit position, except on a follower
-        reading the live log, where it is also no further than this module's log adapter.
-
-        The service's requests (timers, service messages) then always reach this module after
-        the module applied the entry that caused them, on a follower as on the leader (which
-        applies what it appends before its service sees it): a timer re-armed in its own
-        ``on_timer_event`` is not removed by the event that ran it (consensus.timers). The
-        reference bounds its followers' services the same way (the commit-position counter is
-        the log adapter's position)."""
-        m = self.module
-        commit = m.commit_position
-        local = self.local
-        if (m.role == Role.LEADER or self._replay is not None or local is None
-                or self._log_adapter_sub is None or self._log_adapter_session != local.session_id):
-            return commit
-        image = self._log_adapter_image
-        if image is None:
-            return min(commit, self.counters["commit-pos"].get())
-        return min(commit, image.position)
-
-    def _publish_service_limit(self) -> int:
-        """Move the commit-position counter (the service's bound) to :meth:`_service_limit`
-        and wake the service for it (a follower's wake-ups batched, see _service_ring_allowed)."""
-        m = self.module
-        local = self.local
-        work = 0
-        if (m.role != Role.LEADER and self._replay is None and self._snapshot is None and local is not None
-                and self._log_adapter_sub is not None and self._log_adapter_session == local.session_id
-                and self._adapter_position() < m.commit_position):
-            # Apply what was just committed now rather than in the next pass: the service waits
-            # for it.
-            work = self._adapter_poll(m.commit_position)
-        counter = self.counters["commit-pos"]
-        limit = self._service_limit()
-        if limit <= counter.get():
-            return work
-        counter.set(limit)
-        parked = self.service_parked
-        if parked is None or parked():
-            if self._service_ring_allowed(self._now):
-                self._ring_service()
-            else:
-                self._service_ring_due = True  # rung by a later pass or the park's deadline
-        return work + 1
-
-    def _service_ring_allowed(self, now: int) -> bool:
-        """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
-        return self.module.role == Role.LEADER or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS
-
-    def _ring_service(self) -> None:
-        self._service_ring_due = False
-        self._service_rung_ns = self._now
-        leader = self.module.role == Role.LEADER
-        if not leader:
-            # What this pass holds (its AppendPosition) goes out first: the service thread, on
-            # this CPU, may take it over as soon as it is rung, for as long as its batch lasts.
-            self.driver.release_sends()
-            self.driver.hold_sends()
-        ring(self.service_bell)
-        if leader:
-            # The service thread's reply is the client's round trip; what is left of this pass
-            # (sends, the other follower's AppendPosition) is not. When both threads share a CPU
-            # (leader_cpus of one CPU), yielding lets the woken service thread run now instead
-            # of after this pass and the next (the system call also lets go of the GIL);
-            # alone on its CPU it returns at once.
-            os.sched_yield()
 
     async def _execute_one(self, e) -> None:
         t = type(e)
@@ -1607,27 +1529,6 @@ class ConsensusAgent:
         self._recording_progress_ns = self._now
         return end
 
-    def _on_service(self, buf, offset, length, header) -> None:
-        m = self.module
-        view = buf[offset: offset + length]
-        try:
-            msg = SERVICE_TO_CONSENSUS_CODEC.decode(bytes(view))
-        except CodecError as e:
-            self.counters["errors"].add(1)
-            log.warning("bad service message dropped", error=str(e))
-            return
-        if isinstance(msg, codecs.SessionMessage):
-            self.pending.enqueue(bytes(msg.payload))
-        elif type(msg) is codecs.ScheduleTimer:
-            self.timers.schedule(msg.correlation_id, msg.deadline, msg.log_position)
-        elif type(msg) is codecs.CancelTimer:
-            self.timers.cancel(msg.correlation_id, msg.log_position)
-        elif type(msg) is codecs.CloseSession:
-            if m.is_leader:
-                self.sessions.on_service_close(msg.cluster_session_id, m.leadership_term_id, self._cluster_now)
-        elif type(msg) is codecs.ServiceAck:
-            self._on_service_ack(msg)
-
     def _on_local_log_entry(self, buf, offset, length, header) -> None:
         """Follower log adapter: a committed entry of the local log."""
         if length and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
@@ -1964,22 +1865,6 @@ class ConsensusAgent:
             counter = self._peer_append_counters.get(member.member_id)
             if counter is not None:
                 counter.set(member.log_position if leading else -1)
-
-    def _quiet_after_work(self, unrecorded: bool) -> bool:
-        """May a pass that did work park instead of running again? Only when settled and nothing
-        it started waits for a next pass: no election, replay, replication, snapshot,
-        termination, leader action, unsent JoinLog, service acks, session effects or consensus
-        effects, and all log data recorded. What arrives meanwhile ends the park at once (the
-        park looks at the subscriptions first, and its wait at the sockets).
-
-        Parking at once saves the followers an empty pass per message (their CPU per message
-        drops in ``scripts/cluster_cpu.py --rate 1000``); the round trip and the idle cluster's
-        CPU are unchanged."""
-        m = self.module
-        return (m.election is None and not unrecorded and not m.has_effects and not self.sessions.effects
-                and self._replay is None and self._replication is None and self._snapshot is None
-                and self._termination is None and self._leader_action is None
-                and self._join_unsent is None and not self._service_acks and not self.stopping)
 
     def _check_log_stall(self, now: int) -> None:
         """A settled member's log that has stopped where it must move: log data the archive does
@@ -2385,175 +2270,6 @@ class ConsensusAgent:
                  commit_position=self.module.commit_position)
         self.stopping = True
         self.terminated.set()
-
-    async def _park(self, now: int) -> bool:
-        """Nothing to do: wait for input or the next deadline. True if it yielded to the other
-        tasks of this loop (it returns at once, without yielding, when input is already waiting
-        or arrives within the leader's commit spin).
-
-        Inputs all wake us: the UDP subscriptions (consensus, ingress, the follower's log) through
-        their wake hook, the service's IPC messages through one long-lived waiter task, a replay
-        through its doorbell. Log data waiting to be recorded never parks (see :meth:`run`). What
-        remains is time: the core's heartbeats and timeouts (half the shortest interval is early
-        enough), timers, and a replication's progress, which only the archive sees.
-        """
-        m = self.module
-        t = self.cfg.timeouts
-        if m.election is None:
-            # Settled: the core's next duty is a heartbeat (CommitPosition or AppendPosition) a
-            # heartbeat interval after the last, whatever woke us in between; its timeouts
-            # (leader silence, inactive followers) are far longer and checked on the way.
-            due = m.next_heartbeat_ns()
-            timeout_ns = t.leader_heartbeat_interval_ns if due is None else max(0, due - now)
-        else:
-            timeout_ns = min(t.leader_heartbeat_interval_ns, t.election_status_interval_ns) // 2
-        # A nomination is due at its own random instant, which must not be rounded onto the
-        # timer grid below: every process shares that grid, so two members whose random delays
-        # fell into one slot would nominate together and split the vote.
-        nominate_at = None
-        election = m.election
-        if election is not None and election.state == ElectionState.NOMINATE:
-            nominate_at = election.nomination_deadline_ns
-        # Settled, the heartbeat goes on the driver's timer grid (its heartbeats, status
-        # messages and this duty then fall in one wake-up); in an election the wait is exact:
-        # its steps are short and their timing decides how soon the cluster has a leader again.
-        deadline_ns = self.driver.coalesce(now + timeout_ns, now) if election is None else now + timeout_ns
-        # Exact, whatever the grid: the services' timers and a replication's progress.
-        nxt = self.timers.next_deadline()
-        if nxt is not None and m.is_leader:
-            deadline_ns = min(deadline_ns, now + max(0, nxt - self._clock.now()))  # deadlines are cluster time
-        if self._replication is not None:
-            deadline_ns = min(deadline_ns, now + 10_000_000)
-        if self._service_ring_due:
-            deadline_ns = min(deadline_ns, self._service_rung_ns + _FOLLOWER_SERVICE_RING_NS)
-        if nominate_at is not None:
-            deadline_ns = min(deadline_ns, max(now, nominate_at))
-        timeout_s = max(0.0, (deadline_ns - now) / 1e9)
-        wake = self._wake = trio.Event()
-        ingress = self._ingress_sub if (self._leader_active() or not m.is_leader) else None
-        for sub in (self._consensus_sub, self._follower_sub, ingress):
-            if sub is not None:
-                if sub.wake_hook is None:
-                    sub.wake_hook = self._on_wake
-                if sub.has_data():
-                    return False
-        if self._from_service.has_data():
-            return False
-        if self._replay is not None:
-            # Rare (elections only): the replay's doorbell needs a task of its own.
-            async with trio.open_nursery() as nursery:
-                async def replay_waiter() -> None:
-                    await self._replay[3].wait(timeout_s)
-                    nursery.cancel_scope.cancel()
-
-                async def other_waiter() -> None:
-                    await self._wait_input(timeout_s)
-                    nursery.cancel_scope.cancel()
-
-                nursery.start_soon(replay_waiter)
-                nursery.start_soon(other_waiter)
-            return True
-        if self._commit_spin_due(now) and self._spin_for_input():
-            return False
-        return await self._wait_input(timeout_s)
-
-    def _commit_spin_due(self, now: int) -> bool:
-        """Will :meth:`_park` poll for the followers' answer (:meth:`_spin_for_input`) rather
-        than sleep: a settled leader with entries not yet committed, within ``commit_spin`` of
-        the last one sent."""
-        m = self.module
-        return (now < self._commit_spin_until and m.is_leader and m.election is None and self._reads_sockets
-                and self.driver.receive_claimed and self.local is not None
-                and self.local.pub.position > m.commit_position)
-
-    def _spin_for_input(self) -> bool:
-        """Poll the sockets until input for this agent arrives (True) or the commit spin ends
-        (``timeouts.commit_spin``; False).
-
-        A leader with log entries on their way to the followers expects their AppendPositions
-        within a round trip. Sleeping costs more than waiting awake: a process woken from sleep
-        pays for the wake-up before its first instruction (on a VM a trip through the host), and
-        the follower's send wakes a halted CPU. The spin lowers the round trip at 1,000
-        messages/s without raising the leader's CPU per message. The spin blocks this thread's trio
-        loop, so it is short and bounded: the other duties here (the driver's sender and
-        conductor, the archive) wait at most ``commit_spin``; the reading system call lets the
-        service thread take the GIL."""
-        driver = self.driver
-        wake = self._wake
-        from_service = self._from_service
-        service_parked = self.service_parked
-        end = self._commit_spin_until
-        while True:
-            if service_parked is not None and not service_parked():
-                # The service thread has work: it wants this process's CPU (the leader's CPUs
-                # may be one) and the GIL more than this loop does. Measured: spinning past a
-                # busy service cost a tenth of the 1 KiB throughput.
-                return False
-            driver.receive_work()
-            if wake.is_set() or from_service.has_data():
-                self._just_read = True
-                return True
-            if time.monotonic_ns() >= end:
-                return False
-
-    async def _wait_input(self, timeout_s: float) -> bool:
-        """Wait until one of this agent's inputs has something (:meth:`_on_wake`: a subscription's
-        wake hook, the service's doorbell task) or the timeout passes.
-
-        This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
-        them ends the wait (``driver.park``), is read here, and the pass resumes only if it woke
-        one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
-        (the archive's) are handled by the read alone: a full pass for each would cost more
-        than the read and would move the agent's heartbeats off the driver's timer grid. The
-        driver's park has no trio cancel scope (see ``MediaDriver.park``); :meth:`_on_wake`
-        rings it instead. True if it yielded (see :meth:`_park`)."""
-        wake = self._wake
-        driver = self.driver
-        owner = driver.receive_claimant
-        if self._reads_sockets and owner is not None:
-            # (The claimant is this task, or this task's child while a replay runs.)
-            deadline = time.monotonic_ns() + int(timeout_s * 1e9)
-            self._parked_on_driver = True
-            yielded = False
-            try:
-                while not wake.is_set() and time.monotonic_ns() < deadline:
-                    await driver.park(deadline)
-                    yielded = True
-                    if driver.receive_claimant is not owner:
-                        break  # another task claimed the sockets (not expected): run a pass
-                    driver.receive_work()
-                    self._just_read = True
-            finally:
-                self._parked_on_driver = False
-            return yielded
-        with trio.move_on_after(timeout_s) as scope:
-            self._park_scope = scope
-            try:
-                await wake.wait()  # (a checkpoint even when already set)
-            finally:
-                self._park_scope = None
-        return True
-
-    def _on_wake(self) -> None:
-        self._wake.set()
-        if self._parked_on_driver:
-            self.driver.wake_parked()  # (nothing when this agent is the caller: it is not parked)
-            return
-        scope = self._park_scope
-        if scope is not None:
-            scope.cancel()
-
-    async def _service_waker(self) -> None:
-        """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
-        sub = self._from_service
-        while not self.stopping:
-            # Long: the duty cycle polls this stream on every pass (at least once per heartbeat
-            # interval), so a lost wake-up costs at most that; this wait only makes it sooner.
-            await sub.wait(10.0)
-            if sub.has_data():
-                self._on_wake()
-                drained = self._service_drained = trio.Event()
-                await drained.wait()
 
     async def close(self) -> None:
         """Graceful stop: close the log (followers see end of stream and elect at once)."""
