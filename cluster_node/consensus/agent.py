@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import time
 import typing
 from collections import deque
@@ -56,7 +55,6 @@ from cluster_node.backup_link import BackupLink, create_empty_recording, retriev
 from cluster_node.codecs import (
     CONSENSUS_CODEC,
     EGRESS_CODEC,
-    INGRESS_CODEC,
     LOG_CODEC,
     NULL_POSITION,
     NULL_VALUE,
@@ -85,11 +83,18 @@ from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.idle_strategy import IdleStrategy
 from cluster_node.consensus.service_proxy import ServiceProxy
 from cluster_node.consensus.local_log import LocalLogs
+from cluster_node.consensus.ingress_adapter import IngressAdapter
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.sessions import (
-    AppendSessionEvent, AuthenticatorFailed, ClusterSessions, CloseEgress, ForeignMessage, SendEgress,
-    SessionSettings, TakeSnapshot, response_channel_refusal,
+    AppendSessionEvent,
+    AuthenticatorFailed,
+    ClusterSessions,
+    CloseEgress,
+    ForeignMessage,
+    SendEgress,
+    SessionSettings,
+    TakeSnapshot,
 )
 from cluster_node.consensus.snapshot import (
     SnapshotError,
@@ -110,12 +115,12 @@ from media.distinct_errors import DistinctErrors
 from media.private_files import make_private_dir
 from media.subscription import StopPolling
 from cluster_node.consensus.local_log import _LocalLog
+from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT, INGRESS_BLOCK
 
 __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 
 log = structlog.get_logger("consensus")
 
-_FRAGMENTS = 256
 _ONE_SHOT_REPLIES_PER_S = 200
 _ONE_SHOT_REPLIES_OPEN = 64
 _ONE_SHOT_LINGER_S = 0.25
@@ -128,12 +133,6 @@ _TERM_FIELDS = {
 }
 """The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
 the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
-_INGRESS_BLOCK = 64 * 1024
-"""At most this many bytes of one client's session messages go into the log in one block."""
-_BATCH_INGRESS = os.environ.get("PYCLUSTER_BATCH_INGRESS", "1") != "0"
-"""Off (``PYCLUSTER_BATCH_INGRESS=0``): every client message through the per-message paths
-(leader ingress, follower log adapter), to compare."""
-_TIMESTAMP_PACK = struct.Struct("<q").pack_into
 
 
 @dataclass
@@ -161,7 +160,7 @@ class _Termination:
     last_sent_ns: int = 0
 
 
-class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs):
+class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -972,7 +971,6 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs):
 
     # ------------------------------------------------------------------ duty cycle
 
-
     async def _execute_sessions(self) -> None:
         for e in self.sessions.drain_effects():
             if type(e) is AppendSessionEvent:
@@ -1245,161 +1243,14 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs):
                       member=sender, their_digest=msg.members_digest, our_digest=self._members_digest,
                       our_members=self.cfg.members_text)
 
-    def _on_ingress(self, buf, offset, length, header) -> None:
-        m = self.module
-        if length >= SESSION_HEADER_LENGTH and buf[offset] == SESSION_MESSAGE_TEMPLATE_ID:
-            # The hot path: a client's session message goes into the log as it came, with the
-            # leader's timestamp written into its header; no objects are built.
-            prefix, term_id, session_id, _ts = codecs.unpack_session_header_from(buf, offset)
-            if prefix != codecs.SESSION_PREFIX_WORD or length > codecs.MAX_MESSAGE_LENGTH:
-                self.counters["errors"].add(1)
-                return
-            if not (m.election is None and m.role == Role.LEADER):
-                self.sessions.on_ingress_not_leading(
-                    term_id, session_id, leader_member_id=m.known_leader_member_id,
-                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
-                return
-            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
-                                            header.session_id):
-                return
-            data = bytearray(buf[offset: offset + length])
-            _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._cluster_now)
-            local = self.local
-            if not self._appends and local is not None and local.joined:
-                if local.pub.offer(data) > 0:
-                    self._recording_progress_ns = self._now
-                    return
-            self._appends.append((data, None))
-            return
-        view = buf[offset: offset + length]
-        try:
-            msg = INGRESS_CODEC.decode(view)
-        except CodecError as e:
-            self.counters["errors"].add(1)
-            log.debug("bad ingress message dropped", error=str(e))
-            return
-        t = type(msg)
-        if t is codecs.SessionConnectRequest:
-            refusal = response_channel_refusal(msg.response_channel, msg.response_stream_id,
-                                               self._ingress_source_host(header.session_id),
-                                               self.cfg.cluster.egress_stream_id)
-            if refusal is not None:
-                # No answer at all: the channel it names is not one this member will send to.
-                self.counters["errors"].add(1)
-                self.input_errors.record(f"connect refused: {refusal.split(':')[0]}",
-                                         "connect request refused (no answer sent): " + refusal)
-                return
-            self.sessions.on_connect_request(
-                msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
-                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now, image_session_id=header.session_id)
-        elif t is codecs.SessionKeepAlive:
-            if m.is_leader:
-                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                            self._cluster_now, header.session_id)
-            else:
-                self.sessions.on_ingress_not_leading(
-                    msg.leadership_term_id, msg.cluster_session_id, leader_member_id=m.known_leader_member_id,
-                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
-        elif t is codecs.SessionCloseRequest:
-            if m.is_leader:
-                self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               self._cluster_now, header.session_id)
-            else:
-                self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
-        elif t is codecs.ChallengeResponse:
-            if m.election is None and m.role == Role.LEADER:
-                self.sessions.on_challenge_response(
-                    msg.correlation_id, msg.cluster_session_id, msg.encoded_credentials,
-                    leadership_term_id=m.leadership_term_id, leader_member_id=m.known_leader_member_id,
-                    now_ns=self._cluster_now, image_session_id=header.session_id)
-        elif t is codecs.AdminRequest:
-            if m.election is None and m.role == Role.LEADER:
-                self.sessions.on_admin_request(
-                    msg, current_term_id=m.leadership_term_id, now_ns=self._cluster_now,
-                    image_session_id=header.session_id,
-                    can_snapshot=(self.counters["cm-state"].get() == ModuleState.ACTIVE and self._leader_active()
-                                  and self._leader_action is None))
-
-    def _ingress_source_host(self, image_session_id: int) -> str | None:
-        """The address the ingress image of ``image_session_id`` receives from (its first
-        source, as the driver names it ``host:port``); None for an IPC image (same host)."""
-        for image in self._ingress_sub.images:
-            if image.session_id == image_session_id:
-                return image.source_host
-        return ""  # no such image (closed meanwhile): matches no host
-
-    def _poll_ingress(self) -> int:
-        """Clients' messages (:meth:`_poll_ingress_unguarded`); a message whose handling raises
-        is skipped (the image has moved past it), counted and said once per kind, and the duty
-        cycle goes on: one client's bytes never end the node."""
-        try:
-            return self._poll_ingress_unguarded()
-        except Exception as e:  # noqa: BLE001 - see the docstring
-            self._input_failed("ingress", e)
-            return 1
-
     def _poll_consensus(self) -> int:
         """Other members' messages, guarded as :meth:`_poll_ingress` is (a member's bytes may be
         forged)."""
         try:
-            return self._consensus_sub.poll(self._on_consensus, _FRAGMENTS)
+            return self._consensus_sub.poll(self._on_consensus, FRAGMENT_LIMIT)
         except Exception as e:  # noqa: BLE001 - see _poll_ingress
             self._input_failed("consensus", e)
             return 1
-
-    def _input_failed(self, stream: str, error: Exception) -> None:
-        self.counters["errors"].add(1)
-        self.input_errors.record(f"{stream} message failed: {type(error).__name__}",
-                                 f"handling a {stream} message failed: it is skipped", level="error",
-                                 error=repr(error), exc_info=error)
-
-    def _poll_ingress_unguarded(self) -> int:
-        """Clients' messages: runs of session messages go into the log a block at a time
-        (consensus.message_runs), everything else one message at a time (:meth:`_on_ingress`)."""
-        sub = self._ingress_sub
-        m = self.module
-        local = self.local
-        if (not _BATCH_INGRESS or self._appends or m.election is not None or m.role != Role.LEADER
-                or local is None or not local.joined):
-            return sub.poll(self._on_ingress, _FRAGMENTS)
-        work = 0
-        for image in sub.images:
-            # Once a message waits in _appends (the log refused it), everything after it waits
-            # behind it, as one by one: messages enter the log in the order they were taken.
-            try:
-                self._frames_image_session_id = image.session_id
-                if not self._appends and image.frames_poll(self._on_ingress_frames, _INGRESS_BLOCK):
-                    work += 1
-                    continue
-            except Exception as e:  # noqa: BLE001 - a run that raises would be read again and again
-                self._input_failed("ingress", e)
-                image.close()  # that client's stream: its session times out
-                continue
-            work += image.poll(self._on_ingress, _FRAGMENTS)
-        return work
-
-    def _on_ingress_frames(self, buf, offset, starts, length, position) -> int:
-        """``Image.frames_poll`` handler: the leading run of one session's messages into the
-        log with one offer; returns the bytes taken (0: leave them to :meth:`_on_ingress`)."""
-        count, end, term_id, session_id = message_runs.session_run(buf, offset, starts, length, self.local.pub.mtu)
-        if count == 0:
-            return 0
-        m = self.module
-        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
-                                        self._frames_image_session_id, count):
-            return end  # dropped, as one by one
-        pub = self.local.pub
-        count, end = message_runs.fit(starts, count, end, pub.block_room())
-        if count == 0:
-            return 0
-        now = self._cluster_now
-        position = pub.offer_frames(
-            buf, offset, starts[:count], end,
-            lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
-        if position < 0:
-            return 0
-        self._recording_progress_ns = self._now
-        return end
 
     def _on_local_log_entry(self, buf, offset, length, header) -> None:
         """Follower log adapter: a committed entry of the local log."""
@@ -1536,10 +1387,10 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs):
         work = 0
         # A leading run of client messages (nothing for the module) is stepped over as one
         # (consensus.message_runs); the entries after it go one by one.
-        if (_BATCH_INGRESS and limit > image.position
-                and image.frames_poll(self._skip_client_messages, min(limit - image.position, _INGRESS_BLOCK))):
+        if (limit > image.position
+                and image.frames_poll(self._skip_client_messages, min(limit - image.position, INGRESS_BLOCK))):
             work = 1
-        return work + image.bounded_poll(self._on_local_log_entry, limit, _FRAGMENTS)
+        return work + image.bounded_poll(self._on_local_log_entry, limit, FRAGMENT_LIMIT)
 
     def _skip_client_messages(self, buf, offset, starts, length, position) -> int:
         end = message_runs.client_run(buf, offset, starts, length)
@@ -1608,7 +1459,7 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs):
                 # needs its service to join each new log (a service waiting in offer joins
                 # none), and a leader that appends nothing (suspended, a snapshot or termination
                 # under way) waits for its service's ack.
-                work += self._from_service.poll(self._on_service, _FRAGMENTS)
+                work += self._from_service.poll(self._on_service, FRAGMENT_LIMIT)
             self._service_drained.set()
             if not leading and not m.is_leader:
                 work += self._poll_ingress()
