@@ -46,7 +46,7 @@ import msgspec
 import structlog
 import trio
 
-from archive.client import ArchiveClient, ArchiveError, find_recording_position_counter
+from archive.client import ArchiveClient, ArchiveError
 from archive.codecs import RecordingSignal
 from archive.segments import segment_base_position
 from cluster_node import codecs
@@ -83,6 +83,7 @@ from cluster_node.consensus.local_log import LocalLogs
 from cluster_node.consensus.ingress_adapter import IngressAdapter
 from cluster_node.consensus.log_adapter import LogAdapter
 from cluster_node.consensus.log_publisher import LogPublisher
+from cluster_node.consensus.log_recording import LogRecording
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.sessions import (
@@ -109,7 +110,7 @@ from cluster_node.service.container import recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from cluster_node.wall_clock import wall_clock
 from media.channel import reply_channel_refusal
-from media.counters import CountersError, CountersReader
+from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
 from media.private_files import make_private_dir
 from cluster_node.consensus.local_log import _LocalLog
@@ -158,7 +159,7 @@ class _Termination:
     last_sent_ns: int = 0
 
 
-class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher):
+class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -790,129 +791,8 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogA
 
     # ------------------------------------------------------------------ recording
 
-    async def _start_recording(self, e: fx.StartLogRecording) -> None:
-        if not e.is_leader:
-            # The follower's local log starts where our recording stops; the image copies in.
-            # Its readers: the service, the archive and our log adapter (all must have joined
-            # before the first byte is copied in: an IPC reader joins at the tail).
-            self.local = self._open_local_log(e.position, readers=3)
-            self._adapt(self.local.session_id)
-        await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={self.local.session_id}",
-                                            self.log_stream_id)
-        self._rec_counter_id = None
-
-    async def _stop_recording(self) -> None:
-        try:
-            await self.archive.stop_recording_by_identity(self.recording_id)
-        except ArchiveError as ex:
-            log.warning("stop recording refused", error=str(ex))
-        stop = await self.archive.get_stop_position(self.recording_id)
-        self._rec_counter_id = None
-        self.module.on_log_recording_stopped(stop, time.monotonic_ns())
-
-    def _recording_position(self) -> int | None:
-        reader = self._counters_reader
-        if self._rec_counter_id is None:
-            self._rec_counter_id = find_recording_position_counter(reader, self.recording_id)
-            if self._rec_counter_id is None:
-                return None
-        try:
-            return reader.get(self._rec_counter_id)
-        except CountersError:
-            # The recording stopped (its counter was freed): look it up again next time.
-            self._rec_counter_id = None
-            return None
-
     # ------------------------------------------------------------------ replays
 
-    async def _start_replay(self, e: fx.StartReplay) -> None:
-        if e.to_position <= e.from_position:
-            self.module.on_replay_done(e.replay_id, time.monotonic_ns())
-            return
-        sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
-        sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
-                                              "aeron:ipc", self.replay_stream_id)
-        local = self._open_local_log(e.from_position, readers=2, replay_to=e.to_position)
-        self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
-        self._adapt(local.session_id)
-        log.info("replay started", replay_id=e.replay_id, from_position=e.from_position, to_position=e.to_position)
-
-    async def _stop_replay(self) -> None:
-        if self._replay is None:
-            return
-        replay_id, sid, _to, sub, _image, local = self._replay
-        self._replay = None
-        try:
-            await self.archive.stop_replay(sid)
-        except ArchiveError:
-            pass
-        sub.close()
-        local.pub.close()
-
-    def _replay_work(self) -> int:
-        r = self._replay
-        if r is None:
-            return 0
-        replay_id, sid, to, sub, image, local = r
-        if image is None:
-            image = sub.image_by_session_id(sid & 0xFFFFFFFF if sid & 0x80000000 == 0 else (sid & 0xFFFFFFFF) - 2**32)
-            if image is None:
-                return 0
-            r[4] = image
-        if not self._joined(local):
-            return 0
-        work = self._copy(image, local.pub, to)
-        applied = self._adapter_poll(to)
-        if applied:
-            work += applied
-            # What the adapter applied is committed: the service may follow (module docstring).
-            self.module.on_replay_progress(replay_id, self._adapter_position())
-        if local.pub.position >= to and self._adapter_position() >= to:
-            self._replay = None
-            sub.close()
-            local.pub.close()  # end of stream for the service after the last entry
-            log.info("replay done", replay_id=replay_id, position=to)
-            self.module.on_replay_done(replay_id, time.monotonic_ns())
-            work += 1
-        return work
-
-    async def _start_replication(self, e: fx.StartReplication) -> None:
-        leader = next(m for m in self.cfg.cluster.members if m.id == e.leader_member_id)
-        rid = await self.archive.replicate(
-            e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}{self._auth}",
-            src_control_stream_id=self.cfg.archive.control_request_stream_id,
-            stop_position=e.stop_position,
-        )
-        self._replication = (e.replication_id, rid, e.stop_position)
-        self._rec_counter_id = None  # the replication records under a counter of its own
-        log.info("replication started", leader=e.leader_member_id, stop_position=e.stop_position)
-
-    def _replication_work(self) -> int:
-        if self._replication is None:
-            return 0
-        replication_id, rid, stop = self._replication
-        for s in list(self.archive.signals):
-            if s.recording_id == self.recording_id and s.signal in (RecordingSignal.REPLICATE_END, RecordingSignal.STOP):
-                self.archive.signals.remove(s)
-                if s.signal == RecordingSignal.REPLICATE_END or s.position >= stop:
-                    self._replication = None
-                    self._rec_counter_id = None
-                    self.module.on_recording_position(s.position, time.monotonic_ns())
-                    self.module.on_replication_done(replication_id, time.monotonic_ns())
-                    return 1
-        for r in list(self.archive.async_responses):
-            self.archive.async_responses.remove(r)
-            self._replication = None
-            self.module.on_replication_failed(replication_id, r.error_message or "replication failed", time.monotonic_ns())
-            return 1
-        return 0
-
-    async def _start_catchup_replay(self, e: fx.StartCatchupReplay) -> None:
-        member = self.module.member_by_id[e.follower_member_id]
-        endpoint = self._catchup_endpoints.get(e.follower_member_id, member.catchup_endpoint)
-        channel = f"aeron:udp?endpoint={endpoint}|session-id={e.log_session_id}|mtu={self.cfg.driver.mtu}{self._auth}"
-        sid = await self.archive.start_replay(e.recording_id, e.from_position, -1, channel, self.log_stream_id)
-        self._catchup_replays[e.follower_member_id] = sid
 
     # ------------------------------------------------------------------ copying blocks
 
@@ -1200,7 +1080,6 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogA
             return 1
 
     # ------------------------------------------------------------------ log adapter
-
 
     async def run(self) -> None:
         """The duty cycle, until :attr:`stopping`.
