@@ -52,14 +52,7 @@ from archive.segments import segment_base_position
 from cluster_node import codecs
 from cluster_node.affinity import RoleAffinity
 from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
-from cluster_node.codecs import (
-    CONSENSUS_CODEC,
-    EGRESS_CODEC,
-    LOG_CODEC,
-    NULL_POSITION,
-    NULL_VALUE,
-    CodecError,
-)
+from cluster_node.codecs import CONSENSUS_CODEC, LOG_CODEC, NULL_POSITION, NULL_VALUE, CodecError
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
@@ -84,18 +77,10 @@ from cluster_node.consensus.ingress_adapter import IngressAdapter
 from cluster_node.consensus.log_adapter import LogAdapter
 from cluster_node.consensus.log_publisher import LogPublisher
 from cluster_node.consensus.log_recording import LogRecording
+from cluster_node.consensus.egress_publisher import EgressPublisher
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
-from cluster_node.consensus.sessions import (
-    AppendSessionEvent,
-    AuthenticatorFailed,
-    ClusterSessions,
-    CloseEgress,
-    ForeignMessage,
-    SendEgress,
-    SessionSettings,
-    TakeSnapshot,
-)
+from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
 from cluster_node.consensus.snapshot import (
     SnapshotError,
     decode_cm_snapshot,
@@ -115,15 +100,12 @@ from media.distinct_errors import DistinctErrors
 from media.private_files import make_private_dir
 from cluster_node.consensus.local_log import _LocalLog
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
+from cluster_node.consensus.egress_publisher import _ONE_SHOT_LINGER_S, _ONE_SHOT_REPLIES_PER_S
 
 __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 
 log = structlog.get_logger("consensus")
 
-_ONE_SHOT_REPLIES_PER_S = 200
-_ONE_SHOT_REPLIES_OPEN = 64
-_ONE_SHOT_LINGER_S = 0.25
-"""How long a one-shot reply's publication stays after its event went out (retransmits)."""
 _DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 _TERM_FIELDS = {
@@ -159,7 +141,7 @@ class _Termination:
     last_sent_ns: int = 0
 
 
-class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording):
+class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -793,109 +775,9 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogA
 
     # ------------------------------------------------------------------ replays
 
-
     # ------------------------------------------------------------------ copying blocks
 
     # ------------------------------------------------------------------ duty cycle
-
-    async def _execute_sessions(self) -> None:
-        for e in self.sessions.drain_effects():
-            if type(e) is AppendSessionEvent:
-                self._appends.append((e.message, lambda position, e=e: self.sessions.on_event_appended(e, position)))
-            elif type(e) is SendEgress:
-                pub = self._egress.get(e.cluster_session_id)
-                if pub is None and e.cluster_session_id == NULL_VALUE and not self._one_shot_reply_allowed():
-                    continue
-                if pub is None:
-                    try:
-                        pub = self.driver.add_publication(f"{e.response_channel}", self.cfg.cluster.egress_stream_id
-                                                          if e.response_stream_id <= 0 else e.response_stream_id,
-                                                          exclusive=False)
-                    except Exception as ex:  # noqa: BLE001 - a client's bad channel
-                        log.warning("egress channel refused", channel=e.response_channel, error=str(ex))
-                        continue
-                    if e.cluster_session_id != NULL_VALUE:
-                        self._egress[e.cluster_session_id] = pub
-                self._tasks.start_soon(self._send_egress, pub, e.message, e.cluster_session_id == NULL_VALUE)
-            elif type(e) is CloseEgress:
-                pub = self._egress.pop(e.cluster_session_id, None)
-                if pub is not None:
-                    self._tasks.start_soon(self._close_later, pub)
-            elif type(e) is ForeignMessage:
-                self.counters["errors"].add(1)
-                self.input_errors.record(f"foreign {e.kind}", f"a {e.kind} for a session from an ingress image "
-                                         "other than the session's own was dropped", session=e.cluster_session_id)
-            elif type(e) is TakeSnapshot:
-                m = self.module
-                if (m.is_leader and self._leader_action is None and self._leader_active()
-                        and self.counters["cm-state"].get() == ModuleState.ACTIVE):
-                    self._take_leader_action(ToggleState.SNAPSHOT, "admin request")
-                else:
-                    log.warning("admin request: snapshot not taken, the cluster is no longer ACTIVE",
-                                session=e.cluster_session_id)
-            elif type(e) is AuthenticatorFailed:
-                self.counters["errors"].add(1)
-                self.input_errors.record(f"authenticator failed: {e.error.split(':')[0]}",
-                                         "the authenticator or authorisation service raised: the client is refused",
-                                         level="error", error=e.error)
-        self._flush_appends()
-
-    def _one_shot_reply_allowed(self) -> bool:
-        """May a reply that needs a publication of its own (a REDIRECT or ERROR to a connect
-        request) go out now? At most _ONE_SHOT_REPLIES_PER_S a second and _ONE_SHOT_REPLIES_OPEN
-        at once: each costs a socket, a log buffer and counters for a few seconds, and connect
-        requests cost their sender one datagram. A refused one is counted and said once."""
-        now = time.monotonic_ns()
-        rate = _ONE_SHOT_REPLIES_PER_S
-        self._reply_tokens = min(float(rate), self._reply_tokens + (now - self._reply_tokens_ns) / 1e9 * rate)
-        self._reply_tokens_ns = now
-        if self._reply_tokens >= 1.0 and self._one_shot_open < _ONE_SHOT_REPLIES_OPEN:
-            self._reply_tokens -= 1.0
-            return True
-        self.counters["errors"].add(1)
-        self.input_errors.record("connect reply dropped: rate", "a reply to a connect request was not sent: "
-                                 f"more than {rate} a second or {_ONE_SHOT_REPLIES_OPEN} under way")
-        return False
-
-    async def _send_egress(self, pub, message, close_after: bool) -> None:
-        """Send a session event, retrying while the client's egress connects (bounded)."""
-        if close_after:
-            self._one_shot_open += 1
-            try:
-                await self._send_egress_once(pub, message, True)
-            finally:
-                self._one_shot_open -= 1
-        else:
-            await self._send_egress_once(pub, message, False)
-
-    async def _send_egress_once(self, pub, message, close_after: bool) -> None:
-        data = EGRESS_CODEC.encode(message)
-        sent = False
-        # A client that asked is listening and connects within a round trip; a one-shot reply
-        # (to a connect request) holds its publication only briefly, so that forged requests
-        # naming channels nobody listens on free the reply budget soon (_one_shot_reply_allowed).
-        with trio.move_on_after(1.0 if close_after else 5.0):
-            while pub.offer(data) < 0:
-                if pub.closed:
-                    break
-                await trio.sleep(0.005)
-            else:
-                sent = True
-        fields = dict(event_type=type(message).__name__, session=getattr(message, "cluster_session_id", None),
-                      code=getattr(getattr(message, "code", None), "name", None))
-        if sent:
-            log.debug("session event sent", **fields)
-        elif close_after:
-            self.input_errors.record("connect reply not delivered", "a reply to a connect request was not "
-                                     "delivered (nobody listened on its channel)", level="info", **fields)
-        else:
-            log.info("session event not delivered", **fields)
-        if close_after:
-            await self._close_later(pub, _ONE_SHOT_LINGER_S if sent else 0.0)
-
-    async def _close_later(self, pub, linger_s: float = 1.0) -> None:
-        await trio.sleep(linger_s)  # let the last event be sent (and retransmitted) first
-        pub.close()
 
     _SENDER = {
         codecs.CanvassPosition: "follower_member_id",
