@@ -1,0 +1,225 @@
+"""Other members' messages into the consensus module (the reference's ConsensusAdapter).
+
+A part of :class:`~cluster_node.consensus.agent.ConsensusAgent` (mixed into it). Every message
+is checked at the door before the core sees it: decoded, from the configured host of the member
+it claims to be from (the log image alike, from the leader's host), with no term beyond what the
+core can reach, and from a member with our view of the cluster (the members digest). Termination
+messages go to the termination protocol; a BackupQuery, from a backup or a member seeding an
+empty directory on any host, is answered here with what this member holds.
+"""
+
+from __future__ import annotations
+
+import time
+import typing
+
+import structlog
+import trio
+
+from cluster_node import codecs
+from cluster_node.codecs import CONSENSUS_CODEC, NULL_VALUE, CodecError
+from cluster_node.consensus.egress_publisher import _ONE_SHOT_LINGER_S
+from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
+from cluster_node.consensus.module import MAX_TERM_JUMP
+from media.channel import reply_channel_refusal
+
+log = structlog.get_logger("consensus")
+
+
+_DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
+"""Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
+
+
+_TERM_FIELDS = {
+    t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id"))
+    for t in typing.get_args(codecs.ConsensusMessage)
+}
+"""The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
+the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
+
+
+class ConsensusAdapter:
+    """Member messages: source checks, dispatch, backup queries (see the module docstring)."""
+
+    _SENDER = {
+        codecs.CanvassPosition: "follower_member_id",
+        codecs.RequestVote: "candidate_member_id",
+        codecs.Vote: "follower_member_id",
+        codecs.NewLeadershipTerm: "leader_member_id",
+        codecs.AppendPosition: "follower_member_id",
+        codecs.CommitPosition: "leader_member_id",
+        codecs.CatchupPosition: "follower_member_id",
+        codecs.TerminationAck: "member_id",
+    }
+
+    def _on_consensus(self, buf, offset, length, header) -> None:
+        try:
+            msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+        except CodecError as e:
+            self.counters["errors"].add(1)
+            log.debug("bad consensus message dropped", error=str(e))
+            return
+        t = type(msg)
+        if t is codecs.BackupQuery:
+            # From a backup or a member seeding its empty directory, on any host: it names no
+            # member, and is answered only on a channel of the host it came from.
+            self._on_backup_query(msg, header.session_id)
+            return
+        if not self._from_claimed_host(msg, header.session_id):
+            return
+        fields = _TERM_FIELDS.get(t)
+        if fields:
+            m = self.module
+            limit = max(m.leadership_term_id, m.candidate_term_id, m.log_leadership_term_id) + MAX_TERM_JUMP
+            if any(getattr(msg, f) > limit for f in fields):
+                self.counters["errors"].add(1)
+                log.debug("consensus message from an unreachable term dropped", message=t.__name__)
+                return
+        if t in _DIGESTED and msg.members_digest not in (0, self._members_digest):
+            self._on_members_mismatch(msg)
+            return
+        if t is codecs.TerminationPosition or t is codecs.TerminationAck:
+            self._on_termination_message(msg)
+            return
+        if t is codecs.BackupResponse:
+            return  # meant for a backup's own channel, never a member's
+        if t is codecs.CatchupPosition and msg.catchup_endpoint:
+            # The follower's catchup endpoint as it bound it (config may say port 0).
+            self._catchup_endpoints[msg.follower_member_id] = msg.catchup_endpoint
+        attr = self._SENDER.get(type(msg))
+        # StopCatchup and TerminationPosition come from the leader and name no sender.
+        sender = getattr(msg, attr) if attr is not None else self.module.leader_member_id
+        self.module.on_message(sender, msg, time.monotonic_ns())
+
+    def _from_claimed_host(self, msg, session_id: int) -> bool:
+        """Did ``msg`` come from the configured host of the member it claims to be from (the
+        leader for the messages that name no sender)? A member's driver sends from its own
+        host (``publication_bind_host``), so another host speaking as a member is a forgery (or
+        a member's datagram sent on by a third party): dropped, counted, said once per kind.
+        A member configured with a wildcard host names no address and is not checked."""
+        attr = self._SENDER.get(type(msg))
+        # (The leader's messages that name no sender: the leader as the election knows it.)
+        sender = getattr(msg, attr) if attr is not None else self.module.known_leader_member_id
+        if sender not in self._member_hosts:
+            expected = ""  # no such member (or no leader known for a leader's message)
+        else:
+            expected = self._member_hosts[sender]
+            if expected is None:
+                return True
+        images = self._consensus_sub.images
+        if images is not self._consensus_images:
+            # An image's source never changes; the tuple of images is replaced when one comes
+            # or goes, so this is rebuilt then (a forged image can reuse a gone one's session).
+            self._consensus_images = images
+            self._consensus_hosts = {i.session_id: i.source_host for i in images}
+        host = self._consensus_hosts.get(session_id, "")
+        if host == expected:
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record(f"consensus message from another host: {type(msg).__name__}",
+                                 "consensus message from a host that is not the configured host of the member it "
+                                 "claims to be from: dropped", member=sender, source=host, expected=expected)
+        return False
+
+    def _from_leader_host(self, image) -> bool | None:
+        """A log image (live or catch-up replay, which the leader's archive sends from the
+        leader's process) is used only when it comes from the leader's configured host.
+        None while no leader is known (nothing to compare with yet)."""
+        leader = self.module.known_leader_member_id
+        expected = self._log_hosts.get(leader)
+        if expected is None:
+            return None
+        if None in expected or image.source_host in expected:
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record("log image from another host",
+                                 "log image from a host that is not the leader's: not used", leader=leader,
+                                 source=image.source_host, expected=sorted(expected))
+        return False
+
+    def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
+        """Answer a backup (or a member seeding its empty directory) with what it needs to copy
+        the cluster: our log recording, terms, commit-position counter and latest snapshot set.
+        Any member answers; the answer names the leader, whom the asker then prefers."""
+        source = ""
+        for image in self._consensus_sub.images:
+            if image.session_id == image_session_id:
+                source = image.source_host
+        refusal = reply_channel_refusal(msg.response_channel, source)
+        if refusal is not None:
+            self.counters["errors"].add(1)
+            self.input_errors.record(f"backup query refused: {refusal.split(':')[0]}",
+                                     "backup query refused (no answer sent): " + refusal)
+            return
+        if not self._one_shot_reply_allowed():
+            return
+        try:
+            pub = self.driver.add_publication(msg.response_channel, msg.response_stream_id, exclusive=False)
+        except Exception as e:  # noqa: BLE001 - an asker's bad channel
+            self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
+            return
+        self._tasks.start_soon(self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id)))
+
+    def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
+        """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
+        rl = self.recording_log_file.log
+        m = self.module
+        terms = [e for e in rl.term_entries() if e.recording_id == self.recording_id]
+        first = terms[0] if terms else None
+        last = rl.last_term()
+        plan = rl.create_recovery_plan(self.service_count, 0, 0, self.recording_id)
+        snapshots = tuple(codecs.BackupSnapshot(s.recording_id, s.leadership_term_id, s.term_base_log_position,
+                                                s.log_position, s.timestamp, s.service_id) for s in plan.snapshots)
+        leader = m.known_leader_member_id if m is not None else NULL_VALUE
+        return codecs.BackupResponse(
+            correlation_id=correlation_id, log_recording_id=self.recording_id,
+            log_leadership_term_id=first.leadership_term_id if first else NULL_VALUE,
+            log_term_base_log_position=first.term_base_log_position if first else 0,
+            last_leadership_term_id=last.leadership_term_id if last else NULL_VALUE,
+            last_term_base_log_position=last.term_base_log_position if last else 0,
+            commit_position_counter_id=self.counters["commit-pos"].counter_id,
+            leader_member_id=leader, member_id=self.cfg.member_id, snapshots=snapshots,
+            cluster_members=self.cfg.members_text, commit_position=self.counters["commit-pos"].get(),
+            log_start_position=self.log_start_position,
+        )
+
+    async def _send_one_shot(self, pub, data: bytes) -> None:
+        """Offer ``data`` once the asker's channel connects (bounded), then close it."""
+        self._one_shot_open += 1
+        try:
+            with trio.move_on_after(1.0):
+                while pub.offer(data) < 0 and not pub.closed:
+                    await trio.sleep(0.005)
+            await self._close_later(pub, _ONE_SHOT_LINGER_S)
+        finally:
+            self._one_shot_open -= 1
+
+    def _on_members_mismatch(self, msg) -> None:
+        """A member whose view of the cluster (cluster id, members list) differs from ours: its
+        election messages are dropped, counted, and said once per member and digest, loudly,
+        since the cluster cannot elect with it until an operator fixes one of the configs."""
+        sender = getattr(msg, self._SENDER.get(type(msg), ""), None)
+        self.counters["errors"].add(1)
+        if sender not in self.module.member_by_id:
+            # Not a member with another view: a message naming a member id we have never had is
+            # bad input (anyone who reaches the port can send it), said once per kind.
+            self.input_errors.record(f"consensus message from a non-member: {type(msg).__name__}",
+                                     "a consensus message naming a member id not in cluster.members was dropped",
+                                     member=sender)
+            return
+        key = (sender, msg.members_digest)
+        if key not in self._mismatches_said and len(self._mismatches_said) < 64:
+            self._mismatches_said.add(key)
+            log.error("a member's view of the cluster differs from ours: its election messages are dropped "
+                      "(check cluster.members and node.cluster_id in every member's config)",
+                      member=sender, their_digest=msg.members_digest, our_digest=self._members_digest,
+                      our_members=self.cfg.members_text)
+
+    def _poll_consensus(self) -> int:
+        """Other members' messages, guarded as :meth:`_poll_ingress` is (a member's bytes may be
+        forged)."""
+        try:
+            return self._consensus_sub.poll(self._on_consensus, FRAGMENT_LIMIT)
+        except Exception as e:  # noqa: BLE001 - see _poll_ingress
+            self._input_failed("consensus", e)
+            return 1
