@@ -39,7 +39,6 @@ import os
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -47,11 +46,10 @@ import trio
 
 from archive.client import ArchiveClient, ArchiveError
 from archive.codecs import RecordingSignal
-from archive.segments import segment_base_position
 from cluster_node import codecs
 from cluster_node.affinity import RoleAffinity
 from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
-from cluster_node.codecs import CONSENSUS_CODEC, LOG_CODEC, NULL_POSITION, NULL_VALUE, CodecError
+from cluster_node.codecs import CONSENSUS_CODEC, NULL_POSITION, NULL_VALUE, CodecError
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
@@ -78,21 +76,19 @@ from cluster_node.consensus.log_publisher import LogPublisher
 from cluster_node.consensus.log_recording import LogRecording
 from cluster_node.consensus.egress_publisher import EgressPublisher
 from cluster_node.consensus.consensus_adapter import ConsensusAdapter
+from cluster_node.consensus.snapshot_taker import SnapshotTaker
+from cluster_node.consensus.log_retention import LogRetention
+from cluster_node.consensus.termination import Termination
+from cluster_node.consensus.cluster_control import ClusterControl
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
-from cluster_node.consensus.snapshot import (
-    SnapshotError,
-    decode_cm_snapshot,
-    encode_cm_snapshot,
-    restore_cm_snapshot,
-    take_cm_snapshot,
-)
+from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, restore_cm_snapshot
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.exit_codes import ExitCode, NodeFailure, fail
 from cluster_node.service.container import recovery_state_label
-from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
+from cluster_node.snapshot_io import SnapshotIOError, read_recording
 from cluster_node.wall_clock import wall_clock
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
@@ -101,38 +97,15 @@ from cluster_node.consensus.local_log import _LocalLog
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
 from cluster_node.consensus.egress_publisher import _ONE_SHOT_REPLIES_PER_S
 from cluster_node.consensus.consensus_adapter import _DIGESTED
+from cluster_node.consensus.snapshot_taker import _PendingSnapshot
+from cluster_node.consensus.termination import _Termination
 
 __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 
 log = structlog.get_logger("consensus")
 
 
-@dataclass
-class _PendingSnapshot:
-    """A snapshot asked for by the log entry ending at ``position``: the service's ack (with its
-    recording id) is awaited; meanwhile nothing after ``position`` changes this member's state."""
-
-    position: int
-    leadership_term_id: int
-    term_base_log_position: int
-    started_ns: int
-    ack: object = None  # the service's ServiceAck, once it came
-
-
-@dataclass
-class _Termination:
-    """An orderly stop at ``position`` (SHUTDOWN: after the snapshot there; ABORT: none)."""
-
-    position: int
-    leadership_term_id: int
-    deadline_ns: int
-    service_notified: bool = False
-    service_acked: bool = False
-    acks: set = None  # leader: members that sent TerminationAck
-    last_sent_ns: int = 0
-
-
-class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher, ConsensusAdapter):
+class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher, ConsensusAdapter, SnapshotTaker, LogRetention, Termination, ClusterControl):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -998,371 +971,9 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogA
 
     # ------------------------------------------------------------------ cluster control
 
-    def _leader_active(self) -> bool:
-        """The leader takes client messages, fires timers and appends service messages only in
-        state ACTIVE: not suspended, and no snapshot or termination under way."""
-        return (not self.suspended and self._leader_action is None and self._snapshot is None
-                and self._termination is None)
-
-    def _on_control_toggle(self, toggle: int) -> int:
-        """An operator's request (``cluster-node tool ...``): the reference's ClusterControl.
-
-        SUSPEND/RESUME switch ingress off and on. SNAPSHOT appends a ClusterActionRequest: every
-        member snapshots at its position; the toggle goes back to NEUTRAL when this member's
-        snapshot set is written (or failed). SHUTDOWN is a snapshot followed by every member
-        stopping at that position; ABORT stops every member at the current log position with no
-        snapshot. Anything not applicable (not the leader, wrong state) is refused: NEUTRAL is
-        put back with a warning.
-
-        Beyond the reference, where every action needs state ACTIVE, an operator can always stop
-        the cluster: ABORT is also taken while SUSPENDED or while a snapshot is under way (which
-        it abandons), and SHUTDOWN while SUSPENDED, or once a snapshot under way has ended (the
-        toggle stays set meanwhile).
-        """
-        m = self.module
-        state = self.counters["cm-state"]
-        toggle_counter = self.counters["control-toggle"]
-        snapshotting = self._leader_action == ToggleState.SNAPSHOT or self._snapshot is not None
-        if m.is_leader and self._termination is None and snapshotting and toggle in (
-                ToggleState.SNAPSHOT, ToggleState.SHUTDOWN):
-            return 0  # a snapshot is in progress: NEUTRAL (or the shutdown) comes when it is done
-        if not m.is_leader:
-            log.warning("cluster control ignored: not the leader", toggle=toggle)
-        elif toggle == ToggleState.SUSPEND and state.get() == ModuleState.ACTIVE:
-            self.suspended = True
-            state.set(ModuleState.SUSPENDED)
-            log.info("cluster suspended: client messages wait until resume")
-        elif toggle == ToggleState.RESUME and state.get() == ModuleState.SUSPENDED:
-            self.suspended = False
-            self.sessions.on_resume(self._cluster_now)
-            state.set(ModuleState.ACTIVE)
-            log.info("cluster resumed")
-        elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
-              and state.get() == ModuleState.ACTIVE and self._leader_active()):
-            self._take_leader_action(toggle, "cluster control")
-            if toggle == ToggleState.SNAPSHOT:
-                return 1  # NEUTRAL once the snapshot is done
-        elif toggle == ToggleState.ABORT and self._termination is None and (self.suspended or snapshotting):
-            if snapshotting:
-                self._abandon_snapshot("cluster control: ABORT")
-            self._take_leader_action(toggle, "cluster control")
-        elif toggle == ToggleState.SHUTDOWN and self._termination is None and self.suspended:
-            self._take_leader_action(toggle, "cluster control")
-        elif toggle in (ToggleState.SHUTDOWN, ToggleState.ABORT) and self._termination is not None:
-            log.info("cluster control: already stopping", toggle=toggle, log_position=self._termination.position)
-        else:
-            log.warning("cluster control not applicable", toggle=toggle, state=state.get())
-        toggle_counter.set(ToggleState.NEUTRAL)
-        return 1
-
-    _ACTION_NAMES = {ToggleState.SNAPSHOT: "SNAPSHOT", ToggleState.SHUTDOWN: "SHUTDOWN", ToggleState.ABORT: "ABORT"}
-
-    def _take_leader_action(self, action: int, event: str) -> None:
-        """Leader, state ACTIVE: stop taking input and put ``action`` into the log (now, or once
-        what is queued before it is in)."""
-        self._leader_action = action
-        self.counters["cm-state"].set(ModuleState.TERMINATING if action == ToggleState.ABORT else ModuleState.SNAPSHOT)
-        log.info(event, action=self._ACTION_NAMES[action],
-                 append_position=self.local.pub.position if self.local else None,
-                 last_snapshot_position=self._last_snapshot_position)
-        self._append_leader_action()
-
-    def _append_leader_action(self) -> None:
-        """Put the taken SNAPSHOT/SHUTDOWN/ABORT into the log once everything queued before it is
-        in (its position is then the position of the state it names)."""
-        action = self._leader_action
-        m = self.module
-        local = self.local
-        if action is None or self._appends or local is None or not self._joined(local):
-            return
-        now = time.monotonic_ns()
-        term = m.leadership_term_id
-        timeout = self.cfg.timeouts.termination_timeout_ns
-        if action == ToggleState.ABORT:
-            position = local.pub.position
-        else:
-            request = codecs.ClusterActionRequest(term, local.pub.position, self._cluster_now, codecs.ClusterAction.SNAPSHOT,
-                                                  codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
-            position = local.pub.offer(LOG_CODEC.encode(request))
-            if position < 0:
-                return  # back-pressure: try again next duty cycle
-            self._recording_progress_ns = now
-            self._begin_snapshot(position, term)
-        self._leader_action = None
-        if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
-            self._termination = _Termination(position, term, now + timeout, acks=set())
-            m.terminating = True
-            log.info("termination position set", log_position=position, leadership_term_id=term,
-                     snapshot=action == ToggleState.SHUTDOWN, timeout_ms=timeout // 1_000_000)
-
     # ------------------------------------------------------------------ snapshots
 
-    def _begin_snapshot(self, position: int, leadership_term_id: int) -> None:
-        m = self.module
-        self._snapshot = _PendingSnapshot(position, leadership_term_id, m.term_base_log_position,
-                                          time.monotonic_ns())
-        if self.counters["cm-state"].get() == ModuleState.ACTIVE:
-            self.counters["cm-state"].set(ModuleState.SNAPSHOT)
-        log.info("snapshot requested", log_position=position, leadership_term_id=leadership_term_id)
-
-    def _abandon_snapshot(self, reason: str) -> None:
-        snap = self._snapshot
-        action = self._leader_action
-        if snap is None and action is None:
-            return
-        self._snapshot = None
-        self._leader_action = None
-        log.warning("snapshot abandoned", reason=reason, log_position=snap.position if snap else None)
-        self._snapshot_finished()
-
-    def _snapshot_finished(self) -> None:
-        """Back to ACTIVE (unless terminating), and the operator's toggle back to NEUTRAL."""
-        if self._termination is None and self._leader_action is None:
-            state = self.counters["cm-state"]
-            if state.get() in (ModuleState.SNAPSHOT, ModuleState.TERMINATING):
-                state.set(ModuleState.SUSPENDED if self.suspended else ModuleState.ACTIVE)
-        toggle = self.counters["control-toggle"]
-        if toggle.get() == ToggleState.SNAPSHOT:
-            toggle.set(ToggleState.NEUTRAL)
-
-    def _on_service_ack(self, ack: codecs.ServiceAck) -> None:
-        if self._recovery_counter is not None:
-            # The service has started (and loaded its snapshot): the RecoveryState is spent.
-            self._recovery_counter.close()
-            self._recovery_counter = None
-        self._service_acks.append(ack)
-        if len(self._service_acks) > 64:
-            self._service_acks.popleft()
-
-    def _service_ack_work(self) -> int:
-        """Hand the service's acks, in order, to what waits for them (reference: the service ack
-        queue). A follower's service can ack a snapshot before this member's log adapter has
-        reached the entry that asks for it; such an ack, from ahead of the adapter, waits here."""
-        q = self._service_acks
-        work = 0
-        while q:
-            ack = q[0]
-            snap = self._snapshot
-            term = self._termination
-            if snap is not None and snap.ack is None:
-                if ack.log_position == snap.position:
-                    snap.ack = q.popleft()
-                    work += 1
-                    continue
-                if ack.log_position < snap.position:
-                    q.popleft()  # an older ack nobody waits for
-                    continue
-                break
-            if snap is None and term is not None and term.service_notified:
-                q.popleft()
-                if ack.log_position >= term.position:
-                    term.service_acked = True
-                    work += 1
-                continue
-            if snap is None and self.module.role != Role.LEADER and ack.log_position > self._adapter_position():
-                break  # from ahead of our log adapter: a snapshot there will want it
-            q.popleft()
-        return work
-
-    async def _complete_snapshot(self) -> None:
-        """The service acked the snapshot: write ours and the recording.log entries (or, when the
-        service failed, nothing: the cluster goes on)."""
-        snap = self._snapshot
-        ack = snap.ack
-        self._snapshot = None
-        if ack.relevant_id == NULL_VALUE:
-            self._snapshot_failed("snapshot failed: the service could not take its snapshot; nothing recorded",
-                                  log_position=snap.position)
-            return
-        m = self.module
-        state = take_cm_snapshot(snap.position, snap.leadership_term_id, self.sessions, self.timers, self.pending,
-                                 timestamp=ack.timestamp, app_version=m.settings.app_version)
-        try:
-            recording_id = await record_snapshot(self.archive, self.driver, encode_cm_snapshot(state),
-                                                 self.cfg.cluster.consensus_module_snapshot_stream_id)
-        except (SnapshotIOError, ArchiveError) as e:
-            self._snapshot_failed("snapshot failed: the consensus module snapshot was not recorded",
-                                  log_position=snap.position, error=str(e))
-            return
-        rl = self.recording_log_file.log
-        now_ms = self._clock.now() // 1_000_000
-        writes = rl.append_snapshot(ack.relevant_id, snap.leadership_term_id, snap.term_base_log_position,
-                                    snap.position, now_ms, 0)
-        writes += rl.append_snapshot(recording_id, snap.leadership_term_id, snap.term_base_log_position,
-                                     snap.position, now_ms, -1)
-        self._apply_recording_log(writes)
-        self.counters["snapshot-count"].add(1)
-        duration_ns = time.monotonic_ns() - snap.started_ns
-        self.counters["last-snapshot-duration-ns"].set(duration_ns)
-        if duration_ns > self.counters["max-snapshot-duration-ns"].get():
-            self.counters["max-snapshot-duration-ns"].set(duration_ns)
-        self._last_snapshot_position = max(self._last_snapshot_position, snap.position)
-        log.info("snapshot taken", log_position=snap.position, leadership_term_id=snap.leadership_term_id,
-                 recording_id=recording_id, service_recording_id=ack.relevant_id, sessions=len(state.sessions),
-                 timers=len(state.timers), pending=len(state.pending),
-                 ms=round((time.monotonic_ns() - snap.started_ns) / 1e6, 1))
-        self._snapshot_finished()
-        await self.apply_retention()
-
-    async def apply_retention(self) -> dict:
-        """Keep ``cluster.retain_snapshots`` snapshot sets and, with ``cluster.purge_log``, the log
-        from the oldest of them on (see ``RecordingLog.retention`` for which).
-
-        Order, so that a kill -9 anywhere leaves a member that starts: recording.log marks the
-        old sets invalid (synced) before the archive removes their recordings, so no valid entry
-        names a removed recording; the archive moves the log's start (synced) before it unlinks
-        a file. What a crash leaves (a recording of an invalid entry, detached segment files) is
-        removed by the next run. A removal the archive refuses (a replay still reads there) is
-        logged and tried again after the next snapshot. Returns what was done, for the log."""
-        cl = self.cfg.cluster
-        rl = self.recording_log_file.log
-        floor, writes, recordings = rl.retention(self.service_count, cl.retain_snapshots)
-        if writes:
-            self.recording_log_file.apply(writes)
-        removed = []
-        for rid in recordings:
-            if rid in self._removed_snapshot_recordings or rid == self.recording_id:
-                continue
-            try:
-                if await self.archive.list_recording(rid) is not None:
-                    await self.archive.purge_recording(rid)
-                    removed.append(rid)
-                self._removed_snapshot_recordings.add(rid)
-            except ArchiveError as e:
-                log.warning("snapshot recording not removed; tried again after the next snapshot",
-                            recording_id=rid, error=str(e))
-        done = {"invalidated_entries": len(writes), "removed_snapshot_recordings": removed,
-                "retained_from": floor, "log_start_position": None, "segment_files_removed": 0}
-        if cl.purge_log and floor != NULL_POSITION and self.recording_id != NULL_VALUE:
-            target = min(floor, self.module.log_retention_floor(time.monotonic_ns()))
-            try:
-                d = await self.archive.list_recording(self.recording_id)
-                if d is not None:
-                    new_start = segment_base_position(d.start_position, max(target, d.start_position),
-                                                      d.term_buffer_length, d.segment_file_length)
-                    first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
-                                                      d.segment_file_length) + d.segment_file_length
-                    if new_start >= first_end:
-                        done["segment_files_removed"] = await self.archive.purge_segments(self.recording_id,
-                                                                                          new_start)
-                        done["log_start_position"] = new_start
-                        # Named in NewLeadershipTerm: a member whose log ends before it cannot be
-                        # caught up from the log and takes a snapshot instead (SnapshotNeeded).
-                        self.log_start_position = self.module.log_start_position = new_start
-                    else:
-                        # Nothing new to detach; files a crash left detached still go.
-                        done["segment_files_removed"] = await self.archive.delete_detached_segments(
-                            self.recording_id)
-            except ArchiveError as e:
-                log.warning("log segments not purged; tried again after the next snapshot",
-                            recording_id=self.recording_id, target=target, error=str(e))
-        if writes or removed or done["segment_files_removed"]:
-            log.info("retention applied", **done)
-        return done
-
-    def _snapshot_timed_out(self) -> None:
-        """The service did not acknowledge the snapshot in time (``timeouts.snapshot_timeout``):
-        give it up as failed and serve again. An acknowledgement that still comes is dropped
-        (:meth:`_service_ack_work`); what the service recorded is then referenced by nothing."""
-        snap = self._snapshot
-        self._snapshot = None
-        self._snapshot_failed("snapshot failed: the service did not acknowledge it in time; nothing recorded",
-                              log_position=snap.position,
-                              timeout_ms=self.cfg.timeouts.snapshot_timeout_ns // 1_000_000)
-
-    def _snapshot_failed(self, message: str, **fields) -> None:
-        self.errors += 1
-        self.counters["errors"].add(1)
-        log.error(message, **fields)
-        self._snapshot_finished()
-
     # ------------------------------------------------------------------ termination
-
-    def _on_termination_message(self, msg) -> None:
-        m = self.module
-        if type(msg) is codecs.TerminationPosition:
-            # From the leader: stop once our log and service reach the position.
-            if m.role != Role.LEADER and msg.leadership_term_id == m.leadership_term_id and self._termination is None:
-                self._termination = _Termination(msg.log_position, msg.leadership_term_id,
-                                                 time.monotonic_ns() + self.cfg.timeouts.termination_timeout_ns)
-                m.termination_position = msg.log_position
-                self.counters["cm-state"].set(ModuleState.TERMINATING if self._snapshot is None
-                                              else ModuleState.SNAPSHOT)
-                log.info("termination position received", log_position=msg.log_position,
-                         leadership_term_id=msg.leadership_term_id)
-        else:
-            term = self._termination
-            if (m.is_leader and term is not None and msg.leadership_term_id == term.leadership_term_id
-                    and msg.log_position >= term.position and msg.member_id in m.member_by_id):
-                if msg.member_id not in term.acks:
-                    term.acks.add(msg.member_id)
-                    log.info("termination ack", member=msg.member_id, log_position=msg.log_position)
-
-    def _abandon_termination(self, reason: str) -> None:
-        if self._termination is not None:
-            log.warning("termination abandoned", reason=reason, log_position=self._termination.position)
-            self._termination = None
-            self.module.terminating = False
-            self.module.termination_position = NULL_POSITION
-            self._snapshot_finished()
-
-    def _termination_work(self, now: int) -> int:
-        """Stop at the termination position: after the snapshot there (if any), once the service
-        has reached it and acked; the leader also waits for every follower's TerminationAck, or
-        for the termination timeout when one does not come."""
-        term = self._termination
-        m = self.module
-        work = 0
-        if m.is_leader and now - term.last_sent_ns >= self.cfg.timeouts.leader_heartbeat_interval_ns:
-            term.last_sent_ns = now
-            for member in m.members:
-                if member.member_id != m.member_id and member.member_id not in term.acks:
-                    m.send(member.member_id, codecs.TerminationPosition(term.leadership_term_id, term.position))
-            work += 1
-        if self._snapshot is not None or self._leader_action is not None:
-            return work  # the snapshot at (or before) the position comes first
-        if not m.is_leader and self._adapter_position() < term.position:
-            return work  # our state reaches the position first (and meets a snapshot action there)
-        if self.counters["cm-state"].get() == ModuleState.SNAPSHOT:
-            self.counters["cm-state"].set(ModuleState.TERMINATING)
-        if not term.service_notified:
-            if self._send_service(codecs.ServiceTerminationPosition(term.position)):
-                term.service_notified = True
-                work += 1
-            return work
-        if not term.service_acked:
-            return work
-        if m.is_leader:
-            others = {x.member_id for x in m.members} - {m.member_id}
-            if not others <= term.acks:
-                if now < term.deadline_ns:
-                    return work
-                log.warning("termination timeout: stopping without every member's ack",
-                            missing=sorted(others - term.acks))
-        else:
-            m.send(m.leader_member_id, codecs.TerminationAck(term.leadership_term_id, term.position, m.member_id))
-        self._terminate(term)
-        return work + 1
-
-    async def wait_terminated(self) -> None:
-        """Until this member has stopped at a termination position; then a moment more, so that
-        its last consensus message (a follower's TerminationAck) leaves before the driver closes."""
-        await self.terminated.wait()
-        with trio.move_on_after(1.0):
-            while any(pub.sender_position() < pub.position for pub in self._consensus_pubs.values()
-                      if pub.is_connected):
-                await trio.sleep(0.01)
-
-    def _terminate(self, term: _Termination) -> None:
-        rl = self.recording_log_file.log
-        last = rl.last_term()
-        if last is not None and last.leadership_term_id == term.leadership_term_id:
-            self._apply_recording_log(rl.commit_log_position(term.leadership_term_id, term.position))
-        self.counters["cm-state"].set(ModuleState.CLOSED)
-        log.info("terminated", log_position=term.position, leadership_term_id=term.leadership_term_id,
-                 commit_position=self.module.commit_position)
-        self.stopping = True
-        self.terminated.set()
 
     async def close(self) -> None:
         """Graceful stop: close the log (followers see end of stream and elect at once)."""
