@@ -39,21 +39,18 @@ import random
 import time
 from collections import deque
 
-import msgspec
 import structlog
 import trio
 
 from archive.client import ArchiveClient, ArchiveError
 from cluster_node.affinity import RoleAffinity
-from cluster_node.codecs import CONSENSUS_CODEC, NULL_POSITION, NULL_VALUE, CodecError
+from cluster_node.codecs import NULL_POSITION, NULL_VALUE
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
-from cluster_node.consensus import effects as fx
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.cluster_clock import ClusterClock
-from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
-from cluster_node.consensus.node_files import NodeStateError, NodeStateFile
+from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.idle_strategy import IdleStrategy
 from cluster_node.consensus.service_proxy import ServiceProxy
@@ -69,11 +66,11 @@ from cluster_node.consensus.log_retention import LogRetention
 from cluster_node.consensus.termination import Termination
 from cluster_node.consensus.cluster_control import ClusterControl
 from cluster_node.consensus.recovery import Recovery
+from cluster_node.consensus.effect_executor import EffectExecutor
 from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
 from cluster_node.consensus.timers import Timers
-from cluster_node.exit_codes import ExitCode, NodeFailure
 from cluster_node.wall_clock import wall_clock
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
@@ -81,7 +78,6 @@ from media.private_files import make_private_dir
 from cluster_node.consensus.local_log import _LocalLog
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
 from cluster_node.consensus.egress_publisher import _ONE_SHOT_REPLIES_PER_S
-from cluster_node.consensus.consensus_adapter import _DIGESTED
 from cluster_node.consensus.snapshot_taker import _PendingSnapshot
 from cluster_node.consensus.termination import _Termination
 
@@ -90,7 +86,7 @@ __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 log = structlog.get_logger("consensus")
 
 
-class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher, ConsensusAdapter, SnapshotTaker, LogRetention, Termination, ClusterControl, Recovery):
+class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher, ConsensusAdapter, SnapshotTaker, LogRetention, Termination, ClusterControl, Recovery):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -340,202 +336,6 @@ class ConsensusAgent(IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogA
         self.counters["cm-state"].set(ModuleState.ACTIVE)
         nursery.start_soon(self._service_waker)
         await self._execute(self.module.drain_effects())
-
-    # ------------------------------------------------------------------ channels
-
-    # ------------------------------------------------------------------ effects
-
-    _SYNC_EFFECTS = frozenset({
-        fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
-        fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
-        fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription, fx.SnapshotNeeded,
-    })
-    """Effects that never await: executed with this pass's sends still held."""
-
-    async def _execute(self, effects) -> None:
-        unclaimed = False
-        try:
-            for e in effects:
-                if type(e) not in self._SYNC_EFFECTS:
-                    # It may await (the archive, for a while): what the pass holds goes out
-                    # first rather than wait for the pass to end, and the driver's receiver
-                    # reads the sockets meanwhile (what is awaited may need a datagram read).
-                    self.driver.release_sends()
-                    if not unclaimed and self._reads_sockets:
-                        self.driver.unclaim_receive()
-                        unclaimed = True
-                try:
-                    await self._execute_one(e)
-                except (ArchiveError, OSError, CodecError, NodeStateError) as ex:
-                    if type(e) in fx.FAIL_STOP_EFFECTS:
-                        # Nothing after it runs: the effects that follow (the vote, the
-                        # position report, the recording that resumes) depend on it.
-                        raise self._persist_failed(e, ex) from ex
-                    if type(e) in fx.FAIL_STOP_NOT_PERSISTED:
-                        raise NodeFailure(ExitCode.CONSENSUS_FAILED,
-                                          f"could not stop log recording {self.recording_id} and learn where it "
-                                          f"ends: {ex}; an election cannot start without it, the node stops") from ex
-                    self.errors += 1
-                    self.counters["errors"].add(1)
-                    log.error("effect failed", effect=type(e).__name__, error=str(ex))
-        finally:
-            if unclaimed:
-                self.driver.claim_receive(duties=True)
-
-    def _persist_failed(self, e, error: Exception) -> NodeFailure:
-        """The one line that ends the node when a fail-stop effect (``fx.FAIL_STOP_EFFECTS``)
-        could not be carried out: which file, what the system said, what was withheld."""
-        t = type(e)
-        if t is fx.PersistCandidateTerm:
-            what = (f"could not write {self.node_state.path} (candidate term {e.candidate_term_id})",
-                    "no vote or vote request for that term was sent")
-        elif t is fx.WriteRecordingLog:
-            what = (f"could not write {self.recording_log_file.path}", "nothing that depends on it was sent")
-        else:
-            what = (f"could not truncate log recording {e.recording_id} to position {e.position}",
-                    "the log is not recorded again")
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        if isinstance(error, NodeStateError):
-            reason = str(error).rpartition(": cannot write: ")[2] or reason
-        return NodeFailure(ExitCode.PERSIST_FAILED, f"{what[0]}: {reason}; {what[1]}, the node stops")
-
-    def _apply_recording_log(self, writes) -> None:
-        """recording.log writes made outside the effect list (snapshot, termination): the same
-        fail-stop rule as ``fx.WriteRecordingLog``."""
-        try:
-            self.recording_log_file.apply(writes)
-        except OSError as ex:
-            raise self._persist_failed(fx.WriteRecordingLog(tuple(writes)), ex) from ex
-
-    async def _execute_one(self, e) -> None:
-        t = type(e)
-        m = self.module
-        if t is fx.SendToMember:
-            pub = self._consensus_pubs.get(e.member_id)
-            if pub is not None:
-                msg = e.message
-                if type(msg) in _DIGESTED:
-                    msg = msgspec.structs.replace(msg, members_digest=self._members_digest)
-                pub.offer(CONSENSUS_CODEC.encode(msg))
-        elif t is fx.AppendLog:
-            self._appends.append((e.message, None))
-            self._flush_appends()
-        elif t is fx.PersistCandidateTerm:
-            # (Wall clock, as the file documents: the effect's time is the monotonic clock.)
-            self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position,
-                                                          time.time_ns() // 1_000_000)
-        elif t is fx.WriteRecordingLog:
-            self.recording_log_file.apply(e.writes)
-        elif t is fx.CommitPositionChanged:
-            self.sessions.on_commit(e.position)
-            self.timers.on_commit(e.position)
-            if m.role == Role.LEADER:
-                self.pending.on_commit(e.position)
-            self._publish_service_limit()
-        elif t is fx.RoleChanged:
-            self.counters["role"].set(e.role)
-            self.affinity.apply(e.role == Role.LEADER)
-            if e.role != Role.LEADER:
-                self.pending.become_follower()
-        elif t is fx.ElectionStateChanged:
-            self.counters["election-state"].set(e.to_state)
-            log.info("election state", from_state=ElectionState(e.from_state).name,
-                     to_state=ElectionState(e.to_state).name, reason=e.reason,
-                     leadership_term_id=e.leadership_term_id, candidate_term_id=e.candidate_term_id,
-                     append_position=m.append_position if m else -1,
-                     commit_position=m.commit_position if m else -1)
-        elif t is fx.NewLeader:
-            self.counters["leadership-term-id"].set(e.leadership_term_id)
-        elif t is fx.ElectionComplete:
-            self.counters["election-state"].set(int(ElectionState.CLOSED))
-            if self.suspended:  # a new leadership starts active
-                self.suspended = False
-                self.counters["cm-state"].set(ModuleState.ACTIVE)
-            self.counters["leadership-term-id"].set(e.leadership_term_id)
-            self.counters["leader-member-id"].set(e.leader_member_id)
-            self.counters["election-count"].set(m.election_count)
-            self.elections_completed += 1
-            # The first election of this process as leader: the sessions it learned from the log
-            # belong to clients of a cluster that has restarted; they are closed, not greeted.
-            is_startup = self.elections_completed == 1
-            self.sessions.on_new_leadership(
-                is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-                leader_member_id=e.leader_member_id, now_ns=self._clock.now())
-            await self._execute_sessions()
-            log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
-                     role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
-                     adapter_position=self._adapter_position(), commit_position=m.commit_position)
-        elif t is fx.SnapshotNeeded:
-            self._snapshot_needed(e)
-        elif t is fx.RollbackUncommitted:
-            self._abandon_snapshot("the log is being torn down for an election")
-            self._abandon_termination("an election started")
-            self.sessions.rollback(e.commit_position, leadership_term_id=m.leadership_term_id, now_ns=self._clock.now())
-            self.timers.rollback(e.commit_position)
-            self.pending.rollback(e.commit_position)
-            self._appends.clear()
-        elif t is fx.OpenLogPublication:
-            await self._open_leader_log(e)
-        elif t is fx.CloseLogPublication:
-            self._close_leader_log()
-        elif t is fx.StartLogRecording:
-            await self._start_recording(e)
-        elif t is fx.StopLogRecording:
-            await self._stop_recording()
-        elif t is fx.TruncateRecording:
-            await self.archive.truncate_recording(e.recording_id, e.position)
-            self.counters["append-pos"].set(e.position)
-        elif t is fx.OpenLogSubscription:
-            self._open_follower_log(e)
-        elif t is fx.AddLiveDestination:
-            self._follower_sub.add_destination(f"aeron:udp?endpoint={self.cfg.this_member.log}")
-        elif t is fx.AddCatchupDestination:
-            self._follower_sub.add_destination(f"aeron:udp?endpoint={self.catchup_endpoint}")
-        elif t is fx.RemoveCatchupDestination:
-            if self._follower_sub is not None:
-                try:
-                    self._follower_sub.remove_destination(f"aeron:udp?endpoint={self.catchup_endpoint}")
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
-        elif t is fx.CloseLogSubscription:
-            self._close_follower_log()
-        elif t is fx.StartReplay:
-            await self._start_replay(e)
-        elif t is fx.StopReplay:
-            await self._stop_replay()
-        elif t is fx.StartReplication:
-            await self._start_replication(e)
-        elif t is fx.StopReplication:
-            if self._replication is not None:
-                try:
-                    await self.archive.stop_replication(self._replication[1])
-                except ArchiveError:
-                    pass
-                self._replication = None
-        elif t is fx.StartCatchupReplay:
-            await self._start_catchup_replay(e)
-        elif t is fx.StopCatchupReplay:
-            sid = self._catchup_replays.pop(e.follower_member_id, None)
-            if sid is not None:
-                try:
-                    await self.archive.stop_replay(sid)
-                except ArchiveError:
-                    pass
-
-    # ------------------------------------------------------------------ leader log
-
-    # ------------------------------------------------------------------ follower log
-
-    # ------------------------------------------------------------------ recording
-
-    # ------------------------------------------------------------------ replays
-
-    # ------------------------------------------------------------------ copying blocks
-
-    # ------------------------------------------------------------------ duty cycle
-
-    # ------------------------------------------------------------------ log adapter
 
     async def run(self) -> None:
         """The duty cycle, until :attr:`stopping`.

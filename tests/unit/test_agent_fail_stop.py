@@ -148,3 +148,28 @@ def test_a_log_recording_that_cannot_be_stopped_stops_the_node(agent):
     assert failure.value.code == ExitCode.CONSENSUS_FAILED
     assert "could not stop log recording 4" in str(failure.value) and "did not answer" in str(failure.value)
     assert agent._consensus_pubs[1].offered == []
+
+
+def test_every_effect_type_has_a_handler():
+    """An effect the core emits with no handler would be dropped without a word."""
+    from cluster_node.consensus.effect_executor import EFFECT_HANDLERS
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    # (A slotted dataclass is a new class: the one it replaced is still a subclass, unnamed.)
+    effect_types = {t for t in subclasses(fx.Effect) if getattr(fx, t.__name__, None) is t}
+    assert len(effect_types) > 20 and effect_types == set(EFFECT_HANDLERS)
+
+
+def test_the_effects_run_with_the_sends_held_are_the_ones_that_never_await():
+    from cluster_node.consensus.effect_executor import SYNC_EFFECTS
+
+    assert SYNC_EFFECTS == {
+        fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
+        fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
+        fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
+        fx.CloseLogSubscription, fx.SnapshotNeeded,
+    }
