@@ -31,6 +31,30 @@ recording is active then), so the service only ever reads local logs named by a 
 The followers' consensus agent also applies the committed log to its own state (the log adapter:
 session opens and closes, timer events, service messages), so whichever member leads next knows
 the sessions, timers and pending service messages.
+
+Where the parts are
+===================
+This module keeps the duty cycle (:meth:`ConsensusAgent.run`), the wiring of the channels and
+counters, and the checks of the cycle itself (cycle time, a stalled log). The rest is in modules
+named for the reference's components, each a part of :class:`ConsensusAgent` (mixed into it:
+they share the agent's state, which ``__init__`` here lists in one place):
+
+=====================  =============================================================================
+``ingress_adapter``    clients' messages; runs of session messages into the log a block at a time
+``consensus_adapter``  members' messages: source, term and digest checks; backup queries
+``log_publisher``      leader: the local log copied to the followers (MDC), its own appends
+``log_adapter``        follower: the leader's log image copied in; the committed log applied
+``local_log``          the local log publications per term and replay, joins, appends, block copies
+``log_recording``      the archive's part: recording, replays, replication, catch-up replays
+``service_proxy``      the service thread: its bound (commit position), doorbell, control stream
+``egress_publisher``   the sessions core's effects, replies to clients
+``effect_executor``    the consensus core's effects, a table from effect type to handler
+``cluster_control``    the operator's toggle: suspend, resume, snapshot, shutdown, abort
+``snapshot_taker``     snapshots at a position of the log; ``log_retention`` after each
+``termination``        every member stopping at the agreed position
+``recovery``           state at start: own files, or seeded from another member
+``idle_strategy``      parking: how long, on what, and the leader's commit spin
+=====================  =============================================================================
 """
 
 from __future__ import annotations
@@ -48,45 +72,56 @@ from cluster_node.codecs import NULL_POSITION, NULL_VALUE
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.cluster_clock import ClusterClock
+from cluster_node.consensus.cluster_control import ClusterControl
+from cluster_node.consensus.consensus_adapter import ConsensusAdapter
+from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
+from cluster_node.consensus.effect_executor import EffectExecutor
+from cluster_node.consensus.egress_publisher import ONE_SHOT_REPLIES_PER_S, EgressPublisher
+from cluster_node.consensus.idle_strategy import IdleStrategy
+from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT, IngressAdapter
+from cluster_node.consensus.local_log import LocalLog, LocalLogs
+from cluster_node.consensus.log_adapter import LogAdapter
+from cluster_node.consensus.log_publisher import LogPublisher
+from cluster_node.consensus.log_recording import LogRecording
+from cluster_node.consensus.log_retention import LogRetention
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings, Role
 from cluster_node.consensus.node_files import NodeStateFile
 from cluster_node.consensus.pending import PendingServiceMessages
-from cluster_node.consensus.idle_strategy import IdleStrategy
-from cluster_node.consensus.service_proxy import ServiceProxy
-from cluster_node.consensus.local_log import LocalLogs
-from cluster_node.consensus.ingress_adapter import IngressAdapter
-from cluster_node.consensus.log_adapter import LogAdapter
-from cluster_node.consensus.log_publisher import LogPublisher
-from cluster_node.consensus.log_recording import LogRecording
-from cluster_node.consensus.egress_publisher import EgressPublisher
-from cluster_node.consensus.consensus_adapter import ConsensusAdapter
-from cluster_node.consensus.snapshot_taker import SnapshotTaker
-from cluster_node.consensus.log_retention import LogRetention
-from cluster_node.consensus.termination import Termination
-from cluster_node.consensus.cluster_control import ClusterControl
-from cluster_node.consensus.recovery import Recovery
-from cluster_node.consensus.effect_executor import EffectExecutor
-from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.recording_log_file import RecordingLogFile
+from cluster_node.consensus.recovery import Recovery
+from cluster_node.consensus.service_proxy import ServiceProxy
 from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
+from cluster_node.consensus.snapshot_taker import PendingSnapshot, SnapshotTaker
+from cluster_node.consensus.termination import PendingTermination, Termination
 from cluster_node.consensus.timers import Timers
 from cluster_node.wall_clock import wall_clock
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
 from media.private_files import make_private_dir
-from cluster_node.consensus.local_log import _LocalLog
-from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
-from cluster_node.consensus.egress_publisher import _ONE_SHOT_REPLIES_PER_S
-from cluster_node.consensus.snapshot_taker import _PendingSnapshot
-from cluster_node.consensus.termination import _Termination
 
 __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 
 log = structlog.get_logger("consensus")
 
 
-class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, IngressAdapter, LogAdapter, LogPublisher, LogRecording, EgressPublisher, ConsensusAdapter, SnapshotTaker, LogRetention, Termination, ClusterControl, Recovery):
+class ConsensusAgent(
+    IngressAdapter,
+    ConsensusAdapter,
+    LogPublisher,
+    LogAdapter,
+    LocalLogs,
+    LogRecording,
+    ServiceProxy,
+    EgressPublisher,
+    EffectExecutor,
+    ClusterControl,
+    SnapshotTaker,
+    LogRetention,
+    Termination,
+    Recovery,
+    IdleStrategy,
+):
     """The consensus duty cycle of one node (see the module docstring)."""
 
     def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
@@ -184,7 +219,7 @@ class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, Ingr
         self.initial_term_id = 0
         self._rec_counter_id: int | None = None
         self._counters_reader: CountersReader | None = None
-        self.local: _LocalLog | None = None  # the live local log
+        self.local: LocalLog | None = None  # the live local log
         self._local_reader = None  # leader: our subscription of the local log (copied to MDC)
         self._local_reader_image = None
         self._mdc = None  # leader: the UDP log publication
@@ -221,7 +256,7 @@ class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, Ingr
         self._parked_on_driver = False  # in _wait_input's driver.park loop
         self._reads_sockets = False  # this agent reads the driver's sockets (run)
         self._just_read = False  # the park's last act was a receive_work (see _run)
-        # A follower's commits ring its service thread at most every _FOLLOWER_SERVICE_RING_NS.
+        # A follower's commits ring its service thread at most every FOLLOWER_SERVICE_RING_NS.
         self._service_ring_due = False
         self._service_rung_ns = 0
         self._service_drained = trio.Event()
@@ -241,16 +276,16 @@ class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, Ingr
         self._consensus_hosts: dict[int, str | None] = {}  # ... this was made: session id -> host
         self._refused_log_image = None  # a log image from a host not the leader's (not used)
         self._suspended_reminder_ns = 0  # when a suspended leader next tells its sessions so
-        self._reply_tokens = float(_ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
+        self._reply_tokens = float(ONE_SHOT_REPLIES_PER_S)  # see _one_shot_reply_allowed
         self._reply_tokens_ns = time.monotonic_ns()
         self._one_shot_open = 0
         self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
-        self._snapshot: _PendingSnapshot | None = None
+        self._snapshot: PendingSnapshot | None = None
         self._leader_action: int | None = None
         """A SNAPSHOT/SHUTDOWN/ABORT toggle taken and not yet in the log (the leader appends it
         once what was queued before it is in)."""
-        self._termination: _Termination | None = None
+        self._termination: PendingTermination | None = None
         self.terminated = trio.Event()
         """Set when this member has stopped at the termination position (the node exits)."""
         self._recovery_counter = None
@@ -260,8 +295,6 @@ class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, Ingr
         self._removed_snapshot_recordings: set[int] = set()
         """Snapshot recordings retention removed (or found gone) since start: not asked again."""
         self._last_snapshot_position = 0
-
-    # ------------------------------------------------------------------ start
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Recover from the files and the archive, open the channels, start the election."""
@@ -560,12 +593,6 @@ class ConsensusAgent(EffectExecutor, IdleStrategy, ServiceProxy, LocalLogs, Ingr
         log.warning("log stalled", what=what, local_log_position=positions[1], recorded_position=positions[2],
                     image_position=positions[3], role=Role(m.role).name, stalled_ms=(now - stall[1]) // 1_000_000)
         m.on_log_stalled(now, what)
-
-    # ------------------------------------------------------------------ cluster control
-
-    # ------------------------------------------------------------------ snapshots
-
-    # ------------------------------------------------------------------ termination
 
     async def close(self) -> None:
         """Graceful stop: close the log (followers see end of stream and elect at once)."""

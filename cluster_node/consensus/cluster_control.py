@@ -15,7 +15,7 @@ import structlog
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC
 from cluster_node.consensus.counters import ModuleState, ToggleState
-from cluster_node.consensus.termination import _Termination
+from cluster_node.consensus.termination import PendingTermination
 
 log = structlog.get_logger("consensus")
 
@@ -115,7 +115,7 @@ class ClusterControl:
             self._begin_snapshot(position, term)
         self._leader_action = None
         if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
-            self._termination = _Termination(position, term, now + timeout, acks=set())
+            self._termination = PendingTermination(position, term, now + timeout, acks=set())
             m.terminating = True
             log.info("termination position set", log_position=position, leadership_term_id=term,
                      snapshot=action == ToggleState.SHUTDOWN, timeout_ms=timeout // 1_000_000)

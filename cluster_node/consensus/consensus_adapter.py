@@ -18,7 +18,7 @@ import trio
 
 from cluster_node import codecs
 from cluster_node.codecs import CONSENSUS_CODEC, NULL_VALUE, CodecError
-from cluster_node.consensus.egress_publisher import _ONE_SHOT_LINGER_S
+from cluster_node.consensus.egress_publisher import ONE_SHOT_LINGER_S
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
 from cluster_node.consensus.module import MAX_TERM_JUMP
 from media.channel import reply_channel_refusal
@@ -26,7 +26,7 @@ from media.channel import reply_channel_refusal
 log = structlog.get_logger("consensus")
 
 
-_DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
+DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLeadershipTerm})
 """Election messages that carry the sender's ``members_digest`` (``NodeConfig.members_digest``)."""
 
 
@@ -75,7 +75,7 @@ class ConsensusAdapter:
                 self.counters["errors"].add(1)
                 log.debug("consensus message from an unreachable term dropped", message=t.__name__)
                 return
-        if t in _DIGESTED and msg.members_digest not in (0, self._members_digest):
+        if t in DIGESTED and msg.members_digest not in (0, self._members_digest):
             self._on_members_mismatch(msg)
             return
         if t is codecs.TerminationPosition or t is codecs.TerminationAck:
@@ -190,7 +190,7 @@ class ConsensusAdapter:
             with trio.move_on_after(1.0):
                 while pub.offer(data) < 0 and not pub.closed:
                     await trio.sleep(0.005)
-            await self._close_later(pub, _ONE_SHOT_LINGER_S)
+            await self._close_later(pub, ONE_SHOT_LINGER_S)
         finally:
             self._one_shot_open -= 1
 

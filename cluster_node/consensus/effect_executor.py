@@ -22,7 +22,7 @@ import structlog
 from archive.client import ArchiveError
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
 from cluster_node.consensus import effects as fx
-from cluster_node.consensus.consensus_adapter import _DIGESTED
+from cluster_node.consensus.consensus_adapter import DIGESTED
 from cluster_node.consensus.counters import ModuleState
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.module import Role
@@ -104,7 +104,7 @@ class EffectExecutor:
         pub = self._consensus_pubs.get(e.member_id)
         if pub is not None:
             msg = e.message
-            if type(msg) in _DIGESTED:
+            if type(msg) in DIGESTED:
                 msg = msgspec.structs.replace(msg, members_digest=self._members_digest)
             pub.offer(CONSENSUS_CODEC.encode(msg))
 

@@ -28,13 +28,13 @@ from cluster_node.consensus.sessions import (
 log = structlog.get_logger("consensus")
 
 
-_ONE_SHOT_REPLIES_PER_S = 200
+ONE_SHOT_REPLIES_PER_S = 200
 
 
-_ONE_SHOT_REPLIES_OPEN = 64
+ONE_SHOT_REPLIES_OPEN = 64
 
 
-_ONE_SHOT_LINGER_S = 0.25
+ONE_SHOT_LINGER_S = 0.25
 """How long a one-shot reply's publication stays after its event went out (retransmits)."""
 
 
@@ -85,19 +85,19 @@ class EgressPublisher:
 
     def _one_shot_reply_allowed(self) -> bool:
         """May a reply that needs a publication of its own (a REDIRECT or ERROR to a connect
-        request) go out now? At most _ONE_SHOT_REPLIES_PER_S a second and _ONE_SHOT_REPLIES_OPEN
+        request) go out now? At most ONE_SHOT_REPLIES_PER_S a second and ONE_SHOT_REPLIES_OPEN
         at once: each costs a socket, a log buffer and counters for a few seconds, and connect
         requests cost their sender one datagram. A refused one is counted and said once."""
         now = time.monotonic_ns()
-        rate = _ONE_SHOT_REPLIES_PER_S
+        rate = ONE_SHOT_REPLIES_PER_S
         self._reply_tokens = min(float(rate), self._reply_tokens + (now - self._reply_tokens_ns) / 1e9 * rate)
         self._reply_tokens_ns = now
-        if self._reply_tokens >= 1.0 and self._one_shot_open < _ONE_SHOT_REPLIES_OPEN:
+        if self._reply_tokens >= 1.0 and self._one_shot_open < ONE_SHOT_REPLIES_OPEN:
             self._reply_tokens -= 1.0
             return True
         self.counters["errors"].add(1)
         self.input_errors.record("connect reply dropped: rate", "a reply to a connect request was not sent: "
-                                 f"more than {rate} a second or {_ONE_SHOT_REPLIES_OPEN} under way")
+                                 f"more than {rate} a second or {ONE_SHOT_REPLIES_OPEN} under way")
         return False
 
     async def _send_egress(self, pub, message, close_after: bool) -> None:
@@ -134,7 +134,7 @@ class EgressPublisher:
         else:
             log.info("session event not delivered", **fields)
         if close_after:
-            await self._close_later(pub, _ONE_SHOT_LINGER_S if sent else 0.0)
+            await self._close_later(pub, ONE_SHOT_LINGER_S if sent else 0.0)
 
     async def _close_later(self, pub, linger_s: float = 1.0) -> None:
         await trio.sleep(linger_s)  # let the last event be sent (and retransmitted) first

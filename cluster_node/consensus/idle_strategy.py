@@ -15,7 +15,7 @@ import time
 import trio
 
 from cluster_node.consensus.election import ElectionState
-from cluster_node.consensus.service_proxy import _FOLLOWER_SERVICE_RING_NS
+from cluster_node.consensus.service_proxy import FOLLOWER_SERVICE_RING_NS
 
 
 class IdleStrategy:
@@ -76,7 +76,7 @@ class IdleStrategy:
         if self._replication is not None:
             deadline_ns = min(deadline_ns, now + 10_000_000)
         if self._service_ring_due:
-            deadline_ns = min(deadline_ns, self._service_rung_ns + _FOLLOWER_SERVICE_RING_NS)
+            deadline_ns = min(deadline_ns, self._service_rung_ns + FOLLOWER_SERVICE_RING_NS)
         if nominate_at is not None:
             deadline_ns = min(deadline_ns, max(now, nominate_at))
         timeout_s = max(0.0, (deadline_ns - now) / 1e9)

@@ -15,13 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import structlog
-
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC, NULL_POSITION, encode_session_message
 from media.channel import ChannelUri, parse
-
-log = structlog.get_logger("consensus")
 
 
 _BLOCK = 256 * 1024
@@ -37,7 +33,7 @@ class _Refused(Exception):
 
 
 @dataclass
-class _LocalLog:
+class LocalLog:
     """One local log publication (IPC) and what must join it before it is written."""
 
     pub: object
@@ -66,7 +62,7 @@ class LocalLogs:
                 self._used_sessions.add(sid)
                 return sid
 
-    def _open_local_log(self, position: int, readers: int, replay_to: int = NULL_POSITION) -> _LocalLog:
+    def _open_local_log(self, position: int, readers: int, replay_to: int = NULL_POSITION) -> LocalLog:
         """A new local log at ``position`` (a replay's when ``replay_to`` is given, else the live
         one, replacing the previous), announced to the service with a JoinLog."""
         if replay_to == NULL_POSITION and self.local is not None:
@@ -78,7 +74,7 @@ class LocalLogs:
                               replay_to != NULL_POSITION, role, f"aeron:ipc?session-id={session_id}")
         if not self._send_service(join):
             self._join_unsent = join
-        return _LocalLog(pub, session_id, readers)
+        return LocalLog(pub, session_id, readers)
 
     def _close_local_log(self) -> None:
         if self.local is not None:
@@ -90,7 +86,7 @@ class LocalLogs:
             self._local_reader_image = None
 
     @staticmethod
-    def _joined(local: _LocalLog | None) -> bool:
+    def _joined(local: LocalLog | None) -> bool:
         if local is None:
             return False
         if local.joined:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import time
 
-import structlog
-
 from cluster_node import codecs
 from cluster_node.codecs import (
     LOG_CODEC,
@@ -28,8 +26,6 @@ from cluster_node.consensus import message_runs
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT, INGRESS_BLOCK
 from cluster_node.consensus.module import Role
 from media.subscription import StopPolling
-
-log = structlog.get_logger("consensus")
 
 
 class LogAdapter:

@@ -10,12 +10,9 @@ the pass: the followers work on it meanwhile.
 
 from __future__ import annotations
 
-import structlog
 
 from cluster_node import codecs
 from cluster_node.consensus import effects as fx
-
-log = structlog.get_logger("consensus")
 
 
 class LogPublisher:

@@ -23,7 +23,7 @@ from media.doorbell import ring
 log = structlog.get_logger("consensus")
 
 
-_FOLLOWER_SERVICE_RING_NS = 10_000_000
+FOLLOWER_SERVICE_RING_NS = 10_000_000
 """How often, at most, a follower rings its service thread for commits: nobody waits on a
 follower's service (it replies to no client), so its wake-ups are batched (one per 10 ms rather
 than one per commit: a thread wake-up costs CPU, and at 1,000 messages/s the followers' service
@@ -84,8 +84,8 @@ class ServiceProxy:
         return work + 1
 
     def _service_ring_allowed(self, now: int) -> bool:
-        """A leader rings for every commit; a follower once per _FOLLOWER_SERVICE_RING_NS."""
-        return self.module.role == Role.LEADER or now - self._service_rung_ns >= _FOLLOWER_SERVICE_RING_NS
+        """A leader rings for every commit; a follower once per FOLLOWER_SERVICE_RING_NS."""
+        return self.module.role == Role.LEADER or now - self._service_rung_ns >= FOLLOWER_SERVICE_RING_NS
 
     def _ring_service(self) -> None:
         self._service_ring_due = False

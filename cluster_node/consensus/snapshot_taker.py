@@ -27,7 +27,7 @@ log = structlog.get_logger("consensus")
 
 
 @dataclass
-class _PendingSnapshot:
+class PendingSnapshot:
     """A snapshot asked for by the log entry ending at ``position``: the service's ack (with its
     recording id) is awaited; meanwhile nothing after ``position`` changes this member's state."""
 
@@ -43,7 +43,7 @@ class SnapshotTaker:
 
     def _begin_snapshot(self, position: int, leadership_term_id: int) -> None:
         m = self.module
-        self._snapshot = _PendingSnapshot(position, leadership_term_id, m.term_base_log_position,
+        self._snapshot = PendingSnapshot(position, leadership_term_id, m.term_base_log_position,
                                           time.monotonic_ns())
         if self.counters["cm-state"].get() == ModuleState.ACTIVE:
             self.counters["cm-state"].set(ModuleState.SNAPSHOT)

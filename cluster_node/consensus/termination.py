@@ -24,7 +24,7 @@ log = structlog.get_logger("consensus")
 
 
 @dataclass
-class _Termination:
+class PendingTermination:
     """An orderly stop at ``position`` (SHUTDOWN: after the snapshot there; ABORT: none)."""
 
     position: int
@@ -44,7 +44,7 @@ class Termination:
         if type(msg) is codecs.TerminationPosition:
             # From the leader: stop once our log and service reach the position.
             if m.role != Role.LEADER and msg.leadership_term_id == m.leadership_term_id and self._termination is None:
-                self._termination = _Termination(msg.log_position, msg.leadership_term_id,
+                self._termination = PendingTermination(msg.log_position, msg.leadership_term_id,
                                                  time.monotonic_ns() + self.cfg.timeouts.termination_timeout_ns)
                 m.termination_position = msg.log_position
                 self.counters["cm-state"].set(ModuleState.TERMINATING if self._snapshot is None
@@ -114,7 +114,7 @@ class Termination:
                       if pub.is_connected):
                 await trio.sleep(0.01)
 
-    def _terminate(self, term: _Termination) -> None:
+    def _terminate(self, term: PendingTermination) -> None:
         rl = self.recording_log_file.log
         last = rl.last_term()
         if last is not None and last.leadership_term_id == term.leadership_term_id:
