@@ -216,10 +216,10 @@ class ConsensusAdapter:
                       our_members=self.cfg.members_text)
 
     def _poll_consensus(self) -> int:
-        """Other members' messages, guarded as :meth:`_poll_ingress` is (a member's bytes may be
+        """Other members' messages, guarded as the ingress is (``IngressAdapter._poll_ingress``) (a member's bytes may be
         forged)."""
         try:
             return self._consensus_sub.poll(self._on_consensus, FRAGMENT_LIMIT)
-        except Exception as e:  # noqa: BLE001 - see _poll_ingress
+        except Exception as e:  # noqa: BLE001 - see IngressAdapter._poll_ingress
             self._input_failed("consensus", e)
             return 1

@@ -44,7 +44,7 @@ class IdleStrategy:
 
         Inputs all wake us: the UDP subscriptions (consensus, ingress, the follower's log) through
         their wake hook, the service's IPC messages through one long-lived waiter task, a replay
-        through its doorbell. Log data waiting to be recorded never parks (see :meth:`run`). What
+        through its doorbell. Log data waiting to be recorded never parks (see ``ConsensusAgent.run``). What
         remains is time: the core's heartbeats and timeouts (half the shortest interval is early
         enough), timers, and a replication's progress, which only the archive sees.
         """
@@ -151,7 +151,7 @@ class IdleStrategy:
         """Wait until one of this agent's inputs has something (:meth:`_on_wake`: a subscription's
         wake hook, the service's doorbell task) or the timeout passes.
 
-        This agent reads the driver's sockets itself (see :meth:`run`): a datagram at any of
+        This agent reads the driver's sockets itself (see ``ConsensusAgent.run``): a datagram at any of
         them ends the wait (``driver.park``), is read here, and the pass resumes only if it woke
         one of the agent's own subscriptions. Status messages, heartbeats and other tasks' data
         (the archive's) are handled by the read alone: a full pass for each would cost more

@@ -127,7 +127,7 @@ class ServiceProxy:
             self._on_service_ack(msg)
 
     async def _service_waker(self) -> None:
-        """Waits on the service's IPC stream (a doorbell, so it needs a task) for :meth:`_park`."""
+        """Waits on the service's IPC stream (a doorbell, so it needs a task) for the idle strategy's park (``IdleStrategy._park``)."""
         sub = self._from_service
         while not self.stopping:
             # Long: the duty cycle polls this stream on every pass (at least once per heartbeat
