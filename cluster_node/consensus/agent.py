@@ -100,6 +100,8 @@ from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
 from media.private_files import make_private_dir
 
+# The counter ids and codes live in ``counters``; they are named here too for the CLI modules
+# that import them from here.
 __all__ = ["ConsensusAgent", "CounterTypes", "ModuleState", "ToggleState"]
 
 log = structlog.get_logger("consensus")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from cluster_node.consensus.agent import CounterTypes
+from cluster_node.consensus.counters import CounterTypes
 from cluster_node.up_cmd import Member, render_table
 from media.counters import CountersManager
 
