@@ -2,7 +2,7 @@
 
 One driver per process (per node). It runs inside the caller's trio loop as a few tasks:
 
-* **sender**: for every UDP publication, asks its :class:`~media.sender.SenderCore` what to send
+* **sender**: for every UDP publication, asks its :class:`~media.sender_core.SenderCore` what to send
   and writes it to the socket for each destination. Offers wake it; when nothing is left it parks
   until the next core deadline (heartbeat, setup, retransmit) or the next offer.
 * **receiver**: every socket of the driver is in one epoll set: a publication's
@@ -19,9 +19,9 @@ The driver shares its process's trio loop, so when the process stalls (SIGSTOP, 
 call, an overloaded machine) the driver stalls too, unlike a driver in a process of its own.
 Both ends guard against that: a sender that has not run for a while first reads the status
 messages waiting in its socket, then re-announces itself with a SETUP before sending anything new
-(media.sender, *stall*); a conductor that wakes up much later than it meant to gives every UDP
+(media.sender_core, *stall*); a conductor that wakes up much later than it meant to gives every UDP
 image a fresh liveness clock before it checks liveness, so the datagrams waiting in the sockets
-are read before any publisher is declared gone (media.receiver, *a stall of our own*).
+are read before any publisher is declared gone (media.receiver_core, *a stall of our own*).
 
 **Sends held by a duty cycle** (the reference's agent invoker): a duty cycle of the driver's own
 thread (the consensus agent) may hold the sender's wake-ups over one pass of its work
@@ -103,8 +103,8 @@ from media.logbuffer import LogBuffer
 from media.loss import LossConfig, LossGenerator
 from media.mac import MAC_LENGTH, MacKeys
 from media.publication import ExclusivePublication, OfferResult, Publication
-from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
-from media.sender import SenderConfig, SenderCore
+from media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
+from media.sender_core import SenderConfig, SenderCore
 from media.subscription import Image, Subscription
 from media.receive_set import ReceiveSetWaiter
 from media.private_files import make_private_dir
@@ -275,7 +275,7 @@ class _NetPublication:
 
     def has_pending(self) -> bool:
         """Data its sender may send now: connected, not held by a stall, inside flow control
-        (media.sender ``data_ready``)."""
+        (media.sender_core ``data_ready``)."""
         return self.core.data_ready(self.pub.position)
 
 
@@ -833,7 +833,7 @@ class MediaDriver:
 
     def _send_now(self, now: int) -> int:
         """Send what the network publications have pending, in the caller's step. A publication
-        that looks stalled (see media.sender) is left to the sender task, woken for it."""
+        that looks stalled (see media.sender_core) is left to the sender task, woken for it."""
         sent = 0
         sends = self._sends
         for np in self._net_pubs:
@@ -934,7 +934,7 @@ class MediaDriver:
         stalled = False
         for np in self._net_pubs:
             if np.core.stalled(now) and np.sock.fileno() >= 0:
-                # The process did not run for a while (see media.sender, *stall*): what
+                # The process did not run for a while (see media.sender_core, *stall*): what
                 # waits in the socket was sent before the SETUP this stall is about to send,
                 # so it is read first and cannot pass for that SETUP's answer.
                 self._read_publication_socket(np, _STALL_DRAIN_LIMIT)
@@ -1842,7 +1842,7 @@ class MediaDriver:
         discovery; sampled counters; the loss injector's delayed datagrams. Sets
         ``_conductor_due_ns``, when the next pass is due."""
         out = self._ctrl_scratch
-        # Running this much later than planned means the process stalled (see media.receiver,
+        # Running this much later than planned means the process stalled (see media.receiver_core,
         # "a stall of our own"): the images' silence over that time does not count.
         if now - self._conductor_due_ns > self.config.image_liveness_timeout_ns // 4:
             self._on_receiver_stall(now, now - self._conductor_due_ns)
