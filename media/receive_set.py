@@ -43,9 +43,9 @@ class ReceiveSetWaiter:
 
     __slots__ = ("_fd", "_direct", "_task", "_scope", "evictions")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, direct: bool = True) -> None:
         self._fd = fd
-        self._direct = DirectPark(fd)
+        self._direct = DirectPark(fd, enabled=direct)  # (direct=False: every wait through trio)
         self._task: trio.lowlevel.Task | None = None  # the task registered with trio on the fd
         self._scope: trio.CancelScope | None = None  # its wait's scope (set iff _task is)
         self.evictions = 0

@@ -58,6 +58,11 @@ class DriverConfig:
     """A key still accepted on receive (never used to sign): the old key while the members of a
     cluster move to a new one, one restart at a time."""
     loss: LossConfig | None = None
+    direct_park: bool = True
+    """A claimant's park (``MediaDriver.park``) blocks in the kernel when nothing else in the
+    trio loop can run (media.directpark); False: every park waits through trio, as it must
+    when other tasks are runnable (for tests of that path, comparisons, and as a way out should
+    a trio release change what media.directpark relies on)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))

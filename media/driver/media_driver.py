@@ -119,10 +119,12 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
             image_liveness_timeout_ns=config.image_liveness_timeout_ns,
             timer_slack_ns=self._slack_ns,
         )
+
+        # The state of every part lives here, so that each part's methods find it as a plain
+        # attribute of the driver (see media.driver, *why the parts are mixins*).
+
+        # Sender agent (media.driver.sender_agent): the UDP publications and the parked sender.
         self._net_pubs: list[_NetPublication] = []
-        self._endpoints: dict[tuple, _ReceiveEndpoint] = {}
-        self._plain_groups: dict[tuple, _Group] = {}
-        self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
         self._sender_event = trio.Event()
         # Non-zero while the sender is parked: network publications call _after_append only
         # then (their after_append_flag), see _sender_loop.
@@ -130,8 +132,14 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._sender_deadline_ns = 0  # the earliest duty the parked sender waits for
         self._repark_margin_ns = config.heartbeat_interval_ns // 2  # see _repark_sender
         self._sender_caught_up = False  # the parked sender had sent all that was offered
-        self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
         self._sender_scope: trio.CancelScope | None = None  # the parked sender's timeout
+        self._sender_sends: list = []  # (the sender pass's own)
+        self._send_error_logged: dict[str, float] = {}
+        loss = config.loss
+        self._loss_send = LossGenerator(loss, random.Random(loss.seed)) if loss and loss.active and loss.on_send else None
+
+        # Offer paths (media.driver.offers): sends outside the sender task.
+        self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
         self._thread_id: int | None = None  # the driver's trio thread, set when it runs
         self._token: trio.lowlevel.TrioToken | None = None
         self._foreign_wake_pending = False
@@ -143,21 +151,11 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._send_holder: object | None = None
         self._send_held = False
         self._sends: list = []
-        self._sender_sends: list = []  # (the sender pass's own)
-        # Timed duties held by a duty cycle (claim_receive with duties): the holder, and when the
-        # parked conductor and sender want their next timed pass (NEVER: not delegated).
-        self._duties_by: object | None = None
-        self._conductor_due_ns = 0  # when the conductor's next pass is due
-        self._conductor_timed_ns = NEVER
-        self._sender_timed_ns = NEVER
-        self._timed_ns = NEVER  # the earlier of the two
-        self._ctrl_scratch: list = []
-        self._send_error_logged: dict[str, float] = {}
-        self._conductor_event = trio.Event()
-        self._delayed: list = []  # heap of (due_ns, seq, kind, payload, target)
-        self._seq = itertools.count()
-        loss = config.loss
-        self._loss_send = LossGenerator(loss, random.Random(loss.seed)) if loss and loss.active and loss.on_send else None
+
+        # Receiver agent (media.driver.receiver_agent): endpoints, groups, images.
+        self._endpoints: dict[tuple, _ReceiveEndpoint] = {}
+        self._plain_groups: dict[tuple, _Group] = {}
+        self._mds_groups: dict[int, _Group] = {}  # id(subscription) -> group
         self._loss_recv = (
             LossGenerator(loss, random.Random(loss.seed + 1)) if loss and loss.active and loss.on_receive else None
         )
@@ -166,6 +164,21 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._ctrl_out: list = []
         self._touched: dict = {}  # images a batch of received datagrams touched (_after_receive)
         self._control_pending: dict = {}  # images whose control work waits for _flush_control
+
+        # Conductor (media.driver.conductor).
+        self._conductor_event = trio.Event()
+        self._conductor_due_ns = 0  # when the conductor's next pass is due
+        self._ctrl_scratch: list = []
+        self._delayed: list = []  # the loss injector's: heap of (due_ns, seq, kind, payload, target)
+        self._seq = itertools.count()
+
+        # Invoker (media.driver.invoker): the receive set, its claim, the park, the timed duties.
+        # Timed duties held by a duty cycle (claim_receive with duties): the holder, and when the
+        # parked conductor and sender want their next timed pass (NEVER: not delegated).
+        self._duties_by: object | None = None
+        self._conductor_timed_ns = NEVER
+        self._sender_timed_ns = NEVER
+        self._timed_ns = NEVER  # the earlier of the two
         # Receiving: every socket in one epoll set (level-triggered), read by one task or by the
         # duty cycle that claimed it (claim_receive).
         self._rx_epoll = select.epoll()
@@ -174,7 +187,7 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._rx_claimed_by: object | None = None
         self._rx_unclaimed: trio.Event | None = None
         # Every wait on the set, by whichever task, goes through this: one waiter at a time.
-        self._rx_wait = ReceiveSetWaiter(self._rx_epoll_fd)
+        self._rx_wait = ReceiveSetWaiter(self._rx_epoll_fd, direct=config.direct_park)
         # The claimant's park (park): a timerfd in the epoll set for its timeout, so a park
         # that blocks in the kernel needs no trio deadline.
         self._park_timer = open_timerfd()
