@@ -1,6 +1,6 @@
 """The one waiter on the driver's receive set: who may wait on the epoll fd, and how it is handed on.
 
-Every socket of the media driver sits in one epoll set (media.driver, *receiver*). Several tasks
+Every socket of the media driver sits in one epoll set (media.driver.invoker). Several tasks
 of the driver's thread take turns waiting on it: the receiver task, a duty cycle that claimed
 the receive side (``MediaDriver.claim_receive``), a task in a UDP ``Subscription.wait``, a
 replay's helper task. trio lets one task at a time wait for a fd to be readable; a second one

@@ -214,3 +214,52 @@ async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arri
         assert received == list(range(sent))
         assert driver.receive_claimant is None
         assert driver._rx_wait.evictions > 0
+
+
+async def test_with_direct_park_off_a_lone_claimants_park_waits_through_trio(tmp_path):
+    """``DriverConfig.direct_park=False``: even with nothing else to run, the claimant's park
+    is a wait registered with trio on the set (the path taken when other tasks are runnable),
+    never a block in the kernel (media.directpark declines every time). Another thread looks
+    at the set's waiter, then sends."""
+    import threading
+
+    async with open_media_driver(dir=tmp_path, **SLOW, **THROUGH_TRIO) as driver:
+        pub, sub = await _connected_pair(driver)
+        me = trio.lowlevel.current_task()
+        seen: list = []
+        answers: list = []  # what each direct-park attempt said (None: declined, wait through trio)
+        direct = driver._rx_wait._direct
+
+        class Spy:
+            def wait(self):
+                answers.append(direct.wait())
+                return answers[-1]
+
+            def close(self):
+                direct.close()
+
+        driver._rx_wait._direct = Spy()
+
+        def look_then_send() -> None:
+            deadline = time.monotonic() + 5
+            while driver._rx_wait.waiter is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(driver._rx_wait.waiter)
+            while pub.offer(b"from the other thread") < 0 and time.monotonic() < deadline + 5:
+                time.sleep(0.001)
+
+        driver.claim_receive()
+        await trio.testing.wait_all_tasks_blocked()
+        thread = threading.Thread(target=look_then_send)
+        thread.start()
+        got: list[bytes] = []
+        deadline = time.monotonic_ns() + 10_000_000_000
+        while not got and time.monotonic_ns() < deadline:
+            await driver.park(deadline)
+            driver.receive_work()
+            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+        thread.join(10)
+        driver.unclaim_receive()
+        assert got == [b"from the other thread"]
+        assert answers and all(a is None for a in answers), answers
+        assert seen == [me]
