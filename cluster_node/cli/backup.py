@@ -24,7 +24,7 @@ def backup(config_path: str, log_mode: str | None) -> None:
     from cluster_node import logsetup
     from cluster_node.backup_node import run_backup
     from cluster_node.node import NodeStartError
-    from cluster_node.run_cmd import _internal_error, _operator_error
+    from cluster_node.cli.run import _internal_error, _operator_error
 
     os.umask(0o077)
     try:
