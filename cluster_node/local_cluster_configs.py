@@ -6,7 +6,6 @@ config directory. Mistakes raise ``LocalClusterError`` with the line to show.
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import socket
@@ -14,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster_node.local_cluster import LocalClusterError, Member
+from cluster_node.ports import pick_base_port
 
-__all__ = ["ClusterPlan", "plan_cluster", "pick_base_port", "write_cluster_configs", "member_key_file",
+__all__ = ["ClusterPlan", "plan_cluster", "write_cluster_configs", "member_key_file",
            "MEMBER_KEY_FILE", "members_from", "check_ports", "load_all"]
 
 @dataclass
@@ -106,48 +106,6 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
     except ConfigError as e:
         raise LocalClusterError(str(e)) from None
     return ClusterPlan(paths, client, True, svc)
-
-
-def _ephemeral_port_low() -> int:
-    """The lowest port the kernel hands out for port-0 binds (Linux default 32768)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _ports_free(host: str, ports: list[int]) -> bool:
-    socks = []
-    try:
-        for port in ports:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            socks.append(s)
-            s.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in socks:
-            s.close()
-
-
-def pick_base_port(nodes: int, host: str = "127.0.0.1", rng=None) -> int:
-    """A base port whose block (see ``generate_loopback_cluster``: base+i, base+100+i, base+200+i,
-    base+300+i) is free now and lies below the kernel's ephemeral range.
-
-    Why not port-0 "free ports": the configs are kept and reused by the next ``up``, and a port
-    taken from the ephemeral range is soon handed to some other process's port-0 bind (a client's
-    egress, an archive's response channel), which then blocks the member from starting. Below
-    the range only an explicit bind can take it. Blocks start at 21000, clear of configs/.
-    """
-    rng = rng or random.Random()
-    high = min(_ephemeral_port_low(), 65536) - 500
-    bases = list(range(21000, max(high, 21001), 500))
-    rng.shuffle(bases)
-    for base in bases:
-        if _ports_free(host, [base + 100 * k + i for k in range(4) for i in range(nodes)]):
-            return base
-    raise LocalClusterError(f"no free block of {4 * nodes} UDP ports on {host} between 21000 and {high + 500}")
 
 
 def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = True,

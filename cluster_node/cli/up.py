@@ -5,7 +5,7 @@ what an operator would start by hand), so killing one with ``kill -9`` is a real
 others really elect a new leader. ``up`` only
 
 1. decides the configs: generated into ``--dir`` with a block of free ports below the kernel's
-   ephemeral range (:func:`pick_base_port`), kept there so that a second ``up`` on the same
+   ephemeral range (:func:`cluster_node.ports.pick_base_port`), kept there so that a second ``up`` on the same
    directory restarts the same cluster with its state; or taken from ``--config-dir``
    (e.g. ``configs/``). Generated configs pin the members by role (``leader_cpus`` /
    ``follower_cpus``: the leader on a CPU of its own, the followers on the others), because
