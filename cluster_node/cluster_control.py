@@ -33,6 +33,7 @@ from typing import Callable
 
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.recording_log import Entry, RecordingLog
+from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
 from cluster_node.node_inspect import (
     CM_STATE_NAMES,
     COUNTER_TYPES,
@@ -50,12 +51,13 @@ from media.counters import CountersError, CountersReader
 
 # ------------------------------------------------------------------------------ cluster control
 
-TOGGLE_NEUTRAL, TOGGLE_SUSPEND, TOGGLE_RESUME, TOGGLE_SNAPSHOT, TOGGLE_SHUTDOWN, TOGGLE_ABORT = 1, 2, 3, 4, 5, 6
-STATE_ACTIVE, STATE_SUSPENDED, STATE_SNAPSHOT = 1, 2, 3
+TOGGLE_NEUTRAL, TOGGLE_SUSPEND, TOGGLE_RESUME = ToggleState.NEUTRAL, ToggleState.SUSPEND, ToggleState.RESUME
+TOGGLE_SNAPSHOT, TOGGLE_SHUTDOWN, TOGGLE_ABORT = ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT
+STATE_ACTIVE, STATE_SUSPENDED, STATE_SNAPSHOT = ModuleState.ACTIVE, ModuleState.SUSPENDED, ModuleState.SNAPSHOT
 STOPPABLE = (STATE_ACTIVE, STATE_SUSPENDED, STATE_SNAPSHOT)
 """States in which SHUTDOWN and ABORT are taken (a snapshot under way: ABORT abandons it,
 SHUTDOWN waits for it)."""
-_CONTROL_TYPE = 202
+_CONTROL_TYPE = CounterTypes.CLUSTER_CONTROL
 _STATE_NAMES = CM_STATE_NAMES
 _POLL_S = 0.02
 _TOGGLE_TIMEOUT_S = 10.0

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from cluster_node.local_cluster import Member, Supervisor, exit_text
+from cluster_node.identifiers import Role
 from cluster_node.member_view import CLOSED_ELECTION_STATE, LEADER_ROLE, ROLE_NAMES, election_state_name
 
 __all__ = ["render_table", "member_row", "member_lag", "leader_of", "Screen", "screen_lines"]
@@ -37,7 +38,7 @@ def member_row(m: Member, leader: Member | None = None) -> tuple[str, ...]:
     role = v.get("role")
     role_text = ROLE_NAMES.get(role, str(role)) if running and role is not None else "-"
     if role == LEADER_ROLE and running:
-        role_text = "LEADER"
+        role_text = Role.LEADER.name
     down_note = ""
     if not running and m.exit_code is not None:
         down_note = f" ({exit_text(m.exit_code)})"

@@ -15,6 +15,7 @@ import msgspec
 
 from cluster_node.config_units import _MS, _S, ConfigError, _prefixed
 from cluster_node.driver_dir import default_driver_dir
+from cluster_node.identifiers import StreamIds
 from media.channel import ChannelError, parse_endpoint
 
 SERVICE_ERROR_POLICIES = ("record", "stop")
@@ -110,17 +111,17 @@ class ClusterSection(_Section):
     max_sessions: int = 10
     file_sync_level: int = 0
     """0: no explicit sync; 1: sync data (recording.log, node-state); 2: data and metadata."""
-    log_stream_id: int = 100
-    ingress_stream_id: int = 101
-    egress_stream_id: int = 102
-    replay_stream_id: int = 103
-    service_stream_id: int = 104
+    log_stream_id: int = StreamIds.LOG
+    ingress_stream_id: int = StreamIds.INGRESS
+    egress_stream_id: int = StreamIds.EGRESS
+    replay_stream_id: int = StreamIds.REPLAY
+    service_stream_id: int = StreamIds.CONSENSUS_TO_SERVICE
     """consensus module -> service (IPC)."""
-    consensus_module_stream_id: int = 105
+    consensus_module_stream_id: int = StreamIds.SERVICE_TO_CONSENSUS
     """service -> consensus module (IPC)."""
-    service_snapshot_stream_id: int = 106
-    consensus_module_snapshot_stream_id: int = 107
-    consensus_stream_id: int = 108
+    service_snapshot_stream_id: int = StreamIds.SERVICE_SNAPSHOT
+    consensus_module_snapshot_stream_id: int = StreamIds.CONSENSUS_MODULE_SNAPSHOT
+    consensus_stream_id: int = StreamIds.CONSENSUS
     log_term_length: int = 64 * 1024 * 1024
     """Term length of the replicated log's publication (reference ``aeron:udp?term-length=64m``)."""
     consensus_term_length: int = 64 * 1024
@@ -383,8 +384,8 @@ class ClientSection(_Section):
     """``"0=host:port,1=host:port,..."`` (reference ``AeronCluster.Context.ingressEndpoints``)."""
     egress_endpoint: str = "127.0.0.1:0"
     """Where this client receives egress; port 0 picks a free port at connect time."""
-    ingress_stream_id: int = 101
-    egress_stream_id: int = 102
+    ingress_stream_id: int = StreamIds.INGRESS
+    egress_stream_id: int = StreamIds.EGRESS
     connect_timeout_ns: int = 10 * _S
     """Deadline of a connect: until it passes the client asks every member, through elections."""
     message_timeout_ns: int = 1 * _S

@@ -10,18 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster_node.identifiers import ROLE_NAMES as REFERENCE_ROLE_NAMES
+from cluster_node.identifiers import CounterTypes, ElectionState, Role
+
 __all__ = ["MemberView", "CounterIds", "read_member_view", "election_state_name",
            "ROLE_NAMES", "LEADER_ROLE", "CLOSED_ELECTION_STATE"]
 
-ROLE_NAMES = {0: "follower", 1: "candidate", 2: "leader"}
-LEADER_ROLE = 2
-CLOSED_ELECTION_STATE = 17
+ROLE_NAMES = {code: name.lower() for code, name in REFERENCE_ROLE_NAMES.items()}
+"""Role names as ``up`` shows them: lower case, but for a running leader (``LEADER``)."""
+LEADER_ROLE = Role.LEADER
+CLOSED_ELECTION_STATE = ElectionState.CLOSED
 
 
 def _counter_types() -> dict[str, int]:
     """The consensus agent's counter type ids, by the names the table uses."""
-    from cluster_node.consensus.agent import CounterTypes
-
     return {
         "role": CounterTypes.NODE_ROLE,
         "commit": CounterTypes.COMMIT_POSITION,
@@ -38,10 +40,8 @@ def election_state_name(code: int | None) -> str:
     if code is None:
         return "-"
     try:
-        from cluster_node.consensus.election import ElectionState
-
         return ElectionState(code).name
-    except (ImportError, ValueError):
+    except ValueError:
         return str(code)
 
 

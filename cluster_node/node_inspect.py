@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.conductor import RECORDING_POSITION_TYPE_ID
 from archive.segments import FRAME_FLAG_BEGIN, FRAME_FLAG_END, FRAME_TYPE_DATA, align, segment_file_name
 from archive.storage import (
     CATALOG_FILE_NAME,
@@ -64,6 +65,8 @@ from cluster_node.consensus.recording_log import (
     RecordingLog,
     RecordingLogError,
 )
+from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME
+from cluster_node.identifiers import MODULE_STATE_NAMES, ROLE_NAMES, CounterTypes, Role, StreamIds
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
 from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
@@ -76,37 +79,29 @@ class ToolRefusal(Exception):
     """What the node's state does not allow, or an operation that did not succeed (one line)."""
 
 
-RECORDING_LOG_FILE_NAME = "recording.log"
 LOG_FILE_NAME = Path("logs") / "node.log"
-DEFAULT_LOG_STREAM_ID = 100
-RECORDING_POSITION_TYPE_ID = 100
-"""Counter type of an archive recording's position (archive.conductor), keyed by recording id."""
+DEFAULT_LOG_STREAM_ID = StreamIds.LOG
 
-# The consensus module's counters (cluster_node.consensus.agent.CounterTypes), by the name used here.
+# The consensus module's counters, by the name used here (the keys of ``describe --json``).
 COUNTER_TYPES = {
-    "cm_state": 200,
-    "role": 201,
-    "commit_position": 203,
-    "election_state": 207,
-    "errors": 212,
-    "leadership_term_id": 239,
-    "append_position": 240,
-    "snapshot_count": 205,
+    "cm_state": CounterTypes.CONSENSUS_MODULE_STATE,
+    "role": CounterTypes.NODE_ROLE,
+    "commit_position": CounterTypes.COMMIT_POSITION,
+    "election_state": CounterTypes.ELECTION_STATE,
+    "errors": CounterTypes.ERRORS,
+    "leadership_term_id": CounterTypes.LEADERSHIP_TERM_ID,
+    "append_position": CounterTypes.APPEND_POSITION,
+    "snapshot_count": CounterTypes.SNAPSHOT_COUNTER,
     "service_errors": SERVICE_ERRORS_TYPE_ID,
-    "election_count": 238,
-    "leader_member_id": 1201,
-    "client_session_timeouts": 213,
-    "max_cycle_time_ns": 216,
-    "cycle_time_threshold_exceeded": 217,
-    "last_snapshot_duration_ns": 1202,
-    "max_snapshot_duration_ns": 234,
+    "election_count": CounterTypes.ELECTION_COUNT,
+    "leader_member_id": CounterTypes.LEADER_MEMBER_ID,
+    "client_session_timeouts": CounterTypes.CLIENT_TIMEOUT_COUNT,
+    "max_cycle_time_ns": CounterTypes.MAX_CYCLE_TIME,
+    "cycle_time_threshold_exceeded": CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED,
+    "last_snapshot_duration_ns": CounterTypes.LAST_SNAPSHOT_DURATION,
+    "max_snapshot_duration_ns": CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION,
 }
-PEER_APPEND_POSITION_TYPE_ID = 1203
-"""Each member's append position as this node, leading, last heard it (keyed by member id; -1
-when the node does not lead)."""
-ROLE_NAMES = {0: "FOLLOWER", 1: "CANDIDATE", 2: "LEADER"}
-ROLE_LEADER = 2
-CM_STATE_NAMES = {0: "INIT", 1: "ACTIVE", 2: "SUSPENDED", 3: "SNAPSHOT", 4: "QUITTING", 5: "TERMINATING", 6: "CLOSED"}
+CM_STATE_NAMES = MODULE_STATE_NAMES
 ENTRY_TYPE_NAMES = {ENTRY_TYPE_TERM: "TERM", ENTRY_TYPE_SNAPSHOT: "SNAPSHOT", ENTRY_TYPE_STANDBY_SNAPSHOT: "STANDBY_SNAPSHOT"}
 ERROR_LEVELS = frozenset({"error", "warning", "critical", "exception"})
 
@@ -175,7 +170,7 @@ class NodeDir:
         return (
             self.running
             and self.counters_current
-            and self.counter("role") == ROLE_LEADER
+            and self.counter("role") == Role.LEADER
             and self.counter("election_state") == ElectionState.CLOSED
         )
 
@@ -277,7 +272,7 @@ def _read_node_counters(path: Path, member_id: int) -> tuple[dict[str, int] | No
         for info in reader.counters():
             if not info.label.endswith(suffix):
                 continue
-            if info.type_id == PEER_APPEND_POSITION_TYPE_ID:
+            if info.type_id == CounterTypes.PEER_APPEND_POSITION:
                 if info.value >= 0:
                     positions.setdefault(info.registration_id, info.value)
                 continue
@@ -471,7 +466,7 @@ def member_lags(node: NodeDir) -> list[dict[str, int]]:
 
 
 
-def consensus_peers(node: NodeDir, consensus_stream_id: int = 108) -> list[str]:
+def consensus_peers(node: NodeDir, consensus_stream_id: int = StreamIds.CONSENSUS) -> list[str]:
     """Endpoints of the node's consensus publications (one per other member), from the counters'
     publication labels (``pub-pos: session=.. stream=108 aeron:udp?endpoint=host:port|...``)."""
     if not node.counters_current:

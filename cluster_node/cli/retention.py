@@ -44,6 +44,7 @@ from cluster_node.cli.archive import _locked as _archive_locked
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME, RecordingLogFile
 from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
+from cluster_node.identifiers import StreamIds
 from cluster_node.node_inspect import directory_lock, log_recording
 from media.private_files import FILE_MODE
 
@@ -66,7 +67,7 @@ def _stopped(ctx: click.Context, what: str):
               help="Keep the log from the N-th latest snapshot set on (1: the latest).")
 @click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
               help="Services of the node (a snapshot set has one snapshot per service).")
-@click.option("--log-stream-id", type=int, default=100, show_default=True, help="Stream id of the cluster log.")
+@click.option("--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log.")
 @JSON_OPTION
 @click.pass_context
 def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: int, as_json: bool) -> None:

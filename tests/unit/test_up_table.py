@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from cluster_node.consensus.agent import CounterTypes
+from cluster_node.identifiers import CounterTypes
 from cluster_node.cluster_table import render_table
 from cluster_node.local_cluster import Member
 from media.counters import CountersManager
