@@ -15,7 +15,7 @@ from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import ElectionState
 
 __all__ = ["CounterTypes", "ModuleState", "ToggleState", "Role", "ROLE_NAMES", "ElectionState", "StreamIds",
-           "MODULE_STATE_NAMES"]
+           "MODULE_STATE_NAMES", "ELECTION_STATE_NAMES", "code_name"]
 
 
 class CounterTypes:
@@ -70,6 +70,17 @@ class ToggleState:
 ROLE_NAMES = {role.value: role.name for role in Role}
 """Role code (counter type 201) -> the reference's name, upper case (``LEADER``); a view that
 shows roles in lower case lowers these."""
+
+
+def code_name(names: dict[int, str], code: int | None, missing: str = "?", unknown: str = "UNKNOWN({})") -> str:
+    """The name of a counter's code (a role, a state); ``missing`` when there is no counter and
+    ``unknown`` (formatted with the code) for a code of a newer version."""
+    if code is None:
+        return missing
+    return names.get(code, unknown.format(code))
+
+
+ELECTION_STATE_NAMES = {state.value: state.name for state in ElectionState}
 
 
 class StreamIds:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster_node.identifiers import ROLE_NAMES as REFERENCE_ROLE_NAMES
-from cluster_node.identifiers import CounterTypes, ElectionState, Role
+from cluster_node.identifiers import ELECTION_STATE_NAMES, CounterTypes, ElectionState, Role, code_name
 
 __all__ = ["MemberView", "CounterIds", "read_member_view", "election_state_name",
            "ROLE_NAMES", "LEADER_ROLE", "CLOSED_ELECTION_STATE"]
@@ -37,12 +37,7 @@ def _counter_types() -> dict[str, int]:
 
 
 def election_state_name(code: int | None) -> str:
-    if code is None:
-        return "-"
-    try:
-        return ElectionState(code).name
-    except ValueError:
-        return str(code)
+    return code_name(ELECTION_STATE_NAMES, code, missing="-", unknown="{}")
 
 
 @dataclass(frozen=True)

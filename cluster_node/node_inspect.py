@@ -66,7 +66,15 @@ from cluster_node.consensus.recording_log import (
     RecordingLogError,
 )
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME
-from cluster_node.identifiers import MODULE_STATE_NAMES, ROLE_NAMES, CounterTypes, Role, StreamIds
+from cluster_node.identifiers import (
+    ELECTION_STATE_NAMES,
+    MODULE_STATE_NAMES,
+    ROLE_NAMES,
+    CounterTypes,
+    Role,
+    StreamIds,
+    code_name,
+)
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
 from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
@@ -107,20 +115,15 @@ ERROR_LEVELS = frozenset({"error", "warning", "critical", "exception"})
 
 
 def role_name(value: int | None) -> str:
-    return "?" if value is None else ROLE_NAMES.get(value, f"UNKNOWN({value})")
+    return code_name(ROLE_NAMES, value)
 
 
 def election_state_name(value: int | None) -> str:
-    if value is None:
-        return "?"
-    try:
-        return ElectionState(value).name
-    except ValueError:
-        return f"UNKNOWN({value})"
+    return code_name(ELECTION_STATE_NAMES, value)
 
 
 def cm_state_name(value: int | None) -> str:
-    return "?" if value is None else CM_STATE_NAMES.get(value, f"UNKNOWN({value})")
+    return code_name(CM_STATE_NAMES, value)
 
 
 def node_pid_alive(pid: int) -> bool:
