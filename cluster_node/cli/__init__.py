@@ -18,7 +18,9 @@ from cluster_node.cli.stat import stat
 from cluster_node.cli.up import up
 from cluster_node.cli.client import client
 from cluster_node.cli.tool import tool
-from cluster_node.cli import retention  # noqa: F401 - adds purge-log and the recording.log tools to `tool`
+# These add their commands to `tool`: purge-log and the recording.log tools; cluster control; the
+# offline edits and describe-latest-snapshot.
+from cluster_node.cli import retention, tool_control, tool_offline  # noqa: F401
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
