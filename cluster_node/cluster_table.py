@@ -10,6 +10,7 @@ from pathlib import Path
 from cluster_node.local_cluster import Member, Supervisor, exit_text
 from cluster_node.identifiers import Role
 from cluster_node.member_view import CLOSED_ELECTION_STATE, LEADER_ROLE, ROLE_NAMES, election_state_name
+from cluster_node.text_table import format_table
 
 __all__ = ["render_table", "member_row", "member_lag", "leader_of", "Screen", "screen_lines"]
 
@@ -62,14 +63,7 @@ def render_table(members: list[Member]) -> list[str]:
     leading = [m for m in members if m.running_pid is not None and m.view.get("role") == LEADER_ROLE
                and m.view.get("state") == CLOSED_ELECTION_STATE]
     leader = leading[0] if len(leading) == 1 else None
-    rows = [_HEADINGS, *(member_row(m, leader) for m in members)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADINGS))]
-    right = {0, 1, 4, 6, 7, 8, 9, 10}
-    out = []
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        out.append("  ".join(cells).rstrip())
-    return out
+    return format_table([_HEADINGS, *(member_row(m, leader) for m in members)], right={0, 1, 4, 6, 7, 8, 9, 10})
 
 
 def leader_of(members: list[Member]) -> tuple[int, int] | None:

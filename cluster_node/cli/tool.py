@@ -83,6 +83,7 @@ from cluster_node.node_inspect import (
     segment_stats,
 )
 from cluster_node.service.skips import SKIP_FILE_NAME, SkipListError, read_skips
+from cluster_node.text_table import format_table
 from media.distinct_errors import ERROR_TABLE_FILES, read_error_table
 
 __all__ = ["tool"]
@@ -413,10 +414,9 @@ def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) ->
     click.echo("\n".join(lines))
     if not lags:
         headings, rows = headings[:-2], [r[:-2] for r in rows]
-    widths = [max(len(r[i]) for r in [headings, *rows]) for i in range(len(headings))]
     click.echo("")
-    for r in [headings, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    for line in format_table([headings, *rows]):
+        click.echo(line)
 
 
 @tool.command("recording-log")
@@ -435,10 +435,8 @@ def recording_log(ctx: click.Context, as_json: bool) -> None:
                + (f", torn tail of {rl.torn_tail_length} bytes (cut on the next start)" if rl.torn_tail_length else ""))
     headings = ("INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION", "TIMESTAMP", "SERVICE", "ENDPOINT")
     rows = [_entry_row(e) for e in rl.entries]
-    widths = [max(len(r[i]) for r in [headings, *rows]) for i in range(len(headings))]
-    for r in [headings, *rows]:
-        click.echo("  ".join(cell.rjust(w) if i not in (1, 2, 9) else cell.ljust(w)
-                             for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    for line in format_table([headings, *rows], right=(0, 3, 4, 5, 6, 7, 8)):
+        click.echo(line)
 
 
 def _entry_row(e: Entry) -> tuple[str, ...]:
