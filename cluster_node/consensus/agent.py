@@ -101,7 +101,8 @@ from cluster_node.consensus.snapshot import (
 from cluster_node.consensus.timers import Timers
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.exit_codes import ExitCode, NodeFailure, fail
-from cluster_node.service.container import RECOVERY_STATE_TYPE_ID, recovery_state_label
+from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
+from cluster_node.service.container import recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording, record_snapshot
 from cluster_node.wall_clock import wall_clock
 from media.channel import ChannelUri, parse, reply_channel_refusal
@@ -143,48 +144,6 @@ _TIMESTAMP_PACK = struct.Struct("<q").pack_into
 _BLOCK = 256 * 1024
 """The longest block a copy moves at once: a quarter of the log's term at most (see
 :meth:`ConsensusAgent._copy`)."""
-
-
-class CounterTypes:
-    """Counter type ids of the node's own counters (the reference cluster's numbers)."""
-
-    CONSENSUS_MODULE_STATE = 200
-    NODE_ROLE = 201
-    COMMIT_POSITION = 203
-    RECOVERY_STATE = RECOVERY_STATE_TYPE_ID  # 204
-    SNAPSHOT_COUNTER = 205
-    ELECTION_STATE = 207
-    LEADERSHIP_TERM_ID = 239
-    APPEND_POSITION = 240
-    ERRORS = 212
-    CLUSTER_CONTROL = 202
-    CLIENT_TIMEOUT_COUNT = 213
-    MAX_CYCLE_TIME = 216
-    CYCLE_TIME_THRESHOLD_EXCEEDED = 217
-    TOTAL_MAX_SNAPSHOT_DURATION = 234
-    ELECTION_COUNT = 238
-    # Ours (the reference keeps these in its mark file or in its tools, not as counters):
-    LEADER_MEMBER_ID = 1201
-    LAST_SNAPSHOT_DURATION = 1202
-    PEER_APPEND_POSITION = 1203
-    """One per member, keyed by that member's id: the append position it last reported to this
-    node while this node leads (-1 when it does not lead), so a lagging follower shows on the
-    leader."""
-    SNAPSHOT_TRANSFERS = 1204
-    """1 when this start copied its snapshot set from another member (an empty directory), else 0."""
-
-
-class ModuleState:
-    """ConsensusModule.State codes (counter type 200)."""
-
-    INIT, ACTIVE, SUSPENDED, SNAPSHOT, QUITTING, TERMINATING, CLOSED = range(7)
-
-
-class ToggleState:
-    """ClusterControl.ToggleState codes (counter type 202): an operator sets one, the leader acts
-    on it and puts NEUTRAL back."""
-
-    INACTIVE, NEUTRAL, SUSPEND, RESUME, SNAPSHOT, SHUTDOWN, ABORT, STANDBY_SNAPSHOT = range(8)
 
 
 class RecordingLogFile:
