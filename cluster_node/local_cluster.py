@@ -224,6 +224,8 @@ class Supervisor:
         self.echo = echo
         self.events: collections.deque[str] = collections.deque(maxlen=_EVENTS_SHOWN)
         self.stop_requests = 0
+        self.kill_reason = ""
+        """Why :meth:`stop_all` killed members (for the closing line)."""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -384,11 +386,15 @@ class Supervisor:
                 break
             self.wait(min(0.05, left))
         killed = 0
+        # Said as it happened: a second Ctrl-C (or SIGTERM) asks for the kill at once, which is
+        # not a member that failed to stop in time.
+        self.kill_reason = ("were still stopping at a second stop request" if self.stop_requests > requests_before
+                            else f"did not stop within {timeout_s:g}s")
         for entry in targets:
             if running(entry):
                 m, pid, child = entry
                 killed += 1
-                self.event(f"member {m.member_id} did not stop within {timeout_s:g}s: SIGKILL")
+                self.event(f"member {m.member_id} {self.kill_reason.replace('were', 'was')}: SIGKILL")
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:

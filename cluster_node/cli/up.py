@@ -192,4 +192,4 @@ def _up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path
         finally:
             sup.restore_signals()
     if killed:
-        raise click.ClickException(f"{killed} member(s) did not stop within {stop_timeout:g}s and were killed")
+        raise click.ClickException(f"{killed} member(s) {sup.kill_reason} and were killed")
