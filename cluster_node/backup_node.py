@@ -50,6 +50,11 @@ __all__ = ["run_backup"]
 log = structlog.get_logger("cluster_node.backup")
 
 _NEW_TERM_TEMPLATE_ID = codecs.NewLeadershipTermEvent.TEMPLATE_ID
+
+
+def _to_ms(timestamp: int, unit: int) -> int:
+    """A log timestamp in the cluster's time unit, in milliseconds (recording.log's unit)."""
+    return timestamp // {codecs.ClusterTimeUnit.MILLIS: 1, codecs.ClusterTimeUnit.MICROS: 1_000}.get(unit, 1_000_000)
 _SCAN_CHUNK = 4 * 1024 * 1024
 
 
@@ -237,7 +242,8 @@ class _Backup:
                 continue
             log.info("new leadership term in the log", leadership_term_id=msg.leadership_term_id,
                      term_base_log_position=msg.term_base_log_position, position=f.position)
-            self.core.on_new_term(msg.leadership_term_id, msg.term_base_log_position, time.monotonic_ns())
+            self.core.on_new_term(msg.leadership_term_id, msg.term_base_log_position,
+                                  _to_ms(msg.timestamp, msg.time_unit), time.monotonic_ns())
         self._scanned = max(self._scanned, min(last, end))
         return 1
 

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cluster_node.consensus.counters import CounterTypes
+from cluster_node.identifiers import CounterTypes
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
 from media.counters import CounterInfo, CountersError, CountersReader, CounterType, SystemCounter, pid_alive
 

@@ -26,6 +26,7 @@ import trio
 
 from archive.client import ArchiveClient, ArchiveError
 from archive.codecs import RecordingSignal
+from cluster_node.identifiers import StreamIds
 from media.channel import parse
 
 __all__ = ["IpcDriver", "SnapshotIOError", "record_snapshot", "read_recording", "SNAPSHOT_TERM_LENGTH",
@@ -34,7 +35,7 @@ __all__ = ["IpcDriver", "SnapshotIOError", "record_snapshot", "read_recording", 
 SNAPSHOT_TERM_LENGTH = 16 * 1024 * 1024
 MAX_SNAPSHOT_RECORD_LENGTH = SNAPSHOT_TERM_LENGTH // 8
 """The largest record a snapshot can hold (a publication's largest message: a term / 8)."""
-REPLAY_STREAM_ID = 103
+REPLAY_STREAM_ID = StreamIds.REPLAY
 
 
 class SnapshotIOError(Exception):

@@ -28,7 +28,8 @@ the tasks waiting for the loop to go idle (``trio.testing.wait_all_tasks_blocked
 cancel status, the deadline heap and the run's epoll object. They are checked once per run;
 where one is missing (another trio version, another I/O backend), or the run has a clock of its
 own (tests' ``MockClock``) or is a guest run, :meth:`DirectPark.wait` answers None and the
-caller waits through trio as before. ``PYCLUSTER_DIRECT_PARK=0`` turns it off.
+caller waits through trio as before. ``DirectPark(fd, enabled=False)`` always declines (the
+driver's ``DriverConfig.direct_park``).
 
 The checks are a few attribute reads and one pass over the run's tasks (a few dozen in a node):
 a wait that finds its fd ready costs a small fraction of what it saves, the system call
@@ -38,16 +39,11 @@ included.
 from __future__ import annotations
 
 import math
-import os
 import select
 
 import trio
 
 __all__ = ["DirectPark"]
-
-_ENABLED = os.environ.get("PYCLUSTER_DIRECT_PARK", "1") != "0"
-"""``PYCLUSTER_DIRECT_PARK=0`` in the environment turns direct waits off (every wait goes through
-trio), for comparisons and as a way out should a trio release change what this relies on."""
 
 try:
     from trio._core._run import GLOBAL_RUN_CONTEXT as _RUN_CONTEXT
@@ -85,10 +81,13 @@ class DirectPark:
     One per waiting fd; it keeps an epoll set of ``fd`` and the current run's epoll fd, made on
     first use in each run. Not thread-safe: one thread waits on it at a time."""
 
-    __slots__ = ("_fd", "_runner", "_ep", "_trio_fd")
+    __slots__ = ("_fd", "_enabled", "_runner", "_ep", "_trio_fd")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, enabled: bool = True) -> None:
         self._fd = fd
+        self._enabled = enabled
+        """False: every wait goes through trio (:meth:`wait` declines), for comparisons and as a
+        way out should a trio release change what this relies on."""
         self._runner = None
         self._ep: select.epoll | None = None
         self._trio_fd = -1
@@ -101,7 +100,7 @@ class DirectPark:
         through trio. False: ``fd`` is ready (or the wait ended early), and no trio step is
         needed. True: trio has something to do; the caller takes a checkpoint (``fd`` may be
         ready too)."""
-        if not _ENABLED:
+        if not self._enabled:
             return None
         try:
             runner = _RUN_CONTEXT.runner

@@ -1,6 +1,6 @@
 """The one waiter on the driver's receive set: who may wait on the epoll fd, and how it is handed on.
 
-Every socket of the media driver sits in one epoll set (media.driver, *receiver*). Several tasks
+Every socket of the media driver sits in one epoll set (media.driver.invoker). Several tasks
 of the driver's thread take turns waiting on it: the receiver task, a duty cycle that claimed
 the receive side (``MediaDriver.claim_receive``), a task in a UDP ``Subscription.wait``, a
 replay's helper task. trio lets one task at a time wait for a fd to be readable; a second one
@@ -43,9 +43,9 @@ class ReceiveSetWaiter:
 
     __slots__ = ("_fd", "_direct", "_task", "_scope", "evictions")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, direct: bool = True) -> None:
         self._fd = fd
-        self._direct = DirectPark(fd)
+        self._direct = DirectPark(fd, enabled=direct)  # (direct=False: every wait through trio)
         self._task: trio.lowlevel.Task | None = None  # the task registered with trio on the fd
         self._scope: trio.CancelScope | None = None  # its wait's scope (set iff _task is)
         self.evictions = 0

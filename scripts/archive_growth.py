@@ -29,7 +29,7 @@ import trio  # noqa: E402
 
 from cluster_node.config import parse_size  # noqa: E402
 from cluster_node.service.examples.kv import Put, Status  # noqa: E402
-from tests.support.cluster import TestCluster, open_kv_client  # noqa: E402
+from harness.cluster import TestCluster, open_kv_client  # noqa: E402
 
 SEGMENT = 64 * 1024
 

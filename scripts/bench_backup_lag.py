@@ -32,8 +32,8 @@ from cluster_node.consensus.backup import BackupCounterTypes, BackupState  # noq
 from cluster_node.driver_dir import default_driver_dir  # noqa: E402
 from cluster_node.service.examples.kv import Put  # noqa: E402
 from media.counters import CountersReader  # noqa: E402
-from tests.integration.test_cluster_backup import Backup  # noqa: E402
-from tests.support.cluster import TestCluster, open_kv_client  # noqa: E402
+from harness.backup import Backup  # noqa: E402
+from harness.cluster import TestCluster, open_kv_client  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from archive.spark.reader import ArchiveSet  # noqa: E402
 from cluster_node.pipeline.decoder import ClusterLogDecoder  # noqa: E402
-from tests.support.synthetic_archive import build_uniform_log, write_archive  # noqa: E402
+from harness.synthetic_archive import build_uniform_log, write_archive  # noqa: E402
 
 
 def log(text: str) -> None:

@@ -35,7 +35,7 @@ import trio  # noqa: E402
 from archive.catalog import Catalog  # noqa: E402
 from archive.storage import CATALOG_FILE_NAME  # noqa: E402
 from cluster_node.service.examples.kv import Put, Status  # noqa: E402
-from tests.support.cluster import TestCluster, _node_command, open_kv_client  # noqa: E402
+from harness.cluster import TestCluster, _node_command, open_kv_client  # noqa: E402
 
 
 def say(*parts) -> None:

@@ -33,7 +33,7 @@ import trio  # noqa: E402
 
 from cluster_node.client import open_cluster_client  # noqa: E402
 from cluster_node.service.examples.kv import Put, Status, decode_reply, encode_request  # noqa: E402
-from tests.support.cluster import TestCluster  # noqa: E402
+from harness.cluster import TestCluster  # noqa: E402
 
 
 async def _one_shot(config, key: str, close: bool = True) -> None:

@@ -53,8 +53,8 @@ import trio  # noqa: E402
 import bench_cluster as bc  # noqa: E402
 from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
 from cluster_node.client import open_cluster_client  # noqa: E402
-from tests.support.cluster import TestCluster  # noqa: E402
-from tests.support.procs import child_pids  # noqa: E402
+from harness.cluster import TestCluster  # noqa: E402
+from harness.procs import child_pids  # noqa: E402
 
 
 def _user_sys_ticks(pid: int) -> tuple[int, int]:

@@ -1,10 +1,10 @@
-"""docs/configuration.md, generated from the config schema (``cluster_node/config.py``).
+"""docs/configuration.md, generated from the config schema (``cluster_node/config_schema.py``).
 
     scripts/gen_config_doc            # rewrite docs/configuration.md
     scripts/gen_config_doc --check    # exit 1 if docs/configuration.md differs from the schema
 
 Every key of every table, with its type or unit, its default and its meaning. The meaning is
-the field's docstring in ``cluster_node/config.py``; fields without one take theirs from
+the field's docstring in ``cluster_node/config_schema.py``; fields without one take theirs from
 ``MEANINGS`` below (tests/test_docs.py fails for a key that has neither, and when the doc and
 the schema differ).
 """
@@ -102,7 +102,7 @@ MEANINGS: dict[tuple[str, str], str] = {
 
 def _field_docs() -> dict[tuple[str, str], str]:
     """Attribute docstrings (a string right after a field) of the config structs, by class and field."""
-    tree = ast.parse((ROOT / "cluster_node" / "config.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "cluster_node" / "config_schema.py").read_text(encoding="utf-8"))
     docs = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):

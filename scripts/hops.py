@@ -361,7 +361,7 @@ def main() -> None:
     from cluster_node.logsetup import configure
 
     configure(level="warning")  # the client's connection events would bury the table
-    from tests.support.cluster import TestCluster
+    from harness.cluster import TestCluster
 
     with tempfile.TemporaryDirectory(prefix="hops-") as tmp:
         trace_dir = Path(args.keep) if args.keep else Path(tmp) / "trace"

@@ -4,6 +4,8 @@
   ``cluster_node``.
 * A module whose docstring's first line ends with ``(core)`` is sans-I/O: it imports no trio, no
   sockets, no clock, no threads, no mmap. Time arrives as ``now_ns`` and randomness is injected.
+* ``cluster_node/cli/`` modules read the media layer's file formats only, and never import the
+  consensus agent: the logic behind a command lives in a module it calls.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ FORBIDDEN_IN_CORE = {"trio", "socket", "select", "selectors", "asyncio", "time",
 EXPECTED_CORE = {
     "media/channel.py",
     "media/frames.py",
-    "media/sender.py",
-    "media/receiver.py",
+    "media/sender_core.py",
+    "media/receiver_core.py",
     "media/loss.py",
     "media/framescan.py",
     "archive/segments.py",
@@ -77,3 +79,18 @@ def test_expected_core_modules_are_marked() -> None:
         if not path.exists():
             continue
         assert _is_core(ast.parse(path.read_text())), f"{rel} must be marked (core) in its docstring"
+
+
+# The command line is a shell over what the package's modules do: a command may read the media
+# layer's file formats (the counters file, the distinct-error tables, private file modes, channel
+# text), never drive the media driver or the consensus agent itself.
+CLI_MEDIA_ALLOWED = {"media.counters", "media.distinct_errors", "media.private_files", "media.channel"}
+CLI_FORBIDDEN = {"cluster_node.consensus.agent"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "cluster_node" / "cli").glob("*.py")), ids=lambda p: p.name)
+def test_cli_modules_import_no_driver_internals(path: Path) -> None:
+    imported = _imports(ast.parse(path.read_text(), filename=str(path)))
+    media = {name for name in imported if name == "media" or name.startswith("media.")}
+    bad = (media - CLI_MEDIA_ALLOWED) | (imported & CLI_FORBIDDEN)
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: put that logic in a module the command calls"

@@ -74,7 +74,7 @@ from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.cluster_clock import ClusterClock
 from cluster_node.consensus.cluster_control import ClusterControl
 from cluster_node.consensus.consensus_adapter import ConsensusAdapter
-from cluster_node.consensus.counters import CounterTypes, ModuleState, ToggleState
+from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.effect_executor import EffectExecutor
 from cluster_node.consensus.egress_publisher import ONE_SHOT_REPLIES_PER_S, EgressPublisher
 from cluster_node.consensus.idle_strategy import IdleStrategy

@@ -39,7 +39,7 @@ the next answer names the new leader.
 Inputs: ``do_work(now_ns)``, ``on_response(resp, now_ns)``, ``on_snapshot_retrieved(snapshot,
 dst_recording_id, now_ns)``, ``on_log_recording(recording_id, now_ns)``,
 ``on_live_log_replay_started(recording_id, now_ns)``, ``on_live_log_position(position, now_ns)``,
-``on_live_log_ended(stop_position, now_ns)``, ``on_new_term(term_id, base, now_ns)``,
+``on_live_log_ended(stop_position, now_ns)``, ``on_new_term(term_id, base, timestamp_ms, now_ns)``,
 ``on_failure(reason, now_ns)``. Effects (drained with ``drain_effects``) are the dataclasses
 below; ``WriteRecordingLog`` carries recording.log patches as the consensus core's do.
 """
@@ -436,8 +436,10 @@ class ClusterBackupCore:
         if position > self.live_position:
             self.live_position = position
 
-    def on_new_term(self, leadership_term_id: int, term_base_log_position: int, now_ns: int) -> None:
-        """A NewLeadershipTermEvent found in our copy of the log."""
+    def on_new_term(self, leadership_term_id: int, term_base_log_position: int, timestamp_ms: int,
+                    now_ns: int) -> None:
+        """A NewLeadershipTermEvent found in our copy of the log; ``timestamp_ms`` its cluster
+        time in milliseconds (recording.log's unit, as members write their TERM entries)."""
         self.highest_term_seen = max(self.highest_term_seen, leadership_term_id)
         last = self.recording_log.last_term()
         if self.live_recording_id == NULL_VALUE or (last is not None and leadership_term_id <= last.leadership_term_id):
@@ -445,7 +447,7 @@ class ClusterBackupCore:
         if last is not None and term_base_log_position < last.term_base_log_position:
             return
         self._emit(WriteRecordingLog(self.recording_log.append_term(
-            self.live_recording_id, leadership_term_id, term_base_log_position, now_ns)))
+            self.live_recording_id, leadership_term_id, term_base_log_position, timestamp_ms)))
         answered = self.response.last_leadership_term_id if self.response is not None else NULL_VALUE
         if self.state == BackupState.BACKING_UP and leadership_term_id > answered:
             # An election since the last answer: ask again, the answer names the new leader.

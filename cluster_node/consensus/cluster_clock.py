@@ -15,28 +15,42 @@ every reading it returned before. A leader whose clock is behind holds cluster t
 log left it until its clock passes that point: timers and session timeouts wait meanwhile,
 nothing runs twice or out of order. A clock stepped forward moves cluster time forward at once
 (a real step in time for the cluster).
+
+A timestamp more than :data:`MAX_AHEAD_NS` past this member's wall clock is not believed (a
+file damaged or written in another unit, not a clock that is merely ahead): following it would
+hold cluster time still for that long, or past what an int64 holds. It is counted in
+:attr:`ClusterClock.implausible` and left out.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["ClusterClock"]
+__all__ = ["ClusterClock", "MAX_AHEAD_NS"]
+
+MAX_AHEAD_NS = 86_400 * 1_000_000_000
+"""How far past this member's wall clock a timestamp may be and still be followed: a day, far
+more than any two members' clocks differ by."""
 
 
 class ClusterClock:
     """``now()``: the wall clock, never below :attr:`floor` (module docstring)."""
 
-    __slots__ = ("_wall", "floor")
+    __slots__ = ("_wall", "floor", "implausible")
 
     def __init__(self, wall: Callable[[], int], floor: int = 0) -> None:
         self._wall = wall
         self.floor = floor
         """The highest cluster time this member knows the log (or its own readings) reached."""
+        self.implausible = 0
+        """Timestamps left out for being more than MAX_AHEAD_NS past the wall clock."""
 
     def observe(self, timestamp: int) -> None:
         """A timestamp read from the log (an entry applied, replayed, or a snapshot's time)."""
         if timestamp > self.floor:
+            if timestamp - self._wall() > MAX_AHEAD_NS:
+                self.implausible += 1
+                return
             self.floor = timestamp
 
     def now(self) -> int:

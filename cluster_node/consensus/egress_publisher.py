@@ -15,7 +15,7 @@ import structlog
 import trio
 
 from cluster_node.codecs import EGRESS_CODEC, NULL_VALUE
-from cluster_node.consensus.counters import ModuleState, ToggleState
+from cluster_node.identifiers import ModuleState, ToggleState
 from cluster_node.consensus.sessions import (
     AppendSessionEvent,
     AuthenticatorFailed,

@@ -30,7 +30,7 @@ from cluster_node.consensus.backup import (
     SendBackupQuery,
     StartLogRecording,
 )
-from cluster_node.consensus.counters import CounterTypes
+from cluster_node.identifiers import CounterTypes
 from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, restore_cm_snapshot
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.exit_codes import ExitCode, fail

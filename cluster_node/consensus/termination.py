@@ -17,7 +17,7 @@ import trio
 
 from cluster_node import codecs
 from cluster_node.codecs import NULL_POSITION
-from cluster_node.consensus.counters import ModuleState
+from cluster_node.identifiers import ModuleState
 from cluster_node.consensus.module import Role
 
 log = structlog.get_logger("consensus")

@@ -4,11 +4,12 @@ log decoder, so that ``spark.read.format("cluster_log").load(node_dirs)`` gives 
 from __future__ import annotations
 
 from archive.spark.datasource import ArchiveDataSource
+from cluster_node.identifiers import StreamIds
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 
 __all__ = ["LOG_STREAM_ID", "ClusterLogDataSource"]
 
-LOG_STREAM_ID = 100
+LOG_STREAM_ID = StreamIds.LOG
 
 
 class ClusterLogDataSource(ArchiveDataSource):

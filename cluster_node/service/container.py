@@ -58,6 +58,7 @@ from cluster_node.consensus.snapshot import (
     decode_service_snapshot,
     encode_service_snapshot,
 )
+from cluster_node.identifiers import CounterTypes, StreamIds
 from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import (
     MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
@@ -75,10 +76,10 @@ __all__ = ["ServiceContainer", "ServiceStartError", "CONSENSUS_TO_SERVICE_STREAM
 
 log = structlog.get_logger("service")
 
-CONSENSUS_TO_SERVICE_STREAM_ID = 104
-SERVICE_TO_CONSENSUS_STREAM_ID = 105
+CONSENSUS_TO_SERVICE_STREAM_ID = StreamIds.CONSENSUS_TO_SERVICE
+SERVICE_TO_CONSENSUS_STREAM_ID = StreamIds.SERVICE_TO_CONSENSUS
 CONTROL_CHANNEL = "aeron:ipc?term-length=128k"
-RECOVERY_STATE_TYPE_ID = 204
+RECOVERY_STATE_TYPE_ID = CounterTypes.RECOVERY_STATE
 """Counter type of the consensus module's RecoveryState for a starting service: registration id
 = the snapshot's log position, value = the service snapshot's recording id (-1: none)."""
 _FRAGMENT_LIMIT = 256

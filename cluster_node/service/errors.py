@@ -32,6 +32,7 @@ import enum
 from dataclasses import dataclass
 
 from cluster_node.codecs import MAX_ERROR_PAYLOAD_PREFIX, MAX_TEXT_LENGTH
+from cluster_node.identifiers import CounterTypes
 
 __all__ = [
     "ServiceErrorPolicy",
@@ -43,7 +44,7 @@ __all__ = [
     "payload_prefix",
 ]
 
-SERVICE_ERRORS_TYPE_ID = 215
+SERVICE_ERRORS_TYPE_ID = CounterTypes.SERVICE_ERRORS
 """Counter type of a member's count of service callback errors (the reference's clustered
 service error count type)."""
 

@@ -23,7 +23,8 @@ import pytest
 
 from cluster_node.config import ClientConfig, ClientSection, client_config_to_toml, free_fixed_udp_ports
 from cluster_node.driver_dir import default_driver_dir
-from cluster_node.up_cmd import LEADER_ROLE, read_member_view, write_cluster_configs
+from cluster_node.local_cluster_configs import write_cluster_configs
+from cluster_node.member_view import LEADER_ROLE, read_member_view
 
 CLI = Path(sys.executable).with_name("cluster-node")
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,7 +240,7 @@ def test_up_pins_generated_members_by_role_unless_told_not_to(tmp_path):
 
 def test_up_keep_cpus_awake_goes_into_generated_configs_and_is_refused_for_others(tmp_path):
     from cluster_node.config import load_node_config
-    from cluster_node.up_cmd import plan_cluster
+    from cluster_node.local_cluster_configs import plan_cluster
 
     plan = plan_cluster(3, tmp_path / "awake", None, None, False, keep_cpus_awake=True)
     assert all(load_node_config(p).node.keep_cpus_awake for p in plan.node_config_paths)

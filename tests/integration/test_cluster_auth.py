@@ -197,6 +197,7 @@ async def test_a_session_takes_messages_only_from_its_own_client(tmp_path) -> No
     """Another process that knows a session's id and term (they are in the log) writes into it
     and closes it, from another address and from the client's own: both are refused."""
     cluster, keys = start_cluster(tmp_path)
+    cluster.expect_errors(counted=True)  # every refused message is counted, as bad input is
     with cluster:
         leader = cluster.start()
         async with open_kv_client(cluster.client_config, credentials=SharedSecretCredentials(ALICE, keys.alice)) as kv:

@@ -3,24 +3,20 @@ directory. Real processes, real UDP."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import trio
 
-from archive.catalog import Catalog
-from archive.storage import CATALOG_FILE_NAME, iter_frames
+from archive.storage import iter_frames
 from cluster_node.consensus.backup import BackupState
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from cluster_node.service.examples.kv import Put, Status
 from tests.integration.test_cluster_snapshots import get_all, put_all, take_snapshot
-from tests.support.cluster import ROOT, TestCluster, _node_command, open_kv_client
+from harness.backup import Backup
+from tests.support.cluster import TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow
 
@@ -29,68 +25,6 @@ pytestmark = pytest.mark.slow
 def cluster(tmp_path):
     with TestCluster(tmp_path) as c:
         yield c
-
-
-class Backup:
-    """A ``cluster-node backup`` process and its directory."""
-
-    def __init__(self, cluster: TestCluster, base: Path, query_interval: str = "1h", secret_file: str = "") -> None:
-        self.dir = base / "backup"
-        self.config = base / "backup.toml"
-        self.config.write_text(
-            "[backup]\n"
-            f'dir = "{self.dir}"\n'
-            'host = "127.0.0.1"\n'
-            f'query_interval = "{query_interval}"\n'
-            'response_timeout = "1s"\n'
-            'cool_down = "1s"\n'
-            "[cluster]\n"
-            f'members = "{cluster.nodes[0].cfg.members_text}"\n'
-            + (f'secret_file = "{secret_file}"\n' if secret_file else "") +
-            "[driver]\n"
-            'image_liveness_timeout = "2s"\n'
-            'publication_connection_timeout = "2s"\n'
-            'term_length = "4m"\n'
-            'ipc_term_length = "4m"\n'
-        )
-        self.out = base / "backup.out"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen([*_node_command(), "backup", "--config", str(self.config)],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-
-    def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(20)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stat(self) -> dict:
-        r = subprocess.run([*_node_command(), "stat", "--dir", str(self.dir), "--json"], capture_output=True,
-                           text=True, timeout=30)
-        if r.returncode != 0:
-            return {}
-        return json.loads(r.stdout).get("backup", {})
-
-    def describe(self) -> str:
-        text = self.out.read_text(errors="replace")[-3000:] if self.out.exists() else ""
-        logs = self.dir / "logs" / "backup.log"
-        tail = "\n".join(logs.read_text(errors="replace").splitlines()[-30:]) if logs.exists() else ""
-        return f"---- backup output ----\n{text}\n---- backup log ----\n{tail}"
-
-    def log_recording(self):
-        catalog = Catalog.from_bytes((self.dir / "archive" / CATALOG_FILE_NAME).read_bytes(), strict=False)
-        recs = [d for d in catalog if d.stream_id == 100]
-        assert len(recs) == 1, recs
-        return recs[0]
 
 
 def commit_of(cluster: TestCluster, member_id: int) -> int:

@@ -7,7 +7,7 @@ speaks a line protocol on stdin/stdout. The test SIGSTOPs the child; the leader'
 client's ingress image for liveness (seen in the leader's counters file: the image's receiver
 counters are freed), then the test SIGCONTs it. The child's driver has not run meanwhile: its
 ingress sender still believes it is connected, and the data of the next request must not go to
-the image the leader no longer has (media.sender, *stall*). The requests are kv APPENDs sent once
+the image the leader no longer has (media.sender_core, *stall*). The requests are kv APPENDs sent once
 each, never resent: a lost one times out, a doubled one shows in the value.
 """
 

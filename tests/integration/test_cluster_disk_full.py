@@ -52,7 +52,9 @@ def fill(directory, name="filler") -> int:
 
 
 async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_freed(tmp_path, small_disk) -> None:
-    with TestCluster(tmp_path, appointed_leader_id=0) as cluster:
+    # The full disk is the member's ERROR lines and exit line, and its counted failure.
+    with TestCluster(tmp_path, appointed_leader_id=0, expect_counted_errors=True,
+                     expected_errors=[r"No space left on device", r"archive cannot write"]) as cluster:
         node = cluster.nodes[FULL_MEMBER]
         text = node.config_path.read_text()
         assert "[archive]" in text

@@ -430,7 +430,7 @@ def test_a_stopped_node_is_reported_as_not_running(own_cluster):
 
 @pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
 def test_reading_the_log_backwards_matches_reading_it_forwards(tmp_path, block_bytes):
-    from cluster_node.tool_cmd import iter_lines_backwards
+    from cluster_node.node_inspect import iter_lines_backwards
 
     lines = [f'{{"i": {i}, "level": "{"warning" if i % 7 == 0 else "info"}"}}' + "x" * (i % 13) for i in range(300)]
     path = tmp_path / "node.log"

@@ -104,7 +104,7 @@ async def test_a_datagram_whose_handling_raises_closes_its_image_only(tmp_path, 
         sub = driver.add_subscription(channel, 9)
         good, bad = driver.add_publication(channel, 9), driver.add_publication(channel, 9)
         await _until(lambda: good.is_connected and bad.is_connected and sub.image_count == 2)
-        from media.receiver import ImageReceiverCore
+        from media.receiver_core import ImageReceiverCore
 
         real = ImageReceiverCore.on_data
 

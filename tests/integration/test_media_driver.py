@@ -432,7 +432,7 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 @pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
 async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
     if not timerfd:
-        monkeypatch.setattr("media.driver.open_timerfd", lambda: None)  # as where Linux has none
+        monkeypatch.setattr("media.driver.media_driver.open_timerfd", lambda: None)  # as where Linux has none
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         pub, sub = await _connected_pair(driver)

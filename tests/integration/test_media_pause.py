@@ -8,11 +8,11 @@ timeouts: that freeze is the fault under test. Every other wait is for a conditi
 
 * The publisher stalls: the subscriber's driver drops the image meanwhile. What was offered
   before the stall, right before it (written but not yet sent) and after it arrives exactly once,
-  in order (media.sender, *stall*).
+  in order (media.sender_core, *stall*).
 * The publisher stalls but the subscriber keeps images longer: the SETUP the stalled sender sends
   is harmless, the image stays, nothing is doubled.
 * The subscriber stalls while the publisher keeps offering: the image is not dropped before what
-  waited in the socket is read, and everything arrives exactly once (media.receiver, *a stall of
+  waited in the socket is read, and everything arrives exactly once (media.receiver_core, *a stall of
   our own*).
 
 Which of the driver's tasks runs first after a freeze is up to the scheduler, so each case is

@@ -39,9 +39,8 @@ def _trio_reader(fd: int):
     return None if registered is None else registered.read_task
 
 
-def _through_trio(monkeypatch) -> None:
-    """Every park waits through trio (as when other tasks are runnable), never in the kernel."""
-    monkeypatch.setattr("media.directpark._ENABLED", False)
+THROUGH_TRIO = dict(direct_park=False)
+"""Every park waits through trio (as when other tasks are runnable), never in the kernel."""
 
 
 async def _claim_and_park_until_taken(driver, left: trio.Event) -> None:
@@ -68,14 +67,13 @@ async def _received_by_the_receiver_task(driver, pub, sub, payload: bytes) -> No
 
 
 async def test_a_claimant_parked_through_trio_is_sent_away_by_a_new_claim_before_the_receiver_waits_again(
-        tmp_path, monkeypatch):
+        tmp_path):
     """The single-member cluster's start: a task parked through trio (an archive request in
     ``Subscription.wait``), the agent claims, reads (which consumed the old wake-up signal) and
     hands the claim back; the receiver task then waits on the set while the first task was
     still registered on it."""
-    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+    async with open_media_driver(dir=tmp_path, **SLOW, **THROUGH_TRIO) as driver:
         pub, sub = await _connected_pair(driver)
-        _through_trio(monkeypatch)
         first_left = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_claim_and_park_until_taken, driver, first_left)
@@ -90,10 +88,9 @@ async def test_a_claimant_parked_through_trio_is_sent_away_by_a_new_claim_before
         await _received_by_the_receiver_task(driver, pub, sub, b"after the handover")
 
 
-async def test_a_claim_taken_over_twice_leaves_one_waiter_and_the_last_claimant_reads(tmp_path, monkeypatch):
-    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+async def test_a_claim_taken_over_twice_leaves_one_waiter_and_the_last_claimant_reads(tmp_path):
+    async with open_media_driver(dir=tmp_path, **SLOW, **THROUGH_TRIO) as driver:
         pub, sub = await _connected_pair(driver)
-        _through_trio(monkeypatch)
         left = [trio.Event(), trio.Event()]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_claim_and_park_until_taken, driver, left[0])
@@ -119,14 +116,13 @@ async def test_a_claim_taken_over_twice_leaves_one_waiter_and_the_last_claimant_
 
 
 async def test_a_claim_while_the_set_has_already_woken_the_receiver_leaves_the_reading_to_the_claimant(
-        tmp_path, monkeypatch):
+        tmp_path):
     """A late cancellation: the datagram wakes the receiver task (scheduled, not yet run) and,
     in the same batch, another task claims. The withdrawal of the receiver's wait comes too
     late to stop it; it must still not read the sockets under the claimant. trio runs a batch
     in one order or its reverse at random, so the rounds cover both."""
-    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+    async with open_media_driver(dir=tmp_path, **SLOW, **THROUGH_TRIO) as driver:
         pub, sub = await _connected_pair(driver)
-        _through_trio(monkeypatch)
         violations: list[str] = []
         real_receive_work = driver.receive_work
 
@@ -155,7 +151,7 @@ async def test_a_claim_while_the_set_has_already_woken_the_receiver_leaves_the_r
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct-park", "through-trio"])
-async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arrive(tmp_path, monkeypatch, direct):
+async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arrive(tmp_path, direct):
     """Three tasks claim, park, read, ring each other and give the claim back in a random order
     for thousands of rounds, while a publisher sends and a reader takes every message: the
     driver never fails, one task at most waits on the set at any time, and every message
@@ -163,10 +159,8 @@ async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arri
     rng = random.Random(20261127)
     rounds = 3000
     wanted = 3000  # messages, at least
-    async with open_media_driver(dir=tmp_path, **SLOW) as driver:
+    async with open_media_driver(dir=tmp_path, **SLOW, direct_park=direct) as driver:
         pub, sub = await _connected_pair(driver)
-        if not direct:
-            _through_trio(monkeypatch)
         sent = 0
         received: list[int] = []
         done = trio.Event()
@@ -220,3 +214,52 @@ async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arri
         assert received == list(range(sent))
         assert driver.receive_claimant is None
         assert driver._rx_wait.evictions > 0
+
+
+async def test_with_direct_park_off_a_lone_claimants_park_waits_through_trio(tmp_path):
+    """``DriverConfig.direct_park=False``: even with nothing else to run, the claimant's park
+    is a wait registered with trio on the set (the path taken when other tasks are runnable),
+    never a block in the kernel (media.directpark declines every time). Another thread looks
+    at the set's waiter, then sends."""
+    import threading
+
+    async with open_media_driver(dir=tmp_path, **SLOW, **THROUGH_TRIO) as driver:
+        pub, sub = await _connected_pair(driver)
+        me = trio.lowlevel.current_task()
+        seen: list = []
+        answers: list = []  # what each direct-park attempt said (None: declined, wait through trio)
+        direct = driver._rx_wait._direct
+
+        class Spy:
+            def wait(self):
+                answers.append(direct.wait())
+                return answers[-1]
+
+            def close(self):
+                direct.close()
+
+        driver._rx_wait._direct = Spy()
+
+        def look_then_send() -> None:
+            deadline = time.monotonic() + 5
+            while driver._rx_wait.waiter is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(driver._rx_wait.waiter)
+            while pub.offer(b"from the other thread") < 0 and time.monotonic() < deadline + 5:
+                time.sleep(0.001)
+
+        driver.claim_receive()
+        await trio.testing.wait_all_tasks_blocked()
+        thread = threading.Thread(target=look_then_send)
+        thread.start()
+        got: list[bytes] = []
+        deadline = time.monotonic_ns() + 10_000_000_000
+        while not got and time.monotonic_ns() < deadline:
+            await driver.park(deadline)
+            driver.receive_work()
+            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+        thread.join(10)
+        driver.unclaim_receive()
+        assert got == [b"from the other thread"]
+        assert answers and all(a is None for a in answers), answers
+        assert seen == [me]

@@ -160,7 +160,7 @@ def test_stat_json_carries_every_row_of_the_table(node_dir):
 
 
 def test_stat_json_groups_a_nodes_consensus_counters_by_member(tmp_path):
-    from cluster_node.consensus.counters import CounterTypes
+    from cluster_node.identifiers import CounterTypes
 
     with CountersManager.create(tmp_path / "driver" / "counters.dat", max_counters=16) as manager:
         manager.allocate("cluster role: member 3", CounterTypes.NODE_ROLE, 3).set(2)

@@ -96,9 +96,11 @@ def test_new_term_in_the_log_adds_a_term_and_queries_again_extending_the_recordi
     c.on_live_log_replay_started(102, 5)
     c.drain_effects()
     c.on_live_log_position(9000, 6)
-    c.on_new_term(3, 8800, 7)
+    c.on_new_term(3, 8800, 1_795_000_000_123, 7)
     assert apply(c.drain_effects()) and rl.last_term().leadership_term_id == 3
-    c.on_new_term(3, 8800, 7)  # seen again: nothing
+    # The TERM entry carries the event's cluster time (ms), as a member writes it, not our clock.
+    assert rl.last_term().timestamp == 1_795_000_000_123
+    c.on_new_term(3, 8800, 1_795_000_000_123, 7)  # seen again: nothing
     assert c.drain_effects() == []
     c.do_work(8)
     assert c.drain_effects() == [b.StopLiveLog()]
@@ -146,10 +148,10 @@ def test_the_member_s_live_log_ending_queries_again():
     c.drain_effects()
     c.on_live_log_replay_started(5, 3)
     # Copying from 0: terms the answer already knew are written, but are no reason to ask again.
-    c.on_new_term(0, 0, 3)
-    c.on_new_term(2, 320, 3)
+    c.on_new_term(0, 0, 1, 3)
+    c.on_new_term(2, 320, 1, 3)
     assert len(apply(c.drain_effects())) == 2 and c.do_work(3) == 0
-    c.on_new_term(3, 600, 3)
+    c.on_new_term(3, 600, 1, 3)
     c.drain_effects()
     assert c.do_work(3) == 1 and c.drain_effects() == [b.StopLiveLog()]
     c.on_live_log_ended(640, 4)

@@ -54,3 +54,16 @@ def test_readings_never_decrease_whatever_the_wall_clock_does():
         t = clock.now()
         assert t >= last and t >= wall.t
         last = t
+
+
+def test_a_timestamp_far_past_the_wall_clock_is_not_followed():
+    """A recording.log written in another unit (or damaged) once held cluster time a few
+    centuries ahead, past what the log's int64 timestamps hold: every client message failed."""
+    from cluster_node.consensus.cluster_clock import MAX_AHEAD_NS
+
+    wall = [1_000 * 10**9]
+    clock = ClusterClock(lambda: wall[0])
+    clock.observe(wall[0] + MAX_AHEAD_NS + 1)
+    assert clock.now() == wall[0] and clock.implausible == 1
+    clock.observe(wall[0] + 60 * 10**9)  # a clock a minute ahead is followed
+    assert clock.now() == wall[0] + 60 * 10**9 and clock.implausible == 1

@@ -1,7 +1,6 @@
 """DirectPark: a wait in the kernel that skips trio only when nothing else in the loop could run
 first, and hands over to trio (True) when trio's own file descriptors or deadlines need it."""
 
-import os
 import socket
 import threading
 
@@ -9,7 +8,6 @@ import pytest
 import trio
 import trio.testing
 
-import media.directpark as directpark
 from media.directpark import DirectPark
 
 
@@ -187,39 +185,28 @@ def test_a_run_with_its_own_clock_is_not_waited_on_directly(pair):
         park.close()
 
 
-def test_outside_a_run_and_when_turned_off_it_declines(pair, monkeypatch):
+def test_outside_a_run_and_when_turned_off_it_declines(pair):
     a, b = pair
     b.send(b"x")
     park = DirectPark(a.fileno())
+    off = DirectPark(a.fileno(), enabled=False)
     try:
         assert park.wait() is None
-        monkeypatch.setattr(directpark, "_ENABLED", False)
 
         async def main():
-            return park.wait()
+            return off.wait()
 
         assert trio.run(main) is None
     finally:
         park.close()
-
-
-def test_the_switch_is_read_from_the_environment():
-    import subprocess
-    import sys
-
-    code = "import media.directpark as d; print(d._ENABLED)"
-    env = dict(os.environ, PYCLUSTER_DIRECT_PARK="0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert out.stdout.strip() == "False"
+        off.close()
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-async def test_wait_readable_returns_when_the_fd_is_ready_either_way(pair, monkeypatch, enabled):
+async def test_wait_readable_returns_when_the_fd_is_ready_either_way(pair, enabled):
     """The callers' wait (driver park, doorbell): direct when it can, through trio when not."""
-    monkeypatch.setattr(directpark, "_ENABLED", enabled)
     a, b = pair
-    park = DirectPark(a.fileno())
+    park = DirectPark(a.fileno(), enabled=enabled)
     try:
         await trio.testing.wait_all_tasks_blocked()
         threading.Thread(target=b.send, args=(b"x",)).start()

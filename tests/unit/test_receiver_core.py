@@ -1,4 +1,4 @@
-"""ImageReceiverCore (media.receiver): accepting runs, rebuild position, gaps and NAKs, status
+"""ImageReceiverCore (media.receiver_core): accepting runs, rebuild position, gaps and NAKs, status
 messages, liveness and end of stream, with a fake clock."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from media.frames import (
     StatusMessage,
     decode_untrusted,
 )
-from media.receiver import Accept, ImageReceiverCore, ReceiverConfig
+from media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
 
 TL = 64 * 1024
 MTU = 1408
@@ -335,7 +335,7 @@ def test_liveness():
 
 def test_a_stall_of_our_own_restarts_the_liveness_clock():
     """The driver found it ran late (its process stalled): the silence over the stall does not
-    count, and the image lives a full timeout from then (media.receiver, a stall of our own)."""
+    count, and the image lives a full timeout from then (media.receiver_core, a stall of our own)."""
     core = make()
     timeout = CFG.image_liveness_timeout_ns
     frames(core, 0, 1, T0 + 5 * MS)

@@ -6,7 +6,7 @@ import os
 import shutil
 
 from cluster_node.consensus.node_files import MarkFile
-from cluster_node.tool_cmd import open_node_dir
+from cluster_node.node_inspect import open_node_dir
 
 
 def _node_dir(path, with_node_dir: bool):

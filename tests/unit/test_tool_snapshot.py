@@ -25,7 +25,7 @@ from cluster_node.consensus.snapshot import (
     encode_cm_snapshot,
     encode_service_snapshot,
 )
-from cluster_node.tool_cmd import RecordingDamagedError, read_recording_messages
+from archive.recording_reader import RecordingDamagedError, read_recording_messages
 from tests.support.snapshot_fixture import (
     POSITION_A,
     POSITION_B,

@@ -21,22 +21,16 @@ def backup(config_path: str, log_mode: str | None) -> None:
     """Copy a cluster's latest snapshots and follow its committed log into a directory a member
     can be started from, until SIGTERM/SIGINT. Its state and live log position are counters:
     ``cluster-node stat --dir <backup dir>`` (docs/operations.md, "Backup and restore")."""
-    from cluster_node import logsetup
     from cluster_node.backup_node import run_backup
     from cluster_node.node import NodeStartError
-    from cluster_node.run_cmd import _internal_error, _operator_error
+    from cluster_node.cli.run import _configure_logging, _internal_error, _operator_error
 
     os.umask(0o077)
     try:
         cfg = load_backup_config(config_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
-    mode = log_mode or cfg.logging.mode
-    if mode == "json":
-        logsetup.configure("json", cfg.logging.level, cfg.log_file,
-                           max_file_bytes=cfg.logging.max_file_bytes, max_files=cfg.logging.max_files)
-    else:
-        logsetup.configure("console", cfg.logging.level)
+    _configure_logging(cfg.logging, cfg.log_file, log_mode)
     try:
         trio.run(run_backup, cfg)
     except KeyboardInterrupt:

@@ -46,6 +46,7 @@ from archive.storage import (
     truncate_segments,
     verify_recording,
 )
+from cluster_node.text_table import format_table
 from media.private_files import FILE_MODE
 
 _MARK = "archive-mark.dat"
@@ -139,9 +140,8 @@ def list_cmd(directory: Path, as_json: bool) -> None:
     if len(rows) == 1:
         click.echo(f"no recordings in {adir}")
         return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        click.echo("  ".join(cell.ljust(w) if i == len(r) - 1 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip())
+    for line in format_table(rows, right=range(len(rows[0]) - 1)):
+        click.echo(line)
 
 
 @archive.command()

@@ -40,10 +40,12 @@ from archive.storage import (
     detach_front,
     recovered_end,
 )
-from cluster_node.archive_cmd import _locked as _archive_locked
+from cluster_node.cli.archive import _locked as _archive_locked
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME, RecordingLogFile
-from cluster_node.tool_cmd import JSON_OPTION, _directory_lock, _fail, _log_recording, _node, tool
+from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
+from cluster_node.identifiers import StreamIds
+from cluster_node.node_inspect import directory_lock, log_recording
 from media.private_files import FILE_MODE
 
 __all__ = ["purge_log", "seed_recording_log_from_snapshot", "sort_recording_log"]
@@ -65,7 +67,7 @@ def _stopped(ctx: click.Context, what: str):
               help="Keep the log from the N-th latest snapshot set on (1: the latest).")
 @click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
               help="Services of the node (a snapshot set has one snapshot per service).")
-@click.option("--log-stream-id", type=int, default=100, show_default=True, help="Stream id of the cluster log.")
+@click.option("--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log.")
 @JSON_OPTION
 @click.pass_context
 def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: int, as_json: bool) -> None:
@@ -77,7 +79,7 @@ def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: i
     `cluster.purge_log = true`, never below what a live follower has acknowledged."""
     node = _stopped(ctx, "purging its log")
     adir = node.archive_dir
-    with _directory_lock(node):
+    with directory_lock(node):
         afd = _archive_locked(adir, "purge its log")
         try:
             try:
@@ -104,7 +106,7 @@ def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: i
                     store.flush(force_sync=True)
                     delete_segments(adir, rid)
                     removed.append(rid)
-                d = _log_recording(rl, store.catalog, log_stream_id)
+                d = log_recording(rl, store.catalog, log_stream_id)
                 if d is None:
                     raise click.ClickException(f"no log recording in {adir}")
                 end = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
@@ -183,7 +185,7 @@ def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int) -> 
     entries of the log from it on, so the node starts from that snapshot only; the old file is
     kept as recording.log.bak. The log recording is kept (`purge-log` removes what is before)."""
     node = _stopped(ctx, "seeding its recording.log")
-    with _directory_lock(node):
+    with directory_lock(node):
         rl = _read_log(node)
         try:
             seeded = rl.seeded_from_latest_snapshot(service_count)
@@ -202,7 +204,7 @@ def sort_recording_log(ctx: click.Context) -> None:
     """Offline: rewrite recording.log with its entries in the order a member appends them (term,
     then TERM before snapshots, by position); the old file is kept as recording.log.bak."""
     node = _stopped(ctx, "sorting its recording.log")
-    with _directory_lock(node):
+    with directory_lock(node):
         rl = _read_log(node)
         ordered = rl.sorted_copy()
         moved = sum(1 for a, b in zip(rl.entries, ordered.entries) if encode_entry(a) != encode_entry(b))

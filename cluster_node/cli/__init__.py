@@ -9,16 +9,18 @@ from __future__ import annotations
 import click
 
 from cluster_node import __version__
-from cluster_node.archive_cmd import archive
-from cluster_node.backup_cmd import backup
-from cluster_node.run_cmd import run
-from cluster_node.pipeline_cmd import pipeline
-from cluster_node.secret_cmd import secret
-from cluster_node.stat_cmd import stat
-from cluster_node.up_cmd import up
-from cluster_node.client_cmd import client
-from cluster_node.tool_cmd import tool
-from cluster_node import retention_cmd  # noqa: F401 - adds purge-log and the recording.log tools to `tool`
+from cluster_node.cli.archive import archive
+from cluster_node.cli.backup import backup
+from cluster_node.cli.run import run
+from cluster_node.cli.pipeline import pipeline
+from cluster_node.cli.secret import secret
+from cluster_node.cli.stat import stat
+from cluster_node.cli.up import up
+from cluster_node.cli.client import client
+from cluster_node.cli.tool import tool
+# These add their commands to `tool`: purge-log and the recording.log tools; cluster control; the
+# offline edits and describe-latest-snapshot.
+from cluster_node.cli import retention, tool_control, tool_offline  # noqa: F401
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,5 +39,3 @@ main.add_command(tool)
 main.add_command(secret)
 main.add_command(backup)
 
-if __name__ == "__main__":  # pragma: no cover
-    main()

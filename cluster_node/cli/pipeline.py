@@ -15,6 +15,8 @@ import time
 
 import click
 
+from cluster_node.identifiers import StreamIds
+
 __all__ = ["pipeline"]
 
 _CORRUPT = re.compile(r"(corrupt (?:archive file|catalog) [^\n]*)")
@@ -55,7 +57,7 @@ def _plan_each(locations, decoder):
     reasons = {}
     for loc in locations:
         try:
-            plan_tasks([loc], stream_ids=frozenset({100}), decoder=decoder)
+            plan_tasks([loc], stream_ids=frozenset({StreamIds.LOG}), decoder=decoder)
         except (ArchiveCorruptError, ArchiveNotFoundError, OSError) as e:
             reasons[loc.node] = str(e).splitlines()[0]
     return reasons

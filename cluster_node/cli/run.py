@@ -22,7 +22,6 @@ def run(config_path: str, log_mode: str | None) -> None:
     Exits 0 only when asked to stop (a signal, a cluster SHUTDOWN or ABORT) and stopped; every
     failure has its own exit code and one line on stderr (cluster_node/exit_codes.py,
     docs/operations.md)."""
-    from cluster_node import logsetup
     from cluster_node.exit_codes import NodeFailure
     from cluster_node.node import NodeStartError, run_node
     from cluster_node.service.api import ServiceLoadError
@@ -34,12 +33,7 @@ def run(config_path: str, log_mode: str | None) -> None:
         cfg = load_node_config(config_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
-    mode = log_mode or cfg.logging.mode
-    if mode == "json":
-        logsetup.configure("json", cfg.logging.level, cfg.log_file,
-                           max_file_bytes=cfg.logging.max_file_bytes, max_files=cfg.logging.max_files)
-    else:
-        logsetup.configure("console", cfg.logging.level)
+    _configure_logging(cfg.logging, cfg.log_file, log_mode)
     try:
         trio.run(run_node, cfg)
     except (NodeStartError, ServiceLoadError) as e:
@@ -60,6 +54,19 @@ def run(config_path: str, log_mode: str | None) -> None:
         raise click.ClickException(str(leaf)) from None
     except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, one line here
         _internal_error(e)
+
+
+def _configure_logging(section, log_file, log_mode: str | None) -> None:
+    """The ``[logging]`` table's setup (``--log-mode`` overrides its mode): json lines to the log
+    file, or console lines to stderr."""
+    from cluster_node import logsetup
+
+    mode = log_mode or section.mode
+    if mode == "json":
+        logsetup.configure("json", section.level, log_file, max_file_bytes=section.max_file_bytes,
+                           max_files=section.max_files)
+    else:
+        logsetup.configure("console", section.level)
 
 
 def _node_failure(failure) -> None:
