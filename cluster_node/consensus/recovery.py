@@ -20,7 +20,7 @@ from archive.codecs import RecordingSignal
 from cluster_node import codecs
 from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import CONSENSUS_CODEC, NULL_POSITION, NULL_VALUE, CodecError
-from cluster_node.config import free_fixed_udp_ports
+from cluster_node.config import free_udp_ports
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.backup import (
     BackupSettings,
@@ -68,9 +68,12 @@ class Recovery:
         me = cfg.this_member
         host = me.consensus.rpartition(":")[0]
         others = [m for m in cfg.cluster.members if m.id != me.id]
+        # The answers' endpoint is bound at once (the link subscribes to it now): a port from the
+        # kernel's ephemeral range, never one below it, where the other members' configured
+        # ports lie, unbound until they start (a whole cluster starts empty at once).
         link = BackupLink(self.driver, others, consensus_stream_id=cfg.cluster.consensus_stream_id,
                           consensus_term_length=cfg.cluster.consensus_term_length,
-                          response_endpoint=f"{host}:{free_fixed_udp_ports(1, host)[0]}",
+                          response_endpoint=f"{host}:{free_udp_ports(1, host)[0]}",
                           auth=cfg.cluster.member_auth)
         self._consensus_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.consensus}{self._auth}",
                                                            cfg.cluster.consensus_stream_id)
