@@ -67,9 +67,14 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
             writer = AppendWriter(kv, cluster, window=8)
             i = 0
 
+            bulk_paused = False
+
             async def bulk_load() -> None:
                 nonlocal i
                 while not writer.stop.is_set():
+                    if bulk_paused:
+                        await trio.sleep(0.05)
+                        continue
                     batch = [Put(bulk.next_id(), f"bulk{(i + j) % 16}", bytes([(i + j) % 251]) * 1500) for j in range(16)]
                     i += 16
                     replies = await bulk.pipeline(batch, timeout=60)
@@ -79,12 +84,16 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
                 nursery.start_soon(writer.run)
                 nursery.start_soon(bulk_load)
                 await cluster.await_for(lambda: len(writer.acked) >= 100, 60, "100 appends acknowledged")
-                # Below the warning threshold first, then full.
+                # Below the warning threshold first, then full. The bulk load waits meanwhile:
+                # on a slow machine it could fill the disk before the next check of the free
+                # space (each second while the log grows: the small appends keep it growing).
+                bulk_paused = True
                 with open(small_disk / "filler", "wb") as f:
                     f.write(bytes(3 * 1024 * 1024))
                 await cluster.await_for(
                     lambda: any(e.get("event", "").startswith("archive storage space is low")
                                 for e in node.log_events()), 60, "the low-space warning")
+                bulk_paused = False
                 fill(small_disk)
                 await cluster.await_for(lambda: not node.running, 60, f"member {FULL_MEMBER} exits on the full disk")
                 first_process = node.proc
