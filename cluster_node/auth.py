@@ -18,7 +18,6 @@ file (:class:`SecretFileError`).
 
 from __future__ import annotations
 
-import importlib
 import re
 import secrets
 from pathlib import Path
@@ -34,6 +33,7 @@ from cluster_node.consensus.auth import (
     NullAuthenticator,
     SharedSecretAuthenticator,
 )
+from cluster_node.plugins import find_class
 from cluster_node.secret_file import MIN_KEY_BYTES, SecretFileError, check_private_file
 
 __all__ = ["AuthLoadError", "load_authenticator", "load_authorisation", "read_credentials", "read_client_credentials"]
@@ -90,20 +90,11 @@ def read_client_credentials(path: str | Path) -> tuple[bytes, bytes]:
 
 
 def _plugin(spec: str, what: str, section: AuthSection):
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise AuthLoadError(f"auth.{what} {spec!r}: use a built-in name or package.module:ClassName")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as ex:
-        raise AuthLoadError(f"auth.{what} {spec!r}: cannot import {module_name}: {ex}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise AuthLoadError(f"auth.{what} {spec!r}: {module_name} has no {class_name}")
+    cls = find_class(spec, f"auth.{what} {spec!r}", "use a built-in name or package.module:ClassName", AuthLoadError)
     try:
         return cls(section)
     except Exception as ex:  # noqa: BLE001 - any failure of the operator's code becomes one line
-        raise AuthLoadError(f"auth.{what} {spec!r}: {class_name}(auth section) failed: {ex}") from None
+        raise AuthLoadError(f"auth.{what} {spec!r}: {spec.partition(':')[2]}(auth section) failed: {ex}") from None
 
 
 def load_authenticator(section: AuthSection) -> Authenticator:

@@ -37,11 +37,11 @@ Names, callbacks and codes follow the reference (``ClusteredService``, ``Cluster
 from __future__ import annotations
 
 import enum
-import importlib
 from collections.abc import Collection, Iterator
 from typing import Callable, Protocol, runtime_checkable
 
 from cluster_node.codecs import CloseReason, ClusterTimeUnit
+from cluster_node.plugins import find_class
 
 __all__ = [
     "Role",
@@ -283,18 +283,9 @@ class ServiceLoadError(ValueError):
 def load_service(name: str) -> ClusteredService:
     """A new service instance from a short name (``echo``, ``kv``) or ``package.module:ClassName``."""
     spec = SERVICES.get(name, name)
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise ServiceLoadError(
-            f"service {name!r}: use one of {', '.join(sorted(SERVICES))} or package.module:ClassName"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as ex:
-        raise ServiceLoadError(f"service {name!r}: cannot import {module_name}: {ex}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ServiceLoadError(f"service {name!r}: {module_name} has no {class_name}")
+    cls = find_class(spec, f"service {name!r}", f"use one of {', '.join(sorted(SERVICES))} or package.module:ClassName",
+                     ServiceLoadError)
+    class_name = spec.partition(":")[2]
     try:
         service = cls()
     except Exception as ex:  # noqa: BLE001 - any failure of user code becomes one line
