@@ -48,11 +48,11 @@ from dataclasses import dataclass
 
 from media.frames import (
     HEADER_LENGTH,
+    TYPE_DATA,
+    TYPE_PAD,
     Nak,
     Setup,
     StatusMessage,
-    TYPE_DATA,
-    TYPE_PAD,
     compute_position,
     encode_heartbeat,
     encode_setup,

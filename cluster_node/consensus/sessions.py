@@ -75,6 +75,7 @@ from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_POSITION,
     NULL_VALUE,
+    SCHEMA_ID,
     AdminRequest,
     AdminRequestType,
     AdminResponse,
@@ -82,7 +83,6 @@ from cluster_node.codecs import (
     Challenge,
     CloseReason,
     EventCode,
-    SCHEMA_ID,
     NewLeaderEvent,
     SessionCloseEvent,
     SessionConnectRequest,
@@ -223,7 +223,7 @@ class _Proxy:
 
     __slots__ = ("_sessions", "session", "_term_id", "_leader_member_id", "_now_ns")
 
-    def __init__(self, sessions: "ClusterSessions", session: "ClusterSession", term_id: int, leader_member_id: int,
+    def __init__(self, sessions: ClusterSessions, session: ClusterSession, term_id: int, leader_member_id: int,
                  now_ns: int) -> None:
         self._sessions = sessions
         self.session = session
