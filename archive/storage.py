@@ -733,7 +733,7 @@ class VerifyResult:
     """What was checked: frame checksums, or the frames' structure only (and why)."""
 
 
-def _why_bad(data: bytes, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
+def _why_bad(data: bytes | bytearray, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
     if offset + HEADER_LENGTH > len(data):
         return "frame header runs past the end of the data"
     flen, version, _flags, ftype, toff, _sid, stid, _tid, _rv = _HEADER.unpack_from(data, offset)

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Annotated, ClassVar, NamedTuple
+from typing import Annotated, ClassVar, NamedTuple, cast
 
 import msgspec
 
@@ -924,6 +924,8 @@ def _all_message_types() -> dict[int, type[Message]]:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         tag = cls.__struct_config__.tag
+        if not isinstance(tag, int):
+            raise AssertionError(f"{cls} has no integer tag (template id)")
         if tag in found and found[tag] is not cls:
             raise AssertionError(f"template id {tag} used by {found[tag]} and {cls}")
         found[tag] = cls
@@ -1100,7 +1102,7 @@ class StreamCodec:
     def __init__(self, name: str, union: object, *, carries_session_messages: bool) -> None:
         self.name = name
         self.union = union
-        members = getattr(union, "__args__", (union,))
+        members = cast("tuple[type[Message], ...]", getattr(union, "__args__", (union,)))
         self.message_types: frozenset[type[Message]] = frozenset(members)
         ids = {cls.TEMPLATE_ID for cls in members}
         if carries_session_messages:
