@@ -142,7 +142,7 @@ def check_frames(buf, offset: int, limit: int, term_offset: int | None = None, t
     while pos < limit:
         piece_end = limit
         piece_term_offset = None
-        if shift is not None:
+        if shift is not None and term_length is not None:  # both or neither: see shift
             piece_term_offset = (pos + shift) & (term_length - 1)
             piece_end = min(limit, pos - piece_term_offset + term_length)
         fast = _numpy_frames(buf, pos, piece_end, piece_term_offset, term_length) if writable else None

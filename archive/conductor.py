@@ -33,10 +33,10 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import structlog
 import trio

@@ -17,7 +17,7 @@ wake-up); it never awaits itself, so one task can drive all sessions of a subscr
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 

@@ -33,6 +33,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -237,7 +238,7 @@ class ReplaySession:
                 self._check(view, 0, n, position)
                 length = self._whole_frames(view, self._ints, 0, n, position)
                 if length > 0:
-                    result = await self._until_accepted(lambda: pub.offer_block(view, 0, length, rewrite_ids=False))
+                    result = await self._until_accepted(partial(pub.offer_block, view, 0, length, rewrite_ids=False))
                     if result is None:
                         return
                     position = self.position = result
@@ -247,7 +248,7 @@ class ReplaySession:
                 length = 0  # a limit a few bytes past the last frame: nothing whole to send
             else:
                 n &= ~31  # a limit need not be frame aligned; a claim is (whole frames are)
-                offset = await self._until_accepted(lambda: pub.claim_block(n))
+                offset = await self._until_accepted(partial(pub.claim_block, n))
                 if offset is None:
                     return
                 length = self._read_frames_into(pub, offset, position, n)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor, RecordingState
+from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.checksums import check_frames, stamp_checksums
 from archive.segments import (
     FRAME_TYPE_DATA,
@@ -458,7 +458,7 @@ def scan_tail(directory: Path, descriptor: RecordingDescriptor) -> TailScan:
         rest_from, rest_to = min(len(data), end + align(max(d.mtu_length, HEADER_LENGTH))), len(data)
         allowance = "data after it"
     rest = data[rest_from:rest_to]
-    if not rest.count(0) == len(rest):
+    if rest.count(0) != len(rest):
         if why is None:
             why = _why_bad(data, end, last + end, d, len(data)) if end + HEADER_LENGTH <= len(data) else "frame is cut short"
         return TailScan(last + end, f"{why}, with {allowance}")
@@ -733,7 +733,7 @@ class VerifyResult:
     """What was checked: frame checksums, or the frames' structure only (and why)."""
 
 
-def _why_bad(data: bytes, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
+def _why_bad(data: bytes | bytearray, offset: int, position: int, d: RecordingDescriptor, limit: int) -> str:
     if offset + HEADER_LENGTH > len(data):
         return "frame header runs past the end of the data"
     flen, version, _flags, ftype, toff, _sid, stid, _tid, _rv = _HEADER.unpack_from(data, offset)

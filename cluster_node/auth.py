@@ -40,7 +40,7 @@ __all__ = ["AuthLoadError", "load_authenticator", "load_authorisation", "read_cr
 
 log = structlog.get_logger("auth")
 
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9._@-]{1,%d}$" % MAX_CLIENT_ID_BYTES)
+_CLIENT_ID = re.compile(rf"^[A-Za-z0-9._@-]{{1,{MAX_CLIENT_ID_BYTES}}}$")
 
 
 class AuthLoadError(ValueError):

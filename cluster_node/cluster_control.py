@@ -29,7 +29,7 @@ client polls. A refusal or a failure raises ``ToolRefusal`` with the one line to
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.recording_log import Entry, RecordingLog
@@ -47,7 +47,6 @@ from cluster_node.node_inspect import (
     snapshot_services,
 )
 from media.counters import CountersError, CountersReader
-
 
 # ------------------------------------------------------------------------------ cluster control
 

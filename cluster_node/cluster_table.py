@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster_node.local_cluster import Member, Supervisor, exit_text
 from cluster_node.identifiers import Role
+from cluster_node.local_cluster import Member, Supervisor, exit_text
 from cluster_node.member_view import CLOSED_ELECTION_STATE, LEADER_ROLE, ROLE_NAMES, election_state_name
 from cluster_node.text_table import format_table
 

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Annotated, ClassVar, NamedTuple, Union
+from typing import Annotated, ClassVar, NamedTuple, cast
 
 import msgspec
 
@@ -880,41 +880,41 @@ class SkippedLogEntry(Message, tag=110):
 # Unions, one per stream (the msgpack part; session messages are handled by the binary path)
 # --------------------------------------------------------------------------------------------
 
-IngressMessage = Union[
-    SessionConnectRequest, SessionCloseRequest, SessionKeepAlive, ChallengeResponse, AdminRequest
-]
-EgressMessage = Union[SessionEvent, NewLeaderEvent, Challenge, AdminResponse, ServiceErrorEvent]
-LogMessage = Union[
-    TimerEvent, SessionOpenEvent, SessionCloseEvent, ClusterActionRequest, NewLeadershipTermEvent
-]
-ConsensusMessage = Union[
-    CanvassPosition,
-    RequestVote,
-    Vote,
-    NewLeadershipTerm,
-    AppendPosition,
-    CommitPosition,
-    CatchupPosition,
-    StopCatchup,
-    TerminationPosition,
-    TerminationAck,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    ChallengeResponse,
-    BackupQuery,
-    BackupResponse,
-]
-ServiceToConsensus = Union[CloseSession, ScheduleTimer, CancelTimer, ServiceAck, ClusterMembersQuery]
-ConsensusToService = Union[
-    JoinLog,
-    ClusterMembersResponse,
-    ServiceTerminationPosition,
-    ClusterMembersExtendedResponse,
-    RequestServiceAck,
-]
-SnapshotRecord = Union[
-    SnapshotMarker, ClientSession, ClusterSession, Timer, ConsensusModule, PendingMessageTracker, SkippedLogEntry
-]
+IngressMessage = (
+    SessionConnectRequest | SessionCloseRequest | SessionKeepAlive | ChallengeResponse | AdminRequest
+)
+EgressMessage = SessionEvent | NewLeaderEvent | Challenge | AdminResponse | ServiceErrorEvent
+LogMessage = (
+    TimerEvent | SessionOpenEvent | SessionCloseEvent | ClusterActionRequest | NewLeadershipTermEvent
+)
+ConsensusMessage = (
+    CanvassPosition
+    | RequestVote
+    | Vote
+    | NewLeadershipTerm
+    | AppendPosition
+    | CommitPosition
+    | CatchupPosition
+    | StopCatchup
+    | TerminationPosition
+    | TerminationAck
+    | HeartbeatRequest
+    | HeartbeatResponse
+    | ChallengeResponse
+    | BackupQuery
+    | BackupResponse
+)
+ServiceToConsensus = CloseSession | ScheduleTimer | CancelTimer | ServiceAck | ClusterMembersQuery
+ConsensusToService = (
+    JoinLog
+    | ClusterMembersResponse
+    | ServiceTerminationPosition
+    | ClusterMembersExtendedResponse
+    | RequestServiceAck
+)
+SnapshotRecord = (
+    SnapshotMarker | ClientSession | ClusterSession | Timer | ConsensusModule | PendingMessageTracker | SkippedLogEntry
+)
 
 
 def _all_message_types() -> dict[int, type[Message]]:
@@ -924,6 +924,8 @@ def _all_message_types() -> dict[int, type[Message]]:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         tag = cls.__struct_config__.tag
+        if not isinstance(tag, int):
+            raise AssertionError(f"{cls} has no integer tag (template id)")
         if tag in found and found[tag] is not cls:
             raise AssertionError(f"template id {tag} used by {found[tag]} and {cls}")
         found[tag] = cls
@@ -1100,7 +1102,7 @@ class StreamCodec:
     def __init__(self, name: str, union: object, *, carries_session_messages: bool) -> None:
         self.name = name
         self.union = union
-        members = getattr(union, "__args__", (union,))
+        members = cast("tuple[type[Message], ...]", getattr(union, "__args__", (union,)))
         self.message_types: frozenset[type[Message]] = frozenset(members)
         ids = {cls.TEMPLATE_ID for cls in members}
         if carries_session_messages:

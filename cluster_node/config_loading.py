@@ -26,6 +26,7 @@ from cluster_node.config_schema import (
 )
 from cluster_node.config_units import ConfigError, _prefixed, parse_duration_ns, parse_size
 
+
 def _struct_type(tp: Any) -> type | None:
     """The Struct class in a field type (``X`` or ``X | None``), else None."""
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):

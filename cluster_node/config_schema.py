@@ -362,7 +362,7 @@ class NodeConfig(_Section):
         return dict(self.driver.driver_kwargs(self.driver_dir),
                     publication_bind_host=_bind_host(self.this_member.consensus))
 
-    def validate(self) -> "NodeConfig":
+    def validate(self) -> NodeConfig:
         """Raise ConfigError (one line) on the first problem; return self when the config is usable."""
         try:
             from cluster_node.config_validation import _validate_node
@@ -422,7 +422,7 @@ class ClientConfig(_Section):
         only on an egress channel whose host is the address the request came from."""
         return dict(self.driver.driver_kwargs(default_dir), publication_bind_host=_bind_host(self.client.egress_endpoint))
 
-    def validate(self) -> "ClientConfig":
+    def validate(self) -> ClientConfig:
         try:
             from cluster_node.config_validation import _validate_client
 
@@ -483,7 +483,7 @@ class BackupConfig(_Section):
     def driver_kwargs(self) -> dict[str, Any]:
         return dict(self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(f"{self.backup.host}:0"))
 
-    def validate(self) -> "BackupConfig":
+    def validate(self) -> BackupConfig:
         try:
             from cluster_node.config_validation import _validate_backup
 

@@ -23,6 +23,7 @@ from cluster_node.config_schema import (
 )
 from cluster_node.config_units import _MS, _S, ConfigError, format_duration, format_size
 
+
 def _host_key(host: str) -> str:
     """Hosts that name the same interface compare equal (localhost is 127.0.0.1)."""
     h = host.strip().lower()

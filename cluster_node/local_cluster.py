@@ -22,11 +22,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cluster_node.exit_codes import ExitCode
-from cluster_node.member_view import ROLE_NAMES, LEADER_ROLE, CounterIds, MemberView, read_member_view
+from cluster_node.member_view import LEADER_ROLE, ROLE_NAMES, CounterIds, MemberView, read_member_view
 
 __all__ = ["Member", "Supervisor", "LocalClusterError", "StartError", "exit_text", "CONSOLE_LOG_NAME"]
 
@@ -365,7 +365,7 @@ class Supervisor:
                 pid = m.adopted_pid
                 if pid is not None:
                     targets.append((m, pid, False))
-        for m, pid, _ in targets:
+        for _m, pid, _ in targets:
             try:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:

@@ -51,7 +51,7 @@ class RotatingFile:
     def _open(self) -> TextIO:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         self._size = os.fstat(fd).st_size
-        return open(fd, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed when rotated
+        return open(fd, "a", buffering=1, encoding="utf-8")  # closed when rotated
 
     def write(self, text: str) -> int:
         if self._at_line_start and self._size and self._size + len(text) >= self.max_bytes:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster_node.identifiers import ROLE_NAMES as REFERENCE_ROLE_NAMES
 from cluster_node.identifiers import ELECTION_STATE_NAMES, CounterTypes, ElectionState, Role, code_name
+from cluster_node.identifiers import ROLE_NAMES as REFERENCE_ROLE_NAMES
 
 __all__ = ["MemberView", "CounterIds", "read_member_view", "election_state_name",
            "ROLE_NAMES", "LEADER_ROLE", "CLOSED_ELECTION_STATE"]

@@ -236,7 +236,7 @@ def serve_prometheus(path: Path, host: str, port: int, node: str = "") -> Thread
     node's new file shows. OSError when the address cannot be bound."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+        def do_GET(self) -> None:  # the http.server name
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404, "only /metrics is served")
                 return
@@ -247,7 +247,7 @@ def serve_prometheus(path: Path, host: str, port: int, node: str = "") -> Thread
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass  # a scrape every few seconds is not news
 
     server_class = ThreadingHTTPServer

@@ -18,11 +18,11 @@ stderr and its own exit code: cluster_node.exit_codes).
 from __future__ import annotations
 
 import concurrent.futures
-from contextlib import asynccontextmanager
 import os
 import signal
 import sys
 import time
+from contextlib import asynccontextmanager
 
 import structlog
 import trio
@@ -31,6 +31,7 @@ from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
 from archive.storage import ArchiveDamagedError
 from cluster_node import affinity
+from cluster_node.auth import AuthLoadError, load_authenticator, load_authorisation
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.consensus.node_files import MarkFile, MarkFileInUseError
@@ -38,19 +39,18 @@ from cluster_node.damaged_files import check_node_files, damaged
 from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.exit_codes import ExitCode, NodeFailure, fail
 from cluster_node.keep_awake import KeepAwake
-from cluster_node.secret_file import SecretFileError, read_key
 from cluster_node.node_identity import (
     NodeIdentityDamagedError,
     NodeIdentityError,
     check_identity,
     record_identity,
 )
-from cluster_node.auth import AuthLoadError, load_authenticator, load_authorisation
-from cluster_node.secret_file import SecretFileError
+from cluster_node.secret_file import SecretFileError, read_key
 from cluster_node.service.api import load_service
 from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
-from cluster_node.service.skips import SkipListError, skip_positions as skip_positions_of
+from cluster_node.service.skips import SkipListError
+from cluster_node.service.skips import skip_positions as skip_positions_of
 from media.distinct_errors import ERROR_TABLE_FILES
 from media.driver import open_media_driver
 from media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
@@ -296,7 +296,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                                 await agent.run()
                             except NodeFailure as e:  # its own exit code and line (PERSIST_FAILED)
                                 fail(e.code, str(e))
-                            except Exception as e:  # noqa: BLE001 - every failure ends the node alike
+                            except Exception as e:  # every failure ends the node alike
                                 log.error("consensus module failed", error=repr(e), exc_info=True)
                                 fail(ExitCode.CONSENSUS_FAILED,
                                      f"the consensus module failed: {type(e).__name__}: {e}")

@@ -20,11 +20,12 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.conductor import RECORDING_POSITION_TYPE_ID
@@ -528,7 +529,7 @@ def directory_lock(node: NodeDir) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ToolRefusal(f"{node.path} is locked by a running node (member {node.member_id}, pid {node.mark.pid}): stop it first")
+                raise ToolRefusal(f"{node.path} is locked by a running node (member {node.member_id}, pid {node.mark.pid}): stop it first") from None
             raise NodeDirError(f"{path}: cannot lock: {e.strerror}") from None
         try:
             yield

@@ -33,7 +33,8 @@ _EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 def _ephemeral_range() -> tuple[int, int]:
     try:
-        lo, hi = (int(x) for x in open(_EPHEMERAL_RANGE_FILE).read().split())
+        with open(_EPHEMERAL_RANGE_FILE) as f:
+            lo, hi = (int(x) for x in f.read().split())
         return lo, hi
     except (OSError, ValueError):
         return 32768, 60999  # Linux default

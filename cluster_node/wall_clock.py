@@ -16,8 +16,8 @@ rename, so a half-written file is never read). For testing only: without the key
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["wall_clock", "REREAD_NS"]
 

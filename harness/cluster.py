@@ -43,16 +43,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import msgspec
 import trio
@@ -62,7 +62,6 @@ from archive.segments import FRAME_TYPE_DATA
 from archive.storage import CATALOG_FILE_NAME, iter_frames
 from cluster_node.client import open_cluster_client
 from cluster_node.client.cluster_client import ClusterClient
-from cluster_node.driver_dir import in_shm_root
 from cluster_node.config import (
     DEMO_DRIVER,
     DEMO_TIMEOUTS,
@@ -73,6 +72,7 @@ from cluster_node.config import (
     load_node_config,
     write_loopback_cluster,
 )
+from cluster_node.driver_dir import in_shm_root
 from cluster_node.service.examples.kv import (
     Append,
     Get,
@@ -83,8 +83,8 @@ from cluster_node.service.examples.kv import (
     decode_reply,
     encode_request,
 )
-from media.counters import CounterType, CountersError, CountersReader
 from harness.netns import NetnsLan
+from media.counters import CountersError, CountersReader, CounterType
 
 ROOT = Path(__file__).resolve().parents[1]
 S = 1_000_000_000
@@ -148,7 +148,7 @@ class NodeCounters:
 class Node:
     """One member: its config, its current process (if any), its counters and logs."""
 
-    def __init__(self, cluster: "TestCluster", member_id: int, config_path: Path) -> None:
+    def __init__(self, cluster: TestCluster, member_id: int, config_path: Path) -> None:
         self.cluster = cluster
         self.member_id = member_id
         self.config_path = config_path
@@ -252,7 +252,7 @@ class Node:
         except subprocess.TimeoutExpired:
             diag = self.cluster.diagnostics()
             self.kill()
-            raise AssertionError(f"node {self.member_id} did not stop within {timeout}s of SIGTERM\n{diag}")
+            raise AssertionError(f"node {self.member_id} did not stop within {timeout}s of SIGTERM\n{diag}") from None
         self._close_reader()
         return rc
 
@@ -409,7 +409,7 @@ class TestCluster:
         *,
         service: str = "harness.cluster:DigestKvService",
         timeouts: TimeoutsSection = TEST_TIMEOUTS,
-        netns: "NetnsLan | None" = None,
+        netns: NetnsLan | None = None,
         expected_errors: Iterable[str] = (),
         expect_counted_errors: bool = False,
         **generate_kwargs,
@@ -441,7 +441,7 @@ class TestCluster:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def __enter__(self) -> "TestCluster":
+    def __enter__(self) -> TestCluster:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -692,7 +692,7 @@ class LeaderSampler:
 
     INTERVAL_S = 0.005
 
-    def __init__(self, cluster: "TestCluster") -> None:
+    def __init__(self, cluster: TestCluster) -> None:
         self.cluster = cluster
         self.term_leaders: dict[int, set[int]] = {}
         self.samples = 0

@@ -81,7 +81,7 @@ class NetnsLan:
     def command_prefix(self, member_id: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespaces[member_id]]
 
-    def __enter__(self) -> "NetnsLan":
+    def __enter__(self) -> NetnsLan:
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.bridge_host}/24", "dev", self.bridge)

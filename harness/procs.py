@@ -25,7 +25,7 @@ class Peer:
             [sys.executable, str(PEER), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
         )
-        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True).start()
@@ -80,14 +80,14 @@ class Peer:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.name}: did not exit within {timeout}s")
+            raise AssertionError(f"{self.name}: did not exit within {timeout}s") from None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=10)
 
-    def __enter__(self) -> "Peer":
+    def __enter__(self) -> Peer:
         return self
 
     def __exit__(self, *exc) -> None:

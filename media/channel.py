@@ -151,7 +151,7 @@ class ChannelUri:
         terms = (self.term_id - self.initial_term_id + 2**31) % 2**32 - 2**31  # term ids wrap
         return terms * term_length + self.term_offset
 
-    def starting_at(self, position: int, initial_term_id: int, term_length: int) -> "ChannelUri":
+    def starting_at(self, position: int, initial_term_id: int, term_length: int) -> ChannelUri:
         """A copy whose publication's first byte lands at stream ``position`` of a stream with
         ``initial_term_id`` and ``term_length`` (the inverse of :meth:`initial_position`): how a
         replay or a new leader's log continues a recording at the same positions."""
@@ -161,7 +161,7 @@ class ChannelUri:
             term_offset=position % term_length,
         )
 
-    def with_params(self, **changes: object) -> "ChannelUri":
+    def with_params(self, **changes: object) -> ChannelUri:
         """A copy with some fields changed, validated again (e.g. ``session_id=...``)."""
         return parse(str(replace(self, **changes)))
 

@@ -51,9 +51,10 @@ import os
 import struct
 import time
 from collections import deque
+from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from media.private_files import FILE_MODE, create_new, make_private_dir
 

@@ -67,8 +67,8 @@ def _trio_epoll_fd(runner) -> int | None:
         _RUN_CONTEXT.task._cancel_status.effectively_cancelled  # noqa: B018
         if not all(hasattr(_Task, name) for name in ("_next_send_fn", "_cancel_status")):
             return None
-        runner.deadlines.next_deadline
-        runner.clock.current_time
+        runner.deadlines.next_deadline  # noqa: B018
+        runner.clock.current_time  # noqa: B018
         ep = runner.io_manager._epoll
         return ep.fileno() if isinstance(ep, select.epoll) else None
     except (AttributeError, ValueError):

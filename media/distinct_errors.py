@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import structlog
 
@@ -81,10 +81,13 @@ class DistinctErrors:
 
     def _write(self, now_ms: int) -> None:
         self._written_ms = now_ms
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        path = self.path
+        if path is None:  # a table kept in memory only
+            return
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps([asdict(e) for e in self.entries()]))
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
         except OSError:
             pass  # the table is for tools; the errors are logged and counted all the same
 

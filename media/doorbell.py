@@ -47,7 +47,7 @@ _counter = itertools.count()
 _send_lock = threading.Lock()
 _send_socket: socket.socket | None = None
 _send_pid = 0
-_local: "dict[bytes, Doorbell]" = {}
+_local: dict[bytes, Doorbell] = {}
 """Open doorbells of this process by name, for the same-thread fast path of :func:`ring` (a plain
 dict: a ring looks here first, so the lookup must cost next to nothing; close() removes)."""
 

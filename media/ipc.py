@@ -30,8 +30,8 @@ import os
 import random
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import trio
 

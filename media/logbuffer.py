@@ -52,7 +52,6 @@ from pathlib import Path
 from media.frames import (
     DATA_HEADER,
     FLAG_UNFRAGMENTED,
-    HEADER_LENGTH,
     TYPE_PAD,
     VERSION,
     compute_position,
@@ -141,7 +140,7 @@ class LogBuffer:
         session_id: int,
         stream_id: int,
         start_position: int = 0,
-    ) -> "LogBuffer":
+    ) -> LogBuffer:
         """Create a log buffer: a file (IPC) when ``path`` is given, else anonymous memory."""
         size = META_LENGTH + 3 * term_length
         if path is None:
@@ -168,7 +167,7 @@ class LogBuffer:
         return cls(mem, path, file_obj)
 
     @classmethod
-    def open(cls, path: str | Path) -> "LogBuffer":
+    def open(cls, path: str | Path) -> LogBuffer:
         """Map an existing log buffer file (a subscriber in another process)."""
         path = Path(path)
         try:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Awaitable, Callable
 from enum import IntEnum
-from typing import Awaitable, Callable
 
 import trio
 
@@ -81,10 +81,10 @@ class ExclusivePublication:
         stream_id: int,
         session_id: int,
         start_position: int,
-        limit_fn: Callable[["ExclusivePublication"], int],
+        limit_fn: Callable[[ExclusivePublication], int],
         after_append: Callable[[], None] | None = None,
         ring_fn: Callable[[], None] | None = None,
-        on_close: Callable[["ExclusivePublication"], None] | None = None,
+        on_close: Callable[[ExclusivePublication], None] | None = None,
         registration_id: int = 0,
         after_append_flag: bytearray | None = None,
     ) -> None:

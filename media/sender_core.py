@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from media.frames import (
     HEADER_LENGTH,
+    TYPE_DATA,
+    TYPE_PAD,
     Nak,
     Setup,
     StatusMessage,
-    TYPE_DATA,
-    TYPE_PAD,
     compute_position,
     encode_heartbeat,
     encode_setup,
@@ -161,7 +162,8 @@ class SenderCore:
         self.end_position: int | None = None  # set when the publication closes
         self.eos_sent = False
         # Retransmits: position -> [length, due_ns or None once sent, linger_until_ns]
-        self._retransmits: dict[int, list[int]] = {}
+        # position -> [length, due (None once sent), linger deadline]: one mutable list, no object per NAK
+        self._retransmits: dict[int, list[Any]] = {}
         self.stats = SenderStats()
 
     # ------------------------------------------------------------------ inputs
@@ -457,7 +459,7 @@ class SenderCore:
 
     def _send_retransmits(self, now_ns: int, buffer, sends: list) -> int:
         added = 0
-        done = []
+        done: list[int] = []
         for position, action in self._retransmits.items():
             length, due, linger = action
             if due is not None:

@@ -19,7 +19,7 @@ trio parking lot woken by the receiver for UDP) sit behind three hooks set by th
 from __future__ import annotations
 
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
@@ -105,12 +105,12 @@ class Image:
         self,
         *,
         log: LogBuffer,
-        subscription: "Subscription",
+        subscription: Subscription,
         join_position: int,
         source_identity: str,
         position_offset: int | None = None,
         eos_fn: Callable[[], int | None] | None = None,
-        progress_fn: Callable[["Image"], None] | None = None,
+        progress_fn: Callable[[Image], None] | None = None,
         progress_threshold: int = 0,
         ring_publisher: Callable[[], None] | None = None,
     ) -> None:
@@ -293,7 +293,7 @@ class Image:
                 self._commit_position(buf, pos)
         return count
 
-    def block_poll(self, handler: "BlockHandler", block_length_limit: int) -> int:
+    def block_poll(self, handler: BlockHandler, block_length_limit: int) -> int:
         """Hand raw frames, headers included, to ``handler(buffer, offset, length, position)`` as
         one contiguous block; return the bytes consumed (0: nothing new).
 
@@ -355,7 +355,7 @@ class Image:
         handler(self._view, base, length, pos)
         return self._advance(buf, pos + length, length)
 
-    def frames_poll(self, handler: "FramesHandler", byte_limit: int, min_frames: int = 8) -> int | None:
+    def frames_poll(self, handler: FramesHandler, byte_limit: int, min_frames: int = 8) -> int | None:
         """Hand a run of whole frames, headers included, to
         ``handler(buffer, offset, starts, length, position)`` with their starts found by numpy
         (media.framescan), not by a Python step per frame; the handler returns how many bytes
@@ -434,7 +434,7 @@ class Subscription:
         self.closed = False
         # Set by the driver: how to park for this transport, and what to do on close.
         self._wait_impl: Callable[[float], object] | None = None
-        self._close_impl: Callable[["Subscription"], None] | None = None
+        self._close_impl: Callable[[Subscription], None] | None = None
         self._park_impl: Callable[[bool], None] | None = None
         self._lot = trio.lowlevel.ParkingLot()
         self.wake_hook: Callable[[], None] | None = None

@@ -13,7 +13,8 @@ hook, which the node sets to end the process with an exit code of its own
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from media.library_log import library_logger
 
@@ -43,7 +44,7 @@ async def run_guarded(owner: _HasFailureHook, component: str, task: str,
     not a failure."""
     try:
         await fn(*args)
-    except Exception as e:  # noqa: BLE001 - every failure of the task is reported the same way
+    except Exception as e:  # every failure of the task is reported the same way
         failure = TaskFailure(component, task, e)
         log.error("task failed", component=component, task=task, error=repr(e), exc_info=True)
         hook = owner.on_task_failure

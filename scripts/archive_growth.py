@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
+import trio
 
-from cluster_node.config import parse_size  # noqa: E402
-from cluster_node.service.examples.kv import Put, Status  # noqa: E402
-from harness.cluster import TestCluster, open_kv_client  # noqa: E402
+from cluster_node.config import parse_size
+from cluster_node.service.examples.kv import Put, Status
+from harness.cluster import TestCluster, open_kv_client
 
 SEGMENT = 64 * 1024
 
@@ -63,15 +63,14 @@ async def run(base: Path, purge: bool, target: int, interval: int) -> list[tuple
                     done.set()
                 await trio.sleep(0.5)
 
-        async with open_kv_client(cluster.client_config) as kv:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(sampler)
-                i = 0
-                while not done.is_set():
-                    batch = [Put(kv.next_id(), f"bulk{(i + j) % 32}", bytes([(i + j) % 251]) * 2000) for j in range(32)]
-                    i += 32
-                    replies = await kv.pipeline(batch, timeout=60)
-                    assert all(r.status == Status.OK for r in replies.values())
+        async with open_kv_client(cluster.client_config) as kv, trio.open_nursery() as nursery:
+            nursery.start_soon(sampler)
+            i = 0
+            while not done.is_set():
+                batch = [Put(kv.next_id(), f"bulk{(i + j) % 32}", bytes([(i + j) % 251]) * 2000) for j in range(32)]
+                i += 32
+                replies = await kv.pipeline(batch, timeout=60)
+                assert all(r.status == Status.OK for r in replies.values())
         print(f"purge_log={purge}: {len(samples)} samples, last {samples[-1]}", file=sys.stderr)
     return samples
 

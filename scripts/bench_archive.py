@@ -38,14 +38,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
+import trio
 
-from archive.catalog import Catalog  # noqa: E402
-from archive.client import ArchiveClient  # noqa: E402
-from archive.conductor import ArchiveConfig, open_archive  # noqa: E402
-from archive.recorder import RecordingSession  # noqa: E402
-from archive.storage import CatalogStore, SegmentWriter  # noqa: E402
-from media.driver import open_media_driver  # noqa: E402
+from archive.catalog import Catalog
+from archive.client import ArchiveClient
+from archive.conductor import ArchiveConfig, open_archive
+from archive.recorder import RecordingSession
+from archive.storage import CatalogStore, SegmentWriter
+from media.driver import open_media_driver
 
 TERM = 16 * 1024 * 1024
 SEGMENT = 128 * 1024 * 1024

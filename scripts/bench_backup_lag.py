@@ -26,14 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
+import trio
 
-from cluster_node.consensus.backup import BackupCounterTypes, BackupState  # noqa: E402
-from cluster_node.driver_dir import default_driver_dir  # noqa: E402
-from cluster_node.service.examples.kv import Put  # noqa: E402
-from media.counters import CountersReader  # noqa: E402
-from harness.backup import Backup  # noqa: E402
-from harness.cluster import TestCluster, open_kv_client  # noqa: E402
+from cluster_node.consensus.backup import BackupCounterTypes, BackupState
+from cluster_node.driver_dir import default_driver_dir
+from cluster_node.service.examples.kv import Put
+from harness.backup import Backup
+from harness.cluster import TestCluster, open_kv_client
+from media.counters import CountersReader
 
 
 def pct(values: list[float], q: float) -> float:

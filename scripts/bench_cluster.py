@@ -57,14 +57,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
-from hdrh.histogram import HdrHistogram  # noqa: E402
+import trio
+from hdrh.histogram import HdrHistogram
 
-from cluster_node.affinity import available_cpus, format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
-from cluster_node.client import open_cluster_client  # noqa: E402
-from media.publication import OfferResult  # noqa: E402
-from harness.cluster import TestCluster  # noqa: E402
-from harness.procs import child_pids, state_and_ticks  # noqa: E402
+from cluster_node.affinity import available_cpus, format_cpus, parse_cpus, split_for_shared_machine
+from cluster_node.client import open_cluster_client
+from harness.cluster import TestCluster
+from harness.procs import child_pids, state_and_ticks
+from media.publication import OfferResult
 
 _STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster_node.codecs import (  # noqa: E402
+from cluster_node.codecs import (
     AppendPosition,
     ClusterTimeUnit,
     NewLeadershipTermEvent,

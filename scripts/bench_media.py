@@ -260,7 +260,7 @@ def plain_udp_rate(ctx, seconds: float) -> float:
             count += 1
             if count % 1024 == 0:
                 last = time.perf_counter()
-    except socket.timeout:
+    except TimeoutError:
         pass
     sender.join(10)
     r.close()

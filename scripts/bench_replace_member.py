@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
+import trio
 
-from archive.catalog import Catalog  # noqa: E402
-from archive.storage import CATALOG_FILE_NAME  # noqa: E402
-from cluster_node.service.examples.kv import Put, Status  # noqa: E402
-from harness.cluster import TestCluster, _node_command, open_kv_client  # noqa: E402
+from archive.catalog import Catalog
+from archive.storage import CATALOG_FILE_NAME
+from cluster_node.service.examples.kv import Put, Status
+from harness.cluster import TestCluster, _node_command, open_kv_client
 
 
 def say(*parts) -> None:

@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import trio  # noqa: E402
+import trio
 
-from cluster_node.client import open_cluster_client  # noqa: E402
-from cluster_node.service.examples.kv import Put, Status, decode_reply, encode_request  # noqa: E402
-from harness.cluster import TestCluster  # noqa: E402
+from cluster_node.client import open_cluster_client
+from cluster_node.service.examples.kv import Put, Status, decode_reply, encode_request
+from harness.cluster import TestCluster
 
 
 async def _one_shot(config, key: str, close: bool = True) -> None:
@@ -47,7 +47,7 @@ async def _one_shot(config, key: str, close: bool = True) -> None:
         if not close:
             # Vanish without a close request: the session stays open in the log until the
             # leader times it out.
-            client._close_locally(None)  # noqa: SLF001 - a client that dies, as the cluster sees it
+            client._close_locally(None)  # a client that dies, as the cluster sees it
             raise _Vanish
 
 

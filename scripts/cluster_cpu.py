@@ -48,13 +48,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trio  # noqa: E402
+import bench_cluster as bc
+import trio
 
-import bench_cluster as bc  # noqa: E402
-from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine  # noqa: E402
-from cluster_node.client import open_cluster_client  # noqa: E402
-from harness.cluster import TestCluster  # noqa: E402
-from harness.procs import child_pids  # noqa: E402
+from cluster_node.affinity import format_cpus, parse_cpus, split_for_shared_machine
+from cluster_node.client import open_cluster_client
+from harness.cluster import TestCluster
+from harness.procs import child_pids
 
 
 def _user_sys_ticks(pid: int) -> tuple[int, int]:
@@ -207,12 +207,15 @@ async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None
         else:
             pids_and_client = pids
         spies, tracers = await _start_observers(pids_and_client, leader, seconds, spy_dir, strace_dir)
+        helpers = [c for p in pids.values() for c in child_pids(p)]
         before = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
+        helpers_before = sum(sum(_user_sys_ticks(h)) for h in helpers)
         client_before = os.times()
         received = echoes.received
         rate = await bc.throughput(client, echoes, 32, 4096, 0.0, seconds)
         client_after = os.times()
         after = {m: (*_user_sys_ticks(p), _service_thread_ticks(p)) for m, p in pids.items()}
+        helpers_used = (sum(sum(_user_sys_ticks(h)) for h in helpers) - helpers_before) / os.sysconf("SC_CLK_TCK")
         n = echoes.received - received
         _stop_observers(spies, tracers)
     print(f"leader: member {leader}; {rate:,.0f} echoes/s of 32 B at saturation")

@@ -280,9 +280,9 @@ def cpu_shares(windows: list[tuple[int, int]], switches: dict[int, list[tuple[in
 
 
 async def _drive(cluster, rate: int, seconds: float, client_cpus: tuple[int, ...]) -> None:
+    import bench_cluster as bc
     import trio
 
-    import bench_cluster as bc
     from cluster_node.client import open_cluster_client
 
     cluster.start(timeout=60)

@@ -9,18 +9,19 @@ from __future__ import annotations
 import click
 
 from cluster_node import __version__
-from cluster_node.cli.archive import archive
-from cluster_node.cli.backup import backup
-from cluster_node.cli.run import run
-from cluster_node.cli.pipeline import pipeline
-from cluster_node.cli.secret import secret
-from cluster_node.cli.stat import stat
-from cluster_node.cli.up import up
-from cluster_node.cli.client import client
-from cluster_node.cli.tool import tool
+
 # These add their commands to `tool`: purge-log and the recording.log tools; cluster control; the
 # offline edits and describe-latest-snapshot.
 from cluster_node.cli import retention, tool_control, tool_offline  # noqa: F401
+from cluster_node.cli.archive import archive
+from cluster_node.cli.backup import backup
+from cluster_node.cli.client import client
+from cluster_node.cli.pipeline import pipeline
+from cluster_node.cli.run import run
+from cluster_node.cli.secret import secret
+from cluster_node.cli.stat import stat
+from cluster_node.cli.tool import tool
+from cluster_node.cli.up import up
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -27,8 +27,8 @@ import click
 
 from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
-from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.rebuild import RebuildError, rebuild_catalog
+from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
@@ -39,9 +39,9 @@ from archive.storage import (
     delete_detached_segments,
     detach_front,
     detached_segments,
-    load_catalog,
     iter_frames,
     list_segments,
+    load_catalog,
     recovered_end,
     truncate_segments,
     verify_recording,

@@ -22,8 +22,8 @@ def backup(config_path: str, log_mode: str | None) -> None:
     can be started from, until SIGTERM/SIGINT. Its state and live log position are counters:
     ``cluster-node stat --dir <backup dir>`` (docs/operations.md, "Backup and restore")."""
     from cluster_node.backup_node import run_backup
-    from cluster_node.node import NodeStartError
     from cluster_node.cli.run import _configure_logging, _internal_error, _operator_error
+    from cluster_node.node import NodeStartError
 
     os.umask(0o077)
     try:

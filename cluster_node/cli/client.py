@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 
@@ -70,8 +70,12 @@ def _say(ctx: _Ctx, text: str) -> None:
 
 def _connect(ctx: _Ctx, **kwargs):
     """A connected BlockingClusterClient, or a one-line ClickException."""
-    from cluster_node.client import BlockingClusterClient, ClusterClientError, ConnectTimeoutError
-    from cluster_node.client import SharedSecretCredentials
+    from cluster_node.client import (
+        BlockingClusterClient,
+        ClusterClientError,
+        ConnectTimeoutError,
+        SharedSecretCredentials,
+    )
     from cluster_node.config import ConfigError, load_client_config
     from cluster_node.secret_file import SecretFileError
 
@@ -99,7 +103,7 @@ def _text(payload: bytes) -> str:
     return payload.decode("utf-8", errors="backslashreplace")
 
 
-def _request(ctx: _Ctx, make_payload: Callable[[int], bytes]) -> "object":
+def _request(ctx: _Ctx, make_payload: Callable[[int], bytes]) -> object:
     """Send one kv request and return its decoded Reply."""
     import trio
 

@@ -157,7 +157,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
     owned = SparkSession.getActiveSession() is None  # embedded callers (tests) keep their session
     try:
         spark = session(master, conf)
-    except Exception as e:  # no Java, a bad master URL, a bad setting
+    except Exception as e:  # noqa: BLE001 - no Java, a bad master URL, a bad setting
         raise _spark_failure(e) from None
     result = None
     try:
@@ -189,7 +189,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
             click.echo(f"{exported.rows} rows written to {exported.path} ({len(exported.partitions)} partitions)")
     except click.ClickException:
         raise
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any failure of the job: one line and its exit code
         raise _spark_failure(e) from None
     finally:
         if owned:

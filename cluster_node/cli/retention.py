@@ -41,9 +41,9 @@ from archive.storage import (
     recovered_end,
 )
 from cluster_node.cli.archive import _locked as _archive_locked
+from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME, RecordingLogFile
-from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
 from cluster_node.identifiers import StreamIds
 from cluster_node.node_inspect import directory_lock, log_recording
 from media.private_files import FILE_MODE

@@ -19,11 +19,16 @@ service that does not answer).
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
-from cluster_node.client.cluster_client import ClientClosedError, ClusterClient, ServiceRequestError, open_cluster_client
+from cluster_node.client.cluster_client import (
+    ClientClosedError,
+    ClusterClient,
+    ServiceRequestError,
+    open_cluster_client,
+)
 from cluster_node.codecs import SessionMessageHeader
 from cluster_node.config import ClientConfig
 
@@ -150,7 +155,7 @@ class BlockingClusterClient:
                 pass
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> "BlockingClusterClient":
+    def __enter__(self) -> BlockingClusterClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -99,30 +99,30 @@ import socket
 import struct
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 import trio
 
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_VALUE,
-    AdminRequest,
-    AdminRequestType,
-    AdminResponse,
-    ChallengeResponse,
     SESSION_HEADER_LENGTH,
     SESSION_MESSAGE_TEMPLATE_ID,
     SESSION_PREFIX_WORD,
+    AdminRequest,
+    AdminRequestType,
+    AdminResponse,
     Challenge,
-    CodecError,
+    ChallengeResponse,
     CloseReason,
+    CodecError,
     EventCode,
     NewLeaderEvent,
+    ServiceErrorEvent,
     SessionCloseRequest,
     SessionConnectRequest,
-    ServiceErrorEvent,
     SessionEvent,
     SessionKeepAlive,
     SessionMessageHeader,
@@ -215,7 +215,7 @@ class SharedSecretCredentials:
         self._key = bytes(key)
 
     @classmethod
-    def from_file(cls, path) -> "SharedSecretCredentials":
+    def from_file(cls, path) -> SharedSecretCredentials:
         """From a credentials file of one ``client-id hexkey`` line (``cluster_node.auth``);
         raises ``secret_file.SecretFileError`` (one line) when it cannot be used."""
         from cluster_node.auth import read_client_credentials

@@ -74,7 +74,6 @@ from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
 from cluster_node.consensus.cluster_clock import ClusterClock
 from cluster_node.consensus.cluster_control import ClusterControl
 from cluster_node.consensus.consensus_adapter import ConsensusAdapter
-from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
 from cluster_node.consensus.effect_executor import EffectExecutor
 from cluster_node.consensus.egress_publisher import ONE_SHOT_REPLIES_PER_S, EgressPublisher
 from cluster_node.consensus.idle_strategy import IdleStrategy
@@ -95,6 +94,7 @@ from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
 from cluster_node.consensus.snapshot_taker import PendingSnapshot, SnapshotTaker
 from cluster_node.consensus.termination import PendingTermination, Termination
 from cluster_node.consensus.timers import Timers
+from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
 from cluster_node.wall_clock import wall_clock
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors

@@ -250,15 +250,19 @@ class ClusterBackupCore:
         self._ask_next(now_ns)
 
     def _ask(self, member_id: int, now_ns: int) -> None:
-        self._round.asked.add(member_id)
-        self._emit(SendBackupQuery(member_id, self._round.correlation_id))
+        r = self._round
+        assert r is not None  # asked in BACKUP_QUERY only, which _enter_query opens with a round
+        r.asked.add(member_id)
+        self._emit(SendBackupQuery(member_id, r.correlation_id))
         self._deadline_ns = now_ns + self.settings.response_timeout_ns
 
     def _ask_next(self, now_ns: int) -> None:
         if self.settings.seed:
             # A starting member asks everyone at once: it waits for a majority's answer.
+            r = self._round
+            assert r is not None  # asked in BACKUP_QUERY only, which _enter_query opens with a round
             for member_id in self.member_ids:
-                if member_id not in self._round.answered_empty:
+                if member_id not in r.answered_empty:
                     self._ask(member_id, now_ns)
             return
         member_id = self.member_ids[self._next_member % len(self.member_ids)]
@@ -295,16 +299,18 @@ class ClusterBackupCore:
         self._use(resp, now_ns)
 
     def _query_work(self, now_ns: int) -> int:
+        r = self._round
+        assert r is not None  # BACKUP_QUERY's work, and _enter_query opens it with a round
         if self.settings.seed and now_ns - self._started_ns >= self.settings.seed_query_timeout_ns:
-            if self._round.fallback is not None:
-                self._use(self._round.fallback, now_ns)
+            if r.fallback is not None:
+                self._use(r.fallback, now_ns)
             else:
                 self._seed_done(now_ns, seeded=False)
             return 1
         if now_ns < self._deadline_ns:
             return 0
-        if self._round.fallback is not None:
-            self._use(self._round.fallback, now_ns)
+        if r.fallback is not None:
+            self._use(r.fallback, now_ns)
         else:
             self._ask_next(now_ns)
         return 1
@@ -348,14 +354,21 @@ class ClusterBackupCore:
         self._retrieve_next(now_ns)
 
     def _latest_cm_snapshot(self) -> codecs.BackupSnapshot:
-        return next(s for s in self.response.snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID)
+        return next(s for s in self._used_response().snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID)
 
-    def _snapshot_patches(self) -> list:
+    def _used_response(self) -> codecs.BackupResponse:
+        """The answer the copy follows: every state after BACKUP_QUERY is entered from _use,
+        which sets it."""
+        resp = self.response
+        assert resp is not None
+        return resp
+
+    def _snapshot_patches(self) -> list[tuple[int, bytes]]:
         """The copied snapshot set as recording.log SNAPSHOT entries: services first, the
         consensus module last (the reference's order; the recovery plan looks for the module's)."""
         ordered = sorted(self._retrieved, key=lambda sr: -sr[0].service_id if sr[0].service_id >= 0 else 1 << 31)
         ordered.sort(key=lambda sr: sr[0].service_id == CONSENSUS_MODULE_SERVICE_ID)
-        patches = []
+        patches: list[tuple[int, bytes]] = []
         for s, dst in ordered:
             patches.extend(self.recording_log.append_snapshot(
                 dst, s.leadership_term_id, s.term_base_log_position, s.log_position, s.timestamp, s.service_id))
@@ -365,7 +378,7 @@ class ClusterBackupCore:
     # ------------------------------------------------------------------ live log
 
     def _enter_live_log_record(self, now_ns: int) -> None:
-        resp = self.response
+        resp = self._used_response()
         self._set_state(BackupState.LIVE_LOG_RECORD)
         start = resp.log_start_position
         end = resp.commit_position
@@ -401,7 +414,7 @@ class ClusterBackupCore:
             return
         # Backup: the recording waits for the replay's image; a new one's id comes with
         # on_live_log_replay_started.
-        resp = self.response
+        resp = self._used_response()
         self._set_state(BackupState.LIVE_LOG_REPLAY)
         self._live_running = True
         self._emit(StartLiveLogReplay(resp.member_id, resp.log_recording_id, self._replay_from,
@@ -420,7 +433,7 @@ class ClusterBackupCore:
         if last is None or last.recording_id != self.live_recording_id:
             # The term the copy starts in: the snapshot's when it starts at one (later terms
             # are found in the log as it arrives); from 0, the log's first entry names it.
-            cm = [s for s in self.response.snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID]
+            cm = [s for s in self._used_response().snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID]
             if cm and cm[0].log_position == self._replay_from and (
                     last is None or cm[0].leadership_term_id > last.leadership_term_id):
                 patches.extend(self.recording_log.append_term(

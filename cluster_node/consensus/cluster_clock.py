@@ -24,7 +24,7 @@ hold cluster time still for that long, or past what an int64 holds. It is counte
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["ClusterClock", "MAX_AHEAD_NS"]
 

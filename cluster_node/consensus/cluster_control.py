@@ -14,8 +14,8 @@ import structlog
 
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC
-from cluster_node.identifiers import ModuleState, ToggleState
 from cluster_node.consensus.termination import PendingTermination
+from cluster_node.identifiers import ModuleState, ToggleState
 
 log = structlog.get_logger("consensus")
 

@@ -23,11 +23,11 @@ from archive.client import ArchiveError
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.consensus_adapter import DIGESTED
-from cluster_node.identifiers import ModuleState
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.module import Role
 from cluster_node.consensus.node_files import NodeStateError
 from cluster_node.exit_codes import ExitCode, NodeFailure
+from cluster_node.identifiers import ModuleState
 
 log = structlog.get_logger("consensus")
 

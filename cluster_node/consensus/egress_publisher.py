@@ -15,7 +15,6 @@ import structlog
 import trio
 
 from cluster_node.codecs import EGRESS_CODEC, NULL_VALUE
-from cluster_node.identifiers import ModuleState, ToggleState
 from cluster_node.consensus.sessions import (
     AppendSessionEvent,
     AuthenticatorFailed,
@@ -24,6 +23,7 @@ from cluster_node.consensus.sessions import (
     SendEgress,
     TakeSnapshot,
 )
+from cluster_node.identifiers import ModuleState, ToggleState
 
 log = structlog.get_logger("consensus")
 

@@ -10,7 +10,6 @@ the pass: the followers work on it meanwhile.
 
 from __future__ import annotations
 
-
 from cluster_node import codecs
 from cluster_node.consensus import effects as fx
 

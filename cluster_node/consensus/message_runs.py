@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import struct
 
-from media.framescan import numpy_module
-from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
-
 from cluster_node.codecs import SESSION_HEADER_LENGTH, SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET
+from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
+from media.framescan import numpy_module
 
 __all__ = ["client_run", "fit", "last_timestamp", "session_run", "stamp_timestamps"]
 

@@ -328,7 +328,7 @@ class ConsensusModule:
             # overstates nothing the log does not hold.
             self.emit(fx.TruncateRecording(self.log_recording_id, position))
             self.append_position = position
-        writes = ()
+        writes: tuple[tuple[int, bytes], ...] = ()
         if drop_terms_from != NULL_VALUE:
             writes = self.recording_log.invalidate_terms_from(drop_terms_from)
         writes += self.recording_log.truncate_to(position)
@@ -687,12 +687,11 @@ class ConsensusModule:
         real member's term grows by one per election it starts."""
         known = max(self.leadership_term_id, self.candidate_term_id, self.log_leadership_term_id)
         limit = known + MAX_TERM_JUMP
-        t = type(msg)
-        if t is codecs.RequestVote or t is codecs.Vote:
+        if type(msg) is codecs.RequestVote or type(msg) is codecs.Vote:
             return msg.candidate_term_id > limit or msg.log_leadership_term_id > limit
-        if t is codecs.NewLeadershipTerm:
+        if type(msg) is codecs.NewLeadershipTerm:
             return msg.leadership_term_id > limit or msg.next_leadership_term_id > limit
-        if t is codecs.CanvassPosition:
+        if type(msg) is codecs.CanvassPosition:
             return msg.leadership_term_id > limit or msg.log_leadership_term_id > limit
         term = getattr(msg, "leadership_term_id", None)
         return term is not None and term > limit
@@ -711,8 +710,7 @@ class ConsensusModule:
             self.term_jumps_refused += 1
             return
         election = self.election
-        t = type(msg)
-        if t is codecs.CanvassPosition:
+        if type(msg) is codecs.CanvassPosition:
             if election is not None:
                 election.on_canvass_position(msg, now_ns)
             elif self.role == Role.LEADER:
@@ -722,15 +720,15 @@ class ConsensusModule:
                     self.enter_election(now_ns, "newer term seen in canvass")
                 else:
                     self.answer_canvass(member, msg.log_leadership_term_id, now_ns)
-        elif t is codecs.RequestVote:
+        elif type(msg) is codecs.RequestVote:
             if election is not None:
                 election.on_request_vote(msg, now_ns)
             else:
                 self._on_request_vote_when_settled(msg, now_ns)
-        elif t is codecs.Vote:
+        elif type(msg) is codecs.Vote:
             if election is not None:
                 election.on_vote(msg, now_ns)
-        elif t is codecs.NewLeadershipTerm:
+        elif type(msg) is codecs.NewLeadershipTerm:
             if election is not None:
                 election.on_new_leadership_term(msg, now_ns)
             elif msg.leadership_term_id > self.leadership_term_id:
@@ -740,12 +738,12 @@ class ConsensusModule:
                 and from_member_id == self.leader_member_id
             ):
                 self.time_of_last_leader_message_ns = now_ns
-        elif t is codecs.AppendPosition:
+        elif type(msg) is codecs.AppendPosition:
             if election is not None:
                 election.on_append_position(msg, now_ns)
             elif self.role == Role.LEADER:
                 self.track_append_position(msg, now_ns)
-        elif t is codecs.CommitPosition:
+        elif type(msg) is codecs.CommitPosition:
             if election is not None:
                 election.on_commit_position(msg, now_ns)
             elif msg.leadership_term_id > self.leadership_term_id:
@@ -758,23 +756,22 @@ class ConsensusModule:
                 self.time_of_last_leader_message_ns = now_ns
                 if msg.log_position > self.leader_commit_position:
                     self.leader_commit_position = msg.log_position
-        elif t is codecs.CatchupPosition:
+        elif type(msg) is codecs.CatchupPosition:
             if election is not None:
                 election.on_catchup_position(msg, now_ns)
             elif self.role == Role.LEADER:
                 self.start_catchup(msg, now_ns)
-        elif t is codecs.StopCatchup:
+        elif type(msg) is codecs.StopCatchup:
             if election is not None and from_member_id == election.leader_member_id:
                 election.on_stop_catchup(msg, now_ns)
 
     @staticmethod
     def _sender_matches(from_member_id: int, msg: object) -> bool:
-        t = type(msg)
-        if t is codecs.RequestVote:
+        if type(msg) is codecs.RequestVote:
             return msg.candidate_member_id == from_member_id
-        if t is codecs.NewLeadershipTerm or t is codecs.CommitPosition:
+        if type(msg) is codecs.NewLeadershipTerm or type(msg) is codecs.CommitPosition:
             return msg.leader_member_id == from_member_id
-        if t is codecs.StopCatchup:
+        if type(msg) is codecs.StopCatchup:
             return True
         claimed = getattr(msg, "follower_member_id", None)
         return claimed is not None and claimed == from_member_id

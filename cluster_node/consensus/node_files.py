@@ -266,7 +266,7 @@ class MarkFile:
         now_ms: int | None = None,
         liveness_timeout_ms: int = LIVENESS_TIMEOUT_MS,
         component_type: int = COMPONENT_CONSENSUS_MODULE,
-    ) -> "MarkFile":
+    ) -> MarkFile:
         """Take the node directory (creating it), or raise MarkFileInUseError naming the owner."""
         node_dir = Path(node_dir)
         now = _now_ms() if now_ms is None else now_ms
@@ -351,7 +351,7 @@ class MarkFile:
             finally:
                 os.close(fd)
 
-    def __enter__(self) -> "MarkFile":
+    def __enter__(self) -> MarkFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -426,7 +426,7 @@ class NodeStateFile:
         previous entry was used and the damaged slot is the next to be written."""
 
     @classmethod
-    def open(cls, node_dir: str | Path, *, now_ms: int | None = None, sync: bool = True) -> "NodeStateFile":
+    def open(cls, node_dir: str | Path, *, now_ms: int | None = None, sync: bool = True) -> NodeStateFile:
         """Open or create the file. ``sync=False`` skips fsync (tests of the logic only)."""
         node_dir = Path(node_dir)
         path = node_dir / NODE_STATE_FILE_NAME
@@ -536,7 +536,7 @@ class NodeStateFile:
             fd, self._fd = self._fd, -1
             os.close(fd)
 
-    def __enter__(self) -> "NodeStateFile":
+    def __enter__(self) -> NodeStateFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,10 +30,10 @@ from cluster_node.consensus.backup import (
     SendBackupQuery,
     StartLogRecording,
 )
-from cluster_node.identifiers import CounterTypes
 from cluster_node.consensus.snapshot import SnapshotError, decode_cm_snapshot, restore_cm_snapshot
 from cluster_node.damaged_files import damaged, rebuild_hint
 from cluster_node.exit_codes import ExitCode, fail
+from cluster_node.identifiers import CounterTypes
 from cluster_node.service.container import recovery_state_label
 from cluster_node.snapshot_io import SnapshotIOError, read_recording
 

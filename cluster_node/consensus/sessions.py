@@ -75,6 +75,7 @@ from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_POSITION,
     NULL_VALUE,
+    SCHEMA_ID,
     AdminRequest,
     AdminRequestType,
     AdminResponse,
@@ -82,7 +83,6 @@ from cluster_node.codecs import (
     Challenge,
     CloseReason,
     EventCode,
-    SCHEMA_ID,
     NewLeaderEvent,
     SessionCloseEvent,
     SessionConnectRequest,
@@ -223,10 +223,10 @@ class _Proxy:
 
     __slots__ = ("_sessions", "session", "_term_id", "_leader_member_id", "_now_ns")
 
-    def __init__(self, sessions: "ClusterSessions", session: "ClusterSession", term_id: int, leader_member_id: int,
+    def __init__(self, sessions: ClusterSessions, session: ClusterSession, term_id: int, leader_member_id: int,
                  now_ns: int) -> None:
         self._sessions = sessions
-        self.session = session
+        self.session: ClusterSession | None = session
         self._term_id = term_id
         self._leader_member_id = leader_member_id
         self._now_ns = now_ns
@@ -751,12 +751,12 @@ class ClusterSessions:
             if now_ns - gone.dropped_at_ns > self.settings.session_timeout_ns:
                 del self.gone[(leadership_term_id, cluster_session_id)]
                 return False
-            session = gone.session
-            if not self._answer_due(session, now_ns):
+            closed = gone.session
+            if not self._answer_due(closed, now_ns):
                 return False
             self.effects.append(SendEgress(
-                NULL_VALUE, session.response_channel, session.response_stream_id,
-                self._closed_event(session, leader_member_id),
+                NULL_VALUE, closed.response_channel, closed.response_stream_id,
+                self._closed_event(closed, leader_member_id),
             ))
             return True
         session = self.sessions.get(cluster_session_id)

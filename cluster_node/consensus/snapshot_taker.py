@@ -18,9 +18,9 @@ import structlog
 from archive.client import ArchiveError
 from cluster_node import codecs
 from cluster_node.codecs import NULL_VALUE
-from cluster_node.identifiers import ModuleState, ToggleState
 from cluster_node.consensus.module import Role
 from cluster_node.consensus.snapshot import encode_cm_snapshot, take_cm_snapshot
+from cluster_node.identifiers import ModuleState, ToggleState
 from cluster_node.snapshot_io import SnapshotIOError, record_snapshot
 
 log = structlog.get_logger("consensus")

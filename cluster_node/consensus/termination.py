@@ -17,8 +17,8 @@ import trio
 
 from cluster_node import codecs
 from cluster_node.codecs import NULL_POSITION
-from cluster_node.identifiers import ModuleState
 from cluster_node.consensus.module import Role
+from cluster_node.identifiers import ModuleState
 
 log = structlog.get_logger("consensus")
 

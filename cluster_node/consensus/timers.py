@@ -150,7 +150,7 @@ class Timers:
     def expired(self, now: int, limit: int = 64) -> list[tuple[int, int]]:
         """Leader: up to ``limit`` (correlation id, deadline) due at ``now``, earliest first.
         They stay scheduled until :meth:`on_fired` says their TimerEvent was appended."""
-        out = []
+        out: list[tuple[int, int]] = []
         for deadline, correlation_id in self._order:
             if deadline > now or len(out) >= limit:
                 break

@@ -69,7 +69,7 @@ def _plain(value: Any) -> Any:
     return value.name if isinstance(value, enum.Enum) else value
 
 
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _I64_MAX = 2**63 - 1
 
 
@@ -109,7 +109,7 @@ class ClusterLogDecoder(MessageDecoder):
             from cluster_node.consensus.node_files import read_mark_file
 
             info = read_mark_file(node_dir)
-        except Exception:  # a damaged or foreign mark file: fall back to the directory name
+        except Exception:  # noqa: BLE001 - a damaged or foreign mark file: fall back to the directory name
             return None
         return None if info is None else (info.member_id, info.cluster_id)
 

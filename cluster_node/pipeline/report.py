@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import json
 import posixpath
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from cluster_node.pipeline.jobs import AuditResult, StatsResult
 
@@ -40,7 +40,7 @@ def write_file(out_dir: str, name: str, data: bytes | str) -> str:
 def _time(ns: int | None) -> str:
     if ns is None:
         return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 def _table(headings: list[str], rows: list[list[object]]) -> str:

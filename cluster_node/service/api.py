@@ -37,8 +37,8 @@ Names, callbacks and codes follow the reference (``ClusteredService``, ``Cluster
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterator
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable, Collection, Iterator
+from typing import Protocol, runtime_checkable
 
 from cluster_node.codecs import CloseReason, ClusterTimeUnit
 from cluster_node.plugins import find_class
@@ -96,7 +96,7 @@ class ClientSession:
         response_stream_id: int,
         response_channel: str,
         encoded_principal: bytes = b"",
-        offer_fn: Callable[["ClientSession", bytes | memoryview], int] | None = None,
+        offer_fn: Callable[[ClientSession, bytes | memoryview], int] | None = None,
     ) -> None:
         self.id = cluster_session_id
         self.response_stream_id = response_stream_id

@@ -51,7 +51,8 @@ from pathlib import Path
 import structlog
 import trio
 
-from cluster_node.codecs import NULL_POSITION, NULL_VALUE, ClientSession as ClientSessionRecord, encode_session_message
+from cluster_node.codecs import NULL_POSITION, NULL_VALUE, encode_session_message
+from cluster_node.codecs import ClientSession as ClientSessionRecord
 from cluster_node.consensus.snapshot import (
     SERVICE_SNAPSHOT_STREAM_ID,
     ServiceSnapshot,
@@ -61,7 +62,12 @@ from cluster_node.consensus.snapshot import (
 from cluster_node.identifiers import CounterTypes, StreamIds
 from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import (
-    MOCKED_OFFER, BytesSnapshotReader, BytesSnapshotWriter, ClientSession, ClusteredService, Role,
+    MOCKED_OFFER,
+    BytesSnapshotReader,
+    BytesSnapshotWriter,
+    ClientSession,
+    ClusteredService,
+    Role,
 )
 from cluster_node.service.errors import ErrorDeduper, ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
@@ -211,7 +217,7 @@ class ServiceContainer:
         _name_os_thread(b"service")
         try:
             trio.run(self._run)
-        except BaseException as e:  # noqa: BLE001 - reported to the node, which stops
+        except BaseException as e:  # reported to the node, which stops
             leaf = e
             while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
                 leaf = leaf.exceptions[0]

@@ -33,6 +33,8 @@ be used from any thread or process that maps the same driver directory.
 
 from media.driver.config import DriverConfig
 from media.driver.media_driver import MediaDriver, open_media_driver
-from media.driver.net_state import log
+
+# The driver's logger, as media.driver.log (a library logger: silent until logging is configured).
+from media.driver.net_state import log as log
 
 __all__ = ["DriverConfig", "MediaDriver", "open_media_driver"]

@@ -26,13 +26,13 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
+from media.driver.net_state import _RECV_BATCH
 from media.subscription import Subscription
 from media.timerfd import NEVER
-from media.driver.net_state import _RECV_BATCH
 
 
 class Invoker:

@@ -12,25 +12,14 @@ import random
 import select
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
 
 import trio
 
 from media.channel import ChannelError, ChannelUri, parse
 from media.counters import CountersError, CountersManager, SystemCounters, counters_path, pid_alive
 from media.distinct_errors import DistinctErrors
-from media.ipc import IpcTransport
-from media.loss import LossGenerator
-from media.mac import MAC_LENGTH, MacKeys
-from media.private_files import make_private_dir
-from media.publication import ExclusivePublication
-from media.receive_set import ReceiveSetWaiter
-from media.receiver_core import ReceiverConfig
-from media.sender_core import SenderConfig
-from media.subscription import Image, Subscription
-from media.task_failure import TaskFailure, run_guarded
-from media.timerfd import NEVER, open_timerfd
 from media.driver.conductor import Conductor
 from media.driver.config import DriverConfig
 from media.driver.invoker import Invoker
@@ -47,6 +36,17 @@ from media.driver.net_state import (
 from media.driver.offers import OfferPaths
 from media.driver.receiver_agent import ReceiverAgent
 from media.driver.sender_agent import SenderAgent
+from media.ipc import IpcTransport
+from media.loss import LossGenerator
+from media.mac import MAC_LENGTH, MacKeys
+from media.private_files import make_private_dir
+from media.publication import ExclusivePublication
+from media.receive_set import ReceiveSetWaiter
+from media.receiver_core import ReceiverConfig
+from media.sender_core import SenderConfig
+from media.subscription import Image, Subscription
+from media.task_failure import TaskFailure, run_guarded
+from media.timerfd import NEVER, open_timerfd
 
 __all__ = ["MediaDriver", "open_media_driver"]
 

@@ -130,7 +130,7 @@ class _NetPublication:
 class _NetImage:
     """One session's image behind a receive group: the shared log buffer and receiver core."""
 
-    def __init__(self, core: ImageReceiverCore, lb: LogBuffer, group: "_Group") -> None:
+    def __init__(self, core: ImageReceiverCore, lb: LogBuffer, group: _Group) -> None:
         self.core = core
         self.log = lb
         self.group = group
@@ -148,7 +148,7 @@ class _Group:
         self.stream_id = stream_id
         self.subscriptions: list[Subscription] = []
         self.images: dict[int, _NetImage] = {}
-        self.endpoints: list["_ReceiveEndpoint"] = []
+        self.endpoints: list[_ReceiveEndpoint] = []
         self.session_id: int | None = None  # multi-destination subscriptions may name one session
         self.auth = False  # a multi-destination subscription's endpoints are auth=mac ones
 

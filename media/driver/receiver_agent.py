@@ -26,24 +26,24 @@ import time
 
 from media import frames
 from media.channel import ChannelError, parse
-from media.counters import CounterType, CountersError
-from media.frames import FrameError, HEADER_LENGTH, TYPE_DATA, TYPE_PAD, TYPE_NAK, TYPE_RTTM, TYPE_SETUP, TYPE_SM
-from media.logbuffer import LogBuffer
-from media.mac import MacKeys
-from media.receiver_core import Accept, ImageReceiverCore
-from media.subscription import Image, Subscription
+from media.counters import CountersError, CounterType
 from media.driver.net_state import (
     _PREFIX,
     _SESSION_STREAM,
+    _check_data_run,
+    _close_socket,
     _Group,
     _NetImage,
     _ReceiveEndpoint,
-    _check_data_run,
-    _close_socket,
     _resolve,
     _udp_socket,
     log,
 )
+from media.frames import HEADER_LENGTH, TYPE_DATA, TYPE_NAK, TYPE_PAD, TYPE_RTTM, TYPE_SETUP, TYPE_SM, FrameError
+from media.logbuffer import LogBuffer
+from media.mac import MacKeys
+from media.receiver_core import Accept, ImageReceiverCore
+from media.subscription import Image, Subscription
 
 
 class ReceiverAgent:

@@ -31,20 +31,20 @@ import trio
 from media import frames
 from media.channel import ChannelError, ChannelUri, parse
 from media.counters import CounterType
-from media.frames import FrameError, term_window
-from media.publication import ExclusivePublication, OfferResult, Publication
-from media.logbuffer import LogBuffer
-from media.sender_core import SenderCore
-from media.timerfd import NEVER
 from media.driver.net_state import (
     _STALL_DRAIN_LIMIT,
-    _NetPublication,
     _close_socket,
+    _NetPublication,
     _publication_bind,
     _resolve,
     _udp_socket,
     log,
 )
+from media.frames import FrameError, term_window
+from media.logbuffer import LogBuffer
+from media.publication import ExclusivePublication, OfferResult, Publication
+from media.sender_core import SenderCore
+from media.timerfd import NEVER
 
 
 class SenderAgent:

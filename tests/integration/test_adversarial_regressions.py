@@ -73,7 +73,7 @@ class Forger:
             self.send(self.setup_datagram())
             try:
                 data, _ = self.sock.recvfrom(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if (len(data) >= F.SM_LENGTH and data[6] == F.TYPE_SM
                     and struct.unpack_from("<i", data, 8)[0] == self.session_id):
@@ -105,7 +105,7 @@ def _received_any(sock: socket.socket) -> bool:
     try:
         sock.recvfrom(65536)
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

@@ -84,7 +84,7 @@ class Up:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"up did not exit within {timeout}s of {signal.Signals(sig).name}")
+            raise AssertionError(f"up did not exit within {timeout}s of {signal.Signals(sig).name}") from None
         while True:  # the lines printed while stopping, up to end of file
             try:
                 line = self.lines.get(timeout=5)

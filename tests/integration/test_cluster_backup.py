@@ -4,18 +4,16 @@ directory. Real processes, real UDP."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
-import trio
 
 from archive.storage import iter_frames
 from cluster_node.consensus.backup import BackupState
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from cluster_node.service.examples.kv import Put, Status
-from tests.integration.test_cluster_snapshots import get_all, put_all, take_snapshot
 from harness.backup import Backup
+from tests.integration.test_cluster_snapshots import get_all, put_all, take_snapshot
 from tests.support.cluster import TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow

@@ -39,7 +39,13 @@ from cluster_node.codecs import (
     encode_session_message,
     semantic_version_major,
 )
-from cluster_node.config import ClientConfig, ClientSection, DriverSection, format_ingress_endpoints, free_fixed_udp_ports
+from cluster_node.config import (
+    ClientConfig,
+    ClientSection,
+    DriverSection,
+    format_ingress_endpoints,
+    free_fixed_udp_ports,
+)
 from media.driver import open_media_driver
 from media.publication import OfferResult
 

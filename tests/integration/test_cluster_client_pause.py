@@ -28,7 +28,7 @@ if __name__ == "__main__":  # the child: make the project importable when run as
 
 import trio  # noqa: E402
 
-from media.counters import CounterType, CountersError, CountersReader  # noqa: E402
+from media.counters import CountersError, CountersReader, CounterType  # noqa: E402
 
 INGRESS_STREAM = 101
 
@@ -101,12 +101,12 @@ class _ChildClient:
     def __init__(self, config_path: Path, log_dir: Path) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.stderr_path = log_dir / "client.stderr"
-        self._stderr = open(self.stderr_path, "w")
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - the child writes it until close()
         self.proc = subprocess.Popen(
             [sys.executable, __file__, str(config_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, text=True, env=env, cwd=ROOT,
         )
-        self.lines: "queue.Queue[str | None]" = queue.Queue()
+        self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
 

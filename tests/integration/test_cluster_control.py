@@ -13,7 +13,6 @@ import msgspec
 import pytest
 
 from cluster_node.service.examples.kv import Put, Status
-
 from tests.integration.test_cluster_snapshots import atool, await_exits, events, get_all, put_all, snapshots
 from tests.support.cluster import SLOW_SNAPSHOT_KEY, TEST_TIMEOUTS, TestCluster, open_kv_client
 

@@ -26,10 +26,10 @@ import pytest
 import trio
 
 from cluster_node.affinity import parse_cpus
-from cluster_node.config import parse_client_config, client_config_to_toml
-from tests.support.procs import child_pids, state_and_ticks
+from cluster_node.config import client_config_to_toml, parse_client_config
 from tests.support.cluster import (
     DIGEST_PREFIX,
+    SLOW_PREFIX,
     Append,
     Get,
     KvClient,
@@ -37,12 +37,12 @@ from tests.support.cluster import (
     Status,
     TestCluster,
     open_kv_client,
-    SLOW_PREFIX,
     read_digest_keys,
     read_digests,
     slow_flag,
     slow_seen,
 )
+from tests.support.procs import child_pids, state_and_ticks
 
 HEARTBEAT_TIMEOUT_S = 2.0
 ELECTION_TIMEOUT_S = 1.0

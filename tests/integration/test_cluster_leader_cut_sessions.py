@@ -30,7 +30,7 @@ import pytest
 import trio
 
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state, read_keys
-from tests.support.cluster import S, Append, Status, TestCluster, open_kv_client
+from tests.support.cluster import Append, S, Status, TestCluster, open_kv_client
 from tests.support.netns import NetnsLan, unavailable
 
 
@@ -86,7 +86,7 @@ def describe_clients(kvs) -> str:
 
 async def connect_clients(cluster: TestCluster, stack: contextlib.AsyncExitStack, count: int) -> list:
     kvs = []
-    for j in range(count):
+    for _ in range(count):
         kvs.append(await stack.enter_async_context(open_kv_client(cluster.client_config, first_request_id=1)))
     return kvs
 

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from cluster_node.service.examples.kv import Get, Put, Status
+from tests.integration.test_cluster_snapshots import events, kill_all_and_restart, put_all, take_snapshot
 from tests.support.cluster import (
     BURST_APPLIED_PREFIX,
     BURST_PREFIX,
@@ -35,7 +36,6 @@ from tests.support.cluster import (
     open_kv_client,
     read_digests,
 )
-from tests.integration.test_cluster_snapshots import atool, events, kill_all_and_restart, put_all, take_snapshot
 
 pytestmark = pytest.mark.slow
 

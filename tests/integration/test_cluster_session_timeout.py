@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from cluster_node.codecs import EventCode
-from tests.integration.test_cluster_e2e import assert_same_state
-from tests.support.cluster import CLOSED_PREFIX, S, TEST_TIMEOUTS, Status, TestCluster, open_kv_client
 from media.counters import CountersReader
+from tests.integration.test_cluster_e2e import assert_same_state
+from tests.support.cluster import CLOSED_PREFIX, TEST_TIMEOUTS, S, Status, TestCluster, open_kv_client
 
 SESSION_TIMEOUT = msgspec.structs.replace(TEST_TIMEOUTS, session_timeout_ns=3 * S)
 CLIENT_TIMEOUT_COUNT_TYPE = 213

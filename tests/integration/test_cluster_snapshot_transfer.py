@@ -13,8 +13,8 @@ import trio
 from archive.catalog import Catalog
 from archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
-from tests.integration.test_cluster_snapshots import events, get_all, put_all, take_snapshot
 from cluster_node.service.examples.kv import Get
+from tests.integration.test_cluster_snapshots import events, get_all, put_all, take_snapshot
 from tests.support.cluster import DIGEST_PREFIX, TestCluster, _node_command, open_kv_client, read_digests
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import trio
 
 from media.channel import ChannelError
 from media.driver import open_media_driver
+from media.frames import TYPE_DATA, Setup, encode_data_header, encode_setup
 from media.publication import OfferResult
-from media.frames import encode_data_header, encode_setup, Setup, TYPE_DATA
 from tests.support.procs import free_udp_port
 
 FAST = dict(

@@ -62,7 +62,7 @@ class Subscriber:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Subscriber":
+    def __enter__(self) -> Subscriber:
         self.thread.start()
         if not self.ready.wait(10):
             raise AssertionError(f"subscriber did not start: {self.error!r}")

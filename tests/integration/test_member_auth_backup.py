@@ -11,9 +11,9 @@ import trio
 
 from cluster_node.secret_file import generate
 from tests.integration.test_cluster_backup import Backup
-from tests.integration.test_member_auth import _failed_auth
 from tests.integration.test_cluster_snapshot_transfer import log_recordings, same_digests
 from tests.integration.test_cluster_snapshots import events, put_all, take_snapshot
+from tests.integration.test_member_auth import _failed_auth
 from tests.support.cluster import TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow

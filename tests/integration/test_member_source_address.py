@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from media.counters import CounterType, CountersError, CountersReader
+from media.counters import CountersError, CountersReader, CounterType
 from media.driver import open_media_driver
 from tests.support.cluster import TestCluster
 from tests.support.netns import unavailable
@@ -116,7 +116,7 @@ class _OneNamespace:
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.command_prefix(), *args], capture_output=True, text=True, timeout=60)
 
-    def __enter__(self) -> "_OneNamespace":
+    def __enter__(self) -> _OneNamespace:
         subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
         self.run("ip", "link", "set", "lo", "up").check_returncode()
         return self

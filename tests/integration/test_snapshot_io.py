@@ -8,7 +8,13 @@ import trio
 
 from archive.client import ArchiveClient
 from archive.conductor import ArchiveConfig, open_archive
-from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, SnapshotIOError, read_recording, record_snapshot
+from cluster_node.snapshot_io import (
+    MAX_SNAPSHOT_RECORD_LENGTH,
+    IpcDriver,
+    SnapshotIOError,
+    read_recording,
+    record_snapshot,
+)
 from media.driver import open_media_driver
 from media.ipc import IpcTransport
 

@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
-from archive.segments import HEADER_LENGTH, segment_file_name  # noqa: E402
-from archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError  # noqa: E402
-from archive.spark.reader import ArchiveSet  # noqa: E402
-from cluster_node.pipeline.decoder import ClusterLogDecoder  # noqa: E402
-from tests.support.synthetic_archive import build_log, write_archive, write_cluster  # noqa: E402
+from archive.segments import HEADER_LENGTH, segment_file_name
+from archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError
+from archive.spark.reader import ArchiveSet
+from cluster_node.pipeline.decoder import ClusterLogDecoder
+from tests.support.synthetic_archive import build_log, write_archive, write_cluster
 
 
 def batch_rows(archives: ArchiveSet) -> list[tuple]:

@@ -66,7 +66,7 @@ def test_event_time_and_member_identity_from_a_real_run(run, plain_rows, run_win
     decoded = [r for r in plain_rows if r["decode_error"] is None]
     assert decoded and all(low <= r["time_ns"] <= high for r in decoded), (low, high)
     for r in decoded[:50]:
-        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
         assert r["event_time"] == epoch + datetime.timedelta(microseconds=r["time_ns"] // 1000)
     assert {(r["node"], r["member_id"]) for r in plain_rows} == {(f"node{i}", i) for i in range(3)}
     assert {r["cluster_id"] for r in plain_rows} == {0}  # from each member's mark file

@@ -6,28 +6,27 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
-import struct
 
 import pytest
 
 pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
-import pyarrow.dataset as ds  # noqa: E402
+import pyarrow.dataset as ds
 
-from archive.segments import segment_file_name  # noqa: E402
-from archive.spark.decoder import resolve_decoder  # noqa: E402
-from archive.spark.layout import (  # noqa: E402
+from archive.segments import segment_file_name
+from archive.spark.decoder import resolve_decoder
+from archive.spark.layout import (
     ArchiveCorruptError,
     DuplicateMemberError,
     TaskFilter,
     pack_tasks,
 )
-from archive.spark.reader import ArchiveSet  # noqa: E402
-from cluster_node.codecs import ClusterTimeUnit  # noqa: E402
-from cluster_node.pipeline.decoder import ClusterLogDecoder  # noqa: E402
-from cluster_node.pipeline.export import HIGH_WATER_DIR, export_local, read_high_water  # noqa: E402
-from tests.support.synthetic_archive import build_log, write_archive, write_cluster  # noqa: E402
+from archive.spark.reader import ArchiveSet
+from cluster_node.codecs import ClusterTimeUnit
+from cluster_node.pipeline.decoder import ClusterLogDecoder
+from cluster_node.pipeline.export import HIGH_WATER_DIR, export_local, read_high_water
+from tests.support.synthetic_archive import build_log, write_archive, write_cluster
 
 
 def _paths(cluster, which=(0, 1, 2)):
@@ -64,7 +63,7 @@ def test_export_rerun_with_a_subset_keeps_the_other_partitions(tmp_path, log):
     before = _partition_files(data)
     assert sorted({k.split("/date=")[0] for k in before}) == [
         f"cluster_id=__HIVE_DEFAULT_PARTITION__/member_id={i}" for i in range(3)]
-    day = datetime.datetime.fromtimestamp(log.entries[0].timestamp / 1e9, tz=datetime.timezone.utc).date()
+    day = datetime.datetime.fromtimestamp(log.entries[0].timestamp / 1e9, tz=datetime.UTC).date()
     assert all(k.endswith(f"date={day}") for k in before)
     # Rerun with node0 only: node1's and node2's partitions untouched (same files), node0's replaced.
     again = export_local(_paths(cluster, (0,)), str(out))
@@ -171,7 +170,7 @@ def test_event_time_in_the_declared_unit(tmp_path):
             r = dict(zip(names, row))
             assert r["timestamp"] == e.timestamp
             assert r["time_ns"] == e.timestamp * 1_000_000
-            epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+            epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
             assert r["event_time"] == epoch + datetime.timedelta(milliseconds=e.timestamp)
 
 

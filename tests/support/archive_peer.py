@@ -20,9 +20,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from archive.conductor import ArchiveConfig, open_archive  # noqa: E402
-from media.driver import open_media_driver  # noqa: E402
-from media.loss import LossConfig  # noqa: E402
+from archive.conductor import ArchiveConfig, open_archive
+from media.driver import open_media_driver
+from media.loss import LossConfig
 
 
 def start_peer(args: list[str], name: str = "archive"):

@@ -175,7 +175,7 @@ def discover_targets(node) -> list[Target]:
 def read_member_view(node, view: MemberView) -> None:
     """Refresh ``view`` from the member's counters (term, commit, publication and image
     sessions); left as it was when the member does not run or its counters cannot be read."""
-    from media.counters import CounterType, CountersError, CountersReader
+    from media.counters import CountersError, CountersReader, CounterType
 
     view.pid = node.pid if node.running else None
     c = node.counters()

@@ -24,7 +24,6 @@ from tests.support.adversarial import MAX_COMMIT_STALL_S, VERIFY_WINDOW, WRITER_
 from tests.support.cluster import TestCluster, open_kv_client
 
 
-
 async def _run(args: argparse.Namespace, base: Path) -> dict:
     failures: list[str] = []
     with TestCluster(base) as cluster:

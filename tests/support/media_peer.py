@@ -24,9 +24,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from media.driver import open_media_driver  # noqa: E402
-from media.loss import LossConfig  # noqa: E402
-from media.publication import OfferResult  # noqa: E402
+from media.driver import open_media_driver
+from media.loss import LossConfig
+from media.publication import OfferResult
 
 
 def size_fn(spec: str, max_len: int):

@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             pool = None
             results = map(_run, seeds)
-        done = 0
-        for seed, found, n_events, _ in results:
-            done += 1
+        for done, (seed, found, n_events, _) in enumerate(results, 1):
             events += n_events
             if found:
                 failing.append(seed)

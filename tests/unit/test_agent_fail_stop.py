@@ -123,7 +123,7 @@ def test_a_failed_best_effort_send_is_counted_and_the_effects_after_it_run(agent
 
 
 def test_the_fail_stop_effects_are_the_durable_ones():
-    assert fx.FAIL_STOP_EFFECTS == {fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.TruncateRecording}
+    assert {fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.TruncateRecording} == fx.FAIL_STOP_EFFECTS
 
 
 def test_a_log_recording_that_cannot_be_stopped_stops_the_node(agent):
@@ -167,9 +167,9 @@ def test_every_effect_type_has_a_handler():
 def test_the_effects_run_with_the_sends_held_are_the_ones_that_never_await():
     from cluster_node.consensus.effect_executor import SYNC_EFFECTS
 
-    assert SYNC_EFFECTS == {
+    assert {
         fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
         fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
         fx.CloseLogSubscription, fx.SnapshotNeeded,
-    }
+    } == SYNC_EFFECTS

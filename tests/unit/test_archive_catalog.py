@@ -358,7 +358,6 @@ def test_corrupt_string_length_in_a_record_reports_offset_inside_the_body() -> N
 
 def test_invalid_utf8_in_a_record() -> None:
     data, rec = _image()
-    length = struct.unpack_from("<i", data, rec)[0]
     data[rec + BODY + 84] = 0xFF
     struct.pack_into("<I", data, rec + 8, record_checksum(data, rec))
     with pytest.raises(CatalogError) as info:
@@ -368,7 +367,6 @@ def test_invalid_utf8_in_a_record() -> None:
 
 def test_duplicate_recording_id() -> None:
     data, rec = _image()
-    length = struct.unpack_from("<i", data, rec)[0]
     struct.pack_into("<q", data, rec + BODY + 16, 0)  # second record claims id 0
     struct.pack_into("<I", data, rec + 8, record_checksum(data, rec))
     with pytest.raises(CatalogError, match="duplicate") as info:
@@ -386,7 +384,7 @@ def test_too_short_catalog(size: int) -> None:
 
 def test_bad_checksum_of_a_deleted_record_is_damage_too() -> None:
     catalog = Catalog.create(2048)
-    a, b = add(catalog), add(catalog)
+    a, _ = add(catalog), add(catalog)
     catalog.change_state(a, RecordingState.DELETED)
     data = bytearray(catalog.to_bytes())
     struct.pack_into("<I", data, catalog.record_range(a).start + 8, 1)
@@ -427,7 +425,7 @@ def test_every_flipped_bit_of_a_record_is_found() -> None:
     """One bit flipped anywhere in a record (header and body) fails the load, naming the record's
     offset; none is silently accepted, repaired or read as the end of the catalog."""
     catalog = Catalog.create(4096)
-    a, b, c = add(catalog), add(catalog, stop_position=4096), add(catalog)
+    _, b, _ = add(catalog), add(catalog, stop_position=4096), add(catalog)
     data = catalog.to_bytes()
     r = catalog.record_range(b)
     used = r.start + BODY + struct.unpack_from("<i", data, r.start)[0]

@@ -162,7 +162,7 @@ def test_an_active_recording_keeps_a_torn_last_frame_cut_but_damage_before_data_
     assert Catalog.from_bytes((tmp_path / "archive.catalog").read_bytes()).get(rid).stop_position == end
 
 
-def CatalogStore_and_recover(directory):  # noqa: N802 - what start-up does
+def CatalogStore_and_recover(directory):  # what start-up does
     store = CatalogStore(directory)
     try:
         return recover(directory, store)

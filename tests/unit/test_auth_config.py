@@ -17,7 +17,13 @@ from cluster_node.auth import (
     read_credentials,
 )
 from cluster_node.client import SharedSecretCredentials
-from cluster_node.config import AuthSection, ConfigError, generate_loopback_cluster, node_config_to_toml, parse_node_config
+from cluster_node.config import (
+    AuthSection,
+    ConfigError,
+    generate_loopback_cluster,
+    node_config_to_toml,
+    parse_node_config,
+)
 from cluster_node.consensus.auth import (
     AllowListAuthorisation,
     NullAuthenticator,

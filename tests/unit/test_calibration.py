@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import calibration  # noqa: E402
+import calibration
 
 
 def test_wake_cpu_is_a_positive_median_of_the_sleeps() -> None:

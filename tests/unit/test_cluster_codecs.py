@@ -27,6 +27,9 @@ from cluster_node.codecs import (
     AdminResponse,
     AdminResponseCode,
     AppendPosition,
+    BackupQuery,
+    BackupResponse,
+    BackupSnapshot,
     CancelTimer,
     CanvassPosition,
     CatchupPosition,
@@ -49,9 +52,6 @@ from cluster_node.codecs import (
     EventCode,
     HeartbeatRequest,
     HeartbeatResponse,
-    BackupQuery,
-    BackupResponse,
-    BackupSnapshot,
     JoinLog,
     NewLeaderEvent,
     NewLeadershipTerm,
@@ -240,7 +240,7 @@ def test_template_ids_follow_the_reference():
     }
     assert {cls.__name__: tid for tid, cls in MESSAGE_TYPES.items()} == expected
     for tid, cls in MESSAGE_TYPES.items():
-        assert cls.TEMPLATE_ID == tid
+        assert tid == cls.TEMPLATE_ID
 
 
 def test_each_stream_carries_the_reference_messages():

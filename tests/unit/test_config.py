@@ -8,7 +8,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from cluster_node.driver_dir import default_driver_dir
 from cluster_node.config import (
     ClientConfig,
     ClusterSection,
@@ -29,6 +28,7 @@ from cluster_node.config import (
     parse_size,
     write_loopback_cluster,
 )
+from cluster_node.driver_dir import default_driver_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -294,7 +295,7 @@ def test_a_zombie_owners_counters_file_is_taken_over(tmp_path):
         deadline = _time.monotonic() + 30
         while True:
             try:
-                state = open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split()[0]
+                state = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0]
             except OSError:
                 state = "?"
             if state == "Z" and path.exists():

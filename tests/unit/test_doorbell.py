@@ -4,10 +4,9 @@ another process through the socket; all are seen by drain()."""
 
 import threading
 
+import pytest
 import trio
 import trio.testing
-
-import pytest
 
 from media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
 

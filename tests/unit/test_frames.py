@@ -376,7 +376,7 @@ def _check_accepted_run(raw: bytes, term_length: int) -> None:
     """Whatever check_data_run accepts must be walkable frame by frame within the datagram."""
     run = check_data_run(raw, len(raw), term_length)
     assert run.length == len(raw)
-    assert run.term_offset % 32 == 0 and 0 <= run.term_offset
+    assert run.term_offset % 32 == 0 and run.term_offset >= 0
     assert run.covered >= run.length and run.term_offset + run.covered <= term_length
     off = 0
     while off < len(raw):

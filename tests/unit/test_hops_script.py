@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import hops  # noqa: E402
+import hops
 
 CLIENT, LEADER, F1, F2 = 100, 200, 300, 400
 INGRESS, CLIENT_OUT, CLIENT_EGRESS = 5000, 5001, 5002

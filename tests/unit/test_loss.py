@@ -272,7 +272,7 @@ def simulate(seed: int, *, receivers: int = 1, count: int = 1500, loss: dict | N
             for data in link.take(now):
                 side.on_datagram(data, now)
                 activity += 1
-        for i, (side, link) in enumerate(zip(sides, back_links)):
+        for side, link in zip(sides, back_links):
             control.clear()
             activity += side.duty(now, control)
             for data in control:

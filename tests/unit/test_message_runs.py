@@ -15,7 +15,7 @@ from cluster_node.codecs import SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET, e
 from cluster_node.consensus import message_runs
 from media import framescan
 from media.channel import parse
-from media.frames import DATA_HEADER, HEADER_LENGTH
+from media.frames import DATA_HEADER
 from media.logbuffer import META_LENGTH, LogBuffer
 from media.publication import ExclusivePublication, OfferResult
 from media.subscription import Image, Subscription
@@ -165,7 +165,7 @@ def test_few_frames_are_left_to_the_per_message_path():
     source = _log(1, 102)
     image = _image(source)
     client = _pub(source, lambda p: image.position + TL // 2)
-    for k in range(7):
+    for _ in range(7):
         client.offer(encode_session_message(3, 9, 0, b"x"))
     calls = []
     assert image.frames_poll(lambda *a: calls.append(a) or 0, 64 * 1024, 8) is None

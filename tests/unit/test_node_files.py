@@ -155,7 +155,7 @@ def test_torn_write_is_detected_and_previous_value_kept(tmp_path: Path) -> None:
     with NodeStateFile.open(tmp_path) as ns:
         for term in range(1, 8):
             ns.propose_max_candidate_term_id(term, term * 64, term)
-        newest = ns._newest_slot  # noqa: SLF001  - the slot holding term 7
+        newest = ns._newest_slot  # the slot holding term 7
     path = tmp_path / NODE_STATE_FILE_NAME
     data = bytearray(path.read_bytes())
     # A crash half-way through writing term 7's slot: its second half never reached the disk.

@@ -9,11 +9,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from cluster_node.codecs import (
+    CONSENSUS_TO_SERVICE_CODEC,
     EGRESS_CODEC,
     LOG_CODEC,
     ClusterTimeUnit,
     JoinLog,
-    CONSENSUS_TO_SERVICE_CODEC,
     ServiceErrorEvent,
     SessionOpenEvent,
     TimerEvent,
@@ -274,7 +274,7 @@ def test_the_readme_counter_answers_bad_input_instead_of_raising():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     [code] = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "class Counter" in block]
     namespace: dict = {}
-    exec(code.replace("        ...\n", "        pass\n"), namespace)  # noqa: S102 - the README's own code
+    exec(code.replace("        ...\n", "        pass\n"), namespace)  # the README's own code
     rig = Rig("stop")
     rig.agent.service = service = namespace["Counter"]()
     service.on_start(rig.agent, None)

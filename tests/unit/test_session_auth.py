@@ -23,6 +23,7 @@ from cluster_node.consensus.auth import (
     SharedSecretAuthenticator,
     challenge_answer,
 )
+from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.sessions import (
     AppendSessionEvent,
     ClusterSessions,
@@ -31,8 +32,12 @@ from cluster_node.consensus.sessions import (
     SessionSettings,
     TakeSnapshot,
 )
-from cluster_node.consensus.snapshot import decode_cm_snapshot, encode_cm_snapshot, restore_cm_snapshot, take_cm_snapshot
-from cluster_node.consensus.pending import PendingServiceMessages
+from cluster_node.consensus.snapshot import (
+    decode_cm_snapshot,
+    encode_cm_snapshot,
+    restore_cm_snapshot,
+    take_cm_snapshot,
+)
 from cluster_node.consensus.timers import Timers
 
 S = 1_000_000_000

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster_node.codecs import ClientSession, SessionConnectRequest, compose_semantic_version
+from cluster_node.codecs import CLIENT_PROTOCOL_VERSION, ClientSession, SessionConnectRequest, compose_semantic_version
 from cluster_node.consensus.pending import PendingServiceMessages
 from cluster_node.consensus.sessions import AppendSessionEvent, ClusterSessions
 from cluster_node.consensus.snapshot import (
@@ -16,7 +16,6 @@ from cluster_node.consensus.snapshot import (
     take_cm_snapshot,
 )
 from cluster_node.consensus.timers import Timers
-from cluster_node.codecs import CLIENT_PROTOCOL_VERSION
 
 
 def _state():

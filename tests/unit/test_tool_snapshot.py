@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from archive.catalog import Catalog
+from archive.recording_reader import RecordingDamagedError, read_recording_messages
 from archive.segments import FRAME_TYPE_PAD
 from archive.storage import iter_frames
 from cluster_node.cli import main
@@ -25,7 +26,6 @@ from cluster_node.consensus.snapshot import (
     encode_cm_snapshot,
     encode_service_snapshot,
 )
-from archive.recording_reader import RecordingDamagedError, read_recording_messages
 from tests.support.snapshot_fixture import (
     POSITION_A,
     POSITION_B,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from cluster_node.identifiers import CounterTypes
 from cluster_node.cluster_table import render_table
+from cluster_node.identifiers import CounterTypes
 from cluster_node.local_cluster import Member
 from media.counters import CountersManager
 
@@ -65,8 +65,8 @@ def test_generated_configs_share_a_member_key_of_their_own(tmp_path):
     import stat
 
     from cluster_node.config import load_node_config
-    from cluster_node.secret_file import read_key
     from cluster_node.local_cluster_configs import MEMBER_KEY_FILE, _remove_generated, write_cluster_configs
+    from cluster_node.secret_file import read_key
 
     paths, _client = write_cluster_configs(tmp_path, 3, "echo", pin=False)
     key_path = tmp_path / MEMBER_KEY_FILE

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from cluster_node.service.api import ClientSession, ClusteredService, Cluster, SnapshotReader, SnapshotWriter
+from cluster_node.service.api import ClientSession, Cluster, ClusteredService, SnapshotReader, SnapshotWriter
 
 __all__ = ["EchoService"]
 

@@ -32,7 +32,7 @@ most 1,000 ``[key, value]`` pairs each, in key order so that equal states give e
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Union
+from typing import Annotated
 
 import msgspec
 
@@ -101,7 +101,7 @@ class Append(_Request, tag=4):
     value: Value
 
 
-Request = Union[Put, Get, Delete, Append]
+Request = Put | Get | Delete | Append
 
 
 class Reply(msgspec.Struct, array_like=True, frozen=True):
