@@ -51,18 +51,15 @@ from archive.segments import (
     is_aligned,
     validate_segment_length,
 )
-from archive.storage import (
-    ArchiveStorageError,
-    CatalogStore,
-    SegmentWriter,
+from archive.recovery import recover
+from archive.segment_files import (
     attach_front,
     delete_detached_segments,
     delete_segments,
     detach_front,
-    free_space,
-    recover,
     truncate_segments,
 )
+from archive.storage import ArchiveStorageError, CatalogStore, SegmentWriter, free_space
 from media.channel import ChannelError, parse, reply_channel_refusal
 from media.counters import CountersReader
 from media.distinct_errors import DistinctErrors
@@ -1071,7 +1068,7 @@ class Archive:
 
     def detach_segments(self, recording_id: int, new_start_position: int) -> RecordingDescriptor:
         """Move the start of a recording (active or not) forward to a segment base; the files
-        before it stay, detached (storage.detach_front has the rules and the crash order)."""
+        before it stay, detached (segment_files.detach_front has the rules and the crash order)."""
         d = self._descriptor(recording_id)
         self._check_no_reader_before(recording_id, new_start_position, "detach")
         try:
@@ -1080,7 +1077,7 @@ class Archive:
             raise ArchiveRequestError(E.GENERIC, str(e)) from None
 
     def purge_segments(self, recording_id: int, new_start_position: int) -> int:
-        """Detach, then delete the detached files (catalog first: see storage.detach_front)."""
+        """Detach, then delete the detached files (catalog first: see segment_files.detach_front)."""
         self.detach_segments(recording_id, new_start_position)
         deleted = delete_detached_segments(self.dir, self.catalog.get(recording_id), self.config.sync_level)
         log.info("recording segments purged", recording_id=recording_id, start_position=new_start_position,

@@ -41,7 +41,8 @@ import trio
 from archive.catalog import RecordingDescriptor
 from archive.checksums import CHECKSUM_OFFSET, check_frames, frame_checksum
 from archive.segments import NULL_POSITION
-from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader, damage_line
+from archive.recovery import damage_line
+from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader
 from media import framescan
 from media.frames import HEADER_LENGTH
 

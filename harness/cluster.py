@@ -49,7 +49,8 @@ import trio
 
 from archive.catalog import Catalog
 from archive.segments import FRAME_TYPE_DATA
-from archive.storage import CATALOG_FILE_NAME, iter_frames
+from archive.frame_walk import iter_frames
+from archive.storage import CATALOG_FILE_NAME
 from cluster_node.driver_dir import in_shm_root
 from cluster_node.config import (
     DEMO_DRIVER,

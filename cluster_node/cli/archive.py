@@ -29,22 +29,22 @@ from archive.catalog import Catalog, CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
 from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.rebuild import RebuildError, rebuild_catalog
+from archive.frame_walk import checks_text, iter_frames, verify_recording
+from archive.recovery import recovered_end
+from archive.segment_files import (
+    attach_front,
+    delete_detached_segments,
+    detach_front,
+    detached_segments,
+    truncate_segments,
+)
 from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
     CatalogStore,
-    attach_front,
-    checks_text,
-    delete_detached_segments,
-    detach_front,
-    detached_segments,
     load_catalog,
-    iter_frames,
     list_segments,
-    recovered_end,
-    truncate_segments,
-    verify_recording,
 )
 from cluster_node.text_table import format_table
 from media.private_files import FILE_MODE

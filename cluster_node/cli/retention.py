@@ -32,14 +32,9 @@ import click
 
 from archive.catalog import RecordingState
 from archive.segments import NULL_POSITION, segment_base_position
-from archive.storage import (
-    ArchiveStorageError,
-    CatalogStore,
-    delete_detached_segments,
-    delete_segments,
-    detach_front,
-    recovered_end,
-)
+from archive.recovery import recovered_end
+from archive.segment_files import delete_detached_segments, delete_segments, detach_front
+from archive.storage import ArchiveStorageError, CatalogStore
 from cluster_node.cli.archive import _locked as _archive_locked
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME, RecordingLogFile

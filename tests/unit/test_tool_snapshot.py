@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from archive.catalog import Catalog
 from archive.segments import FRAME_TYPE_PAD
-from archive.storage import iter_frames
+from archive.frame_walk import iter_frames
 from cluster_node.cli import main
 from cluster_node.consensus.node_files import MarkFile
 from cluster_node.consensus.recording_log import RecordingLog
