@@ -42,7 +42,8 @@ import structlog
 import trio
 
 from archive import codecs as c
-from archive.catalog import RecordingDescriptor, RecordingState, UnknownRecordingError
+from archive.catalog import UnknownRecordingError
+from archive.catalog_layout import RecordingDescriptor, RecordingState
 from archive.recorder import DEFAULT_BLOCK_LENGTH, RecordingSession
 from archive.replayer import ReplaySession
 from archive.segments import (

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.checksums import check_frames
 from archive.segments import (
     FRAME_TYPE_DATA,

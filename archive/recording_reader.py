@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.segments import (
     FRAME_FLAG_BEGIN,
     FRAME_FLAG_END,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.checksums import check_frames
 from archive.segments import (
     FRAME_TYPE_DATA,

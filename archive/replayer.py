@@ -38,7 +38,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.checksums import CHECKSUM_OFFSET, check_frames, frame_checksum
 from archive.segments import NULL_POSITION
 from archive.recovery import damage_line

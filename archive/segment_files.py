@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.segments import (
     FRAME_TYPE_DATA,
     FRAME_TYPE_PAD,

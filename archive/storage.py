@@ -31,7 +31,8 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.checksums import stamp_checksums
 from archive.segments import (
     FRAME_TYPE_PAD,

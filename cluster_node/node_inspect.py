@@ -26,7 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.conductor import RECORDING_POSITION_TYPE_ID
 from archive.segments import FRAME_FLAG_BEGIN, FRAME_FLAG_END, FRAME_TYPE_DATA, align, segment_file_name
 from archive.frame_walk import iter_frames

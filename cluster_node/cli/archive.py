@@ -25,7 +25,8 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
 from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.rebuild import RebuildError, rebuild_catalog

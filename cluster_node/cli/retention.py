@@ -30,7 +30,7 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import RecordingState
+from archive.catalog_layout import RecordingState
 from archive.segments import NULL_POSITION, segment_base_position
 from archive.recovery import recovered_end
 from archive.segment_files import delete_detached_segments, delete_segments, detach_front

@@ -12,7 +12,8 @@ import zlib
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import CATALOG_VERSION, Catalog, RecordingState
+from archive.catalog import Catalog
+from archive.catalog_layout import CATALOG_VERSION, RecordingState
 from archive.checksums import check_frames, frame_checksum
 from archive.segments import NULL_POSITION, segment_file_name
 from archive.frame_walk import iter_frames, verify_recording
