@@ -16,7 +16,7 @@ import trio
 
 from cluster_node.codecs import EGRESS_CODEC, NULL_VALUE
 from cluster_node.identifiers import ModuleState, ToggleState
-from cluster_node.consensus.sessions import (
+from cluster_node.consensus.session_effects import (
     AppendSessionEvent,
     AuthenticatorFailed,
     CloseEgress,

@@ -20,7 +20,7 @@ from cluster_node.codecs import INGRESS_CODEC, SESSION_HEADER_LENGTH, SESSION_ME
 from cluster_node.consensus import message_runs
 from cluster_node.identifiers import ModuleState
 from cluster_node.consensus.module import Role
-from cluster_node.consensus.sessions import response_channel_refusal
+from cluster_node.consensus.response_channel import response_channel_refusal
 
 log = structlog.get_logger("consensus")
 
