@@ -6,23 +6,24 @@ are matched by id, and many requests may be in flight at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 import msgspec
 import trio
 
 from cluster_node.client import open_cluster_client
 from cluster_node.client.cluster_client import ClusterClient
-from cluster_node.config import (
-    ClientConfig,
-)
+from cluster_node.config import ClientConfig
 from cluster_node.service.examples.kv import (
     Append,
     Get,
     Put,
     Reply,
+    Status,
     decode_reply,
     encode_request,
 )
+
 
 class KvClient:
     """Pipelined kv requests over one trio ClusterClient (the client reconnects by itself)."""
@@ -135,3 +136,35 @@ def open_kv_client(config: ClientConfig, first_request_id: int = 1, **kwargs):
     return _Ctx()
 
 
+class BulkLoad:
+    """Large PUTs in pipelined batches over one :class:`KvClient` until ``stopped()``: load that
+    makes the log (and so the archive) grow fast, beside a test's own checked writes.
+
+    The values cycle over ``keys`` keys (``bulk<n>``), so the service's state stays small while
+    the log grows. ``written`` counts the value bytes acknowledged; ``paused`` holds the load
+    between batches (a test that must measure something before the load goes on). ``run`` may
+    be started again after it returned: the keys and values carry on where they stopped."""
+
+    def __init__(self, kv: KvClient, stopped: Callable[[], bool], *, value_length: int, keys: int,
+                 batch: int = 32) -> None:
+        self.kv = kv
+        self.stopped = stopped
+        self.value_length = value_length
+        self.keys = keys
+        self.batch = batch
+        self.paused = False
+        self.written = 0
+        self._next = 0
+
+    async def run(self) -> None:
+        while not self.stopped():
+            if self.paused:
+                await trio.sleep(0.05)
+                continue
+            i = self._next
+            batch = [Put(self.kv.next_id(), f"bulk{(i + j) % self.keys}", bytes([(i + j) % 251]) * self.value_length)
+                     for j in range(self.batch)]
+            self._next += self.batch
+            replies = await self.kv.pipeline(batch, timeout=60)
+            assert all(r.status == Status.OK for r in replies.values()), "a bulk PUT was refused"
+            self.written += self.batch * self.value_length
