@@ -33,7 +33,7 @@ import msgspec
 from archive.segments import NULL_POSITION
 
 if TYPE_CHECKING:
-    from archive.catalog import RecordingDescriptor
+    from archive.catalog_layout import RecordingDescriptor
 
 __all__ = [
     "CONTROL_REQUEST_STREAM_ID",

@@ -36,14 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from archive.catalog import (
-    CATALOG_VERSION,
-    DEFAULT_CAPACITY,
-    Catalog,
-    CatalogError,
-    RecordingDescriptor,
-    RecordingState,
-)
+from archive.catalog import Catalog
+from archive.catalog_layout import CATALOG_VERSION, DEFAULT_CAPACITY, CatalogError, RecordingDescriptor, RecordingState
 from archive.checksums import check_frames
 from archive.segments import (
     DEFAULT_SEGMENT_LENGTH,

@@ -1,7 +1,7 @@
 """Reading a stopped recording's messages straight from its segment files, without a running
 archive: what an offline tool needs to look into a snapshot recording on a node's disk.
 
-Frames are walked with ``archive.storage.iter_frames``; fragments (BEGIN/END flags in the frame
+Frames are walked with ``archive.frame_walk.iter_frames``; fragments (BEGIN/END flags in the frame
 header) are reassembled and padding frames skipped. Every frame is checked to sit where the
 recording says (term offset and stream), so a damaged file is reported, never read as data.
 """
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
+from archive.frame_walk import iter_frames
+from archive.recovery import recovered_end
 from archive.segments import (
     FRAME_FLAG_BEGIN,
     FRAME_FLAG_END,
@@ -21,7 +23,7 @@ from archive.segments import (
     segment_file_name,
     segments_for_range,
 )
-from archive.storage import ArchiveStorageError, iter_frames, recovered_end
+from archive.storage import ArchiveStorageError
 
 __all__ = ["RecordingDamagedError", "read_recording_messages"]
 

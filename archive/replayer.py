@@ -39,10 +39,11 @@ from pathlib import Path
 import structlog
 import trio
 
-from archive.catalog import RecordingDescriptor
+from archive.catalog_layout import RecordingDescriptor
 from archive.checksums import CHECKSUM_OFFSET, check_frames, frame_checksum
+from archive.recovery import damage_line
 from archive.segments import NULL_POSITION
-from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader, damage_line
+from archive.storage import ArchiveDamagedError, ArchiveStorageError, SegmentReader
 from media import framescan
 from media.frames import HEADER_LENGTH
 

@@ -31,7 +31,8 @@ import trio
 from archive import codecs as ac
 from archive.client import ArchiveClient, ArchiveError
 from archive.conductor import ArchiveConfig, open_archive
-from archive.storage import FRAME_TYPE_DATA, iter_frames
+from archive.frame_walk import iter_frames
+from archive.segments import FRAME_TYPE_DATA
 from cluster_node import codecs
 from cluster_node.backup_channels import archive_control_channel, archive_local_channel, replay_channel
 from cluster_node.backup_link import BackupLink, retrieve_snapshot

@@ -9,6 +9,7 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,49 +119,45 @@ def _load_toml(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"not valid TOML: {ex}") from None
 
 
-def parse_node_config(text: str, source: str = "<config>") -> NodeConfig:
-    """A validated NodeConfig from TOML text; raises ConfigError."""
+def _parse(kind: type, text: str, source: str, required: tuple[str, ...],
+           prepare: Callable[[dict[str, Any]], None] | None = None):
+    """A validated config of ``kind`` from TOML text: normalised, its ``required`` tables present,
+    ``prepare`` applied to the tables, converted and validated; raises ConfigError."""
     try:
-        data = _normalise(NodeConfig, _load_toml(text, source), "")
+        data = _normalise(kind, _load_toml(text, source), "")
     except ConfigError as ex:
         raise _prefixed(source, ex) from None
-    for required in ("node", "cluster"):
-        if required not in data:
-            raise ConfigError(f"{source}: [{required}]: missing table")
-    cfg = _convert(NodeConfig, data, source)
+    for table in required:
+        if table not in data:
+            raise ConfigError(f"{source}: [{table}]: missing table")
+    if prepare is not None:
+        prepare(data)
+    cfg = _convert(kind, data, source)
     cfg = msgspec.structs.replace(cfg, source=source)
     return cfg.validate()
 
 
-def parse_client_config(text: str, source: str = "<config>") -> ClientConfig:
-    try:
-        data = _normalise(ClientConfig, _load_toml(text, source), "")
-    except ConfigError as ex:
-        raise _prefixed(source, ex) from None
-    if "client" not in data:
-        raise ConfigError(f"{source}: [client]: missing table")
+def parse_node_config(text: str, source: str = "<config>") -> NodeConfig:
+    """A validated NodeConfig from TOML text; raises ConfigError."""
+    return _parse(NodeConfig, text, source, ("node", "cluster"))
+
+
+def _client_driver_defaults(data: dict[str, Any]) -> None:
     if "driver" in data:
         # Keys not given keep the client's defaults, not the node's.
         base = msgspec.structs.asdict(CLIENT_DRIVER_DEFAULTS)
         base.update(data["driver"])
         data["driver"] = base
-    cfg = _convert(ClientConfig, data, source)
-    cfg = msgspec.structs.replace(cfg, source=source)
-    return cfg.validate()
+
+
+def parse_client_config(text: str, source: str = "<config>") -> ClientConfig:
+    """A validated ClientConfig from TOML text; raises ConfigError."""
+    return _parse(ClientConfig, text, source, ("client",), _client_driver_defaults)
 
 
 def parse_backup_config(text: str, source: str = "<config>") -> BackupConfig:
     """A validated BackupConfig from TOML text; raises ConfigError."""
-    try:
-        data = _normalise(BackupConfig, _load_toml(text, source), "")
-    except ConfigError as ex:
-        raise _prefixed(source, ex) from None
-    for required in ("backup", "cluster"):
-        if required not in data:
-            raise ConfigError(f"{source}: [{required}]: missing table")
-    cfg = _convert(BackupConfig, data, source)
-    cfg = msgspec.structs.replace(cfg, source=source)
-    return cfg.validate()
+    return _parse(BackupConfig, text, source, ("backup", "cluster"))
 
 
 def load_backup_config(path: str | Path) -> BackupConfig:

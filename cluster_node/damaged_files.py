@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from archive.catalog import Catalog, CatalogError
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError
 from archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.node_files import NODE_STATE_FILE_NAME, NodeStateError, NodeStateFile
 from cluster_node.consensus.recording_log import NULL_VALUE, RecordingLog, RecordingLogError

@@ -27,17 +27,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.conductor import RECORDING_POSITION_TYPE_ID
+from archive.frame_walk import iter_frames
+from archive.recovery import recovered_end
 from archive.segments import FRAME_FLAG_BEGIN, FRAME_FLAG_END, FRAME_TYPE_DATA, align, segment_file_name
-from archive.storage import (
-    CATALOG_FILE_NAME,
-    REBUILD_HINT,
-    ArchiveStorageError,
-    iter_frames,
-    list_segments,
-    recovered_end,
-)
+from archive.storage import CATALOG_FILE_NAME, REBUILD_HINT, ArchiveStorageError, list_segments
 from cluster_node.codecs import (
     LOG_CODEC,
     SESSION_HEADER_LENGTH,

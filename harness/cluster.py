@@ -13,15 +13,11 @@ Files, per member ``i`` (all under ``tmp_path``)::
     cluster/node<i>/logs/node.log                 JSON lines, appended across restarts
     out/node<i>.<start>.stdout|stderr             one pair per process start
 
-:class:`KvClient` wraps a trio :class:`ClusterClient` for the ``kv`` service: requests carry
-unique request ids, replies are matched by id, and many requests may be in flight at once.
-
-The service ``harness.cluster:DigestKvService`` is the kv store plus one test operation: a
-GET of a key starting with ``__digest__`` makes every member write a digest of its whole map to
-``<digest dir>/member<i>-<key>.txt`` (the directory from ``$CLUSTER_TEST_DIGEST_DIR``). The
-request goes through the log, so all members compute it at the same log position, and equal
-files prove equal service states (a ``.keys`` file beside each digest lists the keys, to show
-what differs).
+Its parts live in modules of their own: one member (``harness.node``), the split-brain watch
+(``harness.leader_sampler``), the pipelined kv client (``harness.kv_client``) and the test
+service with its state digests (``harness.digest_service``). This module re-exports the names
+tests and scripts take from it, so ``from harness.cluster import TestCluster, open_kv_client``
+(and the test service's old path ``harness.cluster:DigestKvService``) keep working.
 
 Health checks: every test that uses a :class:`TestCluster` also tests the members' health, at
 no cost to its own code. While the cluster lives, a sampler thread reads every running member's
@@ -40,361 +36,88 @@ wrapper without changing the tests.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import trio
 
 from archive.catalog import Catalog
+from archive.frame_walk import iter_frames
 from archive.segments import FRAME_TYPE_DATA
-from archive.storage import CATALOG_FILE_NAME, iter_frames
-from cluster_node.client import open_cluster_client
-from cluster_node.client.cluster_client import ClusterClient
+from archive.storage import CATALOG_FILE_NAME
 from cluster_node.config import (
     DEMO_DRIVER,
     DEMO_TIMEOUTS,
     ClientConfig,
-    NodeConfig,
     TimeoutsSection,
     load_client_config,
-    load_node_config,
     write_loopback_cluster,
 )
 from cluster_node.driver_dir import in_shm_root
 from cluster_node.service.examples.kv import (
     Append,
     Get,
-    KeyValueService,
     Put,
-    Reply,
     Status,
-    decode_reply,
-    encode_request,
 )
+
+# The names tests and scripts have always taken from this module, from their new homes.
+from harness.digest_service import (  # noqa: F401
+    BURST_APPLIED_PREFIX,
+    BURST_PREFIX,
+    CLOSED_PREFIX,
+    DIGEST_DIR_ENV,
+    DIGEST_PREFIX,
+    FAIL_SNAPSHOT_KEY,
+    FIRED_PREFIX,
+    PERIODIC_EARLY_PREFIX,
+    PERIODIC_FIRED_PREFIX,
+    PERIODIC_NEXT_PREFIX,
+    PERIODIC_PREFIX,
+    PERIODIC_SKIPPED_PREFIX,
+    PERIODIC_STOP_PREFIX,
+    RAISE_PREFIX,
+    SERVICE_APPLIED_PREFIX,
+    SERVICE_MESSAGE_PREFIX,
+    SLOW_PREFIX,
+    SLOW_SNAPSHOT_KEY,
+    TIMER_PREFIX,
+    DigestKvService,
+    FailingStartService,
+    read_digest_keys,
+    read_digests,
+    slow_flag,
+    slow_seen,
+    state_digest,
+)
+from harness.kv_client import KvClient, open_kv_client
+from harness.leader_sampler import LeaderSampler
 from harness.netns import NetnsLan
-from media.counters import CountersError, CountersReader, CounterType
-
-ROOT = Path(__file__).resolve().parents[1]
-S = 1_000_000_000
-MS = 1_000_000
-
-ROLE_TYPE = 201
-COMMIT_POS_TYPE = 203
-ELECTION_STATE_TYPE = 207
-ERRORS_TYPE = 212
-TERM_TYPE = 239
-APPEND_POS_TYPE = 240
-_COUNTER_TYPES = {
-    "role": ROLE_TYPE,
-    "commit": COMMIT_POS_TYPE,
-    "election": ELECTION_STATE_TYPE,
-    "errors": ERRORS_TYPE,
-    "term": TERM_TYPE,
-    "append": APPEND_POS_TYPE,
-}
-LEADER = 2
-FOLLOWER = 0
-CLOSED = 17
+from harness.node import (  # noqa: F401
+    _COUNTER_TYPES,
+    CLOSED,
+    ERRORS_TYPE,
+    FOLLOWER,
+    LEADER,
+    MS,
+    ROOT,
+    Node,
+    NodeCounters,
+    S,
+    _node_command,
+    _shorten,
+)
+from media.counters import CountersError, CountersReader
 
 TEST_TIMEOUTS = DEMO_TIMEOUTS
 """Election timeout 1 s, leader heartbeat every 100 ms, leader heartbeat timeout 2 s, startup
 canvass 4 s (the shortest the config allows: twice the heartbeat timeout)."""
-
-DIGEST_PREFIX = "__digest__"
-DIGEST_DIR_ENV = "CLUSTER_TEST_DIGEST_DIR"
-
-
-def _node_command() -> list[str]:
-    if os.environ.get("CLUSTER_TEST_NODE_SCRIPT"):
-        return [sys.executable, os.environ["CLUSTER_TEST_NODE_SCRIPT"]]
-    exe = Path(sys.executable).parent / "cluster-node"
-    if exe.exists():
-        return [str(exe)]
-    return [sys.executable, "-c", "from cluster_node.cli import main; main()"]
-
-
-@dataclass(frozen=True)
-class NodeCounters:
-    """One reading of a running member's consensus counters."""
-
-    role: int
-    commit: int
-    election: int
-    term: int
-    append: int
-    errors: int
-
-    @property
-    def is_leader(self) -> bool:
-        return self.role == LEADER and self.election == CLOSED
-
-    @property
-    def is_follower(self) -> bool:
-        return self.role == FOLLOWER and self.election == CLOSED
-
-
-class Node:
-    """One member: its config, its current process (if any), its counters and logs."""
-
-    def __init__(self, cluster: TestCluster, member_id: int, config_path: Path) -> None:
-        self.cluster = cluster
-        self.member_id = member_id
-        self.config_path = config_path
-        self.cfg: NodeConfig = load_node_config(config_path)
-        self.proc: subprocess.Popen | None = None
-        self.starts = 0
-        self.stdout_path: Path | None = None
-        self.stderr_path: Path | None = None
-        self._reader: CountersReader | None = None
-        self._counter_ids: dict[str, int] = {}
-        self.log_offset = 0
-        """Size of the log file when the current process started: its lines come after."""
-
-    # ---------------------------------------------------------------- paths
-
-    @property
-    def dir(self) -> Path:
-        return self.cfg.node_dir
-
-    @property
-    def log_path(self) -> Path:
-        return self.cfg.log_file
-
-    @property
-    def counters_path(self) -> Path:
-        return self.cfg.driver_dir / "counters.dat"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    # ---------------------------------------------------------------- process control
-
-    def spawn(self, extra_args: Iterable[str] = ()) -> tuple[subprocess.Popen, Path, Path]:
-        """Start a ``cluster-node run`` process for this member's config, not waiting for READY:
-        ``(process, stdout path, stderr path)``. The cluster stops it at the end; :meth:`start`
-        makes it this member's process, a test may also start a competing one."""
-        self.starts += 1
-        out = self.cluster.out_dir
-        tag = f"node{self.member_id}.{self.starts}"
-        stdout_path, stderr_path = out / f"{tag}.stdout", out / f"{tag}.stderr"
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **{DIGEST_DIR_ENV: str(self.cluster.digest_dir)})
-        env.pop("PYTHONSTARTUP", None)
-        with open(stdout_path, "wb") as so, open(stderr_path, "wb") as se:
-            netns = self.cluster.netns
-            prefix = netns.command_prefix(self.member_id) if netns is not None else []
-            proc = subprocess.Popen(
-                [*prefix, *_node_command(), "run", "--config", str(self.config_path), *extra_args],
-                stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=env, cwd=ROOT,
-            )
-        self.cluster._all_procs.append(proc)
-        return proc, stdout_path, stderr_path
-
-    def start(self) -> None:
-        """Start this member's process (not waiting for READY: see :meth:`wait_ready`)."""
-        assert not self.running, f"node {self.member_id} is already running (pid {self.pid})"
-        self.cluster.leaders.start()
-        self._close_reader()
-        try:
-            self.log_offset = self.log_path.stat().st_size
-        except FileNotFoundError:
-            self.log_offset = 0
-        self.proc, self.stdout_path, self.stderr_path = self.spawn()
-
-    def ready(self) -> bool:
-        if self.stdout_path is None:
-            return False
-        try:
-            text = self.stdout_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return False
-        return f"READY member={self.member_id}" in text
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        self.cluster.wait_for(
-            lambda: self.ready() or not self.running,
-            timeout, f"node {self.member_id} prints READY",
-        )
-        if not self.ready():
-            raise AssertionError(f"node {self.member_id} exited ({self.proc.returncode}) before READY\n"
-                                 + self.cluster.diagnostics())
-
-    def kill(self) -> None:
-        """kill -9: a crash."""
-        if self.running:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self._close_reader()
-
-    def terminate(self, timeout: float = 15.0) -> int:
-        """SIGTERM, a graceful stop; waits for the exit and returns its code."""
-        if not self.running:
-            return self.proc.returncode if self.proc is not None else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            diag = self.cluster.diagnostics()
-            self.kill()
-            raise AssertionError(f"node {self.member_id} did not stop within {timeout}s of SIGTERM\n{diag}") from None
-        self._close_reader()
-        return rc
-
-    def send_sigterm(self) -> None:
-        """SIGTERM without waiting (to time what the others do meanwhile)."""
-        if self.running:
-            self.proc.send_signal(signal.SIGTERM)
-
-    # ---------------------------------------------------------------- counters
-
-    def _close_reader(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-            self._counter_ids = {}
-
-    def counters(self) -> NodeCounters | None:
-        """The member's counters, or None when its process is not running or has not yet
-        published them (a counters file left by an earlier process is ignored)."""
-        if not self.running:
-            self._close_reader()
-            return None
-        if self._reader is None or len(self._counter_ids) < len(_COUNTER_TYPES):
-            self._close_reader()
-            try:
-                reader = CountersReader.open(self.counters_path)
-            except (CountersError, OSError, ValueError):
-                return None
-            if reader.owner_pid != self.proc.pid:
-                reader.close()
-                return None
-            ids: dict[str, int] = {}
-            for name, type_id in _COUNTER_TYPES.items():
-                found = [c for c in reader.find(type_id=type_id) if c.label.endswith(f"member {self.member_id}")]
-                if found:
-                    ids[name] = found[0].counter_id
-            self._reader, self._counter_ids = reader, ids
-            if len(ids) < len(_COUNTER_TYPES):
-                return None
-        try:
-            values = {name: self._reader.get(cid) for name, cid in self._counter_ids.items()}
-        except CountersError:
-            self._close_reader()
-            return None
-        return NodeCounters(**values)
-
-    # ---------------------------------------------------------------- logs
-
-    def log_events(self, current_process_only: bool = True) -> list[dict]:
-        """The JSON log lines of this member's current (or last) process, or of all its
-        processes, parsed; bad lines skipped."""
-        try:
-            with open(self.log_path, "rb") as f:
-                if current_process_only:
-                    f.seek(self.log_offset)
-                lines = f.read().decode(errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return events
-
-    def election_states(self) -> list[str]:
-        """The ``to_state`` of every election transition of the current process, in order."""
-        return [e.get("to_state", "?") for e in self.log_events() if e.get("event") == "election state"]
-
-    def log_tail(self, lines: int = 40, width: int = 400) -> str:
-        """The last ``lines`` log lines; a run of lines equal but for their timestamp is shown
-        once with its count (a warning repeated per datagram would hide everything else)."""
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "    (no log file)"
-        runs: list[list] = []  # [line, key, count]
-        for line in text[-20 * lines:]:
-            key = _without_timestamp(line)
-            if runs and runs[-1][1] == key:
-                runs[-1][2] += 1
-            else:
-                runs.append([line, key, 1])
-        return "\n".join(
-            "    " + _shorten(line, width) + (f"  (x{count}, last shown)" if count > 1 else "")
-            for line, _key, count in runs[-lines:]
-        )
-
-    def stderr_tail(self, lines: int = 25) -> str:
-        if self.stderr_path is None:
-            return "    (never started)"
-        try:
-            text = self.stderr_path.read_text(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            return "    (no stderr file)"
-        return "\n".join("    " + line for line in text) or "    (empty)"
-
-    def describe(self) -> str:
-        if self.proc is None:
-            status = "never started"
-        elif self.running:
-            status = f"running pid {self.pid}"
-        else:
-            status = f"exited rc={self.proc.returncode} (pid {self.pid})"
-        c = self.counters()
-        return f"node {self.member_id}: {status}; counters {c}" + self._log_stream_positions()
-
-    _STREAM_POSITION_TYPES = {
-        CounterType.PUBLISHER_POS: "pub-pos", CounterType.SENDER_POSITION: "snd-pos",
-        CounterType.SENDER_LIMIT: "snd-lmt", CounterType.RECEIVER_HWM: "rcv-hwm",
-        CounterType.RECEIVER_POS: "rcv-pos", CounterType.SUBSCRIBER_POSITION: "sub-pos",
-    }
-
-    def _log_stream_positions(self) -> str:
-        """The media positions of the replicated log's UDP stream on this member (where a
-        stalled log stands: sender behind, receivers waiting, ...)."""
-        if self._reader is None:
-            return ""
-        marker = f"stream={self.cfg.cluster.log_stream_id} "
-        try:
-            found = [(self._STREAM_POSITION_TYPES[i.type_id], i.value, i.label.split(" ")[1])
-                     for i in self._reader.counters() if i.type_id in self._STREAM_POSITION_TYPES
-                     and marker in i.label + " "]
-        except (CountersError, IndexError):
-            return ""
-        return "".join(f"\n    log {name} {value} {session}" for name, value, session in found)
-
-
-def _without_timestamp(line: str) -> str:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return line
-    if isinstance(event, dict):
-        event.pop("timestamp", None)
-        return json.dumps(event, sort_keys=True)
-    return line
-
-
-def _shorten(line: str, width: int) -> str:
-    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 class TestCluster:
@@ -407,7 +130,7 @@ class TestCluster:
         base_dir: Path,
         nodes: int = 3,
         *,
-        service: str = "harness.cluster:DigestKvService",
+        service: str = "harness.digest_service:DigestKvService",
         timeouts: TimeoutsSection = TEST_TIMEOUTS,
         netns: NetnsLan | None = None,
         expected_errors: Iterable[str] = (),
@@ -676,392 +399,6 @@ class TestCluster:
                 if f.frame_type == FRAME_TYPE_DATA:
                     frames[f.position] = (f.position, f.frame_length, f.flags, f.payload)
         return [frames[p] for p in sorted(frames)]
-
-
-# ------------------------------------------------------------------------- leader sampler
-
-
-class LeaderSampler:
-    """A thread that reads every running member's role, election state and term from its
-    counters file, every few milliseconds, and records which member led which term.
-
-    At most one member leads a term, ever: two members seen leading one term (at the same moment
-    or not) is a split brain. A member counts as leading when its role is LEADER and its
-    election is CLOSED (the counters a member writes last when it takes a term). The sampler
-    opens its own counters readers (the test's thread uses the Node's)."""
-
-    INTERVAL_S = 0.005
-
-    def __init__(self, cluster: TestCluster) -> None:
-        self.cluster = cluster
-        self.term_leaders: dict[int, set[int]] = {}
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._readers: dict[int, tuple[int, CountersReader, dict[str, int]]] = {}  # member -> (pid, ...)
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="leader-sampler", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        for _pid, reader, _ids in self._readers.values():
-            reader.close()
-        self._readers.clear()
-
-    def problems(self) -> list[str]:
-        return [f"members {sorted(ids)} were each leader of term {term}"
-                for term, ids in sorted(self.term_leaders.items()) if len(ids) > 1]
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.INTERVAL_S):
-            for n in self.cluster.nodes:
-                proc = n.proc
-                if proc is None or proc.poll() is not None:
-                    continue
-                values = self._read(n.member_id, proc.pid, n.counters_path)
-                if values is not None and values["role"] == LEADER and values["election"] == CLOSED:
-                    self.term_leaders.setdefault(values["term"], set()).add(n.member_id)
-            self.samples += 1
-
-    def _read(self, member_id: int, pid: int, path: Path) -> dict[str, int] | None:
-        entry = self._readers.get(member_id)
-        if entry is not None and entry[0] != pid:
-            self._readers.pop(member_id)[1].close()
-            entry = None
-        if entry is None:
-            try:
-                reader = CountersReader.open(path)
-            except (CountersError, OSError, ValueError):
-                return None
-            if reader.owner_pid != pid:
-                reader.close()
-                return None
-            ids = {}
-            for name in ("role", "election", "term"):
-                found = [c for c in reader.find(type_id=_COUNTER_TYPES[name]) if c.label.endswith(f"member {member_id}")]
-                if found:
-                    ids[name] = found[0].counter_id
-            if len(ids) < 3:
-                reader.close()
-                return None
-            entry = self._readers[member_id] = (pid, reader, ids)
-        get, ids = entry[1].get, entry[2]
-        try:
-            # Term and role read before and after the rest, one consistent reading kept: a
-            # member's counters change one by one (role, then election state, then term).
-            term, role, election = get(ids["term"]), get(ids["role"]), get(ids["election"])
-            if get(ids["term"]) != term or get(ids["role"]) != role:
-                return None
-            return {"term": term, "role": role, "election": election}
-        except CountersError:
-            entry[1].close()
-            del self._readers[member_id]
-            return None
-
-
-# -------------------------------------------------------------------------------- kv client
-
-
-class KvClient:
-    """Pipelined kv requests over one trio ClusterClient (the client reconnects by itself)."""
-
-    def __init__(self, client: ClusterClient, first_request_id: int = 1) -> None:
-        self.client = client
-        self._next_id = first_request_id
-        self.replies: dict[int, Reply] = {}
-        self._events: dict[int, trio.Event] = {}
-        self.undecodable = 0
-
-    def on_message(self, payload: memoryview, header) -> None:
-        try:
-            reply = decode_reply(payload)
-        except msgspec.MsgspecError:
-            self.undecodable += 1
-            return
-        self.replies[reply.request_id] = reply
-        ev = self._events.pop(reply.request_id, None)
-        if ev is not None:
-            ev.set()
-
-    def next_id(self) -> int:
-        rid = self._next_id
-        self._next_id += 1
-        return rid
-
-    async def send(self, request, timeout: float = 10.0) -> int:
-        """Offer one request (waiting out back-pressure and leader changes); its request id."""
-        self._events[request.request_id] = trio.Event()
-        await self.client.offer_wait(encode_request(request), timeout)
-        return request.request_id
-
-    async def wait_reply(self, request_id: int, timeout: float) -> Reply | None:
-        if request_id in self.replies:
-            return self.replies[request_id]
-        ev = self._events.setdefault(request_id, trio.Event())
-        with trio.move_on_after(timeout):
-            await ev.wait()
-        return self.replies.get(request_id)
-
-    async def call(self, request, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
-        """Send ``request`` and wait for its reply. With ``resend_s`` (idempotent requests only),
-        send it again whenever no reply came within that long, as an application does when a
-        message may have gone to a leader that has just stepped down."""
-        deadline = trio.current_time() + timeout
-        while True:
-            left = deadline - trio.current_time()
-            if left <= 0:
-                raise TimeoutError(f"no reply to {request!r} within {timeout}s")
-            await self.send(request, left)
-            wait = left if resend_s is None else min(left, resend_s)
-            reply = await self.wait_reply(request.request_id, wait)
-            if reply is not None:
-                return reply
-            if resend_s is None:
-                raise TimeoutError(f"no reply to {request!r} within {timeout}s")
-
-    async def put(self, key: str, value: bytes, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
-        return await self.call(Put(self.next_id(), key, value), timeout, resend_s)
-
-    async def get(self, key: str, timeout: float = 10.0, resend_s: float | None = None) -> Reply:
-        return await self.call(Get(self.next_id(), key), timeout, resend_s)
-
-    async def append(self, key: str, value: bytes, timeout: float = 10.0) -> Reply:
-        return await self.call(Append(self.next_id(), key, value), timeout)
-
-    async def pipeline(self, requests: list, timeout: float = 30.0, window: int = 256) -> dict[int, Reply]:
-        """Send ``requests`` with up to ``window`` in flight; wait for every reply (or raise)."""
-        deadline = trio.current_time() + timeout
-        pending: list[int] = []
-        for req in requests:
-            while len(pending) >= window:
-                await self._await_first(pending, deadline)
-            await self.send(req, max(0.1, deadline - trio.current_time()))
-            pending.append(req.request_id)
-            pending = [rid for rid in pending if rid not in self.replies]
-        while pending:
-            await self._await_first(pending, deadline)
-            pending = [rid for rid in pending if rid not in self.replies]
-        return {req.request_id: self.replies[req.request_id] for req in requests}
-
-    async def _await_first(self, pending: list[int], deadline: float) -> None:
-        rid = pending[0]
-        left = deadline - trio.current_time()
-        if left <= 0 or await self.wait_reply(rid, left) is None:
-            raise TimeoutError(f"no reply to request {rid} in time ({len(pending)} pending)")
-        pending[:] = [r for r in pending if r not in self.replies]
-
-
-def open_kv_client(config: ClientConfig, first_request_id: int = 1, **kwargs):
-    """``async with open_kv_client(cfg) as kv``: a connected :class:`KvClient`."""
-    holder: list[KvClient] = []
-
-    def handler(payload, header):
-        holder[0].on_message(payload, header)
-
-    class _Ctx:
-        async def __aenter__(self) -> KvClient:
-            self._cm = open_cluster_client(config, on_message=handler, **kwargs)
-            kv = KvClient.__new__(KvClient)
-            holder.append(kv)
-            client = await self._cm.__aenter__()
-            KvClient.__init__(kv, client, first_request_id)
-            return kv
-
-        async def __aexit__(self, *exc):
-            return await self._cm.__aexit__(*exc)
-
-    return _Ctx()
-
-
-# -------------------------------------------------------------------------------- test service
-
-
-def state_digest(data: dict[str, bytes]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(data):
-        if key.startswith(DIGEST_PREFIX):
-            continue
-        kb = key.encode()
-        h.update(len(kb).to_bytes(4, "little") + kb + len(data[key]).to_bytes(4, "little") + data[key])
-    return f"{len(data)} {h.hexdigest()}"
-
-
-TIMER_PREFIX = "__timer__"
-FIRED_PREFIX = "__fired__"
-SERVICE_MESSAGE_PREFIX = "__svcmsg__"
-SERVICE_APPLIED_PREFIX = "__svc__"
-CLOSED_PREFIX = "__closed__"
-FAIL_SNAPSHOT_KEY = "__failsnapshot__"
-SLOW_SNAPSHOT_KEY = "__slowsnapshot__"
-RAISE_PREFIX = "__raise__"
-PERIODIC_PREFIX = "__periodic__"
-PERIODIC_STOP_PREFIX = "__pstop__"
-PERIODIC_NEXT_PREFIX = "__pnext__"
-PERIODIC_FIRED_PREFIX = "__pfired__"
-PERIODIC_EARLY_PREFIX = "__pearly__"
-PERIODIC_SKIPPED_PREFIX = "__pskipped__"
-BURST_PREFIX = "__burst__"
-BURST_APPLIED_PREFIX = "__b__"
-SLOW_PREFIX = "__slow__"
-SLOW_APPLY_S = 0.005
-
-
-def slow_flag(digest_dir: Path, member_id: int) -> Path:
-    """While this file exists, member ``member_id``'s service takes SLOW_APPLY_S over each
-    ``__slow__`` PUT it applies, and creates :func:`slow_seen` at the first."""
-    return Path(digest_dir) / f"slow-member{member_id}"
-
-
-def slow_seen(digest_dir: Path, member_id: int) -> Path:
-    return Path(digest_dir) / f"slow-member{member_id}.seen"
-
-
-class DigestKvService(KeyValueService):
-    """The kv service, plus test operations, all of them state (so replicated, snapshotted and
-    part of the digest):
-
-    * a GET of ``__digest__<tag>`` writes this member's state digest to
-      ``$CLUSTER_TEST_DIGEST_DIR/member<i>-<tag>.txt`` (and answers it, from the leader);
-    * a PUT of ``__timer__<id>`` with an 8-byte little-endian delay in milliseconds schedules
-      timer ``<id>`` that far in cluster time; when it fires, ``__fired__<id>`` gets one more
-      ``x`` (so its length counts the firings);
-    * a PUT of ``__svcmsg__<n>`` makes the service offer a service message (``Cluster.offer``)
-      that appends one ``x`` to ``__svc__<n>`` when it comes back through the log;
-    * a closed client session ``<id>`` leaves ``__closed__<id>`` = its close reason's name;
-    * while ``__failsnapshot__`` is ``1``, ``on_take_snapshot`` raises;
-    * while ``__slowsnapshot__`` is a number, ``on_take_snapshot`` takes that many seconds;
-    * a PUT of ``__periodic__<id>`` with an 8-byte period in milliseconds starts periodic timer
-      ``<id>``: each firing counts one in ``__pfired__<id>`` and re-arms the same id, inside
-      ``on_timer_event``, for the next period (``__pnext__<id>``); an event before the deadline
-      counts in ``__pearly__<id>``, periods missed while the cluster was down in
-      ``__pskipped__<id>``; a PUT of ``__pstop__<id>`` cancels it;
-    * a PUT of ``__burst__<n>`` with a 4-byte count offers that many service messages from the
-      one callback, message ``i`` appending one ``x`` to ``__b__<n>_<i>`` (a digest also writes
-      ``.bursts``: each such key's length, 1 when applied exactly once);
-    * a PUT of ``__raise__<n>`` stores its value, then raises ValueError (before any reply): a
-      service callback that fails part way, the same on every member (``service_errors``);
-    * a PUT of ``__slow__<n>`` is applied slowly while this member's :func:`slow_flag` file
-      exists (a slow state machine for one member only, e.g. during its replay: the log
-      entries themselves are the same on every member).
-    """
-
-    def on_session_close(self, session, timestamp: int, close_reason) -> None:
-        self.data[f"{CLOSED_PREFIX}{session.id}"] = close_reason.name.encode()
-
-    def on_take_snapshot(self, writer) -> None:
-        if self.data.get(FAIL_SNAPSHOT_KEY) == b"1":
-            raise RuntimeError("this service was told to fail its snapshot")
-        slow = self.data.get(SLOW_SNAPSHOT_KEY)
-        if slow:
-            time.sleep(float(slow))  # a service slow to snapshot (its state is large), not a wait
-        super().on_take_snapshot(writer)
-
-    def on_timer_event(self, correlation_id: int, timestamp: int) -> None:
-        next_key = f"{PERIODIC_NEXT_PREFIX}{correlation_id}"
-        if next_key in self.data:
-            self._periodic_fired(correlation_id, timestamp, next_key)
-            return
-        key = f"{FIRED_PREFIX}{correlation_id}"
-        self.data[key] = self.data.get(key, b"") + b"x"
-
-    def _periodic_fired(self, correlation_id: int, timestamp: int, next_key: str) -> None:
-        """A periodic timer: counted once per deadline and re-armed, in this callback, for the
-        next period (periods missed while the cluster was down are counted as skipped)."""
-        deadline = int.from_bytes(self.data[next_key], "little")
-        if timestamp < deadline:
-            self._count(f"{PERIODIC_EARLY_PREFIX}{correlation_id}")  # an event for no due deadline
-            return
-        self._count(f"{PERIODIC_FIRED_PREFIX}{correlation_id}")
-        period_ns = int.from_bytes(self.data[f"{PERIODIC_PREFIX}{correlation_id}"], "little") * 1_000_000
-        following = deadline + period_ns
-        while following <= timestamp:
-            following += period_ns
-            self._count(f"{PERIODIC_SKIPPED_PREFIX}{correlation_id}")
-        self.data[next_key] = following.to_bytes(8, "little")
-        self.cluster.schedule_timer(correlation_id, following)
-
-    def _count(self, key: str) -> None:
-        self.data[key] = (int.from_bytes(self.data.get(key, b""), "little") + 1).to_bytes(8, "little")
-
-    def on_session_message(self, session, timestamp: int, payload) -> None:
-        try:
-            request = msgspec.msgpack.decode(payload)
-        except (msgspec.MsgspecError, ValueError, RecursionError):
-            request = None
-        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
-                and request[2].startswith(RAISE_PREFIX)):
-            self.data[request[2]] = bytes(request[3]) if isinstance(request[3], bytes) else b""
-            raise ValueError(f"told to raise on {request[2]}")
-        super().on_session_message(session, timestamp, payload)
-        if request is None:
-            return
-        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
-                and self.cluster is not None and session is not None):
-            key, value = request[2], request[3]
-            if key.startswith(PERIODIC_PREFIX) and isinstance(value, bytes) and len(value) == 8:
-                correlation_id = int(key[len(PERIODIC_PREFIX):])
-                deadline = timestamp + int.from_bytes(value, "little") * 1_000_000
-                self.data[f"{PERIODIC_NEXT_PREFIX}{correlation_id}"] = deadline.to_bytes(8, "little")
-                self.cluster.schedule_timer(correlation_id, deadline)
-            elif key.startswith(PERIODIC_STOP_PREFIX):
-                correlation_id = int(key[len(PERIODIC_STOP_PREFIX):])
-                self.data.pop(f"{PERIODIC_NEXT_PREFIX}{correlation_id}", None)
-                self.cluster.cancel_timer(correlation_id)
-            elif key.startswith(BURST_PREFIX) and isinstance(value, bytes) and len(value) == 4:
-                n = key[len(BURST_PREFIX):]
-                for i in range(int.from_bytes(value, "little")):
-                    self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{BURST_APPLIED_PREFIX}{n}_{i}", b"x"]))
-            elif key.startswith(TIMER_PREFIX) and isinstance(value, bytes) and len(value) == 8:
-                delay_ns = int.from_bytes(value, "little") * 1_000_000
-                self.cluster.schedule_timer(int(key[len(TIMER_PREFIX):]), timestamp + delay_ns)
-            elif key.startswith(SERVICE_MESSAGE_PREFIX):
-                n = key[len(SERVICE_MESSAGE_PREFIX):]
-                self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{SERVICE_APPLIED_PREFIX}{n}", b"x"]))
-            elif key.startswith(SLOW_PREFIX):
-                directory = os.environ.get(DIGEST_DIR_ENV)
-                if directory and slow_flag(Path(directory), self.cluster.member_id).exists():
-                    slow_seen(Path(directory), self.cluster.member_id).touch()
-                    time.sleep(SLOW_APPLY_S)  # the slow state machine itself, not a wait
-        if (isinstance(request, list) and len(request) == 3 and request[0] == 2
-                and isinstance(request[2], str) and request[2].startswith(DIGEST_PREFIX)):
-            digest = state_digest(self.data)
-            directory = os.environ.get(DIGEST_DIR_ENV)
-            if directory and self.cluster is not None:
-                tag = request[2][len(DIGEST_PREFIX):]
-                base = Path(directory) / f"member{self.cluster.member_id}-{tag}"
-                # The key list first (to see what differs), the digest last (tests wait for it).
-                base.with_suffix(".keys").write_text("".join(f"{k}\n" for k in sorted(self.data)))
-                counts = {k: len(v) for k, v in self.data.items() if k.startswith(BURST_APPLIED_PREFIX)}
-                base.with_suffix(".bursts").write_text(json.dumps(counts))
-                base.with_suffix(".txt").write_text(f"{self.cluster.log_position} {digest}\n")
-
-
-class FailingStartService(KeyValueService):
-    """A service whose ``on_start`` raises: the node must end with SERVICE_FAILED, not 0."""
-
-    def on_start(self, cluster, snapshot) -> None:
-        raise RuntimeError("this service cannot start")
-
-
-def read_digest_keys(cluster: TestCluster, tag: str, member_id: int) -> list[str]:
-    p = cluster.digest_dir / f"member{member_id}-{tag}.keys"
-    return p.read_text().split() if p.exists() else []
-
-
-def read_digests(cluster: TestCluster, tag: str) -> dict[int, str]:
-    out = {}
-    for n in cluster.nodes:
-        p = cluster.digest_dir / f"member{n.member_id}-{tag}.txt"
-        if p.exists():
-            text = p.read_text()
-            if text.endswith("\n"):
-                out[n.member_id] = text.strip()
-    return out
 
 
 __all__ = [

@@ -21,7 +21,6 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Awaitable, Callable
-from enum import IntEnum
 
 import trio
 
@@ -29,6 +28,7 @@ from media import framescan
 from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, HEADER_LENGTH, max_message_length, term_window
 from media.logbuffer import META_LENGTH, LogBuffer
+from media.outcomes import OfferResult
 
 __all__ = ["OfferResult", "MessageTooLongError", "ExclusivePublication", "Publication"]
 
@@ -45,16 +45,6 @@ _SMALL_FRAME = [struct.Struct(f"<BBhiiiiq{n}s").pack_into for n in range(_SMALL_
 """Packers of a frame's header after its length field plus an ``n``-byte payload, for offers of
 small ``bytes`` messages: one pack instead of a header pack and a payload copy."""
 _MAX_POSITION_TERMS = 2**31
-
-
-class OfferResult(IntEnum):
-    """Why an offer did not append (all negative, as in the reference client)."""
-
-    NOT_CONNECTED = -1
-    BACK_PRESSURED = -2
-    ADMIN_ACTION = -3
-    CLOSED = -4
-    MAX_POSITION_EXCEEDED = -5
 
 
 class MessageTooLongError(ValueError):

@@ -27,6 +27,7 @@ from media import framescan
 from media.channel import ChannelUri
 from media.frames import DATA_HEADER, FLAG_BEGIN, FLAG_END, TYPE_PAD, frame_step, max_message_length
 from media.logbuffer import META_LENGTH, LogBuffer
+from media.outcomes import StopPolling
 
 _PUB_PARKED = LogBuffer.PUBLISHER_PARKED_OFFSET
 _PUB_POSITION = LogBuffer.PUBLISHER_POSITION_OFFSET
@@ -43,11 +44,6 @@ _NO_LIMIT = 2**63 - 1
 _NUMPY_FRAME_LIMIT = 3072
 """A block poll hands the frame walk to numpy after 32 frames shorter than this on average."""
 
-
-class StopPolling(Exception):
-    """Raised by a fragment handler to end :meth:`Image.bounded_poll` after the fragment it was
-    given (which counts as consumed): the reader must act before it sees anything later, as a
-    clustered service taking a snapshot at the entry that asks for one."""
 
 FragmentHandler = Callable[[memoryview, int, int, "Header"], None]
 BlockHandler = Callable[[memoryview, int, int, int], None]

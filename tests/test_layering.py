@@ -2,8 +2,19 @@
 
 * ``media`` imports nothing from ``archive`` or ``cluster_node``; ``archive`` nothing from
   ``cluster_node``.
-* A module whose docstring's first line ends with ``(core)`` is sans-I/O: it imports no trio, no
-  sockets, no clock, no threads, no mmap. Time arrives as ``now_ns`` and randomness is injected.
+* A module whose docstring's first line ends with ``(core)`` is sans-I/O. "I/O" here means
+  anything that waits, reads the world or changes it: an event loop or threads (trio, asyncio,
+  threading, multiprocessing, concurrent), the network (socket, select, selectors), files and
+  processes (os, io, pathlib, shutil, tempfile, mmap, fcntl, subprocess, signal), the clock (time,
+  datetime) and logging (structlog, logging: a core reports what happened in its outputs, the
+  shell logs it). A core imports none of these, and calls none of the builtins ``open``,
+  ``print`` and ``input``. Time arrives as ``now_ns`` and randomness is injected (``random`` is
+  allowed for the ``random.Random`` a caller passes in).
+* Importing a core pulls in no I/O either: the project modules it imports at its top level
+  (``TYPE_CHECKING`` imports aside), and theirs in turn, import none of the modules above. So a
+  core cannot reach the clock or the disk through a helper module that is not marked.
+* Outside ``media``, the media driver is used through its package (``media.driver``), never
+  through its modules (conductor, sender and receiver agents, invoker...).
 * ``cluster_node/cli/`` modules read the media layer's file formats only, and never import the
   consensus agent: the logic behind a command lives in a module it calls.
 """
@@ -18,7 +29,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("media", "archive", "cluster_node")
 FORBIDDEN_LAYERS = {"media": {"archive", "cluster_node"}, "archive": {"cluster_node"}, "cluster_node": set()}
-FORBIDDEN_IN_CORE = {"trio", "socket", "select", "selectors", "asyncio", "time", "threading", "mmap"}
+FORBIDDEN_IN_CORE = {
+    # event loops and threads
+    "trio", "asyncio", "threading", "multiprocessing", "concurrent",
+    # the network
+    "socket", "select", "selectors",
+    # files and processes
+    "os", "io", "pathlib", "shutil", "tempfile", "mmap", "fcntl", "subprocess", "signal",
+    # the clock
+    "time", "datetime",
+    # logging
+    "structlog", "logging",
+}
+FORBIDDEN_CALLS_IN_CORE = {"open", "print", "input"}
 # Modules that must be core: if one of them loses its marker the test fails instead of passing quietly.
 EXPECTED_CORE = {
     "media/channel.py",
@@ -27,15 +50,34 @@ EXPECTED_CORE = {
     "media/receiver_core.py",
     "media/loss.py",
     "media/framescan.py",
+    "media/outcomes.py",
     "archive/segments.py",
     "archive/catalog.py",
+    "archive/catalog_layout.py",
     "archive/checksums.py",
+    "cluster_node/codecs/__init__.py",
+    "cluster_node/codecs/messages.py",
+    "cluster_node/codecs/schema.py",
+    "cluster_node/codecs/session_message.py",
+    "cluster_node/codecs/streams.py",
+    "cluster_node/consensus/auth.py",
     "cluster_node/consensus/backup.py",
+    "cluster_node/consensus/cluster_clock.py",
+    "cluster_node/consensus/cluster_session.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",
+    "cluster_node/consensus/message_runs.py",
     "cluster_node/consensus/module.py",
+    "cluster_node/consensus/pending.py",
     "cluster_node/consensus/recording_log.py",
+    "cluster_node/consensus/response_channel.py",
+    "cluster_node/consensus/session_effects.py",
+    "cluster_node/consensus/session_proxy.py",
+    "cluster_node/consensus/sessions.py",
+    "cluster_node/consensus/snapshot.py",
+    "cluster_node/consensus/timers.py",
+    "cluster_node/service/agent.py",
 }
 
 
@@ -55,6 +97,51 @@ def _imports(tree: ast.AST) -> set[str]:
     return names
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+_TREES = {_module_name(path): ast.parse(path.read_text(), filename=str(path)) for _, path in _modules()}
+
+
+def _top_level_imports(tree: ast.Module) -> set[str]:
+    """What importing the module imports: its module-level imports (inside ``if``/``try`` too),
+    not those in functions (run later, by a caller that chose to) nor ``if TYPE_CHECKING:``
+    ones (never run). ``from pkg import mod`` counts as importing ``pkg.mod`` when that is a
+    module of the project."""
+    names: set[str] = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                pending.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in _TREES)
+    return names
+
+
+def _project_closure(module: str) -> dict[str, str]:
+    """Every project module importing ``module`` imports, with the module that imports it."""
+    via: dict[str, str] = {}
+    pending = [module]
+    while pending:
+        current = pending.pop()
+        for name in _top_level_imports(_TREES[current]):
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in _TREES and prefix not in via and prefix != module:
+                    via[prefix] = current
+                    pending.append(prefix)
+    return via
+
+
 def _is_core(tree: ast.Module) -> bool:
     doc = ast.get_docstring(tree) or ""
     first = doc.strip().splitlines()[0] if doc.strip() else ""
@@ -71,6 +158,29 @@ def test_module_respects_layers(pkg: str, path: Path) -> None:
     if _is_core(tree):
         bad_core = tops & FORBIDDEN_IN_CORE
         assert not bad_core, f"core module {path.relative_to(ROOT)} imports {sorted(bad_core)}"
+        calls = {node.func.id for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS_IN_CORE}
+        assert not calls, f"core module {path.relative_to(ROOT)} calls {sorted(calls)}"
+    if pkg != "media":
+        internals = sorted(name for name in imported if name.startswith("media.driver."))
+        assert not internals, (f"{path.relative_to(ROOT)} imports {internals}: use the media driver through its "
+                               f"package, media.driver")
+
+
+CORE_MODULES = sorted(name for name, tree in _TREES.items() if _is_core(tree))
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_importing_a_core_module_imports_no_io(module: str) -> None:
+    via = _project_closure(module)
+    for dependency in [module, *sorted(via)]:
+        bad = {name.split(".")[0] for name in _top_level_imports(_TREES[dependency])} & FORBIDDEN_IN_CORE
+        if bad:
+            chain = [dependency]
+            while chain[-1] != module:
+                chain.append(via[chain[-1]])
+            pytest.fail(f"importing core module {module} imports {sorted(bad)} through "
+                        f"{' <- '.join(chain)}")
 
 
 def test_expected_core_modules_are_marked() -> None:

@@ -40,7 +40,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.segments import NULL_POSITION, segment_base_position, segment_file_name, segments_for_range
 
 if TYPE_CHECKING:

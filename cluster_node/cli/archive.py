@@ -25,26 +25,27 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import Catalog, CatalogError, RecordingDescriptor
+from archive.catalog import Catalog
+from archive.catalog_layout import CatalogError, RecordingDescriptor
 from archive.codecs import NULL_POSITION
+from archive.frame_walk import checks_text, iter_frames, verify_recording
 from archive.rebuild import RebuildError, rebuild_catalog
+from archive.recovery import recovered_end
+from archive.segment_files import (
+    attach_front,
+    delete_detached_segments,
+    detach_front,
+    detached_segments,
+    truncate_segments,
+)
 from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
 from archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
     CatalogStore,
-    attach_front,
-    checks_text,
-    delete_detached_segments,
-    detach_front,
-    detached_segments,
-    iter_frames,
     list_segments,
     load_catalog,
-    recovered_end,
-    truncate_segments,
-    verify_recording,
 )
 from cluster_node.text_table import format_table
 from media.private_files import FILE_MODE

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
 import trio
 
-from cluster_node.config import ConfigError, load_backup_config
+from cluster_node.config import load_backup_config
 
 
 @click.command()
@@ -22,15 +21,10 @@ def backup(config_path: str, log_mode: str | None) -> None:
     can be started from, until SIGTERM/SIGINT. Its state and live log position are counters:
     ``cluster-node stat --dir <backup dir>`` (docs/operations.md, "Backup and restore")."""
     from cluster_node.backup_node import run_backup
-    from cluster_node.cli.run import _configure_logging, _internal_error, _operator_error
+    from cluster_node.cli.run import _internal_error, _operator_error, _start_process
     from cluster_node.node import NodeStartError
 
-    os.umask(0o077)
-    try:
-        cfg = load_backup_config(config_path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
-    _configure_logging(cfg.logging, cfg.log_file, log_mode)
+    cfg = _start_process(load_backup_config, config_path, log_mode)
     try:
         trio.run(run_backup, cfg)
     except KeyboardInterrupt:

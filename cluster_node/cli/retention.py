@@ -30,16 +30,11 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import RecordingState
+from archive.catalog_layout import RecordingState
+from archive.recovery import recovered_end
+from archive.segment_files import delete_detached_segments, delete_segments, detach_front
 from archive.segments import NULL_POSITION, segment_base_position
-from archive.storage import (
-    ArchiveStorageError,
-    CatalogStore,
-    delete_detached_segments,
-    delete_segments,
-    detach_front,
-    recovered_end,
-)
+from archive.storage import ArchiveStorageError, CatalogStore
 from cluster_node.cli.archive import _locked as _archive_locked
 from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry

@@ -26,14 +26,7 @@ def run(config_path: str, log_mode: str | None) -> None:
     from cluster_node.node import NodeStartError, run_node
     from cluster_node.service.api import ServiceLoadError
 
-    # Every file the node makes is its user's alone, also those libraries make without a mode
-    # (media.private_files sets explicit modes where the node creates files).
-    os.umask(0o077)
-    try:
-        cfg = load_node_config(config_path)
-    except ConfigError as e:
-        raise click.ClickException(str(e)) from None
-    _configure_logging(cfg.logging, cfg.log_file, log_mode)
+    cfg = _start_process(load_node_config, config_path, log_mode)
     try:
         trio.run(run_node, cfg)
     except (NodeStartError, ServiceLoadError) as e:
@@ -54,6 +47,21 @@ def run(config_path: str, log_mode: str | None) -> None:
         raise click.ClickException(str(leaf)) from None
     except Exception as e:  # noqa: BLE001 - a bug: logged with its traceback, one line here
         _internal_error(e)
+
+
+def _start_process(load, config_path: str, log_mode: str | None):
+    """What a long-running process (a member, a backup) does before it starts: its files private
+    to its user, its config loaded (a bad one is one line), its logging set up; returns the
+    config. ``load`` is the config loader of the process's kind."""
+    # Every file the process makes is its user's alone, also those libraries make without a mode
+    # (media.private_files sets explicit modes where the node creates files).
+    os.umask(0o077)
+    try:
+        cfg = load(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    _configure_logging(cfg.logging, cfg.log_file, log_mode)
+    return cfg
 
 
 def _configure_logging(section, log_file, log_mode: str | None) -> None:

@@ -1,17 +1,15 @@
 """Cluster clients: :class:`ClusterClient` (trio) and :class:`BlockingClusterClient` (threads)."""
 
 from cluster_node.client.blocking import BlockingClusterClient
-from cluster_node.client.cluster_client import (
+from cluster_node.client.cluster_client import ClusterClient, open_cluster_client
+from cluster_node.client.credentials import NullCredentialsSupplier, SharedSecretCredentials
+from cluster_node.client.errors import (
     AuthenticationError,
     ClientClosedError,
-    ClusterClient,
     ClusterClientError,
     ClusterRejectedError,
     ConnectTimeoutError,
-    NullCredentialsSupplier,
     ServiceRequestError,
-    SharedSecretCredentials,
-    open_cluster_client,
 )
 
 __all__ = [

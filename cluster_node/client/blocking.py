@@ -23,12 +23,8 @@ from collections.abc import Callable
 
 import trio
 
-from cluster_node.client.cluster_client import (
-    ClientClosedError,
-    ClusterClient,
-    ServiceRequestError,
-    open_cluster_client,
-)
+from cluster_node.client.cluster_client import ClusterClient, open_cluster_client
+from cluster_node.client.errors import ClientClosedError, ServiceRequestError
 from cluster_node.codecs import SessionMessageHeader
 from cluster_node.config import ClientConfig
 

@@ -22,15 +22,8 @@ Protocol (the reference's ``AeronCluster``; message fields in ``cluster_node.cod
       |<------- ServiceErrorEvent (the service raised on one of our messages: no reply)     |
       |-- SessionCloseRequest(term, session id)  on close --------------------------------->|
 
-Connecting (``_connect``, the states of the reference's ``AsyncConnect``): one ingress
-publication per member in ``ingress_endpoints``, and a connect request to each as soon as its
-publication connects (the last known leader is given a moment first); the replies are read on the
-egress subscription. A REDIRECT names the leader of the member's term: the leader of the newest
-term heard of is asked at once, and the member that redirected is asked again after a pause that
-grows with each redirect, so that a client arriving during an election keeps asking every member
-until one leads. A request unanswered for ``message_timeout`` (at most a second) is sent again.
-The whole connect has one deadline, ``connect_timeout`` (``open_cluster_client(connect_timeout=)``
-overrides the config's); a reconnect has ``reconnect_timeout``.
+Connecting (the reference's ``AsyncConnect``: ask every member, follow REDIRECTs, one deadline)
+is described where it lives, in ``cluster_node.client.connect``.
 
 After connecting, a background task (the client's duty cycle) polls egress, hands session
 messages to the handler, sends keep-alives and watches the leader:
@@ -105,6 +98,13 @@ from pathlib import Path
 
 import trio
 
+from cluster_node.client.connect import POLL_S, AsyncConnect, udp_channel
+from cluster_node.client.credentials import FixedCredentials, NullCredentialsSupplier, SharedSecretCredentials
+from cluster_node.client.errors import (
+    ClientClosedError,
+    ClusterClientError,
+    ServiceRequestError,
+)
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
     NULL_VALUE,
@@ -115,14 +115,12 @@ from cluster_node.codecs import (
     AdminRequestType,
     AdminResponse,
     Challenge,
-    ChallengeResponse,
     CloseReason,
     CodecError,
     EventCode,
     NewLeaderEvent,
     ServiceErrorEvent,
     SessionCloseRequest,
-    SessionConnectRequest,
     SessionEvent,
     SessionKeepAlive,
     SessionMessageHeader,
@@ -139,12 +137,6 @@ from media.publication import ExclusivePublication, OfferResult
 
 __all__ = [
     "ClusterClient",
-    "ClusterClientError",
-    "ConnectTimeoutError",
-    "ClusterRejectedError",
-    "AuthenticationError",
-    "ClientClosedError",
-    "ServiceRequestError",
     "open_cluster_client",
     "MessageHandler",
 ]
@@ -155,105 +147,7 @@ MessageHandler = Callable[[memoryview, SessionMessageHeader], None]
 """``handler(payload, header)``: payload is a view valid only during the call (copy to keep)."""
 
 _EGRESS_FRAGMENT_LIMIT = 256
-_ASK_AGAIN_S = 0.05
-"""A member that redirected is asked again after this pause, doubled each time it redirects."""
-_ASK_AGAIN_MAX_S = 1.0
-_RESEND_MAX_S = 1.0
-"""A connect request unanswered this long is sent again (at most; less with a shorter
-``message_timeout``)."""
-_POLL_S = 0.01
-"""How often a connect looks whether a member's publication has connected."""
 _LIVENESS_CHECK_S = 0.1
-_PREFERRED_CONNECT_S = 0.25
-"""A connect waits this long for the member it asks first before it takes any other that
-connects (a publication to a running member connects within a round trip or two)."""
-
-
-class ClusterClientError(Exception):
-    """Base of the client's errors. Messages are one line."""
-
-
-class ConnectTimeoutError(ClusterClientError):
-    """No member led (or none answered) within the connect timeout. ``members`` says what each
-    member last said ("unreachable", "no answer", "no leader", "leader 2, term 7", ...)."""
-
-    def __init__(self, message: str, members: str = "") -> None:
-        super().__init__(message)
-        self.members = members
-
-
-class ClusterRejectedError(ClusterClientError):
-    """The cluster answered a connect with SessionEvent ERROR (detail in the message)."""
-
-
-class AuthenticationError(ClusterClientError):
-    """The cluster answered AUTHENTICATION_REJECTED (``reason`` is its detail), or asked for a
-    challenge this client cannot answer."""
-
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class NullCredentialsSupplier:
-    """No credentials: what a cluster with the null authenticator expects."""
-
-    def encoded_credentials(self) -> bytes:
-        return b""
-
-    def on_challenge(self, encoded_challenge: bytes) -> bytes:
-        raise AuthenticationError("the cluster asked for an authentication challenge and this client has no"
-                                  " credentials (give it a credentials file)")
-
-
-class SharedSecretCredentials:
-    """The client's side of the shared-secret authenticator: its id as the credentials, and
-    HMAC-SHA256(key, challenge || id) as the answer (``consensus.auth.challenge_answer``)."""
-
-    def __init__(self, client_id: bytes, key: bytes) -> None:
-        self.client_id = bytes(client_id)
-        self._key = bytes(key)
-
-    @classmethod
-    def from_file(cls, path) -> SharedSecretCredentials:
-        """From a credentials file of one ``client-id hexkey`` line (``cluster_node.auth``);
-        raises ``secret_file.SecretFileError`` (one line) when it cannot be used."""
-        from cluster_node.auth import read_client_credentials
-
-        return cls(*read_client_credentials(path))
-
-    def encoded_credentials(self) -> bytes:
-        return self.client_id
-
-    def on_challenge(self, encoded_challenge: bytes) -> bytes:
-        from cluster_node.consensus.auth import challenge_answer
-
-        return challenge_answer(self._key, bytes(encoded_challenge), self.client_id)
-
-    def __repr__(self) -> str:
-        return f"SharedSecretCredentials({self.client_id!r})"  # never the key
-
-
-class ClientClosedError(ClusterClientError):
-    """The client is closed (by the application, by the cluster, or after failing to reconnect)."""
-
-
-class ServiceRequestError(ClusterClientError):
-    """The service raised while applying one of this session's messages (a ServiceErrorEvent):
-    no reply will come for it. The message was committed and applied (up to the error) on every
-    member alike; sending it again raises again, unless the service changed."""
-
-    def __init__(self, event: ServiceErrorEvent) -> None:
-        super().__init__(f"the service failed on the message at log position {event.log_position}: {event.error}")
-        self.log_position = event.log_position
-        self.leadership_term_id = event.leadership_term_id
-        self.error = event.error
-        self.payload_prefix = event.payload_prefix
-
-    def is_for(self, payload: bytes | bytearray | memoryview) -> bool:
-        """Whether ``payload`` may be the message that failed (it starts with the bytes the
-        event carries back)."""
-        return bytes(payload[: len(self.payload_prefix)]) == self.payload_prefix
 
 
 def _free_udp_port(host: str) -> int:
@@ -263,11 +157,7 @@ def _free_udp_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _udp_channel(endpoint: str) -> str:
-    return f"aeron:udp?endpoint={endpoint}"
-
-
-class ClusterClient:
+class ClusterClient(AsyncConnect):
     """One client session. Create with :func:`open_cluster_client`.
 
     Attributes a caller may read: ``cluster_session_id``, ``leadership_term_id``,
@@ -302,7 +192,7 @@ class ClusterClient:
         """``on_service_error(error)`` for a ServiceErrorEvent, when ``on_message`` is used."""
         self._protocol_version = protocol_version
         if credentials is None and encoded_credentials:
-            credentials = _FixedCredentials(bytes(encoded_credentials))
+            credentials = FixedCredentials(bytes(encoded_credentials))
         if credentials is None and c.credentials_file:
             credentials = SharedSecretCredentials.from_file(c.credentials_file)
         self.credentials = credentials if credentials is not None else NullCredentialsSupplier()
@@ -315,7 +205,7 @@ class ClusterClient:
         host, port = parse_endpoint(c.egress_endpoint)
         if port == 0:
             port = _free_udp_port(host)
-        self.egress_channel = _udp_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        self.egress_channel = udp_channel(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         self._message_timeout_ns = c.message_timeout_ns
         self._connect_timeout_ns = c.connect_timeout_ns
         self._keep_alive_interval_ns = c.keep_alive_interval_ns
@@ -600,253 +490,6 @@ class ClusterClient:
             return item
         return None
 
-    # ---------------------------------------------------------------- connecting
-
-    def _add_ingress(self, endpoint: str) -> ExclusivePublication:
-        return self.driver.add_publication(_udp_channel(endpoint), self._ingress_stream_id)
-
-    def _replace_ingress(self, pub: ExclusivePublication | None) -> None:
-        old, self._ingress = self._ingress, pub
-        if old is not None and old is not pub:
-            old.close()
-
-    async def _connect(self, deadline_ns: int) -> None:
-        """Open a session with the leader before ``deadline_ns`` (the states of the reference's
-        ``AsyncConnect``, asking every member at once as it does).
-
-        Every member in ``ingress_endpoints`` gets a publication and, once it is connected, a
-        connect request. A member's REDIRECT names the leader of its term: the leader of the
-        newest term heard of is asked at once, the member that redirected again after a pause
-        (longer each time, up to ``_ASK_AGAIN_MAX_S``), so that a client that arrives during an
-        election asks around until one is elected. A member that does not answer within
-        ``message_timeout`` (capped at ``_RESEND_MAX_S``) is asked again: the leader answers
-        nothing to a request it refuses and rate limits its REDIRECTs, and a datagram may be
-        lost. The leader may so get two requests of ours and open two sessions: the first OK is
-        kept and any other is closed (``_send_close``). An OK from a member whose term
-        is older than the newest leader heard of is a deposed leader's: closed, and the
-        newest leader asked instead."""
-        self._connecting = True
-        self._connect_ids = {}
-        self._connect_replies = []
-        started_ns = time.monotonic_ns()
-        resend_ns = min(self._message_timeout_ns, int(_RESEND_MAX_S * 1e9))
-        pubs: dict[int, ExclusivePublication] = {}
-        pub_endpoints: dict[int, str] = {}
-        next_ask_ns: dict[int, int] = {}
-        """When each member is to be asked (again); absent: as soon as its publication connects."""
-        pause_s: dict[int, float] = {}
-        heard: dict[int, str] = {}
-        """What each member last said, for the timeout's message."""
-        unanswered: set[int] = set()
-        """Members with a request of ours they have not answered yet."""
-        newest_term, newest_leader = NULL_VALUE, NULL_VALUE
-        if self.leader_member_id in self.ingress_endpoints:
-            # The last known leader first: the others only if it does not answer soon.
-            for mid in self.ingress_endpoints:
-                if mid != self.leader_member_id:
-                    next_ask_ns[mid] = started_ns + int(_PREFERRED_CONNECT_S * 1e9)
-        try:
-            while True:
-                self.poll_egress()
-                replies, self._connect_replies = self._connect_replies, []
-                now = time.monotonic_ns()
-                for member_id, reply in replies:
-                    unanswered.discard(member_id)
-                    if isinstance(reply, Challenge):
-                        pub = pubs.get(member_id)
-                        if pub is not None:
-                            self._answer_challenge(pub, reply)
-                            unanswered.add(member_id)
-                            # The verdict comes next: no new connect request (a new challenge) meanwhile.
-                            next_ask_ns[member_id] = now + max(resend_ns, int(_ASK_AGAIN_MAX_S * 1e9))
-                        continue
-                    code = reply.code
-                    if code == EventCode.OK:
-                        leader = reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id
-                        if (newest_leader not in (NULL_VALUE, leader) and reply.leadership_term_id < newest_term
-                                and member_id in pubs):
-                            self._send_close(pubs[member_id], reply.leadership_term_id, reply.cluster_session_id)
-                            heard[member_id] = f"deposed leader of term {reply.leadership_term_id}"
-                            continue
-                        pub = pubs.pop(member_id, None)
-                        if pub is None:
-                            continue  # a member no longer in the cluster's list: not one to keep
-                        self._set_session(reply.cluster_session_id, reply.leadership_term_id, leader)
-                        self._replace_ingress(pub)
-                        self._last_leader_sign_ns = time.monotonic_ns()
-                        self._answered()
-                        self._next_keep_alive_ns = time.monotonic_ns() + self._keep_alive_interval_ns
-                        log.info("connected", session=self.cluster_session_id, term=self.leadership_term_id,
-                                 leader=self.leader_member_id)
-                        return
-                    if code == EventCode.REDIRECT:
-                        self._redirect_endpoints(reply)
-                        term, leader = reply.leadership_term_id, reply.leader_member_id
-                        heard[member_id] = "no leader" if leader == NULL_VALUE else f"leader {leader}, term {term}"
-                        if leader != NULL_VALUE and term >= newest_term:
-                            if (term, leader) != (newest_term, newest_leader) or leader == member_id:
-                                if leader not in unanswered or leader == member_id:
-                                    # The new leader (or one finishing its election): now, unless
-                                    # a request of ours is on its way to it (two would open two
-                                    # sessions).
-                                    next_ask_ns[leader] = now
-                            newest_term, newest_leader = term, leader
-                            for mid in self.ingress_endpoints:
-                                # Members first heard of here: after the leader has had its moment.
-                                next_ask_ns.setdefault(mid, now + int(_PREFERRED_CONNECT_S * 1e9))
-                        if leader == NULL_VALUE:
-                            pause = pause_s.get(member_id, _ASK_AGAIN_S)
-                            next_ask_ns[member_id] = now + int(pause * 1e9)
-                            pause_s[member_id] = min(pause * 2, _ASK_AGAIN_MAX_S)
-                        elif leader == member_id:
-                            next_ask_ns[member_id] = now + int(_ASK_AGAIN_S * 1e9)
-                        else:
-                            # The named leader is asked meanwhile; this member only if it is not
-                            # the leader after all (a leader gone: the member learns of it).
-                            next_ask_ns[member_id] = now + int(_ASK_AGAIN_MAX_S * 1e9)
-                        continue
-                    if code == EventCode.AUTHENTICATION_REJECTED:
-                        raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}",
-                                                  reply.detail)
-                    raise ClusterRejectedError(
-                        f"the cluster refused the connection ({EventCode(code).name}): {reply.detail or 'no detail'}"
-                    )
-                # One publication per member (a REDIRECT may have named others).
-                for mid, ep in self.ingress_endpoints.items():
-                    if pub_endpoints.get(mid) != ep:
-                        if mid in pubs:
-                            pubs.pop(mid).close()
-                        pubs[mid] = self._add_ingress(ep)
-                        pub_endpoints[mid] = ep
-                for mid in [m for m in pubs if m not in self.ingress_endpoints]:
-                    pubs.pop(mid).close()
-                    pub_endpoints.pop(mid, None)
-                if now >= deadline_ns:
-                    members = self._what_members_said(pubs, heard)
-                    raise ConnectTimeoutError(f"no leader within {(now - started_ns) / 1e9:.1f}s ({members})", members)
-                wake_ns = deadline_ns
-                for mid, pub in pubs.items():
-                    if not pub.is_connected:
-                        continue
-                    due = next_ask_ns.get(mid, now)
-                    if due <= now:
-                        if self._send_connect_request(mid, pub):
-                            heard.setdefault(mid, "no answer")
-                            unanswered.add(mid)
-                            due = next_ask_ns[mid] = now + resend_ns
-                        else:
-                            due = now + int(_POLL_S * 1e9)
-                    wake_ns = min(wake_ns, due)
-                if any(not p.is_connected for p in pubs.values()):
-                    wake_ns = min(wake_ns, now + int(_POLL_S * 1e9))
-                wait_s = max(0.0, (wake_ns - time.monotonic_ns()) / 1e9)
-                if wait_s > 0:
-                    with trio.move_on_after(wait_s):
-                        await self._egress.wait(wait_s)
-                else:
-                    await trio.lowlevel.checkpoint()
-        finally:
-            for p in pubs.values():
-                if p is not self._ingress:
-                    p.close()
-            self._connecting = False
-            self._connect_replies = []
-
-    def _answer_challenge(self, pub: ExclusivePublication, challenge: Challenge) -> None:
-        """Answer a Challenge on the publication the connect request went on (the leader takes
-        the answer from that image only). A supplier that cannot answer raises AuthenticationError."""
-        try:
-            answer = self.credentials.on_challenge(bytes(challenge.encoded_challenge))
-        except AuthenticationError:
-            raise
-        except Exception as ex:  # noqa: BLE001 - the application's supplier
-            raise AuthenticationError(f"the credentials supplier failed to answer the challenge: {ex}") from None
-        msg = encode_ingress(ChallengeResponse(challenge.correlation_id, challenge.cluster_session_id, bytes(answer)))
-        for _ in range(3):
-            if pub.offer(msg) > 0:
-                return
-        log.warning("challenge response not sent (back-pressure)", session=challenge.cluster_session_id)
-
-    def _send_connect_request(self, member_id: int, pub: ExclusivePublication) -> bool:
-        correlation_id = next(self._correlation_ids)
-        request = encode_ingress(
-            SessionConnectRequest(
-                correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel,
-                bytes(self.credentials.encoded_credentials()),
-            )
-        )
-        if pub.offer(request) < 0:
-            return False
-        self._connect_ids[correlation_id] = member_id
-        self.connect_requests_sent += 1
-        return True
-
-    def _send_close(self, pub: ExclusivePublication, term_id: int, session_id: int) -> None:
-        msg = encode_ingress(SessionCloseRequest(term_id, session_id))
-        for _ in range(3):
-            if pub.offer(msg) > 0:
-                break
-        self.spare_sessions_closed += 1
-        log.info("closed a spare session", session=session_id, term=term_id)
-
-    def _what_members_said(self, pubs: dict[int, ExclusivePublication], heard: dict[int, str]) -> str:
-        said = []
-        for mid, ep in sorted(self.ingress_endpoints.items()):
-            pub = pubs.get(mid)
-            what = heard.get(mid) or ("no answer" if pub is not None and pub.is_connected else "unreachable")
-            said.append(f"{mid}={ep} {what}")
-        return "; ".join(said)
-
-    def _redirect_endpoints(self, reply: SessionEvent) -> None:
-        """Take the members' ingress endpoints a REDIRECT carries (the cluster's own list)."""
-        detail = reply.detail.strip()
-        if "=" not in detail:
-            return
-        try:
-            endpoints = parse_ingress_endpoints(detail, "REDIRECT detail")
-        except ConfigError:
-            self.egress_errors += 1
-            return
-        if endpoints:
-            self.ingress_endpoints = endpoints
-
-    async def _reconnect(self) -> None:
-        """A new session after the leader went silent or the cluster timed ours out; closes the
-        client if it cannot."""
-        old = self.cluster_session_id
-        log.warning("reconnecting", session=old, leader=self.leader_member_id,
-                    silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000)
-        self._replace_ingress(None)
-        self.cluster_session_id = NULL_VALUE
-        self._answered()
-        self.reconnects += 1
-        give_up_ns = time.monotonic_ns() + self._reconnect_timeout_ns
-        last_error = "no attempt made"
-        while not self._closed:
-            now = time.monotonic_ns()
-            if now >= give_up_ns:
-                self._close_locally(f"could not reconnect within {self._reconnect_timeout_ns / 1e9:g}s: {last_error}")
-                return
-            try:
-                await self._connect(give_up_ns)
-            except ConnectTimeoutError as ex:
-                last_error = str(ex)
-                continue
-            except ClusterRejectedError as ex:
-                # This client was accepted before, so the refusal is the session limit: the new
-                # leader may still hold sessions of clients that have moved on (ours among them),
-                # until its session timeout. Ask again, as for a leader not yet elected.
-                last_error = str(ex)
-                await trio.sleep(min(_ASK_AGAIN_MAX_S, max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)))
-                continue
-            except ClusterClientError as ex:
-                self._close_locally(str(ex))
-                return
-            log.info("reconnected", old_session=old, session=self.cluster_session_id, leader=self.leader_member_id)
-            if self.on_reconnect is not None:
-                self.on_reconnect(self.cluster_session_id)
-            return
-
     # ---------------------------------------------------------------- admin requests
 
     async def request_snapshot(self, timeout: float = 10.0) -> AdminResponse:
@@ -869,7 +512,7 @@ class ClusterClient:
                     pub = self._ingress
                     if pub is not None and not self._connecting and pub.offer(msg) > 0:
                         break
-                    await trio.sleep(_POLL_S)
+                    await trio.sleep(POLL_S)
                 while self._admin_responses[correlation_id] is None:
                     if self._closed:
                         raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
@@ -969,20 +612,6 @@ class ClusterClient:
                 if pub.offer(msg) > 0:
                     break
         self._close_locally(None)
-
-
-class _FixedCredentials:
-    """``encoded_credentials=`` bytes given without a supplier: sent as they are; a challenge
-    cannot be answered."""
-
-    def __init__(self, credentials: bytes) -> None:
-        self._credentials = credentials
-
-    def encoded_credentials(self) -> bytes:
-        return self._credentials
-
-    def on_challenge(self, encoded_challenge: bytes) -> bytes:
-        return NullCredentialsSupplier().on_challenge(encoded_challenge)
 
 
 def _unwrap(exc: BaseException) -> BaseException:

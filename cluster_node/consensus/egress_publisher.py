@@ -15,7 +15,7 @@ import structlog
 import trio
 
 from cluster_node.codecs import EGRESS_CODEC, NULL_VALUE
-from cluster_node.consensus.sessions import (
+from cluster_node.consensus.session_effects import (
     AppendSessionEvent,
     AuthenticatorFailed,
     CloseEgress,

@@ -19,7 +19,7 @@ from cluster_node import codecs
 from cluster_node.codecs import INGRESS_CODEC, SESSION_HEADER_LENGTH, SESSION_MESSAGE_TEMPLATE_ID, CodecError
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.module import Role
-from cluster_node.consensus.sessions import response_channel_refusal
+from cluster_node.consensus.response_channel import response_channel_refusal
 from cluster_node.identifiers import ModuleState
 
 log = structlog.get_logger("consensus")

@@ -66,7 +66,6 @@ Rules (reference ``ConsensusModuleAgent.onSessionConnect``, ``checkSessions``):
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +90,17 @@ from cluster_node.codecs import (
     semantic_version_major,
 )
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
-from media.channel import ChannelError, parse, reply_channel_refusal
+from cluster_node.consensus.cluster_session import NOT_IN_LOG, ClusterSession, GoneSession, SessionState
+from cluster_node.consensus.response_channel import _response_host, response_channel_refusal
+from cluster_node.consensus.session_effects import (
+    AppendSessionEvent,
+    AuthenticatorFailed,
+    CloseEgress,
+    ForeignMessage,
+    SendEgress,
+    TakeSnapshot,
+)
+from cluster_node.consensus.session_proxy import _Proxy
 
 __all__ = [
     "SessionState",
@@ -107,72 +116,6 @@ __all__ = [
     "AuthenticatorFailed",
     "response_channel_refusal",
 ]
-
-
-class SessionState(enum.IntEnum):
-    INIT = 0
-    CONNECTING = 1
-    CONNECTED = 2
-    CHALLENGED = 3
-    AUTHENTICATED = 4
-    REJECTED = 5
-    OPEN = 6
-    CLOSING = 7
-    INVALID = 8
-    CLOSED = 9
-
-
-@dataclass(frozen=True, slots=True)
-class AppendSessionEvent:
-    """Leader: append ``message`` (SessionOpenEvent or SessionCloseEvent) to the log, then tell
-    :meth:`ClusterSessions.on_event_appended` the log position after it."""
-
-    message: Any
-    session: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class SendEgress:
-    """Send ``message`` to the client's egress (``response_channel``/``response_stream_id``).
-
-    ``cluster_session_id`` names the egress publication to use (NULL_VALUE for a rejected
-    request, which has no session: the executor uses a short-lived publication)."""
-
-    cluster_session_id: int
-    response_channel: str
-    response_stream_id: int
-    message: Any
-
-
-@dataclass(frozen=True, slots=True)
-class CloseEgress:
-    cluster_session_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class TakeSnapshot:
-    """Leader: an authorised admin request asks for a cluster-wide snapshot (as the operator's
-    ``cluster-node tool snapshot`` does)."""
-
-    cluster_session_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class ForeignMessage:
-    """A message for a session came from an ingress image other than the one bound to the
-    session (``kind``: "session message", "keep-alive", "close request", "challenge response",
-    "admin request"): dropped and counted; the executor says so once per kind."""
-
-    kind: str
-    cluster_session_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class AuthenticatorFailed:
-    """The authenticator or the authorisation service raised: the session is rejected (or the
-    request refused); the executor says so once per kind of error."""
-
-    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,103 +135,9 @@ SUSPENDED_DETAIL = "suspended"
 """The detail of the SessionEvent OK a suspended leader sends its sessions now and then
 (:meth:`ClusterSessions.remind_suspended`): alive, your requests wait until resume."""
 
-def response_channel_refusal(channel: str, stream_id: int, source_host: str | None,
-                             egress_stream_id: int) -> str | None:
-    """Why a connect request's response channel is refused, or None when it may be used:
-    ``media.channel.reply_channel_refusal`` (a plain UDP endpoint of the request's own source),
-    and the cluster's egress stream. The kind of refusal is the text before the first colon."""
-    refusal = reply_channel_refusal(channel, source_host)
-    if refusal is None and stream_id != egress_stream_id:
-        return f"stream: the response stream must be the cluster's egress stream {egress_stream_id}, not {stream_id}"
-    return refusal
-
-
-def _response_host(channel: str) -> str | None:
-    """The host a response channel sends to (None for IPC; "" when there is none): a client's
-    ingress comes from the host it receives egress on (the client's driver sends from its
-    egress host, and the leader answers a connect only on a channel naming the request's
-    source)."""
-    try:
-        uri = parse(channel)
-    except ChannelError:
-        return ""
-    if uri.is_ipc:
-        return None
-    return uri.endpoint[0] if uri.endpoint is not None else ""
-
-
-class _Proxy:
-    """The reference's ``SessionProxy``: what an authenticator may do with one session, for the
-    length of one call."""
-
-    __slots__ = ("_sessions", "session", "_term_id", "_leader_member_id", "_now_ns")
-
-    def __init__(self, sessions: ClusterSessions, session: ClusterSession, term_id: int, leader_member_id: int,
-                 now_ns: int) -> None:
-        self._sessions = sessions
-        self.session: ClusterSession | None = session
-        self._term_id = term_id
-        self._leader_member_id = leader_member_id
-        self._now_ns = now_ns
-
-    @property
-    def session_id(self) -> int:
-        return self.session.id if self.session is not None else NULL_VALUE
-
-    def challenge(self, encoded_challenge: bytes) -> bool:
-        return self.session is not None and self._sessions._challenge(self.session, encoded_challenge)
-
-    def authenticate(self, encoded_principal: bytes | None) -> bool:
-        return self.session is not None and self._sessions._open(
-            self.session, encoded_principal or b"", self._term_id, self._leader_member_id, self._now_ns)
-
-    def reject(self, reason: str = "") -> None:
-        if self.session is not None and self.session.state in (SessionState.CONNECTED, SessionState.CHALLENGED):
-            self._sessions._reject(self.session, reason or "authentication rejected", self._term_id,
-                                   self._leader_member_id)
-
 
 _GONE_LIMIT = 256
 """Most sessions a member remembers having rolled back (the oldest are forgotten first)."""
-
-
-@dataclass(slots=True)
-class ClusterSession:
-    id: int
-    correlation_id: int
-    response_stream_id: int
-    response_channel: str
-    state: SessionState
-    time_of_last_activity_ns: int
-    opened_log_position: int = NULL_POSITION
-    """The log position just after the session's SessionOpenEvent (the reference's
-    ``openedLogPosition``): the open is committed once the commit position reaches it.
-    :data:`NOT_IN_LOG` while a leader's open waits to be appended."""
-    closed_log_position: int = NULL_POSITION
-    """Likewise for its SessionCloseEvent, once a close is decided."""
-    close_reason: CloseReason = CloseReason.CLIENT_ACTION
-    encoded_principal: bytes = b""
-    opened_term_id: int = NULL_VALUE
-    """The leadership term the session was opened in (the term its client sends with), when known."""
-    time_of_last_answer_ns: int = 0
-    """When a member that does not lead last answered this session's ingress."""
-    bound_image: int | None = None
-    """The session id of the ingress image this session takes messages from on this leader
-    (see "Binding" in the module docstring); None: not bound yet."""
-
-
-@dataclass(slots=True)
-class GoneSession:
-    """A session this member opened as leader and rolled back: kept for a while so that ingress
-    still arriving from its client can be answered (the session's egress channel is known here
-    and nowhere else)."""
-
-    session: ClusterSession
-    dropped_at_ns: int
-
-
-NOT_IN_LOG = 2**63 - 1
-"""A session event decided by the leader and not yet appended: beyond every commit position."""
 
 
 @dataclass(slots=True)

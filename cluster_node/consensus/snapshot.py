@@ -153,8 +153,8 @@ def _open_at(sessions, log_position: int) -> list:
 
 def restore_cm_snapshot(snap: ConsensusModuleSnapshot, sessions, timers, pending) -> None:
     """Load ``snap`` into empty state objects (a member starting from its snapshot)."""
+    from cluster_node.consensus.cluster_session import ClusterSession, SessionState
     from cluster_node.consensus.pending import _Pending
-    from cluster_node.consensus.sessions import ClusterSession, SessionState
 
     sessions.next_session_id = max(sessions.next_session_id, snap.next_session_id)
     for s in snap.sessions:

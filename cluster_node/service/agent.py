@@ -95,8 +95,7 @@ from cluster_node.codecs import (
 )
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
 from cluster_node.service.errors import ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop, payload_prefix
-from media.publication import OfferResult
-from media.subscription import StopPolling
+from media.outcomes import OfferResult, StopPolling
 
 __all__ = ["ServiceAgent", "ServiceAgentError", "ServiceStopping"]
 

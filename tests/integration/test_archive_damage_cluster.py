@@ -16,8 +16,9 @@ import sys
 import pytest
 
 from archive.catalog import Catalog
+from archive.frame_walk import iter_frames
 from archive.segments import segment_file_name
-from archive.storage import CATALOG_FILE_NAME, iter_frames, list_segments
+from archive.storage import CATALOG_FILE_NAME, list_segments
 from cluster_node.exit_codes import ExitCode
 from cluster_node.service.examples.kv import Status
 from tests.support.cluster import ROOT, TestCluster, open_kv_client

@@ -20,7 +20,7 @@ import trio
 from archive.catalog import Catalog
 from archive.client import ArchiveClient, ArchiveError, signal_is
 from archive.codecs import NULL_VALUE, REPLAY_FOLLOW_LENGTH, ArchiveErrorCode, RecordingSignal
-from archive.storage import iter_frames, verify_recording
+from archive.frame_walk import iter_frames, verify_recording
 from media.driver import open_media_driver
 from tests.support.archive_peer import start_peer
 from tests.support.media_peer import make_message, size_fn

@@ -13,7 +13,7 @@ import time
 import pytest
 import trio
 
-from cluster_node.service.examples.kv import Put, Status
+from harness.kv_client import BulkLoad
 from tests.integration.test_cluster_e2e import AppendWriter, assert_same_state
 from tests.support.cluster import TestCluster, open_kv_client
 
@@ -29,26 +29,15 @@ async def test_a_follower_restarted_under_load_catches_up(tmp_path) -> None:
         async with open_kv_client(cluster.client_config) as kv, \
                 open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
             writer = AppendWriter(kv, cluster, window=8, give_up_s=5.0)
-            written = 0
-
-            async def bulk_writer() -> None:
-                nonlocal written
-                i = 0
-                while not writer.stop.is_set():
-                    batch = [Put(bulk.next_id(), f"bulk{(i + j) % 32}", bytes([(i + j) % 251]) * VALUE)
-                             for j in range(32)]
-                    i += 32
-                    replies = await bulk.pipeline(batch, timeout=60)
-                    assert all(r.status == Status.OK for r in replies.values())
-                    written += 32 * VALUE
+            load = BulkLoad(bulk, writer.stop.is_set, value_length=VALUE, keys=32)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
-                nursery.start_soon(bulk_writer)
-                await cluster.await_for(lambda: written >= 1_000_000, 60, "1 MB written")
+                nursery.start_soon(load.run)
+                await cluster.await_for(lambda: load.written >= 1_000_000, 60, "1 MB written")
                 cluster.nodes[target].kill()
-                down_at = written
-                await cluster.await_for(lambda: written >= down_at + 2_000_000, 60, "2 MB more while it is down")
+                down_at = load.written
+                await cluster.await_for(lambda: load.written >= down_at + 2_000_000, 60, "2 MB more while it is down")
                 await trio.to_thread.run_sync(cluster.restart, target)
                 await cluster.await_for(lambda: cluster.caught_up([target]), 60, f"member {target} caught up")
                 since = time.monotonic()

@@ -12,7 +12,8 @@ import pytest
 import trio
 
 from cluster_node.exit_codes import ExitCode
-from cluster_node.service.examples.kv import Get, Put, Status
+from cluster_node.service.examples.kv import Get, Status
+from harness.kv_client import BulkLoad
 from tests.integration.test_cluster_e2e import AppendWriter
 from tests.support.cluster import DIGEST_PREFIX, TestCluster, open_kv_client, read_digests
 
@@ -65,35 +66,23 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
         async with open_kv_client(cluster.client_config) as kv, \
                 open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
             writer = AppendWriter(kv, cluster, window=8)
-            i = 0
-
-            bulk_paused = False
-
-            async def bulk_load() -> None:
-                nonlocal i
-                while not writer.stop.is_set():
-                    if bulk_paused:
-                        await trio.sleep(0.05)
-                        continue
-                    batch = [Put(bulk.next_id(), f"bulk{(i + j) % 16}", bytes([(i + j) % 251]) * 1500) for j in range(16)]
-                    i += 16
-                    replies = await bulk.pipeline(batch, timeout=60)
-                    assert all(r.status == Status.OK for r in replies.values())
+            # The writer's stop event is replaced for the second round: the load looks it up anew.
+            load = BulkLoad(bulk, lambda: writer.stop.is_set(), value_length=1500, keys=16, batch=16)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
-                nursery.start_soon(bulk_load)
+                nursery.start_soon(load.run)
                 await cluster.await_for(lambda: len(writer.acked) >= 100, 60, "100 appends acknowledged")
                 # Below the warning threshold first, then full. The bulk load waits meanwhile:
                 # on a slow machine it could fill the disk before the next check of the free
                 # space (each second while the log grows: the small appends keep it growing).
-                bulk_paused = True
+                load.paused = True
                 with open(small_disk / "filler", "wb") as f:
                     f.write(bytes(3 * 1024 * 1024))
                 await cluster.await_for(
                     lambda: any(e.get("event", "").startswith("archive storage space is low")
                                 for e in node.log_events()), 60, "the low-space warning")
-                bulk_paused = False
+                load.paused = False
                 fill(small_disk)
                 await cluster.await_for(lambda: not node.running, 60, f"member {FULL_MEMBER} exits on the full disk")
                 first_process = node.proc
@@ -110,7 +99,7 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
             writer.stop = trio.Event()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
-                nursery.start_soon(bulk_load)
+                nursery.start_soon(load.run)
                 acked = len(writer.acked)
                 await cluster.await_for(lambda: len(writer.acked) >= acked + 200, 60, "commits with the member back")
                 writer.stop.set()

@@ -14,7 +14,8 @@ import trio
 from archive.catalog import Catalog
 from archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.recording_log import RecordingLog
-from cluster_node.service.examples.kv import Get, Put, Status
+from cluster_node.service.examples.kv import Get, Status
+from harness.kv_client import BulkLoad
 from tests.integration.test_cluster_e2e import AppendWriter
 from tests.integration.test_cluster_snapshots import kill_all_and_restart
 from tests.support.cluster import DIGEST_PREFIX, TestCluster, open_kv_client, read_digests
@@ -66,18 +67,7 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
         async with open_kv_client(cluster.client_config) as kv, \
                 open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
             writer = AppendWriter(kv, cluster, window=8)
-            written = 0
-
-            async def bulk_writer() -> None:
-                nonlocal written
-                i = 0
-                while not writer.stop.is_set():
-                    batch = [Put(bulk.next_id(), f"bulk{(i + j) % BULK_KEYS}", bytes([(i + j) % 251]) * BULK_VALUE)
-                             for j in range(32)]
-                    i += 32
-                    replies = await bulk.pipeline(batch, timeout=60)
-                    assert all(r.status == Status.OK for r in replies.values())
-                    written += 32 * BULK_VALUE
+            load = BulkLoad(bulk, writer.stop.is_set, value_length=BULK_VALUE, keys=BULK_KEYS)
 
             async def sampler() -> None:
                 while not writer.stop.is_set():
@@ -86,10 +76,10 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
-                nursery.start_soon(bulk_writer)
+                nursery.start_soon(load.run)
                 nursery.start_soon(sampler)
                 # Well past the bound: six times the intervals the archive may hold.
-                await cluster.await_for(lambda: written >= 18 * INTERVAL, 300, "18 snapshot intervals written")
+                await cluster.await_for(lambda: load.written >= 18 * INTERVAL, 300, "18 snapshot intervals written")
                 writer.stop.set()
             await writer.verify()
             sample()

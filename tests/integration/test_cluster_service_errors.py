@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from cluster_node.client.cluster_client import ServiceRequestError
+from cluster_node.client.errors import ServiceRequestError
 from cluster_node.exit_codes import ExitCode
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, service_errors_label
 from cluster_node.service.skips import SKIP_FILE_NAME

@@ -10,17 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive.catalog import (
+from archive.catalog import ByteRange, Catalog, CatalogFullError, UnknownRecordingError
+from archive.catalog_layout import (
     CATALOG_VERSION,
     DEFAULT_CAPACITY,
     MAX_STRING_LENGTH,
-    ByteRange,
-    Catalog,
     CatalogError,
-    CatalogFullError,
     RecordingDescriptor,
     RecordingState,
-    UnknownRecordingError,
     decode_descriptor_body,
     encode_descriptor_body,
     record_checksum,

@@ -12,18 +12,13 @@ import zlib
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import CATALOG_VERSION, Catalog, RecordingState
+from archive.catalog import Catalog
+from archive.catalog_layout import CATALOG_VERSION, RecordingState
 from archive.checksums import check_frames, frame_checksum
+from archive.frame_walk import iter_frames, verify_recording
+from archive.recovery import recover
 from archive.segments import NULL_POSITION, segment_file_name
-from archive.storage import (
-    ArchiveDamagedError,
-    CatalogStore,
-    SegmentWriter,
-    iter_frames,
-    list_segments,
-    recover,
-    verify_recording,
-)
+from archive.storage import ArchiveDamagedError, CatalogStore, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 from tests.unit.test_archive_storage import SEGMENT, SESSION, STREAM, TERM, frames_for, messages_of
 

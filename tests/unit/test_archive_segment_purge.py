@@ -10,21 +10,17 @@ import pytest
 from click.testing import CliRunner
 
 from archive.catalog import Catalog
-from archive.segments import detach_problem, segment_file_name
-from archive.storage import (
-    CATALOG_FILE_NAME,
-    CatalogStore,
-    SegmentWriter,
+from archive.frame_walk import iter_frames, verify_recording
+from archive.recovery import recover
+from archive.segment_files import (
     attach_front,
     attachable_segments,
     delete_detached_segments,
     detach_front,
     detached_segments,
-    iter_frames,
-    list_segments,
-    recover,
-    verify_recording,
 )
+from archive.segments import detach_problem, segment_file_name
+from archive.storage import CATALOG_FILE_NAME, CatalogStore, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 from tests.unit.test_archive_storage import SEGMENT, TERM, frames_for, messages_of, new_recording, record
 

@@ -11,19 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from archive.catalog import Catalog
+from archive.frame_walk import iter_frames, verify_recording
+from archive.recovery import recover, recovered_end
+from archive.segment_files import truncate_segments
 from archive.segments import NULL_POSITION, segment_file_name
-from archive.storage import (
-    ArchiveStorageError,
-    CatalogStore,
-    SegmentReader,
-    SegmentWriter,
-    iter_frames,
-    list_segments,
-    recover,
-    recovered_end,
-    truncate_segments,
-    verify_recording,
-)
+from archive.storage import ArchiveStorageError, CatalogStore, SegmentReader, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 
 TERM = 64 * 1024
