@@ -40,12 +40,14 @@ from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 from cluster_node import codecs
+from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings
 from cluster_node.consensus.recording_log import RecordingLog
+from tests.support.sim_disk import SimDisk
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -199,6 +201,9 @@ class SimConfig:
     """Time a replay into the service takes per entry, reported in steps of a quarter
     (``on_replay_progress``), so that an election can cut a replay short; 0: each replay is
     done 1 ms after it starts."""
+    disk_fault_rate: float = 0.0
+    """While faults last, the chance that one durable write or archive request fails
+    (``sim_disk``); the policy of ``consensus.effect_policy`` decides what follows."""
 
 
 @dataclass
@@ -248,6 +253,9 @@ class Simulation:
         self.trace: list[str] = []
         self.transitions: list[tuple[int, int, int, str, int, int]] = []
         """(member, from, to, reason, leadership term, time) of every election transition."""
+        self.disk = SimDisk(self, seed, cfg.disk_fault_rate)
+        self.errors = 0
+        """Effects that failed and were counted (the policy's COUNT), over all members."""
         for m in self.members:
             self.start_member(m.member_id)
         for c in range(cfg.clients):
@@ -404,6 +412,7 @@ class Simulation:
         return (src, dst) not in self.blocked
 
     def send(self, src: int, dst: int, msg: object) -> None:
+        self.disk.on_send(self.members[src], msg)
         if (src, dst) in self.blocked:
             return
         rng = self.rng
@@ -526,7 +535,18 @@ class Simulation:
                     self.crash(m.member_id)
                     self._schedule(self.rng.randint(50 * MS, 2 * S), _RESTART, (m.member_id,))
                     return
-                self._execute(m, e)
+                error = self.disk.fault(m, e)
+                if error is None:
+                    self._execute(m, e)
+                else:
+                    # The node's own rules (consensus.effect_policy) decide what follows.
+                    decision = effect_policy.after(type(e), error)
+                    if decision.next is effect_policy.Next.STOP:
+                        self._record(f"fail-stop {m.member_id} exit {decision.exit_code.name}")
+                        self.crash(m.member_id)
+                        self._schedule(self.rng.randint(50 * MS, 2 * S), _RESTART, (m.member_id,))
+                        return
+                    self.errors += 1
                 if not m.alive:
                     return
             self._report_position(m)
