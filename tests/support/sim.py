@@ -47,7 +47,10 @@ from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings
 from cluster_node.consensus.recording_log import RecordingLog
+from tests.support.sim_clock import SimClocks
 from tests.support.sim_disk import SimDisk
+from tests.support.sim_service import SimServices, entry_key
+from tests.support.sim_sessions import SessionClients
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -204,6 +207,13 @@ class SimConfig:
     disk_fault_rate: float = 0.0
     """While faults last, the chance that one durable write or archive request fails
     (``sim_disk``); the policy of ``consensus.effect_policy`` decides what follows."""
+    clock_skew_ns: int = 0
+    """How far a member's wall clock may be from the others'; while faults last, clocks are
+    stepped within it (``sim_clock``)."""
+    sessions: bool = False
+    """Clients open, use, close and time out sessions through the leader's log
+    (``sim_sessions``) instead of sending bare messages."""
+    session_timeout_ns: int = 1 * S
 
 
 @dataclass
@@ -254,6 +264,9 @@ class Simulation:
         self.transitions: list[tuple[int, int, int, str, int, int]] = []
         """(member, from, to, reason, leadership term, time) of every election transition."""
         self.disk = SimDisk(self, seed, cfg.disk_fault_rate)
+        self.clocks = SimClocks(self, seed, cfg.clock_skew_ns)
+        self.service = SimServices(self)
+        self.sessions = SessionClients(self, seed, cfg.session_timeout_ns) if cfg.sessions and cfg.clients else None
         self.errors = 0
         """Effects that failed and were counted (the policy's COUNT), over all members."""
         for m in self.members:
@@ -264,12 +277,23 @@ class Simulation:
             self.faults_active = True
             self._schedule(self._next_fault_delay(), _FAULT, ())
             self._schedule(cfg.fault_duration_ns, _HEAL, ())
+            self.clocks.start_stepping(self._next_fault_delay())
 
     # ------------------------------------------------------------------------------ events
 
     def _schedule(self, delay_ns: int, kind: int, args: tuple) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (self.now_ns + delay_ns, self._seq, kind, args))
+
+    def call_later(self, delay_ns: int, fn, args: tuple) -> None:
+        """An event of a model module (``sim_*.py``): ``fn(*args)`` in ``delay_ns``."""
+        self._schedule(delay_ns, _CALL, (fn, args))
+
+    def defer_call(self, m: SimMember, fn, args: tuple) -> bool:
+        return self._deferred(m, _CALL, (fn, args))
+
+    def _on_call(self, fn, args: tuple) -> None:
+        fn(*args)
 
     def _record(self, text: str) -> None:
         self._hash.update(text.encode())
@@ -342,6 +366,8 @@ class Simulation:
         m.reported_stop = m.archive.stop
         m.last_commit = m.core.commit_position
         m.applied = m.core.commit_position
+        self.clocks.on_start(m)
+        self.service.on_start(m)
         m.active_replay = None
         m.pending_acks = []
         self._record(f"start {member_id}")
@@ -655,15 +681,15 @@ class Simulation:
             return
         term = m.core.leadership_term_id
         start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
+        key = entry_key(message, term, m.member_id)
         if isinstance(message, codecs.SessionMessage):
-            payload = bytes(message.payload)
-            end = start + _aligned(codecs.SESSION_HEADER_LENGTH + len(payload))
-            m.unrecorded.append((start, end, term, payload))
-            client = message.header.cluster_session_id
-            m.pending_acks.append((end, term, payload, client))
+            end = start + _aligned(codecs.SESSION_HEADER_LENGTH + len(key))
+            m.unrecorded.append((start, end, term, key))
+            client = self.service.client_of(message.header.cluster_session_id)
+            m.pending_acks.append((end, term, key, client))
         else:
             encoded = codecs.encode_log(message)
-            m.unrecorded.append((start, start + _aligned(len(encoded)), term, ("nlt", term, m.member_id)))
+            m.unrecorded.append((start, start + _aligned(len(encoded)), term, key))
 
     def _record_publication(self, m: SimMember) -> None:
         """The leader's archive records its own publication a little after it was sent (on the
@@ -681,6 +707,7 @@ class Simulation:
             what = "applies entries a second time" if e.from_position < m.applied else "skips entries"
             self.violation(f"member {m.member_id} replays from {e.from_position}, applied up to {m.applied}: {what}")
         m.active_replay = e.replay_id
+        m.replay_range = (e.from_position, e.to_position)
         a = m.archive
         i, j = a.index_at(e.from_position), a.index_at(e.to_position)
         if i < 0 or j < 0 or j < i:
@@ -716,6 +743,8 @@ class Simulation:
             return
         if self._deferred(m, _REPLAY_DONE, (member_id, incarnation, replay_id)):
             return
+        if m.active_replay == replay_id:
+            self.service.on_replay_done(m, *m.replay_range)
         m.core.on_replay_done(replay_id, self.now_ns)
         m.core.do_work(self.now_ns)
         self._run_core(m)
@@ -764,6 +793,7 @@ class Simulation:
         core = m.core
         if core is None:
             return
+        self.service.sync(m)
         if core.safety_alerts:
             for alert in core.safety_alerts:
                 self.violation(alert)
@@ -791,12 +821,15 @@ class Simulation:
         if self.now_ns - self.client_last_reply_ns[client] > 300 * MS:
             self.client_leader[client] = self.rng.randrange(len(self.members))
             self.client_last_reply_ns[client] = self.now_ns
-        self.client_seq[client] += 1
-        payload = b"c%d:%d" % (client, self.client_seq[client])
         target = self.client_leader[client]
-        if not (self.drop_rate and self.rng.random() < self.drop_rate):
-            delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
-            self._schedule(delay, _INGRESS, (client, target, payload))
+        if self.sessions is not None:
+            self.sessions.on_client(client, target)
+        else:
+            self.client_seq[client] += 1
+            payload = b"c%d:%d" % (client, self.client_seq[client])
+            if not (self.drop_rate and self.rng.random() < self.drop_rate):
+                delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
+                self._schedule(delay, _INGRESS, (client, target, payload))
         self._schedule(
             cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,)
         )
@@ -981,6 +1014,7 @@ class Simulation:
     def final_checks(self) -> None:
         for m in self.members:
             self.check_log_terms(m.member_id)
+        self.service.final_checks()
         counts: dict[object, int] = {}
         for _, _, key in self.committed.values():
             if isinstance(key, bytes):
@@ -993,7 +1027,9 @@ class Simulation:
 
 _TICK, _DELIVER, _REPLAY_DONE, _CLIENT, _INGRESS, _REDIRECT, _ACK = range(7)
 _FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP, _REPLAY_PROGRESS = range(7, 14)
+_CALL = 14
 _DISPATCH = {
+    _CALL: Simulation._on_call,
     _REPLAY_PROGRESS: Simulation._on_replay_progress,
     _TICK: Simulation._on_tick,
     _DELIVER: Simulation._on_deliver,
@@ -1012,7 +1048,8 @@ _DISPATCH = {
 
 
 def random_config(seed: int) -> SimConfig:
-    """The fault mix of the seed sweep: 3 or 5 members, faults for 4 s, clients writing."""
+    """The fault mix of the seed sweep: 3 or 5 members, faults for 2-4 s, clients writing in
+    sessions, failing disks and skewed, stepped clocks."""
     r = random.Random(seed * 7919 + 17)
     return SimConfig(
         member_count=r.choice((3, 3, 5)),
@@ -1026,6 +1063,10 @@ def random_config(seed: int) -> SimConfig:
         chunk_entries=r.choice((2, 8, 1 << 30)),
         replay_entry_ns=r.choice((0, 0, MS // 5, 5 * MS)),
         settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
+        disk_fault_rate=r.choice((0.0, 0.01, 0.05)),
+        clock_skew_ns=r.choice((0, 50 * MS, 2 * S)),
+        sessions=True,
+        session_timeout_ns=r.choice((300 * MS, 1 * S)),
     )
 
 
