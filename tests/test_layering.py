@@ -31,6 +31,7 @@ EXPECTED_CORE = {
     "archive/catalog.py",
     "archive/checksums.py",
     "cluster_node/consensus/backup.py",
+    "cluster_node/consensus/effect_policy.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",

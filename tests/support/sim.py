@@ -11,6 +11,19 @@ replication and catchup replays copy a few entries per tick, and replays into th
 take time per entry (reporting their progress, so an election can cut one short). Clients submit messages to whoever
 they believe leads; the leader acknowledges them once committed.
 
+Effects run as the node runs them: when one fails, ``consensus.effect_policy`` (the rule the
+node's executor follows) says whether the member goes on, counts the error, or fail-stops (here:
+crashes, to be restarted). Models beside this module, each with its own random stream and checks:
+
+* ``sim_disk``: node-state, recording.log and archive requests (truncate, stop, extend) fail at
+  random while faults last;
+* ``sim_clock``: each member's wall clock is skewed and stepped back and forward; the members run
+  the node's ``ClusterClock`` over it, which stamps the entries a leader appends;
+* ``sim_service``: what each log entry is, and a deterministic service per member process that
+  applies the log as the process does (a hash chain over entries, sessions and timestamps);
+* ``sim_sessions``: clients open sessions, send in them, close them or fall silent until the
+  leader times them out, all through the leader's log.
+
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
 what happens in it, not how long it lasts in simulated time. All randomness comes from one
 ``random.Random(seed)``: the same seed gives the same trace (``trace_hash``).
@@ -25,7 +38,14 @@ Invariants, checked as the run goes (violations are collected, the first one is 
 * once faults stop, a leader is elected and every member converges (same term, same log, same
   commit position) within ``convergence_bound_ns``;
 * the cores refuse no unsafe action (``safety_alerts``) and ask for nothing impossible (extend a
-  recording at a position other than its stop, truncate an active recording, ...).
+  recording at a position other than its stop, truncate an active recording, ...);
+* no RequestVote or granting Vote names a candidate term above the member's node-state, and no
+  AppendPosition a term its recording.log lacks (``sim_disk``: a failed durable write withholds
+  what depends on it);
+* cluster time in the log never goes backwards, across clock steps and leaders; every service
+  that applied up to a position has the same state there; a session's messages are applied only
+  between its open and its close; a message is applied at most once, and every acknowledged one
+  by every service that reached it (``sim_service``).
 
 The log model: an entry is ``(start, end, term, key)``; its length is the aligned frame length of
 the encoded message (32-byte header, 32-byte alignment), so positions behave like real ones.
@@ -214,6 +234,7 @@ class SimConfig:
     """Clients open, use, close and time out sessions through the leader's log
     (``sim_sessions``) instead of sending bare messages."""
     session_timeout_ns: int = 1 * S
+    """With sessions: the leader closes a session silent for this long (its cluster time)."""
 
 
 @dataclass
@@ -230,6 +251,12 @@ class SimResult:
 
 class Simulation:
     """Run N consensus cores on a seeded fake network. See the module docstring."""
+
+    # The model classes (a test subclass swaps one for a broken one to see a check fail).
+    disk_model = SimDisk
+    clock_model = SimClocks
+    service_model = SimServices
+    session_model = SessionClients
 
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         self.seed = seed
@@ -263,10 +290,10 @@ class Simulation:
         self.trace: list[str] = []
         self.transitions: list[tuple[int, int, int, str, int, int]] = []
         """(member, from, to, reason, leadership term, time) of every election transition."""
-        self.disk = SimDisk(self, seed, cfg.disk_fault_rate)
-        self.clocks = SimClocks(self, seed, cfg.clock_skew_ns)
-        self.service = SimServices(self)
-        self.sessions = SessionClients(self, seed, cfg.session_timeout_ns) if cfg.sessions and cfg.clients else None
+        self.disk = self.disk_model(self, seed, cfg.disk_fault_rate)
+        self.clocks = self.clock_model(self, seed, cfg.clock_skew_ns)
+        self.service = self.service_model(self)
+        self.sessions = self.session_model(self, seed, cfg.session_timeout_ns) if cfg.sessions and cfg.clients else None
         self.errors = 0
         """Effects that failed and were counted (the policy's COUNT), over all members."""
         for m in self.members:

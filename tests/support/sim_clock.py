@@ -27,6 +27,9 @@ EPOCH_NS = 1_000_000_000_000
 class SimClocks:
     """The members' wall-clock offsets (own random stream)."""
 
+    clock_factory = ClusterClock
+    """Builds a member's cluster clock from its wall clock (a test swaps in a broken one)."""
+
     def __init__(self, sim, seed: int, skew_ns: int) -> None:
         self.sim = sim
         self.skew_ns = skew_ns
@@ -34,8 +37,6 @@ class SimClocks:
         n = len(sim.members)
         self.offsets = [self.rng.randint(-skew_ns, skew_ns) if skew_ns else 0 for _ in range(n)]
         self.steps = 0
-        self.clock_factory = ClusterClock
-        """Builds a member's cluster clock from its wall clock (a test swaps in a broken one)."""
 
     def wall(self, member_id: int) -> int:
         return EPOCH_NS + self.sim.now_ns + self.offsets[member_id]
