@@ -304,7 +304,7 @@ class Simulation:
             self.faults_active = True
             self._schedule(self._next_fault_delay(), _FAULT, ())
             self._schedule(cfg.fault_duration_ns, _HEAL, ())
-            self.clocks.start_stepping(self._next_fault_delay())
+            self.clocks.start_stepping()
 
     # ------------------------------------------------------------------------------ events
 

@@ -20,8 +20,6 @@ import random
 
 from cluster_node.consensus.cluster_clock import ClusterClock
 
-EPOCH_NS = 1_000_000_000_000
-"""Where the wall clocks start (1,000 s): far enough from zero that no offset makes one negative."""
 
 
 class SimClocks:
@@ -39,7 +37,9 @@ class SimClocks:
         self.steps = 0
 
     def wall(self, member_id: int) -> int:
-        return EPOCH_NS + self.sim.now_ns + self.offsets[member_id]
+        # Shifted by the skew so that no offset makes a clock negative; without skew each wall
+        # clock is the simulation's time, and runs are what they were before clocks were modelled.
+        return self.skew_ns + self.sim.now_ns + self.offsets[member_id]
 
     def on_start(self, m) -> None:
         """A member process starts: a cluster clock of its own, with no floor yet (the node's
@@ -49,9 +49,12 @@ class SimClocks:
         m.clock = clock
         m.core.cluster_clock = lambda _monotonic_ns: clock.now()
 
-    def start_stepping(self, first_delay_ns: int) -> None:
+    def start_stepping(self) -> None:
         if self.skew_ns:
-            self.sim.call_later(first_delay_ns, self._step, ())
+            self.sim.call_later(self._next_step_delay(), self._step, ())
+
+    def _next_step_delay(self) -> int:
+        return int(self.rng.expovariate(1.0 / (300 * 1_000_000)))
 
     def _step(self) -> None:
         sim = self.sim
@@ -62,4 +65,4 @@ class SimClocks:
         self.offsets[mid] = self.rng.randint(-self.skew_ns, self.skew_ns)
         self.steps += 1
         sim._record(f"clock {mid} {(self.offsets[mid] - old) // 1_000_000:+d}ms")
-        sim.call_later(int(self.rng.expovariate(1.0 / (300 * 1_000_000))), self._step, ())
+        sim.call_later(self._next_step_delay(), self._step, ())
