@@ -247,6 +247,8 @@ class SimResult:
     leaders: dict[int, int] = field(default_factory=dict)
     committed_position: int = 0
     acked: int = 0
+    coverage: dict[str, int] = field(default_factory=dict)
+    """How much the models did (I/O errors, clock steps, sessions, ...): a sweep sums them."""
 
 
 class Simulation:
@@ -1013,7 +1015,20 @@ class Simulation:
             dict(self.leaders_by_term),
             self.committed_end,
             len(self.acked),
+            self.coverage(),
         )
+
+    def coverage(self) -> dict[str, int]:
+        s = self.sessions
+        return {
+            "io_errors": self.disk.failures,
+            "io_errors_counted": self.errors,
+            "clock_steps": self.clocks.steps,
+            "sessions_opened": s.opened if s else 0,
+            "sessions_closed": s.closed_by_client if s else 0,
+            "sessions_timed_out": s.timed_out if s else 0,
+            "acked": len(self.acked),
+        }
 
     def check_log_terms(self, member_id: int, log: RecordingLog | None = None) -> None:
         """recording.log must describe the archive: every recorded entry carries the term of the
