@@ -12,6 +12,7 @@ import pytest
 from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx
 from tests.support.sim import Simulation, random_config
+from tests.support.sim_disk import SimDisk
 
 SEEDS = range(40)
 
@@ -48,3 +49,29 @@ def test_going_on_after_a_failed_durable_write_is_caught(monkeypatch, effect_typ
         _, result = _run(seed, 0.2)
         found += [v for v in result.violations if what in v]
     assert found, f"going on after a failed {effect_type.__name__} went unnoticed"
+
+
+class _NoStallCheck(SimDisk):
+    """A shell without the node's stall check: a recording that stopped writing goes unreported."""
+
+    def _report_stall(self, m, settled_follower):
+        pass
+
+
+class _NoStallCheckSimulation(Simulation):
+    disk_model = _NoStallCheck
+
+
+def test_a_recording_that_stops_writing_is_reported_or_the_member_never_catches_up() -> None:
+    """The stalls happen and are reported on the sweep's mix (no violation, above); a shell that
+    does not report them leaves the member behind for good, which the convergence check finds."""
+    stalls = 0
+    for seed in SEEDS:
+        sim, _ = _run(seed, 0.2)
+        stalls += sim.disk.stalls_reported
+    assert stalls > 0
+    found = []
+    for seed in SEEDS:
+        sim = _NoStallCheckSimulation(seed, replace(random_config(seed), disk_fault_rate=0.2))
+        found += [v for v in sim.run().violations if "no convergence" in v]
+    assert found, "a recording that stopped writing, never reported, went unnoticed"

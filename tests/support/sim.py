@@ -16,7 +16,8 @@ node's executor follows) says whether the member goes on, counts the error, or f
 crashes, to be restarted). Models beside this module, each with its own random stream and checks:
 
 * ``sim_disk``: node-state, recording.log and archive requests (truncate, stop, extend) fail at
-  random while faults last;
+  random while faults last, and a follower's recording may stop writing (the member reports the
+  stall to its core, as the node does);
 * ``sim_clock``: each member's wall clock is skewed and stepped back and forward; the members run
   the node's ``ClusterClock`` over it, which stamps the entries a leader appends;
 * ``sim_service``: what each log entry is, and a deterministic service per member process that
@@ -504,6 +505,7 @@ class Simulation:
             return
         if m.unrecorded:
             self._record_publication(m)
+        self.disk.on_tick(m)
         self._pull_log(m)
         self._replicate(m)
         self._report_position(m)
@@ -533,6 +535,8 @@ class Simulation:
         if not sub.joined:
             sub.joined = True
             m.core.on_log_image(m.archive.stop, self.now_ns)
+        if self.disk.recording_stalled(m):
+            return
         a = m.archive
         a.copy_from(leader.archive, leader.archive.stop, 1 << 30 if live else self.chunk_entries)
         if live and leader.unrecorded and a.stop == leader.archive.stop:
@@ -635,6 +639,7 @@ class Simulation:
                     f"member {mid} extends its recording at {e.position}, stop is {m.archive.stop}"
                 )
             m.recording_session = e.log_session_id
+            self.disk.on_recording_started(m)
         elif t is fx.StopLogRecording:
             if m.unrecorded:
                 self._record_publication(m)
@@ -1023,6 +1028,7 @@ class Simulation:
         return {
             "io_errors": self.disk.failures,
             "io_errors_counted": self.errors,
+            "recording_stalls_reported": self.disk.stalls_reported,
             "clock_steps": self.clocks.steps,
             "sessions_opened": s.opened if s else 0,
             "sessions_closed": s.closed_by_client if s else 0,

@@ -9,7 +9,11 @@ disk or a refusing archive makes them fail on a real node:
   reads back whichever it is;
 * ``TruncateRecording`` (the archive cuts the recording): either done or not;
 * ``StopLogRecording`` (the archive does not answer where the recording stopped);
-* ``StartLogRecording`` on a follower (the archive refuses to extend the recording).
+* ``StartLogRecording`` on a follower (the archive refuses to extend the recording);
+* a follower's running log recording stops writing (the archive cannot append): its log stands
+  still while the leader's grows, and after a leader heartbeat timeout the member reports the
+  stall to its core (``on_log_stalled``, as the node's stall check does), which leaves the term
+  for an election that records the log again.
 
 What happens next is not decided here: the simulator asks ``consensus.effect_policy`` (the rules
 the node's executor follows), and crashes the member when the policy says fail-stop, or counts
@@ -30,6 +34,7 @@ import random
 
 from cluster_node import codecs
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus.effects import Role
 from cluster_node.consensus.recording_log import RecordingLog
 
 DURABLE = (fx.PersistCandidateTerm, fx.WriteRecordingLog)
@@ -44,6 +49,10 @@ class SimDisk:
         self.rate = fault_rate
         self.rng = random.Random(seed * 31 + 7)
         self.failures = 0
+        self.recording_failures = 0
+        self.stalls_reported = 0
+        self._stalled: dict[int, tuple[int, int]] = {}
+        """member -> (incarnation, since when) of a log recording that stopped writing."""
         self._terms: dict[int, tuple[int, frozenset[int]]] = {}
         """member -> (recording.log length and content hash it was decoded at, terms it holds)."""
 
@@ -76,6 +85,42 @@ class SimDisk:
                 m.archive.truncate(e.position)
         sim._record(f"io-error {m.member_id} {t.__name__} reached={reached}")
         return OSError(errno.EIO, "Input/output error")
+
+    # ------------------------------------------------------------- a recording that stops writing
+
+    def recording_stalled(self, m) -> bool:
+        s = self._stalled.get(m.member_id)
+        return s is not None and s[0] == m.incarnation
+
+    def on_recording_started(self, m) -> None:
+        self._stalled.pop(m.member_id, None)
+
+    def on_tick(self, m) -> None:
+        """Now and then a follower's recording stops writing; a stall that lasted a leader
+        heartbeat timeout, with log data it did not record, is reported to the core."""
+        if not self.rate:
+            return
+        sim = self.sim
+        core = m.core
+        settled_follower = core.election is None and core.role != Role.LEADER
+        if not self.recording_stalled(m):
+            if (sim.faults_active and settled_follower and m.recording_session is not None
+                    and self.rng.random() < self.rate * 0.1):
+                self._stalled[m.member_id] = (m.incarnation, sim.now_ns)
+                self.recording_failures += 1
+                sim._record(f"recording stops writing {m.member_id}")
+            return
+        self._report_stall(m, settled_follower)
+
+    def _report_stall(self, m, settled_follower: bool) -> None:
+        sim = self.sim
+        since = self._stalled[m.member_id][1]
+        sub = m.subscription
+        behind = sub is not None and sim.members[sub.leader_member_id].archive.stop > m.archive.stop
+        if settled_follower and behind and sim.now_ns - since >= sim.settings.leader_heartbeat_timeout_ns:
+            self.stalls_reported += 1
+            sim._record(f"log stalled {m.member_id}")
+            m.core.on_log_stalled(sim.now_ns, "log recording stalled")
 
     # ----------------------------------------------------------------------------- invariants
 
