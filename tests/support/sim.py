@@ -26,8 +26,9 @@ crashes, to be restarted). Models beside this module, each with its own random s
   leader times them out, all through the leader's log.
 
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
-what happens in it, not how long it lasts in simulated time. All randomness comes from one
-``random.Random(seed)``: the same seed gives the same trace (``trace_hash``).
+what happens in it, not how long it lasts in simulated time. All randomness comes from the seed
+(one ``random.Random(seed)``, and one stream per model derived from it, so a model turned off
+leaves the rest of a run as it was): the same seed gives the same trace (``trace_hash``).
 
 Invariants, checked as the run goes (violations are collected, the first one is reported):
 
