@@ -61,8 +61,8 @@ class SessionClients:
         sim.call_later(self.rng.randint(sim.config.delay_min_ns, sim.config.delay_max_ns), fn, args)
 
     def on_client(self, c: int, target: int) -> None:
-        """Client ``c``'s turn (the simulator's client event) towards member ``target``; returns
-        the payload it sent, if any."""
+        """Client ``c``'s turn (the simulator's client event) towards member ``target``: connect,
+        send a message, close its session or fall silent. Returns the payload sent, if any."""
         sim = self.sim
         if sim.now_ns < self.silent_until[c]:
             return None
