@@ -15,6 +15,10 @@ disk or a refusing archive makes them fail on a real node:
   stall to its core (``on_log_stalled``, as the node's stall check does), which leaves the term
   for an election that records the log again.
 
+Not modelled: a leader's recording that fails to start or stops writing (its publication would
+go on unrecorded while followers commit it, which the simulator's leader, whose archive records
+all it publishes, does not represent), and back-pressure on the leader's appends.
+
 What happens next is not decided here: the simulator asks ``consensus.effect_policy`` (the rules
 the node's executor follows), and crashes the member when the policy says fail-stop, or counts
 the error and runs the next effect.
@@ -65,7 +69,7 @@ class SimDisk:
         if t not in DURABLE and t not in ARCHIVE:
             return None
         if t is fx.StartLogRecording and e.is_leader:
-            return None  # (see the simulator's docstring: not modelled)
+            return None  # not modelled (module docstring)
         if self.rng.random() >= self.rate:
             return None
         self.failures += 1
