@@ -14,14 +14,9 @@ docs/operations.md; its numbers are part of the interface and never change meani
 from __future__ import annotations
 
 import enum
-import os
 import sys
 
-import structlog
-
 __all__ = ["ExitCode", "NodeFailure", "fail"]
-
-log = structlog.get_logger("node")
 
 
 class ExitCode(enum.IntEnum):
@@ -73,8 +68,14 @@ def fail(code: ExitCode, message: str, **details) -> None:
     No unwinding: other threads (the service) and tasks would go on touching shared memory that
     the unwinding unmaps, and a stuck close would keep a failed member around. What was
     acknowledged is on disk already (the files are made for kill -9)."""
+    # Imported here, not at the top: the codes are named by sans-I/O cores (effect_policy), which
+    # must not import logging or the OS through this module.
+    import os
+
+    import structlog
+
     try:
-        log.error("node failed", exit_code=int(code), reason=message, **details)
+        structlog.get_logger("node").error("node failed", exit_code=int(code), reason=message, **details)
     except Exception:  # noqa: BLE001 - the exit must happen whatever logging does
         pass
     try:

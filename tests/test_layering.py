@@ -64,6 +64,7 @@ EXPECTED_CORE = {
     "cluster_node/consensus/backup.py",
     "cluster_node/consensus/cluster_clock.py",
     "cluster_node/consensus/cluster_session.py",
+    "cluster_node/consensus/effect_policy.py",
     "cluster_node/consensus/effects.py",
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",

@@ -5,10 +5,11 @@ A part of :class:`~cluster_node.consensus.agent.ConsensusAgent` (mixed into it).
 through a table from effect type to handler (:data:`EFFECT_HANDLERS`). A handler that awaits
 (the archive, for a while) first lets go of what the pass holds: its held sends go out and the
 driver's receiver reads the sockets meanwhile; the others (:data:`SYNC_EFFECTS`) run with the
-pass's sends still held. When a handler fails, ``effects.FAIL_STOP_EFFECTS`` end the node before
-the effects after them run (they depend on it), ``effects.FAIL_STOP_NOT_PERSISTED`` ends it too
-(an election cannot start without it), and any other failure is counted and the list goes on
-(``effects.py``, *When an effect fails*).
+pass's sends still held. When a handler fails, ``effect_policy.after`` decides (the rules of
+``effects.py``, *When an effect fails*, which the simulator follows too):
+``effects.FAIL_STOP_EFFECTS`` end the node before the effects after them run (they depend on it),
+``effects.FAIL_STOP_NOT_PERSISTED`` ends it too (an election cannot start without it), and any
+other failure is counted and the list goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import structlog
 
 from archive.client import ArchiveError
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
+from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.consensus_adapter import DIGESTED
 from cluster_node.consensus.election import ElectionState
@@ -58,12 +60,12 @@ class EffectExecutor:
                     else:
                         await handler(self, e)
                 except (ArchiveError, OSError, CodecError, NodeStateError) as ex:
-                    if t in fx.FAIL_STOP_EFFECTS:
-                        # Nothing after it runs: the effects that follow (the vote, the
-                        # position report, the recording that resumes) depend on it.
-                        raise self._persist_failed(e, ex) from ex
-                    if t in fx.FAIL_STOP_NOT_PERSISTED:
-                        raise NodeFailure(ExitCode.CONSENSUS_FAILED,
+                    decision = effect_policy.after(t, ex)
+                    if decision.next is effect_policy.Next.STOP:
+                        # Nothing after it runs: the effects that follow depend on it.
+                        if decision.exit_code == ExitCode.PERSIST_FAILED:
+                            raise self._persist_failed(e, ex) from ex
+                        raise NodeFailure(decision.exit_code,
                                           f"could not stop log recording {self.recording_id} and learn where it "
                                           f"ends: {ex}; an election cannot start without it, the node stops") from ex
                     self.errors += 1

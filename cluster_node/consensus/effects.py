@@ -85,7 +85,8 @@ ElectionComplete, RollbackUncommitted
 ====================================  ============================================================
 
 The fail-stop effects are :data:`FAIL_STOP_EFFECTS` (exit PERSIST_FAILED) and
-:data:`FAIL_STOP_NOT_PERSISTED` (exit CONSENSUS_FAILED). Failing stop means: the effects after the
+:data:`FAIL_STOP_NOT_PERSISTED` (exit CONSENSUS_FAILED); ``effect_policy.after`` applies this table
+for both executors. Failing stop means: the effects after the
 failed one are not run (no message that depends on it leaves the node) and the process ends with
 one line naming the file and the error; a restart reads the files back as they are on disk, which
 is what the other members may rely on. Every other failure is counted in the node's error counter

@@ -888,6 +888,7 @@ class ConsensusModule:
         """Append a client message to the log if this member is the settled leader."""
         if self.election is not None or self.role != Role.LEADER:
             return False
-        header = codecs.SessionMessageHeader(self.leadership_term_id, cluster_session_id, now_ns)
+        # Stamped with cluster time, as every entry this core appends (``cluster_clock``).
+        header = codecs.SessionMessageHeader(self.leadership_term_id, cluster_session_id, self.cluster_clock(now_ns))
         self.emit(fx.AppendLog(codecs.SessionMessage(header, payload)))
         return True

@@ -2,8 +2,10 @@
 
 Each seed picks 3 or 5 members, loss/duplication rates and a fault schedule (crashes with
 restarts, crashes in the middle of a step, symmetric and one-way partitions, single blocked links,
-changing loss) for 2-4 simulated seconds while clients write, then heals everything and requires
-convergence. A failure names the seed and the command that replays it with a full trace.
+changing loss, failing durable writes and archive requests, skewed and stepped wall clocks) for
+2-4 simulated seconds while clients open, use, close and time out sessions, then heals everything
+and requires convergence. A failure names the seed and the command that replays it with a full
+trace.
 """
 
 from __future__ import annotations

@@ -11,9 +11,24 @@ replication and catchup replays copy a few entries per tick, and replays into th
 take time per entry (reporting their progress, so an election can cut one short). Clients submit messages to whoever
 they believe leads; the leader acknowledges them once committed.
 
+Effects run as the node runs them: when one fails, ``consensus.effect_policy`` (the rule the
+node's executor follows) says whether the member goes on, counts the error, or fail-stops (here:
+crashes, to be restarted). Models beside this module, each with its own random stream and checks:
+
+* ``sim_disk``: node-state, recording.log and archive requests (truncate, stop, extend) fail at
+  random while faults last, and a follower's recording may stop writing (the member reports the
+  stall to its core, as the node does);
+* ``sim_clock``: each member's wall clock is skewed and stepped back and forward; the members run
+  the node's ``ClusterClock`` over it, which stamps the entries a leader appends;
+* ``sim_service``: what each log entry is, and a deterministic service per member process that
+  applies the log as the process does (a hash chain over entries, sessions and timestamps);
+* ``sim_sessions``: clients open sessions, send in them, close them or fall silent until the
+  leader times them out, all through the leader's log.
+
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
-what happens in it, not how long it lasts in simulated time. All randomness comes from one
-``random.Random(seed)``: the same seed gives the same trace (``trace_hash``).
+what happens in it, not how long it lasts in simulated time. All randomness comes from the seed
+(one ``random.Random(seed)``, and one stream per model derived from it, so a model turned off
+leaves the rest of a run as it was): the same seed gives the same trace (``trace_hash``).
 
 Invariants, checked as the run goes (violations are collected, the first one is reported):
 
@@ -25,7 +40,14 @@ Invariants, checked as the run goes (violations are collected, the first one is 
 * once faults stop, a leader is elected and every member converges (same term, same log, same
   commit position) within ``convergence_bound_ns``;
 * the cores refuse no unsafe action (``safety_alerts``) and ask for nothing impossible (extend a
-  recording at a position other than its stop, truncate an active recording, ...).
+  recording at a position other than its stop, truncate an active recording, ...);
+* no RequestVote or granting Vote names a candidate term above the member's node-state, and no
+  AppendPosition a term its recording.log lacks (``sim_disk``: a failed durable write withholds
+  what depends on it);
+* cluster time in the log never goes backwards, across clock steps and leaders; every service
+  that applied up to a position has the same state there; a session's messages are applied only
+  between its open and its close; a message is applied at most once, and every acknowledged one
+  by every service that reached it (``sim_service``).
 
 The log model: an entry is ``(start, end, term, key)``; its length is the aligned frame length of
 the encoded message (32-byte header, 32-byte alignment), so positions behave like real ones.
@@ -40,12 +62,17 @@ from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 from cluster_node import codecs
+from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
 from cluster_node.consensus.module import ConsensusModule, ConsensusSettings
 from cluster_node.consensus.recording_log import RecordingLog
+from tests.support.sim_clock import SimClocks
+from tests.support.sim_disk import SimDisk
+from tests.support.sim_service import SimServices, entry_key
+from tests.support.sim_sessions import SessionClients
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -199,6 +226,17 @@ class SimConfig:
     """Time a replay into the service takes per entry, reported in steps of a quarter
     (``on_replay_progress``), so that an election can cut a replay short; 0: each replay is
     done 1 ms after it starts."""
+    disk_fault_rate: float = 0.0
+    """While faults last, the chance that one durable write or archive request fails
+    (``sim_disk``); the policy of ``consensus.effect_policy`` decides what follows."""
+    clock_skew_ns: int = 0
+    """How far a member's wall clock may be from the others'; while faults last, clocks are
+    stepped within it (``sim_clock``)."""
+    sessions: bool = False
+    """Clients open, use, close and time out sessions through the leader's log
+    (``sim_sessions``) instead of sending bare messages."""
+    session_timeout_ns: int = 1 * S
+    """With sessions: the leader closes a session silent for this long (its cluster time)."""
 
 
 @dataclass
@@ -211,10 +249,18 @@ class SimResult:
     leaders: dict[int, int] = field(default_factory=dict)
     committed_position: int = 0
     acked: int = 0
+    coverage: dict[str, int] = field(default_factory=dict)
+    """How much the models did (I/O errors, clock steps, sessions, ...): a sweep sums them."""
 
 
 class Simulation:
     """Run N consensus cores on a seeded fake network. See the module docstring."""
+
+    # The model classes (a test subclass swaps one for a broken one to see a check fail).
+    disk_model = SimDisk
+    clock_model = SimClocks
+    service_model = SimServices
+    session_model = SessionClients
 
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         self.seed = seed
@@ -248,6 +294,12 @@ class Simulation:
         self.trace: list[str] = []
         self.transitions: list[tuple[int, int, int, str, int, int]] = []
         """(member, from, to, reason, leadership term, time) of every election transition."""
+        self.disk = self.disk_model(self, seed, cfg.disk_fault_rate)
+        self.clocks = self.clock_model(self, seed, cfg.clock_skew_ns)
+        self.service = self.service_model(self)
+        self.sessions = self.session_model(self, seed, cfg.session_timeout_ns) if cfg.sessions and cfg.clients else None
+        self.errors = 0
+        """Effects that failed and were counted (the policy's COUNT), over all members."""
         for m in self.members:
             self.start_member(m.member_id)
         for c in range(cfg.clients):
@@ -256,12 +308,23 @@ class Simulation:
             self.faults_active = True
             self._schedule(self._next_fault_delay(), _FAULT, ())
             self._schedule(cfg.fault_duration_ns, _HEAL, ())
+            self.clocks.start_stepping()
 
     # ------------------------------------------------------------------------------ events
 
     def _schedule(self, delay_ns: int, kind: int, args: tuple) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (self.now_ns + delay_ns, self._seq, kind, args))
+
+    def call_later(self, delay_ns: int, fn, args: tuple) -> None:
+        """An event of a model module (``sim_*.py``): ``fn(*args)`` in ``delay_ns``."""
+        self._schedule(delay_ns, _CALL, (fn, args))
+
+    def defer_call(self, m: SimMember, fn, args: tuple) -> bool:
+        return self._deferred(m, _CALL, (fn, args))
+
+    def _on_call(self, fn, args: tuple) -> None:
+        fn(*args)
 
     def _record(self, text: str) -> None:
         self._hash.update(text.encode())
@@ -334,6 +397,8 @@ class Simulation:
         m.reported_stop = m.archive.stop
         m.last_commit = m.core.commit_position
         m.applied = m.core.commit_position
+        self.clocks.on_start(m)
+        self.service.on_start(m)
         m.active_replay = None
         m.pending_acks = []
         self._record(f"start {member_id}")
@@ -404,6 +469,7 @@ class Simulation:
         return (src, dst) not in self.blocked
 
     def send(self, src: int, dst: int, msg: object) -> None:
+        self.disk.on_send(self.members[src], msg)
         if (src, dst) in self.blocked:
             return
         rng = self.rng
@@ -440,6 +506,7 @@ class Simulation:
             return
         if m.unrecorded:
             self._record_publication(m)
+        self.disk.on_tick(m)
         self._pull_log(m)
         self._replicate(m)
         self._report_position(m)
@@ -469,6 +536,8 @@ class Simulation:
         if not sub.joined:
             sub.joined = True
             m.core.on_log_image(m.archive.stop, self.now_ns)
+        if self.disk.recording_stalled(m):
+            return
         a = m.archive
         a.copy_from(leader.archive, leader.archive.stop, 1 << 30 if live else self.chunk_entries)
         if live and leader.unrecorded and a.stop == leader.archive.stop:
@@ -526,7 +595,18 @@ class Simulation:
                     self.crash(m.member_id)
                     self._schedule(self.rng.randint(50 * MS, 2 * S), _RESTART, (m.member_id,))
                     return
-                self._execute(m, e)
+                error = self.disk.fault(m, e)
+                if error is None:
+                    self._execute(m, e)
+                else:
+                    # The node's own rules (consensus.effect_policy) decide what follows.
+                    decision = effect_policy.after(type(e), error)
+                    if decision.next is effect_policy.Next.STOP:
+                        self._record(f"fail-stop {m.member_id} exit {decision.exit_code.name}")
+                        self.crash(m.member_id)
+                        self._schedule(self.rng.randint(50 * MS, 2 * S), _RESTART, (m.member_id,))
+                        return
+                    self.errors += 1
                 if not m.alive:
                     return
             self._report_position(m)
@@ -560,6 +640,7 @@ class Simulation:
                     f"member {mid} extends its recording at {e.position}, stop is {m.archive.stop}"
                 )
             m.recording_session = e.log_session_id
+            self.disk.on_recording_started(m)
         elif t is fx.StopLogRecording:
             if m.unrecorded:
                 self._record_publication(m)
@@ -635,15 +716,15 @@ class Simulation:
             return
         term = m.core.leadership_term_id
         start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
+        key = entry_key(message, term, m.member_id)
         if isinstance(message, codecs.SessionMessage):
-            payload = bytes(message.payload)
-            end = start + _aligned(codecs.SESSION_HEADER_LENGTH + len(payload))
-            m.unrecorded.append((start, end, term, payload))
-            client = message.header.cluster_session_id
-            m.pending_acks.append((end, term, payload, client))
+            end = start + _aligned(codecs.SESSION_HEADER_LENGTH + len(key))
+            m.unrecorded.append((start, end, term, key))
+            client = self.service.client_of(message.header.cluster_session_id)
+            m.pending_acks.append((end, term, key, client))
         else:
             encoded = codecs.encode_log(message)
-            m.unrecorded.append((start, start + _aligned(len(encoded)), term, ("nlt", term, m.member_id)))
+            m.unrecorded.append((start, start + _aligned(len(encoded)), term, key))
 
     def _record_publication(self, m: SimMember) -> None:
         """The leader's archive records its own publication a little after it was sent (on the
@@ -661,6 +742,7 @@ class Simulation:
             what = "applies entries a second time" if e.from_position < m.applied else "skips entries"
             self.violation(f"member {m.member_id} replays from {e.from_position}, applied up to {m.applied}: {what}")
         m.active_replay = e.replay_id
+        m.replay_range = (e.from_position, e.to_position)
         a = m.archive
         i, j = a.index_at(e.from_position), a.index_at(e.to_position)
         if i < 0 or j < 0 or j < i:
@@ -696,6 +778,8 @@ class Simulation:
             return
         if self._deferred(m, _REPLAY_DONE, (member_id, incarnation, replay_id)):
             return
+        if m.active_replay == replay_id:
+            self.service.on_replay_done(m, *m.replay_range)
         m.core.on_replay_done(replay_id, self.now_ns)
         m.core.do_work(self.now_ns)
         self._run_core(m)
@@ -744,6 +828,7 @@ class Simulation:
         core = m.core
         if core is None:
             return
+        self.service.sync(m)
         if core.safety_alerts:
             for alert in core.safety_alerts:
                 self.violation(alert)
@@ -771,12 +856,15 @@ class Simulation:
         if self.now_ns - self.client_last_reply_ns[client] > 300 * MS:
             self.client_leader[client] = self.rng.randrange(len(self.members))
             self.client_last_reply_ns[client] = self.now_ns
-        self.client_seq[client] += 1
-        payload = b"c%d:%d" % (client, self.client_seq[client])
         target = self.client_leader[client]
-        if not (self.drop_rate and self.rng.random() < self.drop_rate):
-            delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
-            self._schedule(delay, _INGRESS, (client, target, payload))
+        if self.sessions is not None:
+            self.sessions.on_client(client, target)
+        else:
+            self.client_seq[client] += 1
+            payload = b"c%d:%d" % (client, self.client_seq[client])
+            if not (self.drop_rate and self.rng.random() < self.drop_rate):
+                delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
+                self._schedule(delay, _INGRESS, (client, target, payload))
         self._schedule(
             cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,)
         )
@@ -933,7 +1021,21 @@ class Simulation:
             dict(self.leaders_by_term),
             self.committed_end,
             len(self.acked),
+            self.coverage(),
         )
+
+    def coverage(self) -> dict[str, int]:
+        s = self.sessions
+        return {
+            "io_errors": self.disk.failures,
+            "io_errors_counted": self.errors,
+            "recording_stalls_reported": self.disk.stalls_reported,
+            "clock_steps": self.clocks.steps,
+            "sessions_opened": s.opened if s else 0,
+            "sessions_closed": s.closed_by_client if s else 0,
+            "sessions_timed_out": s.timed_out if s else 0,
+            "acked": len(self.acked),
+        }
 
     def check_log_terms(self, member_id: int, log: RecordingLog | None = None) -> None:
         """recording.log must describe the archive: every recorded entry carries the term of the
@@ -961,6 +1063,7 @@ class Simulation:
     def final_checks(self) -> None:
         for m in self.members:
             self.check_log_terms(m.member_id)
+        self.service.final_checks()
         counts: dict[object, int] = {}
         for _, _, key in self.committed.values():
             if isinstance(key, bytes):
@@ -973,7 +1076,9 @@ class Simulation:
 
 _TICK, _DELIVER, _REPLAY_DONE, _CLIENT, _INGRESS, _REDIRECT, _ACK = range(7)
 _FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP, _REPLAY_PROGRESS = range(7, 14)
+_CALL = 14
 _DISPATCH = {
+    _CALL: Simulation._on_call,
     _REPLAY_PROGRESS: Simulation._on_replay_progress,
     _TICK: Simulation._on_tick,
     _DELIVER: Simulation._on_deliver,
@@ -992,7 +1097,8 @@ _DISPATCH = {
 
 
 def random_config(seed: int) -> SimConfig:
-    """The fault mix of the seed sweep: 3 or 5 members, faults for 4 s, clients writing."""
+    """The fault mix of the seed sweep: 3 or 5 members, faults for 2-4 s, clients writing in
+    sessions, failing disks and skewed, stepped clocks."""
     r = random.Random(seed * 7919 + 17)
     return SimConfig(
         member_count=r.choice((3, 3, 5)),
@@ -1006,6 +1112,10 @@ def random_config(seed: int) -> SimConfig:
         chunk_entries=r.choice((2, 8, 1 << 30)),
         replay_entry_ns=r.choice((0, 0, MS // 5, 5 * MS)),
         settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
+        disk_fault_rate=r.choice((0.0, 0.01, 0.05)),
+        clock_skew_ns=r.choice((0, 50 * MS, 2 * S)),
+        sessions=True,
+        session_timeout_ns=r.choice((300 * MS, 1 * S)),
     )
 
 

@@ -4,7 +4,10 @@ Runs ``tests.support.sim.run_seed`` for every seed in ``[S, S + N)`` (optionally
 processes; the result of a seed does not depend on how the sweep is split), prints one line per
 failing seed with the command that replays it, and prints one JSON object last::
 
-    {"seeds": N, "violations": V, "seeds_per_s": R, "first_failing_seed": F or null, ...}
+    {"seeds": N, "violations": V, "seeds_per_s": R, "first_failing_seed": F or null, ...,
+     "coverage": {"io_errors": ..., "clock_steps": ..., "sessions_opened": ..., ...}}
+
+(``coverage``: what the simulator's models did over the sweep, summed; see ``Simulation.coverage``.)
 
 ``--service-layer`` sweeps the service-layer simulator instead
 (``tests.support.service_sim``: timers and service messages from callbacks, back-pressure,
@@ -28,13 +31,13 @@ _STRESS = False
 _SERVICE_LAYER = False
 
 
-def _run(seed: int) -> tuple[int, list[str], int, int]:
+def _run(seed: int) -> tuple[int, list[str], int, dict[str, int]]:
     if _SERVICE_LAYER:
         sim = ServiceLayerSim(seed)
         sim.run()
-        return seed, sim.violations, len(sim.log), sim.now
+        return seed, sim.violations, len(sim.log), {}
     r = run_seed(seed, _STRESS)
-    return seed, r.violations, r.events, r.sim_time_ns
+    return seed, r.violations, r.events, r.coverage
 
 
 def _verbose(seed: int) -> int:
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     failing: list[int] = []
     violations = 0
     events = 0
+    coverage: dict[str, int] = {}
     if args.verbose:
         for seed in seeds:
             n = _verbose(seed)
@@ -87,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             pool = None
             results = map(_run, seeds)
-        for done, (seed, found, n_events, _) in enumerate(results, 1):
+        for done, (seed, found, n_events, counts) in enumerate(results, 1):
             events += n_events
+            for k, v in counts.items():
+                coverage[k] = coverage.get(k, 0) + v
             if found:
                 failing.append(seed)
                 violations += len(found)
@@ -119,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 "jobs": args.jobs,
                 "stress": args.stress,
                 "service_layer": args.service_layer,
+                "coverage": coverage,
             }
         )
     )

@@ -173,3 +173,17 @@ def test_the_effects_run_with_the_sends_held_are_the_ones_that_never_await():
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
         fx.CloseLogSubscription, fx.SnapshotNeeded,
     } == SYNC_EFFECTS
+
+
+def test_the_executor_decides_through_the_shared_policy(agent, monkeypatch):
+    """The node's executor asks ``effect_policy.after``, the function the simulator follows too
+    (so the simulator's checks judge the node's rule): a policy that counts a failed candidate-term
+    write lets the vote out."""
+    from cluster_node.consensus import effect_policy
+
+    monkeypatch.setattr(effect_policy, "after", lambda t, error: effect_policy.COUNT if error else effect_policy.OK)
+    monkeypatch.setattr(os, "pwrite", _raiser(errno.EIO))
+    _run(agent, [fx.PersistCandidateTerm(5, 0, 0), fx.SendToMember(1, VOTE)])
+    monkeypatch.undo()
+    assert agent.errors == 1
+    assert len(agent._consensus_pubs[1].offered) == 1
