@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 from cluster_node import codecs
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus.control_core import ClusterControlCore
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import Election, ElectionState
 from cluster_node.consensus.members import (
@@ -100,6 +101,11 @@ class ConsensusSettings:
     service thread, on the followers' shared CPU, so a longer interval lowers the followers' CPU
     per message and the round trip (compare with ``scripts/cluster_cpu.py --rate 1000``)."""
     heartbeat_slack_ns: int = 0
+    snapshot_timeout_ns: int = 60 * _S
+    termination_timeout_ns: int = 10 * _S
+    snapshot_interval: int = 0
+    """Cluster control's (``control_core``): ``timeouts.snapshot_timeout``,
+    ``timeouts.termination_timeout``, ``cluster.snapshot_interval`` (bytes of log; 0: never)."""
     """A heartbeat due within this much counts as due (the shell's timer grid may wake it that
     much early: media.driver, *phase grid*)."""
 
@@ -189,6 +195,9 @@ class ConsensusModule(ModuleInputs):
         """Messages dropped because they name a member other than their sender, or come from a
         member not in the cluster (counted here, logged by the shell)."""
         self._effects: list[fx.Effect] = []
+        self.control = ClusterControlCore(self, settings.snapshot_timeout_ns, settings.termination_timeout_ns,
+                                          settings.snapshot_interval)
+        """The operator's toggle, snapshots and termination (``control_core``)."""
         self.refresh_this_member()
         self.election: Election | None = Election(self, True, now_ns)
         self.election_count = 1
@@ -362,7 +371,9 @@ class ConsensusModule(ModuleInputs):
 
     def stop_log_activity(self) -> None:
         """Tear down publication, subscription, recording, replay and replication (entering or
-        restarting an election), and ask for uncommitted state to be rolled back."""
+        restarting an election), and ask for uncommitted state to be rolled back (and a snapshot
+        or termination agreed on this log abandoned)."""
+        self._effects += self.control.on_election_started()
         if self.active_replication_id != NULL_VALUE:
             self.emit(fx.StopReplication(self.active_replication_id))
             self.active_replication_id = NULL_VALUE
@@ -618,6 +629,7 @@ class ConsensusModule(ModuleInputs):
             self.leader_commit_position = max(
                 self.leader_commit_position, election.leader_commit_position
             )
+        self._effects += self.control.on_election_complete()
         self.emit(
             fx.ElectionComplete(
                 self.leadership_term_id, self.leader_member_id, int(self.role), self.append_position
