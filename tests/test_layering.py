@@ -35,6 +35,10 @@ EXPECTED_CORE = {
     "cluster_node/consensus/election.py",
     "cluster_node/consensus/members.py",
     "cluster_node/consensus/module.py",
+    "cluster_node/consensus/module_inputs.py",
+    "cluster_node/consensus/control_core.py",
+    "cluster_node/consensus/snapshot_tracker.py",
+    "cluster_node/consensus/termination_core.py",
     "cluster_node/consensus/recording_log.py",
 }
 
