@@ -199,6 +199,9 @@ class SimConfig:
     """Time a replay into the service takes per entry, reported in steps of a quarter
     (``on_replay_progress``), so that an election can cut a replay short; 0: each replay is
     done 1 ms after it starts."""
+    control: bool = False
+    """The operator's requests too (snapshot, shutdown, abort, suspend, resume) and the members'
+    snapshots and terminations: ``tests/support/sim_control.py``."""
 
 
 @dataclass
@@ -283,7 +286,7 @@ class Simulation:
         time_ns, _, kind, args = heapq.heappop(self._queue)
         self.now_ns = time_ns
         self.events += 1
-        _DISPATCH[kind](self, *args)
+        self._dispatch[kind](self, *args)
         return True
 
     def run_for(self, duration_ns: int) -> None:
@@ -989,6 +992,7 @@ _DISPATCH = {
     _UNBLOCK: Simulation._on_unblock,
     _CLIENTS_STOP: Simulation._on_clients_stop,
 }
+Simulation._dispatch = _DISPATCH  # a model in a subclass (sim_control) extends or overrides it
 
 
 def random_config(seed: int) -> SimConfig:
@@ -1006,6 +1010,7 @@ def random_config(seed: int) -> SimConfig:
         chunk_entries=r.choice((2, 8, 1 << 30)),
         replay_entry_ns=r.choice((0, 0, MS // 5, 5 * MS)),
         settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
+        control=True,
     )
 
 
@@ -1029,9 +1034,18 @@ def stress_config(seed: int) -> SimConfig:
     )
 
 
+def make_simulation(seed: int, config: SimConfig) -> Simulation:
+    """The simulation ``config`` asks for (with the control model when ``config.control``)."""
+    if config.control:
+        from tests.support.sim_control import ControlSimulation
+
+        return ControlSimulation(seed, config)
+    return Simulation(seed, config)
+
+
 def run_seed(seed: int, stress: bool = False) -> SimResult:
     config = stress_config(seed) if stress else random_config(seed)
-    return Simulation(seed, config).run()
+    return make_simulation(seed, config).run()
 
 
 def replay_command(seed: int, stress: bool = False) -> str:

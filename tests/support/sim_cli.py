@@ -22,7 +22,7 @@ import sys
 import time
 
 from tests.support.service_sim import ServiceLayerSim
-from tests.support.sim import Simulation, random_config, replay_command, run_seed, stress_config
+from tests.support.sim import make_simulation, random_config, replay_command, run_seed, stress_config
 
 _STRESS = False
 _SERVICE_LAYER = False
@@ -38,7 +38,7 @@ def _run(seed: int) -> tuple[int, list[str], int, int]:
 
 
 def _verbose(seed: int) -> int:
-    sim = Simulation(seed, stress_config(seed) if _STRESS else random_config(seed))
+    sim = make_simulation(seed, stress_config(seed) if _STRESS else random_config(seed))
     sim.trace_enabled = True
     result = sim.run()
     for line in sim.trace:
