@@ -184,12 +184,17 @@ class ModuleInputs:
 
     @property
     def stopping_with_all_it_needs(self) -> bool:
-        """A follower that was told to stop at a position its log has reached: its leader going
-        away is expected (it may stop first, not waiting for a follower's slow snapshot beyond
-        the termination timeout), and an election would only tear down the log it stops with.
-        Beyond the reference; a follower that has not reached the position elects as usual."""
+        """A follower that was told to stop at a position its log has reached *and knows to be
+        committed*: its leader going away is expected (it may stop first, not waiting for a
+        follower's slow snapshot beyond the termination timeout), and an election would only
+        tear down the log it stops with. Beyond the reference; a follower that has not reached
+        the position elects as usual. So does one whose commit position is short of it (the
+        leader's last CommitPosition lost before it stopped): its state, bounded by the commit
+        position, could never reach the position, so it could neither stop nor, not electing,
+        ever serve again (the simulator's control model found such a member hanging)."""
         return (self.role != Role.LEADER and self.termination_position != NULL_POSITION
-                and self.append_position >= self.termination_position)
+                and self.append_position >= self.termination_position
+                and self.commit_position >= self.termination_position)
 
     def on_log_stalled(self, now_ns: int, reason: str) -> None:
         """The shell found this member's log stuck while settled (ConsensusAgent's stall check:

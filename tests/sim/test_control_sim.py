@@ -82,3 +82,11 @@ def test_a_follower_snapshotting_at_another_position_than_the_request_s_is_caugh
 def test_a_follower_stopping_before_its_log_reaches_the_position_is_caught() -> None:
     found = [v for seed in range(40) for v in _run(_BuggyTermination, seed).violations]
     assert any("before reaching it" in v for v in found), found[:3]
+
+
+@pytest.mark.parametrize("seed", (6215, 6378, 7895))
+def test_a_follower_short_of_the_committed_termination_position_does_not_hang(seed: int) -> None:
+    """Seeds where the leader stopped (termination timeout) before a follower whose log held the
+    termination position learned that it was committed: the follower waited for the leader for
+    ever (no election, no stop) and the cluster never converged."""
+    assert not run_seed(seed).violations

@@ -263,3 +263,33 @@ def test_an_election_abandons_the_snapshot_and_the_termination():
     assert {"snapshot abandoned", "termination abandoned"} <= set(_notes(effects))
     assert c.snapshots.pending is None and c.termination.pending is None and not core.terminating
     assert _types(effects)[-1] is fx.RollbackUncommitted
+
+
+def _settled_follower(append_position: int, commit_position: int) -> ConsensusModule:
+    log = RecordingLog()
+    log.append_term(0, 0, 0, 0)
+    core = ConsensusModule(1, [ClusterMember(i) for i in range(3)], ConsensusSettings(), random.Random(1), log, 0, 0,
+                           append_position, 0)
+    core.election = None
+    core.role = Role.FOLLOWER
+    core.leader_member_id = 0
+    core.leader_commit_position = commit_position
+    core.commit_position = commit_position
+    core.termination_position = 2048
+    core.time_of_last_leader_message_ns = 0
+    core.drain_effects()
+    return core
+
+
+def test_a_follower_that_has_the_termination_position_committed_waits_for_a_gone_leader():
+    core = _settled_follower(append_position=2048, commit_position=2048)
+    core.do_work(core.settings.leader_heartbeat_timeout_ns + 1)
+    assert core.election is None  # it stops by itself; an election would tear its log down
+
+
+def test_a_follower_whose_commit_is_short_of_the_termination_position_elects_when_the_leader_is_gone():
+    """Its log reached the position but the leader's last CommitPosition was lost: its state,
+    bounded by the commit position, can never reach the position, so waiting would hang it."""
+    core = _settled_follower(append_position=2048, commit_position=1024)
+    core.do_work(core.settings.leader_heartbeat_timeout_ns + 1)
+    assert core.election is not None
