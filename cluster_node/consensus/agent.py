@@ -3,8 +3,8 @@
 It runs in the node's conductor thread, beside the media driver and the archive, and talks to
 them only through the media layer (publications, subscriptions, counters) and the archive's
 control protocol. Every decision is made by the pure cores (``module.ConsensusModule`` with its
-``election.Election``, ``sessions.ClusterSessions``, ``timers.Timers``, ``pending.
-PendingServiceMessages``); this module feeds them inputs and executes their effects, in order.
+``election.Election`` and ``control_core.ClusterControlCore``, ``sessions.ClusterSessions``,
+``timers.Timers``, ``pending.PendingServiceMessages``); this module feeds them inputs and executes their effects, in order.
 
 The log's path through a node
 =============================
@@ -49,9 +49,9 @@ they share the agent's state, which ``__init__`` here lists in one place):
 ``service_proxy``      the service thread: its bound (commit position), doorbell, control stream
 ``egress_publisher``   the sessions core's effects, replies to clients
 ``effect_executor``    the consensus core's effects, a table from effect type to handler
-``cluster_control``    the operator's toggle: suspend, resume, snapshot, shutdown, abort
-``snapshot_taker``     snapshots at a position of the log; ``log_retention`` after each
-``termination``        every member stopping at the agreed position
+``cluster_control``    the operator's toggle read; the control core's effects (``control_core``)
+``snapshot_taker``     the module's snapshot recorded (``snapshot_tracker``); ``log_retention``
+``termination``        stopping at the agreed position (``termination_core``)
 ``recovery``           state at start: own files, or seeded from another member
 ``idle_strategy``      parking: how long, on what, and the leader's commit spin
 =====================  =============================================================================

@@ -1,6 +1,7 @@
 """Command line of the seed sweep: ``scripts/simulate --seeds N [--start-seed S]``.
 
-Runs ``tests.support.sim.run_seed`` for every seed in ``[S, S + N)`` (optionally over several
+Runs ``tests.support.sim.run_seed`` (the fault mix with the control model,
+``tests.support.sim_control``) for every seed in ``[S, S + N)`` (optionally over several
 processes; the result of a seed does not depend on how the sweep is split), prints one line per
 failing seed with the command that replays it, and prints one JSON object last::
 
