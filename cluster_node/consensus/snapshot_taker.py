@@ -49,8 +49,8 @@ class SnapshotTaker:
         return self._control.service_ack_work(self._adapter_position())
 
     def _snapshot_work(self, now: int) -> int:
-        """The snapshot's timeout (the core decides); True when a RecordSnapshot waits
-        (:meth:`_complete_snapshot`, which awaits the archive)."""
+        """The snapshot the service has not acked within ``timeouts.snapshot_timeout`` is given
+        up (the core decides; an ack that comes later is dropped)."""
         effects = self._control.check_snapshot_timeout(now)
         self._run_control(effects)
         return 1 if effects else 0

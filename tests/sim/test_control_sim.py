@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_node.consensus.effects import Role
 from cluster_node.consensus.termination_core import TerminationCore
 from tests.support.sim import random_config, replay_command, run_seed
 from tests.support.sim_control import ControlSimulation
