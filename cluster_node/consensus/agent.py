@@ -3,8 +3,8 @@
 It runs in the node's conductor thread, beside the media driver and the archive, and talks to
 them only through the media layer (publications, subscriptions, counters) and the archive's
 control protocol. Every decision is made by the pure cores (``module.ConsensusModule`` with its
-``election.Election``, ``sessions.ClusterSessions``, ``timers.Timers``, ``pending.
-PendingServiceMessages``); this module feeds them inputs and executes their effects, in order.
+``election.Election`` and ``control_core.ClusterControlCore``, ``sessions.ClusterSessions``,
+``timers.Timers``, ``pending.PendingServiceMessages``); this module feeds them inputs and executes their effects, in order.
 
 The log's path through a node
 =============================
@@ -49,9 +49,9 @@ they share the agent's state, which ``__init__`` here lists in one place):
 ``service_proxy``      the service thread: its bound (commit position), doorbell, control stream
 ``egress_publisher``   the sessions core's effects, replies to clients
 ``effect_executor``    the consensus core's effects, a table from effect type to handler
-``cluster_control``    the operator's toggle: suspend, resume, snapshot, shutdown, abort
-``snapshot_taker``     snapshots at a position of the log; ``log_retention`` after each
-``termination``        every member stopping at the agreed position
+``cluster_control``    the operator's toggle read; the control core's effects (``control_core``)
+``snapshot_taker``     the module's snapshot recorded (``snapshot_tracker``); ``log_retention``
+``termination``        stopping at the agreed position (``termination_core``)
 ``recovery``           state at start: own files, or seeded from another member
 ``idle_strategy``      parking: how long, on what, and the leader's commit spin
 =====================  =============================================================================
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 
 import structlog
 import trio
@@ -91,8 +90,8 @@ from cluster_node.consensus.recording_log_file import RecordingLogFile
 from cluster_node.consensus.recovery import Recovery
 from cluster_node.consensus.service_proxy import ServiceProxy
 from cluster_node.consensus.sessions import ClusterSessions, SessionSettings
-from cluster_node.consensus.snapshot_taker import PendingSnapshot, SnapshotTaker
-from cluster_node.consensus.termination import PendingTermination, Termination
+from cluster_node.consensus.snapshot_taker import SnapshotTaker
+from cluster_node.consensus.termination import Termination
 from cluster_node.consensus.timers import Timers
 from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
 from cluster_node.wall_clock import wall_clock
@@ -262,7 +261,6 @@ class ConsensusAgent(
         self._service_ring_due = False
         self._service_rung_ns = 0
         self._service_drained = trio.Event()
-        self.suspended = False
         self.errors = 0
         self._members_digest = config.members_digest
         self.input_errors = DistinctErrors("consensus.agent")
@@ -283,20 +281,17 @@ class ConsensusAgent(
         self._one_shot_open = 0
         self._mismatches_said: set[tuple] = set()
         self.elections_completed = 0
-        self._snapshot: PendingSnapshot | None = None
-        self._leader_action: int | None = None
-        """A SNAPSHOT/SHUTDOWN/ABORT toggle taken and not yet in the log (the leader appends it
-        once what was queued before it is in)."""
-        self._termination: PendingTermination | None = None
+        # Cluster control, snapshots and termination: the decisions and their state are the
+        # core's (module.control); cluster_control.py reads them for the rest of the agent.
+        self._snapshot_state = None  # the module's snapshot just recorded (for its log line)
         self.terminated = trio.Event()
         """Set when this member has stopped at the termination position (the node exits)."""
         self._recovery_counter = None
         self._recovery_state: tuple[int, int] | None = None
-        self._service_acks: deque = deque()
-        self._snapshot_interval = cl.snapshot_interval
         self._removed_snapshot_recordings: set[int] = set()
         """Snapshot recordings retention removed (or found gone) since start: not asked again."""
         self._last_snapshot_position = 0
+        """The recovered snapshot's position (recovery), handed to the control core at start."""
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Recover from the files and the archive, open the channels, start the election."""
@@ -346,6 +341,9 @@ class ConsensusAgent(
             appointed_leader_id=cfg.cluster.appointed_leader_id,
             catchup_live_window=max(self.term_length // 4, 64 * 1024),
             heartbeat_slack_ns=self.driver.timer_slack_ns,
+            snapshot_timeout_ns=t.snapshot_timeout_ns,
+            termination_timeout_ns=t.termination_timeout_ns,
+            snapshot_interval=cfg.cluster.snapshot_interval,
         )
         # Consensus channels: a subscription on our endpoint, a publication to each other member.
         self._consensus_sub = self.driver.add_subscription(
@@ -366,6 +364,7 @@ class ConsensusAgent(
             cluster_clock=lambda _monotonic_ns: self._clock.now(),
         )
         self.module.log_start_position = start
+        self.module.control.snapshots.last_snapshot_position = self._last_snapshot_position
         self.counters["commit-pos"].set(plan.committed_log_position)
         self.counters["append-pos"].set(plan.appended_log_position)
         self.counters["cm-state"].set(ModuleState.ACTIVE)
@@ -442,10 +441,8 @@ class ConsensusAgent(
             toggle = self.counters["control-toggle"].get()
             if toggle != ToggleState.NEUTRAL:
                 work += self._on_control_toggle(toggle)
-            elif self._snapshot_interval and m.is_leader and self._leader_active() and self.local is not None \
-                    and self.local.pub.position - self._last_snapshot_position >= self._snapshot_interval:
-                self._take_leader_action(ToggleState.SNAPSHOT, "snapshot interval reached")
-                work += 1
+            elif m.is_leader and self._leader_active():
+                work += self._check_snapshot_interval()
             if m.is_leader:
                 work += self._leader_work(now)
                 if self._leader_active() and self.sessions.check_timeouts(m.leadership_term_id, self._cluster_now):
@@ -464,10 +461,8 @@ class ConsensusAgent(
                 self._append_leader_action()
             if self._service_acks:
                 work += self._service_ack_work()
-            if (self._snapshot is not None and self._snapshot.ack is None
-                    and now - self._snapshot.started_ns > self.cfg.timeouts.snapshot_timeout_ns):
-                self._snapshot_timed_out()
-                work += 1
+            if self._snapshot is not None and self._snapshot.ack is None:
+                work += self._snapshot_work(now)
             if self._snapshot is not None and self._snapshot.ack is not None:
                 driver.release_sends()  # it awaits the archive (see _execute)
                 driver.unclaim_receive()

@@ -1,9 +1,12 @@
-"""Cluster control: the operator's toggle (suspend, resume, snapshot, shutdown, abort).
+"""Cluster control's shell: the operator's toggle read, the control core's effects carried out.
 
 A part of :class:`~cluster_node.consensus.agent.ConsensusAgent` (mixed into it). The operator
-sets the control-toggle counter (``cluster-node tool ...``); the leader acts on it and puts
-NEUTRAL back (the reference's ClusterControl). Snapshot, shutdown and abort become an action
-the leader puts into the log once everything queued before it is in.
+sets the control-toggle counter (``cluster-node tool ...``); the decisions (suspend, resume,
+snapshot, shutdown, abort; the module state; when a leader action goes into the log) are the
+sans-I/O ``control_core.ClusterControlCore``'s, owned by the consensus module
+(``module.control``). This part reads the counter, passes it in with the local log's position,
+and runs what the core returns, at once and in order (:meth:`_run_control`): counters, log lines,
+the ClusterActionRequest offered to the local log, messages to members and to the service.
 """
 
 from __future__ import annotations
@@ -14,108 +17,124 @@ import structlog
 
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC
-from cluster_node.consensus.termination import PendingTermination
-from cluster_node.identifiers import ModuleState, ToggleState
+from cluster_node.consensus import effects as fx
+from cluster_node.identifiers import ToggleState
 
 log = structlog.get_logger("consensus")
 
 
 class ClusterControl:
-    """The leader's handling of the control toggle (see the module docstring)."""
+    """The shell of the control core (see the module docstring)."""
+
+    # The core's state, read by the rest of the agent.
+
+    @property
+    def _control(self):
+        return self.module.control
+
+    @property
+    def suspended(self) -> bool:
+        return self.module is not None and self.module.control.suspended
+
+    @property
+    def _snapshot(self):
+        return None if self.module is None else self.module.control.snapshots.pending
+
+    @property
+    def _termination(self):
+        return None if self.module is None else self.module.control.termination.pending
+
+    @property
+    def _leader_action(self):
+        return None if self.module is None else self.module.control.leader_action
 
     def _leader_active(self) -> bool:
-        """The leader takes client messages, fires timers and appends service messages only in
-        state ACTIVE: not suspended, and no snapshot or termination under way."""
-        return (not self.suspended and self._leader_action is None and self._snapshot is None
-                and self._termination is None)
+        return self.module.control.leader_active
+
+    # Inputs.
+
+    def _leader_append_state(self) -> tuple[int | None, bool]:
+        """(the local log's position, or None; whether an action can go into it now: nothing
+        queued before it and every reader joined)."""
+        local = self.local
+        if local is None:
+            return None, False
+        return local.pub.position, not self._appends and self._joined(local)
 
     def _on_control_toggle(self, toggle: int) -> int:
-        """An operator's request (``cluster-node tool ...``): the reference's ClusterControl.
-
-        SUSPEND/RESUME switch ingress off and on. SNAPSHOT appends a ClusterActionRequest: every
-        member snapshots at its position; the toggle goes back to NEUTRAL when this member's
-        snapshot set is written (or failed). SHUTDOWN is a snapshot followed by every member
-        stopping at that position; ABORT stops every member at the current log position with no
-        snapshot. Anything not applicable (not the leader, wrong state) is refused: NEUTRAL is
-        put back with a warning.
-
-        Beyond the reference, where every action needs state ACTIVE, an operator can always stop
-        the cluster: ABORT is also taken while SUSPENDED or while a snapshot is under way (which
-        it abandons), and SHUTDOWN while SUSPENDED, or once a snapshot under way has ended (the
-        toggle stays set meanwhile).
-        """
-        m = self.module
-        state = self.counters["cm-state"]
-        toggle_counter = self.counters["control-toggle"]
-        snapshotting = self._leader_action == ToggleState.SNAPSHOT or self._snapshot is not None
-        if m.is_leader and self._termination is None and snapshotting and toggle in (
-                ToggleState.SNAPSHOT, ToggleState.SHUTDOWN):
-            return 0  # a snapshot is in progress: NEUTRAL (or the shutdown) comes when it is done
-        if not m.is_leader:
-            log.warning("cluster control ignored: not the leader", toggle=toggle)
-        elif toggle == ToggleState.SUSPEND and state.get() == ModuleState.ACTIVE:
-            self.suspended = True
-            state.set(ModuleState.SUSPENDED)
-            log.info("cluster suspended: client messages wait until resume")
-        elif toggle == ToggleState.RESUME and state.get() == ModuleState.SUSPENDED:
-            self.suspended = False
-            self.sessions.on_resume(self._cluster_now)
-            state.set(ModuleState.ACTIVE)
-            log.info("cluster resumed")
-        elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
-              and state.get() == ModuleState.ACTIVE and self._leader_active()):
-            self._take_leader_action(toggle, "cluster control")
-            if toggle == ToggleState.SNAPSHOT:
-                return 1  # NEUTRAL once the snapshot is done
-        elif toggle == ToggleState.ABORT and self._termination is None and (self.suspended or snapshotting):
-            if snapshotting:
-                self._abandon_snapshot("cluster control: ABORT")
-            self._take_leader_action(toggle, "cluster control")
-        elif toggle == ToggleState.SHUTDOWN and self._termination is None and self.suspended:
-            self._take_leader_action(toggle, "cluster control")
-        elif toggle in (ToggleState.SHUTDOWN, ToggleState.ABORT) and self._termination is not None:
-            log.info("cluster control: already stopping", toggle=toggle, log_position=self._termination.position)
-        else:
-            log.warning("cluster control not applicable", toggle=toggle, state=state.get())
-        toggle_counter.set(ToggleState.NEUTRAL)
-        return 1
-
-    _ACTION_NAMES = {ToggleState.SNAPSHOT: "SNAPSHOT", ToggleState.SHUTDOWN: "SHUTDOWN", ToggleState.ABORT: "ABORT"}
+        """An operator's request (the core decides: ``ClusterControlCore.on_toggle``)."""
+        position, can_append = self._leader_append_state()
+        effects = self._control.on_toggle(toggle, time.monotonic_ns(), position, can_append)
+        self._run_control(effects)
+        return 1 if effects else 0
 
     def _take_leader_action(self, action: int, event: str) -> None:
-        """Leader, state ACTIVE: stop taking input and put ``action`` into the log (now, or once
-        what is queued before it is in)."""
-        self._leader_action = action
-        self.counters["cm-state"].set(ModuleState.TERMINATING if action == ToggleState.ABORT else ModuleState.SNAPSHOT)
-        log.info(event, action=self._ACTION_NAMES[action],
-                 append_position=self.local.pub.position if self.local else None,
-                 last_snapshot_position=self._last_snapshot_position)
-        self._append_leader_action()
+        position, can_append = self._leader_append_state()
+        self._run_control(self._control.take_leader_action(action, event, time.monotonic_ns(), position, can_append))
 
     def _append_leader_action(self) -> None:
-        """Put the taken SNAPSHOT/SHUTDOWN/ABORT into the log once everything queued before it is
-        in (its position is then the position of the state it names)."""
-        action = self._leader_action
-        m = self.module
-        local = self.local
-        if action is None or self._appends or local is None or not self._joined(local):
-            return
+        position, can_append = self._leader_append_state()
+        self._run_control(self._control.append_leader_action(time.monotonic_ns(), position, can_append))
+
+    def _check_snapshot_interval(self) -> int:
+        position, can_append = self._leader_append_state()
+        effects = self._control.check_snapshot_interval(time.monotonic_ns(), position, can_append)
+        self._run_control(effects)
+        return 1 if effects else 0
+
+    # Effects: carried out at once, in order (the core may call back: the action's position).
+
+    def _run_control(self, effects) -> None:
+        for e in effects:
+            CONTROL_HANDLERS[type(e)](self, e)
+
+    def _set_module_state(self, e: fx.SetModuleState) -> None:
+        self.counters["cm-state"].set(e.state)
+
+    def _reset_control_toggle(self, e: fx.ResetControlToggle) -> None:
+        toggle = self.counters["control-toggle"]
+        if e.only_if is None or toggle.get() == e.only_if:
+            toggle.set(ToggleState.NEUTRAL)
+
+    def _cluster_resumed(self, e: fx.ClusterResumed) -> None:
+        self.sessions.on_resume(self._cluster_now)
+
+    def _control_note(self, e: fx.ControlNote) -> None:
+        getattr(log, e.level)(e.event, **dict(e.fields))
+
+    def _append_cluster_action(self, e: fx.AppendClusterAction) -> None:
+        position = self.local.pub.offer(LOG_CODEC.encode(e.message))
+        if position < 0:
+            return  # back-pressure: the core asks again next duty cycle
         now = time.monotonic_ns()
-        term = m.leadership_term_id
-        timeout = self.cfg.timeouts.termination_timeout_ns
-        if action == ToggleState.ABORT:
-            position = local.pub.position
-        else:
-            request = codecs.ClusterActionRequest(term, local.pub.position, self._cluster_now, codecs.ClusterAction.SNAPSHOT,
-                                                  codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
-            position = local.pub.offer(LOG_CODEC.encode(request))
-            if position < 0:
-                return  # back-pressure: try again next duty cycle
-            self._recording_progress_ns = now
-            self._begin_snapshot(position, term)
-        self._leader_action = None
-        if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
-            self._termination = PendingTermination(position, term, now + timeout, acks=set())
-            m.terminating = True
-            log.info("termination position set", log_position=position, leadership_term_id=term,
-                     snapshot=action == ToggleState.SHUTDOWN, timeout_ms=timeout // 1_000_000)
+        self._recording_progress_ns = now
+        self._run_control(self._control.on_cluster_action_appended(position, now))
+
+    def _notify_service_termination(self, e: fx.NotifyServiceTermination) -> None:
+        if self._send_service(codecs.ServiceTerminationPosition(e.position)):
+            self._control.termination.on_service_notified()
+
+    def _snapshot_failed_effect(self, e: fx.SnapshotFailed) -> None:
+        self.errors += 1
+        self.counters["errors"].add(1)
+        log.error(e.message, **dict(e.fields))
+
+    def _write_recording_log_now(self, e: fx.WriteRecordingLog) -> None:
+        self._apply_recording_log(e.writes)  # fail-stop, as the effect's rule says
+
+
+CONTROL_HANDLERS = {
+    fx.SetModuleState: ClusterControl._set_module_state,
+    fx.ResetControlToggle: ClusterControl._reset_control_toggle,
+    fx.ClusterResumed: ClusterControl._cluster_resumed,
+    fx.ControlNote: ClusterControl._control_note,
+    fx.AppendClusterAction: ClusterControl._append_cluster_action,
+    fx.NotifyServiceTermination: ClusterControl._notify_service_termination,
+    fx.SnapshotFailed: ClusterControl._snapshot_failed_effect,
+    fx.WriteRecordingLog: ClusterControl._write_recording_log_now,
+    fx.SendToMember: lambda self, e: self._send_to_member(e),
+    fx.Terminate: lambda self, e: self._terminate(e),
+    fx.SnapshotTaken: lambda self, e: self._snapshot_taken(e),
+}
+"""Effect type -> handler for what the control core returns (all synchronous; a RecordSnapshot,
+which awaits the archive, is run by ``snapshot_taker`` in the duty cycle)."""

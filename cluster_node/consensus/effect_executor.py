@@ -24,12 +24,14 @@ from archive.client import ArchiveError
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
 from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus.cluster_control import ClusterControl
 from cluster_node.consensus.consensus_adapter import DIGESTED
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.module import Role
 from cluster_node.consensus.node_files import NodeStateError
+from cluster_node.consensus.snapshot_taker import SnapshotTaker
+from cluster_node.consensus.termination import Termination
 from cluster_node.exit_codes import ExitCode, NodeFailure
-from cluster_node.identifiers import ModuleState
 
 log = structlog.get_logger("consensus")
 
@@ -150,9 +152,6 @@ class EffectExecutor:
     async def _election_complete(self, e: fx.ElectionComplete) -> None:
         m = self.module
         self.counters["election-state"].set(int(ElectionState.CLOSED))
-        if self.suspended:  # a new leadership starts active
-            self.suspended = False
-            self.counters["cm-state"].set(ModuleState.ACTIVE)
         self.counters["leadership-term-id"].set(e.leadership_term_id)
         self.counters["leader-member-id"].set(e.leader_member_id)
         self.counters["election-count"].set(m.election_count)
@@ -169,8 +168,6 @@ class EffectExecutor:
                  adapter_position=self._adapter_position(), commit_position=m.commit_position)
 
     def _rollback_uncommitted(self, e: fx.RollbackUncommitted) -> None:
-        self._abandon_snapshot("the log is being torn down for an election")
-        self._abandon_termination("an election started")
         self.sessions.rollback(e.commit_position, leadership_term_id=self.module.leadership_term_id,
                                now_ns=self._clock.now())
         self.timers.rollback(e.commit_position)
@@ -272,6 +269,18 @@ EFFECT_HANDLERS = {
     fx.StopReplication: EffectExecutor._stop_replication,
     fx.StartCatchupReplay: EffectExecutor._start_catchup_replay_effect,
     fx.StopCatchupReplay: EffectExecutor._stop_catchup_replay,
+    # The control core's (module.control): most reach the agent from its calls
+    # (cluster_control._run_control); an election's start and end put theirs in the module's list.
+    fx.SetModuleState: ClusterControl._set_module_state,
+    fx.ResetControlToggle: ClusterControl._reset_control_toggle,
+    fx.ClusterResumed: ClusterControl._cluster_resumed,
+    fx.ControlNote: ClusterControl._control_note,
+    fx.AppendClusterAction: ClusterControl._append_cluster_action,
+    fx.NotifyServiceTermination: ClusterControl._notify_service_termination,
+    fx.SnapshotFailed: ClusterControl._snapshot_failed_effect,
+    fx.SnapshotTaken: SnapshotTaker._snapshot_taken,
+    fx.RecordSnapshot: SnapshotTaker._record_snapshot,
+    fx.Terminate: Termination._terminate,
 }
 """Effect type -> handler ``(agent, effect)``. Every effect type of ``effects.py`` has one."""
 

@@ -38,6 +38,18 @@ StopReplication / StopReplay          (nothing; late reports for old ids are ign
 StartCatchupReplay / StopCatchup...   (nothing; the follower's AppendPositions show progress)
 SnapshotNeeded                        (nothing; the shell ends the member, SNAPSHOT_NEEDED, and
                                       its next start copies a snapshot)
+AppendClusterAction                   ``control.on_cluster_action_appended(position)`` once the
+                                      local log took it (nothing on back-pressure: it is asked
+                                      for again by the next ``append_leader_action``)
+NotifyServiceTermination              ``control.termination.on_service_notified()`` once the
+                                      service's stream took it; its ack comes back through
+                                      ``control.on_service_ack``
+RecordSnapshot                        ``control.on_snapshot_recorded(e, recording_id)`` or
+                                      ``control.on_snapshot_record_failed(e, error)``
+SetModuleState, ResetControlToggle,   (nothing; counters, log lines, the sessions' resume)
+ClusterResumed, ControlNote,
+SnapshotFailed, SnapshotTaken
+Terminate                             (nothing; the member stops)
 RoleChanged, ElectionStateChanged,    (nothing; counters, logs, the service and clients)
 CommitPositionChanged, NewLeader,
 ElectionComplete, RollbackUncommitted
@@ -79,6 +91,19 @@ subscription, destinations            followers time the leader out (or the lead
                                       and a new election opens the log again
 SnapshotNeeded                        **stop** either way: SNAPSHOT_NEEDED once recording.log is
                                       moved aside, PERSIST_FAILED when it cannot be
+AppendClusterAction                   continue: the action stays taken and is offered again next
+                                      pass; nothing else is appended meanwhile
+NotifyServiceTermination              continue: offered again next pass; the member does not stop
+                                      before its service has acked
+RecordSnapshot                        continue (counted, logged as a failed snapshot): nothing
+                                      refers to what was recorded, the previous snapshot stays
+                                      the latest; its recording.log entries come after it as a
+                                      ``WriteRecordingLog`` (fail-stop)
+Terminate                             continue: the member is stopping anyway; its term's end
+                                      came before it as a ``WriteRecordingLog`` (fail-stop)
+SetModuleState, ResetControlToggle,   continue: counters and log lines; the next change
+ClusterResumed, ControlNote,          overwrites them
+SnapshotFailed, SnapshotTaken
 RoleChanged, ElectionStateChanged,    continue: counters, log lines and session bookkeeping; they
 CommitPositionChanged, NewLeader,     touch no file and the next change overwrites them
 ElectionComplete, RollbackUncommitted
@@ -137,6 +162,16 @@ __all__ = [
     "NewLeader",
     "ElectionComplete",
     "RollbackUncommitted",
+    "SetModuleState",
+    "ResetControlToggle",
+    "ClusterResumed",
+    "ControlNote",
+    "AppendClusterAction",
+    "NotifyServiceTermination",
+    "RecordSnapshot",
+    "SnapshotTaken",
+    "SnapshotFailed",
+    "Terminate",
 ]
 
 
@@ -403,6 +438,101 @@ class SnapshotNeeded(Effect):
     leader_member_id: int
     leader_log_start_position: int
     append_position: int
+
+
+# ------------------------------------------------------------------------- cluster control
+# From ``control_core`` (the operator's toggle, snapshots, termination): see its docstring.
+
+
+@dataclass(frozen=True, slots=True)
+class SetModuleState(Effect):
+    """The consensus module state counter (``identifiers.ModuleState``: ACTIVE, SUSPENDED,
+    SNAPSHOT, TERMINATING, CLOSED), which the operator's tools read."""
+
+    state: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetControlToggle(Effect):
+    """Put NEUTRAL back into the control toggle counter: the request was taken, refused or is
+    done. ``only_if``: only when the toggle still holds that request (a SNAPSHOT that ended);
+    None: whatever it holds."""
+
+    only_if: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterResumed(Effect):
+    """The leader leaves SUSPENDED: client messages are read again (the sessions core learns
+    that its clients were not heard from meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlNote(Effect):
+    """One log line of the control cores (``level`` ``info``/``warning``), with its fields."""
+
+    level: str
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AppendClusterAction(Effect):
+    """Leader: append ``message`` (a ``codecs.ClusterActionRequest``) to the local log, after
+    everything queued before it; report where it ends (``on_cluster_action_appended``)."""
+
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyServiceTermination(Effect):
+    """Tell the service to stop at ``position`` (ServiceTerminationPosition); it acks with a
+    ServiceAck at or beyond it."""
+
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSnapshot(Effect):
+    """The service acked its snapshot at ``position`` (its recording ``service_recording_id``):
+    record the consensus module's own state as of that position (sessions, timers, pending
+    service messages) and report the recording."""
+
+    position: int
+    leadership_term_id: int
+    term_base_log_position: int
+    service_recording_id: int
+    timestamp: int
+    started_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTaken(Effect):
+    """A snapshot set is complete and in recording.log: counters and the log line."""
+
+    position: int
+    leadership_term_id: int
+    recording_id: int
+    service_recording_id: int
+    started_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFailed(Effect):
+    """A snapshot was given up (the service failed or did not ack in time, or the module's
+    own recording failed): counted in the error counter and logged as an error."""
+
+    message: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Terminate(Effect):
+    """This member stops at the agreed termination ``position``: its term's end is already
+    committed in recording.log (a ``WriteRecordingLog`` before this); the process exits."""
+
+    position: int
+    leadership_term_id: int
 
 
 FAIL_STOP_EFFECTS: frozenset[type[Effect]] = frozenset({PersistCandidateTerm, WriteRecordingLog, TruncateRecording})

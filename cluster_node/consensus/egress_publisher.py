@@ -23,7 +23,6 @@ from cluster_node.consensus.session_effects import (
     SendEgress,
     TakeSnapshot,
 )
-from cluster_node.identifiers import ModuleState, ToggleState
 
 log = structlog.get_logger("consensus")
 
@@ -69,10 +68,10 @@ class EgressPublisher:
                 self.input_errors.record(f"foreign {e.kind}", f"a {e.kind} for a session from an ingress image "
                                          "other than the session's own was dropped", session=e.cluster_session_id)
             elif type(e) is TakeSnapshot:
-                m = self.module
-                if (m.is_leader and self._leader_action is None and self._leader_active()
-                        and self.counters["cm-state"].get() == ModuleState.ACTIVE):
-                    self._take_leader_action(ToggleState.SNAPSHOT, "admin request")
+                position, can_append = self._leader_append_state()
+                effects = self._control.on_admin_snapshot(time.monotonic_ns(), position, can_append)
+                if effects is not None:
+                    self._run_control(effects)
                 else:
                     log.warning("admin request: snapshot not taken, the cluster is no longer ACTIVE",
                                 session=e.cluster_session_id)

@@ -20,7 +20,6 @@ from cluster_node.codecs import INGRESS_CODEC, SESSION_HEADER_LENGTH, SESSION_ME
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.module import Role
 from cluster_node.consensus.response_channel import response_channel_refusal
-from cluster_node.identifiers import ModuleState
 
 log = structlog.get_logger("consensus")
 
@@ -111,8 +110,7 @@ class IngressAdapter:
                 self.sessions.on_admin_request(
                     msg, current_term_id=m.leadership_term_id, now_ns=self._cluster_now,
                     image_session_id=header.session_id,
-                    can_snapshot=(self.counters["cm-state"].get() == ModuleState.ACTIVE and self._leader_active()
-                                  and self._leader_action is None))
+                    can_snapshot=self._control.can_take_snapshot)
 
     def _ingress_source_host(self, image_session_id: int) -> str | None:
         """The address the ingress image of ``image_session_id`` receives from (its first

@@ -237,6 +237,9 @@ class SimConfig:
     (``sim_sessions``) instead of sending bare messages."""
     session_timeout_ns: int = 1 * S
     """With sessions: the leader closes a session silent for this long (its cluster time)."""
+    control: bool = False
+    """The operator's requests too (snapshot, shutdown, abort, suspend, resume) and the members'
+    snapshots and terminations: ``tests/support/sim_control.py``."""
 
 
 @dataclass
@@ -346,7 +349,7 @@ class Simulation:
         time_ns, _, kind, args = heapq.heappop(self._queue)
         self.now_ns = time_ns
         self.events += 1
-        _DISPATCH[kind](self, *args)
+        self._dispatch[kind](self, *args)
         return True
 
     def run_for(self, duration_ns: int) -> None:
@@ -1094,6 +1097,7 @@ _DISPATCH = {
     _UNBLOCK: Simulation._on_unblock,
     _CLIENTS_STOP: Simulation._on_clients_stop,
 }
+Simulation._dispatch = _DISPATCH  # a model in a subclass (sim_control) extends or overrides it
 
 
 def random_config(seed: int) -> SimConfig:
@@ -1116,6 +1120,7 @@ def random_config(seed: int) -> SimConfig:
         clock_skew_ns=r.choice((0, 50 * MS, 2 * S)),
         sessions=True,
         session_timeout_ns=r.choice((300 * MS, 1 * S)),
+        control=True,
     )
 
 
@@ -1139,9 +1144,18 @@ def stress_config(seed: int) -> SimConfig:
     )
 
 
+def make_simulation(seed: int, config: SimConfig) -> Simulation:
+    """The simulation ``config`` asks for (with the control model when ``config.control``)."""
+    if config.control:
+        from tests.support.sim_control import ControlSimulation
+
+        return ControlSimulation(seed, config)
+    return Simulation(seed, config)
+
+
 def run_seed(seed: int, stress: bool = False) -> SimResult:
     config = stress_config(seed) if stress else random_config(seed)
-    return Simulation(seed, config).run()
+    return make_simulation(seed, config).run()
 
 
 def replay_command(seed: int, stress: bool = False) -> str:

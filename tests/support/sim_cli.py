@@ -1,6 +1,7 @@
 """Command line of the seed sweep: ``scripts/simulate --seeds N [--start-seed S]``.
 
-Runs ``tests.support.sim.run_seed`` for every seed in ``[S, S + N)`` (optionally over several
+Runs ``tests.support.sim.run_seed`` (the fault mix with the control model,
+``tests.support.sim_control``) for every seed in ``[S, S + N)`` (optionally over several
 processes; the result of a seed does not depend on how the sweep is split), prints one line per
 failing seed with the command that replays it, and prints one JSON object last::
 
@@ -25,7 +26,7 @@ import sys
 import time
 
 from tests.support.service_sim import ServiceLayerSim
-from tests.support.sim import Simulation, random_config, replay_command, run_seed, stress_config
+from tests.support.sim import make_simulation, random_config, replay_command, run_seed, stress_config
 
 _STRESS = False
 _SERVICE_LAYER = False
@@ -41,7 +42,7 @@ def _run(seed: int) -> tuple[int, list[str], int, dict[str, int]]:
 
 
 def _verbose(seed: int) -> int:
-    sim = Simulation(seed, stress_config(seed) if _STRESS else random_config(seed))
+    sim = make_simulation(seed, stress_config(seed) if _STRESS else random_config(seed))
     sim.trace_enabled = True
     result = sim.run()
     for line in sim.trace:

@@ -171,7 +171,9 @@ def test_the_effects_run_with_the_sends_held_are_the_ones_that_never_await():
         fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
         fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
         fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription, fx.SnapshotNeeded,
+        fx.CloseLogSubscription, fx.SnapshotNeeded, fx.SetModuleState, fx.ResetControlToggle, fx.ClusterResumed,
+        fx.ControlNote, fx.AppendClusterAction, fx.NotifyServiceTermination, fx.SnapshotFailed, fx.SnapshotTaken,
+        fx.Terminate,
     } == SYNC_EFFECTS
 
 
