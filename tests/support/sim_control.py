@@ -63,6 +63,10 @@ class ControlSimulation(Simulation):
     snapshot_timeout_ns = 400 * MS
     termination_timeout_ns = 1 * S
 
+    def coverage(self) -> dict[str, int]:
+        return {**super().coverage(), "cluster_actions": self.requests, "snapshots_taken": self.snapshots_taken,
+                "terminations": self.terminations}
+
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         config = config or SimConfig()
         config = replace(config, settings=replace(config.settings, snapshot_timeout_ns=self.snapshot_timeout_ns,
