@@ -603,6 +603,8 @@ def _all_message_types() -> dict[int, type[Message]]:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
         tag = cls.__struct_config__.tag
+        if not isinstance(tag, int):
+            raise AssertionError(f"{cls} has no integer tag (template id)")
         if tag in found and found[tag] is not cls:
             raise AssertionError(f"template id {tag} used by {found[tag]} and {cls}")
         found[tag] = cls

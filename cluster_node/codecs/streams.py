@@ -24,6 +24,8 @@ consensus              108         ConsensusMessage       no
 
 from __future__ import annotations
 
+from typing import cast
+
 import msgspec
 
 from cluster_node.codecs.messages import (
@@ -72,7 +74,7 @@ class StreamCodec:
     def __init__(self, name: str, union: object, *, carries_session_messages: bool) -> None:
         self.name = name
         self.union = union
-        members = getattr(union, "__args__", (union,))
+        members = cast("tuple[type[Message], ...]", getattr(union, "__args__", (union,)))
         self.message_types: frozenset[type[Message]] = frozenset(members)
         ids = {cls.TEMPLATE_ID for cls in members}
         if carries_session_messages:

@@ -57,7 +57,8 @@ class ClusterControlCore:
     def __init__(self, module, snapshot_timeout_ns: int, termination_timeout_ns: int,
                  snapshot_interval: int = 0) -> None:
         self.m = module
-        self.state = ModuleState.ACTIVE
+        self.state: int | None = ModuleState.ACTIVE
+        """The module state last set (None: unknown, the next set writes the counter)."""
         self.suspended = False
         self.leader_action: int | None = None
         """A SNAPSHOT/SHUTDOWN/ABORT taken and not yet in the log."""
@@ -226,7 +227,9 @@ class ClusterControlCore:
             if matched == "later":
                 break
             if self.snapshots.pending is None and self.termination.on_service_ack(q[0].log_position):
-                acked = self.termination.pending.service_acked
+                pending = self.termination.pending
+                assert pending is not None  # on_service_ack took the ack: a termination is pending
+                acked = pending.service_acked
                 q.popleft()
                 work += 1 if acked else 0
                 continue
@@ -254,8 +257,10 @@ class ClusterControlCore:
         if self.snapshots.service_failed(snap):
             return self._snapshot_failed("snapshot failed: the service could not take its snapshot; nothing recorded",
                                          log_position=snap.position)
+        ack = snap.ack
+        assert ack is not None  # take_acked returns acked snapshots only
         return [fx.RecordSnapshot(snap.position, snap.leadership_term_id, snap.term_base_log_position,
-                                  snap.ack.relevant_id, snap.ack.timestamp, snap.started_ns)]
+                                  ack.relevant_id, ack.timestamp, snap.started_ns)]
 
     def on_snapshot_recorded(self, e: fx.RecordSnapshot, recording_id: int, now_ns: int) -> list:
         """The module's snapshot is recorded: both go into recording.log (service 0, then the

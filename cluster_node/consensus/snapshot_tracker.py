@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from cluster_node import codecs
 from cluster_node.codecs import NULL_VALUE
 
 __all__ = ["PendingSnapshot", "SnapshotTracker", "MAX_QUEUED_ACKS"]
@@ -44,7 +45,7 @@ class PendingSnapshot:
     leadership_term_id: int
     term_base_log_position: int
     started_ns: int
-    ack: object = None  # the service's ServiceAck, once it came
+    ack: codecs.ServiceAck | None = None  # the service's ServiceAck, once it came
 
 
 class SnapshotTracker:
@@ -102,7 +103,7 @@ class SnapshotTracker:
     @staticmethod
     def service_failed(snap: PendingSnapshot) -> bool:
         """The service could not take its snapshot (it acked with no recording)."""
-        return snap.ack.relevant_id == NULL_VALUE
+        return snap.ack is not None and snap.ack.relevant_id == NULL_VALUE
 
     def recorded(self, position: int) -> None:
         self.last_snapshot_position = max(self.last_snapshot_position, position)
