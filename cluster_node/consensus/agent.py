@@ -182,6 +182,7 @@ class ConsensusAgent(
                 ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
                 ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
                 ("snapshot-transfers", CounterTypes.SNAPSHOT_TRANSFERS),
+                ("purge-request", CounterTypes.LOG_PURGE_REQUEST),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -442,6 +443,8 @@ class ConsensusAgent(
             toggle = self.counters["control-toggle"].get()
             if toggle != ToggleState.NEUTRAL:
                 work += self._on_control_toggle(toggle)
+            elif self.counters["purge-request"].get() > 0:
+                work += self._purge_request_work()
             elif self._snapshot_interval and m.is_leader and self._leader_active() and self.local is not None \
                     and self.local.pub.position - self._last_snapshot_position >= self._snapshot_interval:
                 self._take_leader_action(ToggleState.SNAPSHOT, "snapshot interval reached")
@@ -478,6 +481,14 @@ class ConsensusAgent(
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)
+            if self._purge_log_due:
+                driver.release_sends()  # it awaits the archive (see _execute)
+                driver.unclaim_receive()
+                try:
+                    await self._purge_log_now()
+                finally:
+                    driver.claim_receive(duties=True)
+                work += 1
             local = self.local
             if (self.record_now is not None and local is not None
                     and local.pub.position > self.last_recording_position):

@@ -168,3 +168,54 @@ async def test_offline_purge_log_seed_and_sort_then_the_cluster_starts_with_its_
                 lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
                 "digests of every member")
             assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
+
+
+async def test_purge_log_on_the_running_leader_purges_every_member_at_one_entry(tmp_path) -> None:
+    """Purge off, snapshots kept; under load, `tool purge-log` against the running leader: the
+    leader puts the request into the log, every member drops the older snapshot set and its log
+    before the kept one; refusals are one line; a kill -9 of all and a restart keep the state."""
+    from tests.integration.test_cluster_snapshot_transfer import log_recordings
+    from tests.integration.test_cluster_snapshots import atool, take_snapshot
+
+    with TestCluster(tmp_path, retain_snapshots=3, log_term_length=64 * 1024, segment_length=SEGMENT) as cluster:
+        leader = cluster.start()
+        follower = (leader + 1) % 3
+        await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
+        async with open_kv_client(cluster.client_config) as kv:
+            writer = AppendWriter(kv, cluster, window=8)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer.run)
+                for k in range(2):
+                    await cluster.await_for(lambda k=k: len(writer.acked) >= 400 * (k + 1), 60,
+                                            f"{400 * (k + 1)} appends acknowledged")
+                    await take_snapshot(cluster, leader)
+                r = await atool(cluster.nodes[leader].dir, "purge-log", "--snapshot", "3")
+                assert r.returncode == 1 and "fewer than 3 complete snapshot set(s)" in r.stderr, r.stdout + r.stderr
+                assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+                r = await atool(cluster.nodes[follower].dir, "purge-log")
+                assert r.returncode == 1 and "not the leader" in r.stderr, r.stdout + r.stderr
+                r = await atool(cluster.nodes[leader].dir, "purge-log", "--json")  # to the latest set
+                assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{cluster.diagnostics()}"
+                doc = json.loads(r.stdout)
+                assert doc["running"] and doc["snapshot_sets_kept"] == 1, doc
+                assert doc["log_start_position"] > doc["old_log_start_position"] == 0, doc
+                latest = RecordingLog.decode((cluster.nodes[leader].dir / "recording.log").read_bytes()) \
+                    .snapshot_sets(1)[0][0].log_position
+                for m in range(3):
+                    await cluster.await_for(
+                        lambda m=m: min(d.start_position for d in log_recordings(cluster, m)) > 0
+                        and len(RecordingLog.decode((cluster.nodes[m].dir / "recording.log").read_bytes())
+                                .snapshot_sets(1)) == 1, 60, f"member {m} purged")
+                    assert min(d.start_position for d in log_recordings(cluster, m)) <= latest
+                await cluster.await_for(lambda: len(writer.acked) >= 1000, 60, "appends go on after the purge")
+                writer.stop.set()
+            await writer.verify()
+        await trio.to_thread.run_sync(kill_all_and_restart, cluster)
+        async with open_kv_client(cluster.client_config, first_request_id=90_000_000) as kv:
+            await writer.verify(kv)
+            reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10, resend_s=2)
+            assert reply.status in (Status.OK, Status.NOT_FOUND)
+            digests = await cluster.await_for(
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
+                "digests of every member")
+            assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
