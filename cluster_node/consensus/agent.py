@@ -317,6 +317,7 @@ class ConsensusAgent(
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
+        await self.remove_orphan_recordings()
         await self._load_snapshot(plan)
         # Cluster time had reached at least the time this member wrote into its latest term or
         # snapshot entry (its cluster time then): a log wholly inside a snapshot is not replayed,

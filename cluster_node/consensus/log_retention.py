@@ -29,6 +29,7 @@ from archive.client import ArchiveError
 from archive.segments import segment_base_position
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC, NULL_POSITION, NULL_VALUE
+from cluster_node.consensus.recording_log import RecordingLog, RecordingLogError
 
 log = structlog.get_logger("consensus")
 
@@ -88,6 +89,56 @@ class LogRetention:
         if counter.get() > 0:
             counter.set(PURGE_DONE)
 
+    async def remove_orphan_recordings(self) -> list[int]:
+        """Remove the cluster's recordings (log and snapshot streams) that ``recording.log``
+        names nowhere: what a snapshot that failed part-way recorded (the service's recording
+        when the consensus module's failed, a recording cut short), and the old log and
+        snapshot recordings of a member seeded from another member's snapshot after its log fell
+        behind the leader's start (its old recording.log is kept aside, for reading only).
+
+        Kept: every recording an entry names, valid or not (an invalidated snapshot is the
+        operator's to look at), the ones ``recording.log.bak`` names (an operator's offline
+        rewrite may be undone), the current log recording, active recordings, and every
+        recording newer than the newest one named: a service's snapshot recorded just now has
+        no entry until its acknowledgement comes, so only what is older than a named one is
+        known to be left over. Called at start and after each snapshot; returns what went."""
+        cl = self.cfg.cluster
+        named = {e.recording_id for e in self.recording_log_file.log.entries}
+        backup = self.recording_log_file.path.with_name(self.recording_log_file.path.name + ".bak")
+        try:
+            named |= {e.recording_id for e in RecordingLog.decode(backup.read_bytes()).entries}
+        except FileNotFoundError:
+            pass
+        except (OSError, RecordingLogError) as e:
+            log.warning("recording.log.bak unreadable: no orphan recording removed", error=str(e))
+            return []
+        named.discard(NULL_VALUE)
+        if not named:
+            return []
+        newest_named = max(named)
+        streams = {cl.log_stream_id, cl.service_snapshot_stream_id, cl.consensus_module_snapshot_stream_id}
+        removed = []
+        try:
+            listed, page = [], await self.archive.list_recordings(0, 1000)
+            while page:  # the archive answers at most 1000 a time
+                listed += page
+                page = await self.archive.list_recordings(page[-1].recording_id + 1, 1000) \
+                    if len(page) == 1000 else []
+            candidates = [d for d in listed
+                          if d.stream_id in streams and d.recording_id < newest_named
+                          and d.recording_id not in named and d.recording_id != self.recording_id]
+            for d in candidates:
+                if await self.archive.get_recording_position(d.recording_id) != NULL_POSITION:
+                    continue  # still recording
+                await self.archive.purge_recording(d.recording_id)
+                removed.append(d.recording_id)
+        except ArchiveError as e:
+            log.warning("orphan recordings not all removed; tried again after the next snapshot",
+                        removed=removed, error=str(e))
+        if removed:
+            log.info("orphan recordings removed", recording_ids=removed)
+        return removed
+
     async def apply_retention(self, keep: int | None = None, purge: bool | None = None) -> dict:
         """Keep ``cluster.retain_snapshots`` snapshot sets (or ``keep``) and, with
         ``cluster.purge_log`` (or ``purge``), the log from the oldest of them on (see
@@ -143,6 +194,7 @@ class LogRetention:
             except ArchiveError as e:
                 log.warning("log segments not purged; tried again after the next snapshot",
                             recording_id=self.recording_id, target=target, error=str(e))
+        done["orphan_recordings_removed"] = await self.remove_orphan_recordings()
         if writes or removed or done["segment_files_removed"]:
             log.info("retention applied", **done)
         return done

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from cluster_node.service.examples.kv import Put, Status
+from tests.integration.test_cluster_retention import orphan_recordings
 from tests.integration.test_cluster_snapshot_transfer import log_recordings, same_digests
 from tests.integration.test_cluster_snapshots import atool, events, get_all
 from tests.support.cluster import KvClient, TestCluster, open_kv_client
@@ -62,6 +63,8 @@ async def test_members_behind_a_purged_log_are_seeded_from_a_snapshot(tmp_path) 
             await trio.to_thread.run_sync(cluster.restart, away)
             await cluster.await_for(lambda: cluster.caught_up([0, 1, 2]), 60, f"member {away} caught up")
             assert events(cluster, away, "seeded from a member's snapshot"), node.log_tail()
+            # Its old log recording (named only by the recording.log it moved aside) is gone.
+            assert not orphan_recordings(cluster, away), orphan_recordings(cluster, away)
             await same_digests(cluster, kv, "after-away")
 
             # Lost its disk: seeded at once, its log starts at a snapshot past the purge.

@@ -219,3 +219,44 @@ async def test_purge_log_on_the_running_leader_purges_every_member_at_one_entry(
                 lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
                 "digests of every member")
             assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
+
+
+def orphan_recordings(cluster: TestCluster, member_id: int) -> list[int]:
+    """The member's cluster recordings (log and snapshot streams) its recording.log names nowhere."""
+    node = cluster.nodes[member_id]
+    cl = node.cfg.cluster
+    catalog = Catalog.from_bytes((node.cfg.archive_dir / CATALOG_FILE_NAME).read_bytes(), strict=False)
+    named = {e.recording_id for e in RecordingLog.decode((node.dir / "recording.log").read_bytes()).entries}
+    streams = {cl.log_stream_id, cl.service_snapshot_stream_id, cl.consensus_module_snapshot_stream_id}
+    return [d.recording_id for d in catalog if d.stream_id in streams and d.recording_id not in named]
+
+
+async def test_recordings_of_a_snapshot_given_up_are_removed_after_the_next_one(tmp_path) -> None:
+    """A service slower to snapshot than `timeouts.snapshot_timeout`: the consensus module gives
+    the snapshot up, and the service's recording, made afterwards, is named by no entry. The next
+    snapshot's retention removes it (and a start would too); nothing named goes."""
+    import msgspec
+
+    from tests.integration.test_cluster_snapshots import atool, take_snapshot
+    from tests.support.cluster import SLOW_SNAPSHOT_KEY, TEST_TIMEOUTS
+
+    timeouts = msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1_000_000_000)
+    with TestCluster(tmp_path, timeouts=timeouts, retain_snapshots=3, expect_counted_errors=True,
+                     expected_errors=[r"snapshot failed"]) as cluster:
+        leader = cluster.start()
+        async with open_kv_client(cluster.client_config) as kv:
+            r = await kv.call(Put(kv.next_id(), SLOW_SNAPSHOT_KEY, b"3"), timeout=10)
+            assert r.status == Status.OK
+            r = await atool(cluster.nodes[leader].dir, "snapshot")
+            assert r.returncode == 1 and "snapshot failed" in r.stderr, r.stdout + r.stderr
+            await cluster.await_for(lambda: all(orphan_recordings(cluster, m) for m in range(3)), 60,
+                                    "the late service snapshot recorded on every member")
+            left = {m: orphan_recordings(cluster, m) for m in range(3)}
+            r = await kv.call(Put(kv.next_id(), SLOW_SNAPSHOT_KEY, b""), timeout=10)
+            assert r.status == Status.OK
+            await take_snapshot(cluster, leader)
+            for m in range(3):
+                await cluster.await_for(lambda m=m: not set(left[m]) & set(orphan_recordings(cluster, m)), 30,
+                                        f"member {m}'s recordings of the given-up snapshot removed")
+            r = await kv.call(Get(kv.next_id(), SLOW_SNAPSHOT_KEY), timeout=10)
+            assert r.status == Status.OK
