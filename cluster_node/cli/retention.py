@@ -260,23 +260,66 @@ def _read_log(node) -> RecordingLog:
 @tool.command("seed-recording-log-from-snapshot")
 @click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
               help="Services of the node (a snapshot set has one snapshot per service).")
+@click.option("--drop-log", is_flag=True,
+              help="Also remove the log recording: the node starts from the snapshot with a new, empty log "
+                   "(e.g. to change the log's term length or MTU) and catches up from the leader.")
+@click.option("--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log.")
 @click.pass_context
-def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int) -> None:
+def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int, drop_log: bool, log_stream_id: int) -> None:
     """Offline: write a recording.log holding only the latest valid snapshot set and the TERM
     entries of the log from it on, so the node starts from that snapshot only; the old file is
-    kept as recording.log.bak. The log recording is kept (`purge-log` removes what is before)."""
+    kept as recording.log.bak. The log recording is kept (`purge-log` removes what is before).
+
+    With --drop-log, recording.log keeps the snapshot set alone and the log recording is
+    removed from the archive (after recording.log is replaced); at its next start the node
+    creates an empty log recording at the snapshot's position with the configured term length
+    and MTU, and catches the log up from the leader. Its peers must hold the log after the
+    snapshot (a member of a running cluster does)."""
     node = _stopped(ctx, "seeding its recording.log")
+    removed: list[int] = []
     with directory_lock(node):
         rl = _read_log(node)
         try:
-            seeded = rl.seeded_from_latest_snapshot(service_count)
+            seeded = (rl.latest_snapshot_set_only(service_count) if drop_log
+                      else rl.seeded_from_latest_snapshot(service_count))
         except RecordingLogError as e:
             _fail(f"{node.path / RECORDING_LOG_FILE_NAME}: {e}: nothing seeded")
-        backup = _replace_recording_log(node.path, seeded)
+        if drop_log:
+            afd = _archive_locked(node.archive_dir, "drop its log")
+            try:
+                backup = _replace_recording_log(node.path, seeded)
+                removed = _drop_log_recordings(node.archive_dir, log_stream_id)
+            finally:
+                os.close(afd)
+        else:
+            backup = _replace_recording_log(node.path, seeded)
     snap = next(e for e in reversed(seeded.entries) if e.entry_type != ENTRY_TYPE_TERM and e.service_id == -1)
     click.echo(f"member {node.member_id}: recording.log seeded from the snapshot at log position {snap.log_position} "
                f"(leadership term {snap.leadership_term_id}): {len(seeded.entries)} of {len(rl.entries)} entries kept; "
                f"the old file is {backup.name}")
+    if drop_log:
+        click.echo(f"  log recording(s) removed: {', '.join(map(str, removed)) or 'none'}; the next start creates "
+                   f"an empty one at log position {snap.log_position}")
+
+
+def _drop_log_recordings(adir: Path, log_stream_id: int) -> list[int]:
+    """Every local (IPC) recording of the log stream: catalog state DELETED (synced), then its
+    files. recording.log names none of them any more (replaced before)."""
+    try:
+        store = CatalogStore(adir, sync_level=1)
+    except ArchiveStorageError as e:
+        raise click.ClickException(str(e)) from None
+    removed = []
+    try:
+        for d in list(store.catalog):
+            if d.stream_id == log_stream_id and d.original_channel.startswith("aeron:ipc"):
+                store.catalog.change_state(d.recording_id, RecordingState.DELETED)
+                store.flush(force_sync=True)
+                delete_segments(adir, d.recording_id)
+                removed.append(d.recording_id)
+    finally:
+        store.close()
+    return removed
 
 
 @tool.command("sort-recording-log")

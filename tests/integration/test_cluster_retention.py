@@ -260,3 +260,63 @@ async def test_recordings_of_a_snapshot_given_up_are_removed_after_the_next_one(
                                         f"member {m}'s recordings of the given-up snapshot removed")
             r = await kv.call(Get(kv.next_id(), SLOW_SNAPSHOT_KEY), timeout=10)
             assert r.status == Status.OK
+
+
+async def test_seed_with_drop_log_lets_a_cluster_start_again_with_another_term_length(tmp_path) -> None:
+    """`tool shutdown`, then on every member `seed-recording-log-from-snapshot --drop-log` and a
+    new log term length in its config: the cluster starts from the snapshot with new, empty
+    log recordings of the new term length, holds every acknowledged write and takes new ones."""
+    from tests.integration.test_cluster_snapshot_transfer import log_recordings, same_digests
+    from tests.integration.test_cluster_snapshots import (
+        atool,
+        await_exits,
+        events,
+        get_all,
+        put_all,
+        restart_all,
+        take_snapshot,
+        tool,
+    )
+
+    with TestCluster(tmp_path, log_term_length=64 * 1024, segment_length=256 * 1024) as cluster:
+        leader = cluster.start()
+        data = {f"k{i}": b"v%d" % i for i in range(300)}
+        async with open_kv_client(cluster.client_config) as kv:
+            await put_all(kv, data)
+        r = await atool(cluster.nodes[leader].dir, "shutdown")
+        assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{cluster.diagnostics()}"
+        await await_exits(cluster, range(3), 30)
+        old = {m: [d.recording_id for d in log_recordings(cluster, m)] for m in range(3)}
+        for m in range(3):
+            r = tool(cluster.nodes[m].dir, "seed-recording-log-from-snapshot", "--drop-log")
+            assert r.returncode == 0 and "log recording(s) removed" in r.stdout, r.stdout + r.stderr
+            rl = RecordingLog.decode((cluster.nodes[m].dir / "recording.log").read_bytes())
+            assert rl.last_term() is None and len(rl.snapshot_sets(1)) == 1
+            assert not log_recordings(cluster, m)
+            path = cluster.nodes[m].config_path
+            text = path.read_text()
+            assert 'log_term_length = "64k"' in text, text
+            path.write_text(text.replace('log_term_length = "64k"', 'log_term_length = "128k"'))
+        await trio.to_thread.run_sync(restart_all, cluster)
+        async with open_kv_client(cluster.client_config) as kv:
+            assert await get_all(kv, data) == data
+            await put_all(kv, {f"n{i}": b"x" for i in range(300)})
+            assert await get_all(kv, ["n0", "n299"]) == {"n0": b"x", "n299": b"x"}
+        for m in range(3):
+            recs = log_recordings(cluster, m)
+            assert recs and not {d.recording_id for d in recs} & set(old[m])
+            assert all(d.term_buffer_length == 128 * 1024 for d in recs), recs
+        # One member alone, the others running: its log is caught up from its snapshot on.
+        leader = cluster.wait_for_leader(30)
+        one = (leader + 1) % 3
+        async with open_kv_client(cluster.client_config, first_request_id=1_000_000) as kv:
+            await take_snapshot(cluster, leader)
+            await put_all(kv, {f"p{i}": b"y" for i in range(200)})
+            assert await trio.to_thread.run_sync(cluster.nodes[one].terminate) == 0
+            r = tool(cluster.nodes[one].dir, "seed-recording-log-from-snapshot", "--drop-log")
+            assert r.returncode == 0, r.stdout + r.stderr
+            await put_all(kv, {f"q{i}": b"z" for i in range(200)})
+            await trio.to_thread.run_sync(cluster.restart, one)
+            await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {one} caught up")
+            assert events(cluster, one, "log recording created at the snapshot"), cluster.nodes[one].log_tail()
+            await same_digests(cluster, kv, "after-drop-log")
