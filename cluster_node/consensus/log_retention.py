@@ -7,7 +7,7 @@ in ``RecordingLog.retention``). Its order is what lets a member killed at any st
 An operator's purge on a running cluster (``cluster-node tool purge-log`` against the leader)
 goes through the log, so that every member purges at the same entry and by the same rule::
 
-    tool       compare-and-sets the leader's purge-request counter (type 1205) from <= 0 to N
+    tool       compare-and-sets the leader's purge-request counter (type 1206) from <= 0 to N
     leader     appends ClusterActionRequest(action PURGE_LOG, flags N) once nothing else is
                under way (a snapshot or a termination first), then purges itself
     follower   meets that entry in the live log and purges itself (a replay at start skips it:
