@@ -82,7 +82,7 @@ class _Backup:
         self.core = b.ClusterBackupCore(
             [m.id for m in members],
             b.BackupSettings(response_timeout_ns=bc.response_timeout_ns, query_interval_ns=bc.query_interval_ns,
-                             cool_down_ns=bc.cool_down_ns),
+                             cool_down_ns=bc.cool_down_ns, progress_timeout_ns=bc.progress_timeout_ns),
             rl, bc.service_count, time.monotonic_ns(), random.Random(), live_log=live)
         self._scanned = live[1] if live else -1
         """Our recorded log is read for NewLeadershipTermEvents up to here."""
@@ -140,6 +140,8 @@ class _Backup:
             await self._start_live_replay(e)
         elif t is b.StopLiveLog:
             await self._stop_live_log()
+        elif t is b.ProbeSource:
+            await self._probe_source()
         elif t is WriteRecordingLog:
             self.rl_file.apply(e.writes)
 
@@ -174,6 +176,19 @@ class _Backup:
         if self._scanned < 0:
             self._scanned = e.position
         self.core.on_live_log_replay_started(signal_.recording_id, time.monotonic_ns())
+
+    async def _probe_source(self) -> None:
+        """Ask the source member's archive for its log recording's position (a quarter of the
+        progress timeout at most): an answer tells the core the member is there."""
+        remote, resp = self._remote, self.core.response
+        if remote is None or resp is None:
+            return
+        with trio.move_on_after(self.cfg.backup.progress_timeout_ns / 4e9):
+            try:
+                await remote.get_max_recorded_position(resp.log_recording_id)
+            except ArchiveError:
+                return
+            self.core.on_source_heard(time.monotonic_ns())
 
     async def _stop_live_log(self) -> None:
         remote, self._remote = self._remote, None
@@ -263,7 +278,7 @@ class _Backup:
         if core.state != self._last_state:
             self._last_state = core.state
             log.info("backup state", state=core.state.name, live_log_position=core.live_position,
-                     member=core.source_member_id)
+                     member=core.source_member_id, last_failure=core.failure or None)
 
     async def run(self) -> None:
         core = self.core

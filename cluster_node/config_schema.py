@@ -450,6 +450,11 @@ class BackupSection(_Section):
     cool_down_ns: int = 30 * _S
     """After a failure (a member's archive unreachable, a copy refused), wait this long in
     RESET_BACKUP before querying again."""
+    progress_timeout_ns: int = 10 * _S
+    """While the live log is copied, the member it comes from is probed (its archive asked a
+    small question) four times per this timeout; when neither its log advanced nor it answered
+    for this long, it is taken for gone and the cluster is queried again at once, without
+    waiting for its replay to go silent for the driver's image liveness timeout. 0: off."""
     service_count: int = 1
     """Clustered services of the cluster (a snapshot set has one snapshot per service)."""
 

@@ -46,6 +46,8 @@ class CounterTypes:
     node while this node leads (-1 when it does not lead), so a lagging follower shows on the
     leader."""
     SNAPSHOT_TRANSFERS = 1204
+    LOG_PURGE_REQUEST = 1206
+    """An operator's ``tool purge-log`` on the running leader (``consensus/log_retention.py``)."""
     """1 when this start copied its snapshot set from another member (an empty directory), else 0."""
 
 

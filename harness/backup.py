@@ -19,7 +19,8 @@ __all__ = ["Backup"]
 class Backup:
     """A ``cluster-node backup`` process and its directory."""
 
-    def __init__(self, cluster: TestCluster, base: Path, query_interval: str = "1h", secret_file: str = "") -> None:
+    def __init__(self, cluster: TestCluster, base: Path, query_interval: str = "1h", secret_file: str = "",
+                 image_liveness_timeout: str = "2s", progress_timeout: str | None = None) -> None:
         self.dir = base / "backup"
         self.config = base / "backup.toml"
         self.config.write_text(
@@ -29,11 +30,12 @@ class Backup:
             f'query_interval = "{query_interval}"\n'
             'response_timeout = "1s"\n'
             'cool_down = "1s"\n'
+            + (f'progress_timeout = "{progress_timeout}"\n' if progress_timeout is not None else "") +
             "[cluster]\n"
             f'members = "{cluster.nodes[0].cfg.members_text}"\n'
             + (f'secret_file = "{secret_file}"\n' if secret_file else "") +
             "[driver]\n"
-            'image_liveness_timeout = "2s"\n'
+            f'image_liveness_timeout = "{image_liveness_timeout}"\n'
             'publication_connection_timeout = "2s"\n'
             'term_length = "4m"\n'
             'ipc_term_length = "4m"\n'
@@ -70,6 +72,19 @@ class Backup:
         logs = self.dir / "logs" / "backup.log"
         tail = "\n".join(logs.read_text(errors="replace").splitlines()[-30:]) if logs.exists() else ""
         return f"---- backup output ----\n{text}\n---- backup log ----\n{tail}"
+
+    def events(self, name: str) -> list[dict]:
+        """The backup's JSON log lines with this event name."""
+        path = self.dir / "logs" / "backup.log"
+        out = []
+        for line in (path.read_text(errors="replace").splitlines() if path.exists() else []):
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") == name:
+                out.append(e)
+        return out
 
     def log_recording(self):
         catalog = Catalog.from_bytes((self.dir / "archive" / CATALOG_FILE_NAME).read_bytes(), strict=False)

@@ -91,28 +91,43 @@ class KvClient:
     async def append(self, key: str, value: bytes, timeout: float = 10.0) -> Reply:
         return await self.call(Append(self.next_id(), key, value), timeout)
 
-    async def pipeline(self, requests: list, timeout: float = 30.0, window: int = 256) -> dict[int, Reply]:
-        """Send ``requests`` with up to ``window`` in flight; wait for every reply (or raise)."""
+    async def pipeline(self, requests: list, timeout: float = 30.0, window: int = 256,
+                       resend_s: float | None = None) -> dict[int, Reply]:
+        """Send ``requests`` with up to ``window`` in flight; wait for every reply (or raise).
+
+        With ``resend_s`` (idempotent requests only), the requests in flight are sent again
+        whenever the oldest has had no reply for that long: messages in flight when the leader
+        steps down may never be applied, or be applied without a reply (the reference's
+        semantics: the client resends)."""
         deadline = trio.current_time() + timeout
+        by_id = {req.request_id: req for req in requests}
         pending: list[int] = []
         for req in requests:
             while len(pending) >= window:
-                await self._await_first(pending, deadline)
+                await self._await_first(pending, deadline, by_id, resend_s)
             await self.send(req, max(0.1, deadline - trio.current_time()))
             pending.append(req.request_id)
             pending = [rid for rid in pending if rid not in self.replies]
         while pending:
-            await self._await_first(pending, deadline)
+            await self._await_first(pending, deadline, by_id, resend_s)
             pending = [rid for rid in pending if rid not in self.replies]
         return {req.request_id: self.replies[req.request_id] for req in requests}
 
-    async def _await_first(self, pending: list[int], deadline: float) -> None:
+    async def _await_first(self, pending: list[int], deadline: float, by_id: dict | None = None,
+                           resend_s: float | None = None) -> None:
         rid = pending[0]
-        left = deadline - trio.current_time()
-        if left <= 0 or await self.wait_reply(rid, left) is None:
-            raise TimeoutError(f"no reply to request {rid} in time ({len(pending)} pending)")
-        pending[:] = [r for r in pending if r not in self.replies]
-
+        while True:
+            left = deadline - trio.current_time()
+            if left <= 0:
+                break
+            if await self.wait_reply(rid, left if resend_s is None else min(left, resend_s)) is not None:
+                pending[:] = [r for r in pending if r not in self.replies]
+                return
+            if resend_s is None or by_id is None:
+                break
+            for r in [r for r in pending if r not in self.replies]:
+                await self.send(by_id[r], max(0.1, deadline - trio.current_time()))
+        raise TimeoutError(f"no reply to request {rid} in time ({len(pending)} pending)")
 
 def open_kv_client(config: ClientConfig, first_request_id: int = 1, **kwargs):
     """``async with open_kv_client(cfg) as kv``: a connected :class:`KvClient`."""

@@ -124,7 +124,7 @@ def tool(ctx: click.Context, node_dir: Path) -> None:
       describe, pid, is-leader, list-members, recording-log, recovery-plan, errors,
       describe-latest-snapshot
     Cluster control (the leader of a running cluster):
-      suspend, resume, snapshot, shutdown, abort
+      suspend, resume, snapshot, shutdown, abort, purge-log
     Offline edit (a stopped node):
       invalidate-latest-snapshot, skip-entry, purge-log,
       seed-recording-log-from-snapshot, sort-recording-log

@@ -126,6 +126,9 @@ class ClusterAction(enum.IntEnum):
     SUSPEND = 0
     RESUME = 1
     SNAPSHOT = 2
+    PURGE_LOG = 16
+    """Beyond the reference (``cluster-node tool purge-log`` on a running cluster): every member
+    reaching the entry removes its log before its N-th latest snapshot set (N in ``flags``)."""
 
 
 class SnapshotMark(enum.IntEnum):

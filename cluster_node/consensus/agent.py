@@ -181,6 +181,7 @@ class ConsensusAgent(
                 ("last-snapshot-duration-ns", CounterTypes.LAST_SNAPSHOT_DURATION),
                 ("max-snapshot-duration-ns", CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION),
                 ("snapshot-transfers", CounterTypes.SNAPSHOT_TRANSFERS),
+                ("purge-request", CounterTypes.LOG_PURGE_REQUEST),
             )
         }
         self.counters["control-toggle"].set(ToggleState.NEUTRAL)
@@ -311,6 +312,7 @@ class ConsensusAgent(
         log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
                  committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
                  snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
+        await self.remove_orphan_recordings()
         await self._load_snapshot(plan)
         # Cluster time had reached at least the time this member wrote into its latest term or
         # snapshot entry (its cluster time then): a log wholly inside a snapshot is not replayed,
@@ -441,6 +443,8 @@ class ConsensusAgent(
             toggle = self.counters["control-toggle"].get()
             if toggle != ToggleState.NEUTRAL:
                 work += self._on_control_toggle(toggle)
+            elif self.counters["purge-request"].get() > 0:
+                work += self._purge_request_work()
             elif m.is_leader and self._leader_active():
                 work += self._check_snapshot_interval()
             if m.is_leader:
@@ -473,6 +477,14 @@ class ConsensusAgent(
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)
+            if self._purge_log_due:
+                driver.release_sends()  # it awaits the archive (see _execute)
+                driver.unclaim_receive()
+                try:
+                    await self._purge_log_now()
+                finally:
+                    driver.claim_receive(duties=True)
+                work += 1
             local = self.local
             if (self.record_now is not None and local is not None
                     and local.pub.position > self.last_recording_position):

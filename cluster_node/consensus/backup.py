@@ -68,6 +68,7 @@ __all__ = [
     "StartLogRecording",
     "StartLiveLogReplay",
     "StopLiveLog",
+    "ProbeSource",
     "snapshot_set_is_complete",
 ]
 
@@ -117,6 +118,11 @@ class BackupSettings:
     """Seeding gives up (and the member starts with an empty log) when no member has answered
     with a snapshot set within this long; it does at once when a majority of the cluster,
     itself included, has none."""
+    progress_timeout_ns: int = 10 * _S
+    """While the live log is copied: the source member is taken for gone when neither its log
+    advanced nor its archive answered a probe (``ProbeSource``, four per timeout) for this long;
+    the copy stops and the cluster is queried again at once. Without it a dead source is noticed
+    only when its replay image goes silent for the image liveness timeout."""
 
 
 # ------------------------------------------------------------------ effects
@@ -126,6 +132,14 @@ class BackupSettings:
 class SendBackupQuery:
     member_id: int
     correlation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSource:
+    """Ask the source member's archive something small; answer with ``on_source_heard`` when it
+    answers (nothing when it does not)."""
+
+    member_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +236,8 @@ class ClusterBackupCore:
         """Seed: whether a snapshot set was copied (False: start with an empty log)."""
         self.highest_term_seen = NULL_VALUE
         self._query_due = False
+        self._source_heard_ns = now_ns
+        self._next_probe_ns = now_ns
         self._enter_query(now_ns)
 
     # ------------------------------------------------------------------ plumbing
@@ -417,6 +433,8 @@ class ClusterBackupCore:
         resp = self._used_response()
         self._set_state(BackupState.LIVE_LOG_REPLAY)
         self._live_running = True
+        self._source_heard_ns = now_ns
+        self._next_probe_ns = now_ns + self.settings.progress_timeout_ns // 4
         self._emit(StartLiveLogReplay(resp.member_id, resp.log_recording_id, self._replay_from,
                                       resp.commit_position_counter_id))
 
@@ -448,6 +466,27 @@ class ClusterBackupCore:
     def on_live_log_position(self, position: int, now_ns: int) -> None:
         if position > self.live_position:
             self.live_position = position
+            self._source_heard_ns = now_ns
+
+    def on_source_heard(self, now_ns: int) -> None:
+        """The source member's archive answered a probe: it is there (its log may just be idle)."""
+        self._source_heard_ns = max(self._source_heard_ns, now_ns)
+
+    def _progress_work(self, now_ns: int) -> int:
+        """The live log's source: probed while copying, given up when silent (settings)."""
+        timeout = self.settings.progress_timeout_ns
+        if not self._live_running or self._stopping or timeout <= 0:
+            return 0
+        if now_ns - self._source_heard_ns > timeout:
+            self.failure = (f"member {self.source_member_id} silent for {(now_ns - self._source_heard_ns) // 1_000_000} ms "
+                            "while the live log was copied")
+            self._stop_live_log()  # then on_live_log_ended queries again
+            return 1
+        if now_ns >= self._next_probe_ns:
+            self._next_probe_ns = now_ns + timeout // 4
+            self._emit(ProbeSource(self.source_member_id))
+            return 1
+        return 0
 
     def on_new_term(self, leadership_term_id: int, term_base_log_position: int, timestamp_ms: int,
                     now_ns: int) -> None:
@@ -518,6 +557,9 @@ class ClusterBackupCore:
         s = self.state
         if s == BackupState.BACKUP_QUERY:
             return self._query_work(now_ns)
+        if s in (BackupState.LIVE_LOG_REPLAY, BackupState.UPDATE_RECORDING_LOG, BackupState.BACKING_UP) \
+                and self._progress_work(now_ns):
+            return 1
         if s == BackupState.BACKING_UP and (self._query_due or now_ns >= self._deadline_ns):
             self._query_due = False
             if not self._stop_live_log():

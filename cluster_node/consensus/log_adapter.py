@@ -94,6 +94,8 @@ class LogAdapter:
             # taken its snapshot here too (its ack carries the recording).
             self._begin_snapshot(header.position, msg.leadership_term_id)
             raise StopPolling
+        elif t is codecs.ClusterActionRequest and msg.action == codecs.ClusterAction.PURGE_LOG and self._replay is None:
+            self._on_log_purge_request(msg.flags, header.position)
 
     def _follower_work(self) -> int:
         work = 0

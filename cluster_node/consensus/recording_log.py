@@ -494,6 +494,15 @@ class RecordingLog:
         services = sorted(latest[1:], key=lambda e: -e.service_id)
         return RecordingLog._of(sorted([*terms, *services, cm], key=RecordingLog._order))
 
+    def latest_snapshot_set_only(self, service_count: int) -> RecordingLog:
+        """A log holding the latest valid snapshot set alone (no TERM entry: the log recording is
+        dropped, and a start creates an empty one at the snapshot's position). RecordingLogError
+        when there is no complete valid set."""
+        sets = self.snapshot_sets(service_count)
+        if not sets:
+            raise RecordingLogError("no complete valid snapshot set to seed from")
+        return RecordingLog._of(sorted(sets[0], key=RecordingLog._order))
+
     @classmethod
     def _of(cls, entries: list[Entry]) -> RecordingLog:
         log = cls()

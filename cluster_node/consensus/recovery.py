@@ -208,8 +208,22 @@ class Recovery:
         """Find the log recording; on a node's first start, create an empty one at position 0."""
         rl = self.recording_log_file.log
         last = rl.last_term()
+        sets = rl.snapshot_sets(self.service_count) if last is None else []
         if last is not None and last.recording_id != NULL_VALUE:
             self.recording_id = last.recording_id
+        elif sets:
+            # Snapshot entries and no TERM: `tool seed-recording-log-from-snapshot --drop-log`
+            # dropped the log (to start with another term length or MTU). A new, empty log
+            # recording at the snapshot's position and a TERM entry for it, as a seeded member
+            # gets: the log is caught up from there.
+            cm = sets[0][0]
+            self.recording_id = await create_empty_recording(
+                self.archive, self.driver, self._local_channel(cm.log_position, self._new_local_session()),
+                self.log_stream_id)
+            self.recording_log_file.apply(rl.append_term(self.recording_id, cm.leadership_term_id,
+                                                         cm.term_base_log_position, cm.timestamp))
+            log.info("log recording created at the snapshot", recording_id=self.recording_id,
+                     log_position=cm.log_position)
         else:
             for d in await self.archive.list_recordings():
                 # Only a log from 0 is of use without recording.log: one starting later (a

@@ -94,3 +94,35 @@ async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_
         assert not missing, (sorted(missing)[:10], cluster.diagnostics())
     finally:
         backup.kill()
+
+
+async def test_a_dead_source_is_left_after_the_progress_timeout_not_the_image_liveness_timeout(
+        cluster: TestCluster, tmp_path: Path) -> None:
+    """The backup's driver keeps silent images for a minute; its progress timeout is 1 s. The
+    member it copies the log from is killed: the backup queries again and follows another
+    member well within that minute, so the progress timeout noticed it (the deadline below is
+    shorter than the image liveness timeout)."""
+    leader = cluster.start()
+    backup = Backup(cluster, tmp_path, image_liveness_timeout="60s", progress_timeout="1s")
+    backup.start()
+    try:
+        await cluster.await_for(lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60,
+                                "the backup BACKING_UP")
+        async with open_kv_client(cluster.client_config) as kv:
+            await put_all(kv, {f"a{i}": b"%d" % i for i in range(100)})
+            source = backup.events("live log replay started")[-1]["member"]
+            term = cluster.counters()[leader].term
+            cluster.nodes[source].kill()
+            if source == leader:
+                leader = await cluster.await_leader(30, min_term=term + 1, exclude=[source])
+            for i in range(100):
+                r = await kv.call(Put(kv.next_id(), f"b{i}", b"x"), timeout=10, resend_s=2)
+                assert r.status == Status.OK
+            commit = commit_of(cluster, leader)
+            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 40,
+                                    f"the backup's live log at {commit}, from a member other than {source}")
+            started = backup.events("live log replay started")
+            assert started[-1]["member"] != source, started
+        assert backup.stop() == 0, backup.describe()
+    finally:
+        backup.kill()

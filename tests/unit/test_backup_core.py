@@ -211,3 +211,35 @@ def test_incomplete_snapshot_set_is_not_used():
     assert not b.snapshot_set_is_complete(SNAPS[:1], 1)
     assert b.snapshot_set_is_complete(SNAPS, 1)
     assert not b.snapshot_set_is_complete(SNAPS, 2)
+
+
+def _backing_up(c):
+    (q,) = c.drain_effects()
+    c.on_response(response(q.correlation_id, q.member_id, q.member_id, snapshots=()), 1)
+    for e in c.drain_effects():
+        if isinstance(e, b.StartLogRecording):
+            c.on_log_recording(-1, 2)
+    c.drain_effects()
+    c.on_live_log_replay_started(102, 3)
+    c.drain_effects()
+    assert c.state == b.BackupState.BACKING_UP
+    return q.member_id
+
+
+def test_a_silent_source_is_probed_then_given_up_before_any_image_timeout():
+    c = core()
+    source = _backing_up(c)
+    timeout = c.settings.progress_timeout_ns
+    # Probes four times a timeout; an answer (or log progress) keeps the source.
+    c.do_work(3 + timeout // 4)
+    assert c.drain_effects() == [b.ProbeSource(source)]
+    c.on_source_heard(3 + timeout // 4)
+    c.do_work(3 + timeout)
+    assert c.drain_effects() == [b.ProbeSource(source)] and c.state == b.BackupState.BACKING_UP
+    c.on_live_log_position(9000, 3 + timeout)
+    # Then silence for longer than the timeout: the live log stops, and its end queries again.
+    c.do_work(4 + 2 * timeout)
+    assert b.StopLiveLog() in c.drain_effects() and "silent" in c.failure
+    c.on_live_log_ended(9000, 5 + 2 * timeout)
+    (q,) = c.drain_effects()
+    assert isinstance(q, b.SendBackupQuery) and c.state == b.BackupState.BACKUP_QUERY

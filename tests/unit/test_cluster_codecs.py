@@ -270,7 +270,9 @@ def test_enum_values_follow_the_reference():
     assert [(e.name, e.value) for e in EventCode] == [
         ("OK", 0), ("ERROR", 1), ("REDIRECT", 2), ("AUTHENTICATION_REJECTED", 3), ("CLOSED", 4)]
     assert [(e.name, e.value) for e in CloseReason] == [("CLIENT_ACTION", 0), ("SERVICE_ACTION", 1), ("TIMEOUT", 2)]
-    assert [(e.name, e.value) for e in ClusterAction] == [("SUSPEND", 0), ("RESUME", 1), ("SNAPSHOT", 2)]
+    # PURGE_LOG is ours (a live `tool purge-log`), numbered apart from the reference's actions.
+    assert [(e.name, e.value) for e in ClusterAction] == [("SUSPEND", 0), ("RESUME", 1), ("SNAPSHOT", 2),
+                                                          ("PURGE_LOG", 16)]
     assert [(e.name, e.value) for e in SnapshotMark] == [("BEGIN", 0), ("SECTION", 1), ("END", 2)]
     assert [(e.name, e.value) for e in ClusterTimeUnit] == [("MILLIS", 0), ("MICROS", 1), ("NANOS", 2)]
     assert [(e.name, e.value) for e in AdminRequestType] == [("SNAPSHOT", 0)]
