@@ -4,7 +4,7 @@ Every channel to or from a member that the backup machinery opens is built here,
 parameter every member channel must carry is added once: ``auth=mac`` when the cluster has a
 member key (``cluster.secret_file``; a backup holds the same key as the members). The response
 channel a BackupQuery names carries none: a member answers only a plain ``endpoint=H:P``
-(media.channel.reply_channel_refusal), so a BackupResponse is not authenticated; it names only
+(cluster_node.media.channel.reply_channel_refusal), so a BackupResponse is not authenticated; it names only
 recordings the backup then copies from the configured members' archives, over MAC'd channels.
 """
 

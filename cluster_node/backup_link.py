@@ -15,12 +15,12 @@ import random
 import structlog
 import trio
 
-from archive.client import ArchiveClient, ArchiveError
-from archive.codecs import ControlResponseCode, RecordingSignal
 from cluster_node import codecs
+from cluster_node.archive.client import ArchiveClient, ArchiveError
+from cluster_node.archive.codecs import ControlResponseCode, RecordingSignal
 from cluster_node.backup_channels import archive_control_channel, consensus_channel, response_channel
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
-from media.distinct_errors import DistinctErrors
+from cluster_node.media.distinct_errors import DistinctErrors
 
 __all__ = ["BackupLink", "retrieve_snapshot", "create_empty_recording"]
 

@@ -28,12 +28,12 @@ import time
 import structlog
 import trio
 
-from archive import codecs as ac
-from archive.client import ArchiveClient, ArchiveError
-from archive.conductor import ArchiveConfig, open_archive
-from archive.frame_walk import iter_frames
-from archive.segments import FRAME_TYPE_DATA
 from cluster_node import codecs
+from cluster_node.archive import codecs as ac
+from cluster_node.archive.client import ArchiveClient, ArchiveError
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.segments import FRAME_TYPE_DATA
 from cluster_node.backup_channels import archive_control_channel, archive_local_channel, replay_channel
 from cluster_node.backup_link import BackupLink, retrieve_snapshot
 from cluster_node.codecs import LOG_CODEC, CodecError, peek_template_id
@@ -42,9 +42,9 @@ from cluster_node.consensus import backup as b
 from cluster_node.consensus.backup import BackupCounterTypes
 from cluster_node.consensus.effects import WriteRecordingLog
 from cluster_node.consensus.recording_log_file import RecordingLogFile
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.private_files import make_private_dir
 from cluster_node.node import member_keys
-from media.driver import open_media_driver
-from media.private_files import make_private_dir
 
 __all__ = ["run_backup"]
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.recording_log import Entry, RecordingLog
 from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
+from cluster_node.media.counters import CountersError, CountersReader
 from cluster_node.node_inspect import (
     CM_STATE_NAMES,
     COUNTER_TYPES,
@@ -46,7 +47,6 @@ from cluster_node.node_inspect import (
     role_name,
     snapshot_services,
 )
-from media.counters import CountersError, CountersReader
 
 # ------------------------------------------------------------------------------ cluster control
 

@@ -16,7 +16,7 @@ import msgspec
 from cluster_node.config_units import _MS, _S, ConfigError, _prefixed
 from cluster_node.driver_dir import default_driver_dir
 from cluster_node.identifiers import StreamIds
-from media.channel import ChannelError, parse_endpoint
+from cluster_node.media.channel import ChannelError, parse_endpoint
 
 SERVICE_ERROR_POLICIES = ("record", "stop")
 """The values of ``node.service_errors`` (``cluster_node.service.errors.ServiceErrorPolicy``)."""
@@ -196,7 +196,7 @@ class TimeoutsSection(_Section):
 
 
 class DriverSection(_Section):
-    """Media driver settings (``media.driver.DriverConfig``); defaults from the reference driver."""
+    """Media driver settings (``cluster_node.media.driver.DriverConfig``); defaults from the reference driver."""
 
     dir: str = ""
     """Empty: for a node, a directory of its own under /dev/shm (``cluster_node.driver_dir``;
@@ -223,7 +223,7 @@ class DriverSection(_Section):
     """New images a receive endpoint makes per second: forged SETUPs are cheap to send."""
 
     def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
-        """Keyword arguments for ``media.driver.open_media_driver`` / ``DriverConfig``."""
+        """Keyword arguments for ``cluster_node.media.driver.open_media_driver`` / ``DriverConfig``."""
         return dict(
             dir=Path(self.dir) if self.dir else default_dir,
             mtu=self.mtu,
@@ -255,7 +255,7 @@ class ArchiveSection(_Section):
     connect_timeout_ns: int = 5 * _S
     frame_checksums: bool = True
     """New recordings carry a CRC-32 in every frame, checked by replays and ``archive verify``
-    (archive/checksums.py); false records without (a recording that has them keeps them)."""
+    (cluster_node/archive/checksums.py); false records without (a recording that has them keeps them)."""
     low_space_threshold: int = 0
     """Warn (once, in the log and in ``cluster-node tool errors``) when the free space of the
     archive's filesystem falls below this size, checked as each segment file is started and

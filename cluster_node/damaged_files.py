@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from archive.catalog import Catalog
-from archive.catalog_layout import CatalogError
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.catalog_layout import CatalogError
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.node_files import NODE_STATE_FILE_NAME, NodeStateError, NodeStateFile
 from cluster_node.consensus.recording_log import NULL_VALUE, RecordingLog, RecordingLogError
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME

@@ -9,7 +9,7 @@ they live in shared memory, as the reference's do::
     /dev/shm/pycluster-<uid>/<node dir name>-<8 hex digits of the node dir's absolute path>/
         node-dir          the node directory that owns this one (text), for tools and clean-up
         counters.dat      the counters (``cluster-node stat``)
-        ...               log buffers (``media.ipc``, ``media.driver``)
+        ...               log buffers (``cluster_node.media.ipc``, ``cluster_node.media.driver``)
 
 Without a writable /dev/shm the default is ``<node dir>/driver``. The mark file in the node
 directory records the driver directory in use, so tools that are given the node directory find it.
@@ -23,7 +23,7 @@ directory was deleted (a test's, a demo's) leaves its shared memory until the ne
 The root's name is predictable, so another user of the host could make it first (or replace a
 driver directory in it) to read or swap the node's shared memory: :func:`prepare` makes the
 root and the node's driver directory 0700 and refuses to use either when it is not this user's
-own, with one line (``media.private_files``).
+own, with one line (``cluster_node.media.private_files``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import os
 import shutil
 from pathlib import Path
 
-from media.private_files import FILE_MODE, check_private_dir, make_private_dir
+from cluster_node.media.private_files import FILE_MODE, check_private_dir, make_private_dir
 
 __all__ = [
     "SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "in_shm_root", "prepare", "claim",
@@ -69,7 +69,7 @@ def default_driver_dir(node_dir: str | Path) -> Path:
 
 def prepare(driver_dir: Path) -> None:
     """Make ``driver_dir`` (and, for one under the shared-memory root, the root) if missing, and
-    check that each is this user's own (``media.private_files.check_private_dir``); raises
+    check that each is this user's own (``cluster_node.media.private_files.check_private_dir``); raises
     ``UnsafeDirectoryError`` with the line for the operator."""
     driver_dir = Path(driver_dir)
     if in_shm_root(driver_dir):

@@ -376,7 +376,7 @@ class Supervisor:
             m, pid, child = entry
             if child:
                 return m.poll() is None
-            from media.counters import pid_alive
+            from cluster_node.media.counters import pid_alive
 
             return pid_alive(pid)
 

@@ -190,7 +190,7 @@ def _remove_generated(base_dir: Path) -> None:
 
 def check_ports(configs) -> None:
     """Every fixed UDP port of the members must be free (else a one-line error naming it)."""
-    from media.channel import parse_endpoint
+    from cluster_node.media.channel import parse_endpoint
 
     seen = set()
     for cfg in configs:

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import structlog
 
-from media.private_files import DIR_MODE, FILE_MODE
+from cluster_node.media.private_files import DIR_MODE, FILE_MODE
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 

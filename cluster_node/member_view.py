@@ -64,7 +64,7 @@ class CounterIds:
 def read_member_view(counters_path: Path, member_id: int, cache: CounterIds | None = None) -> MemberView:
     """The member's cluster counters from its driver's counters file (a missing or unreadable
     file gives an empty view: the member has not started yet, or its directory is gone)."""
-    from media.counters import CountersError, CountersReader
+    from cluster_node.media.counters import CountersError, CountersReader
 
     try:
         reader = CountersReader.open(counters_path)

@@ -1,7 +1,7 @@
 """A node's counters as data: one JSON object for scripts, the Prometheus text format for a
 monitoring system.
 
-Both are read from the driver's counters file (``media.counters``), mapped read-only, by any
+Both are read from the driver's counters file (``cluster_node.media.counters``), mapped read-only, by any
 process: ``cluster-node stat --json`` and ``cluster-node stat --prometheus --listen HOST:PORT``
 work on a live node without touching its process, and an exporter serves whichever directory it
 is pointed at. The exposition format is written by hand (it is a few lines of text per metric)
@@ -23,8 +23,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cluster_node.identifiers import CounterTypes
+from cluster_node.media.counters import (
+    CounterInfo,
+    CountersError,
+    CountersReader,
+    CounterType,
+    SystemCounter,
+    pid_alive,
+)
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
-from media.counters import CounterInfo, CountersError, CountersReader, CounterType, SystemCounter, pid_alive
 
 __all__ = ["CLUSTER_METRICS", "counters_snapshot", "prometheus_text", "serve_prometheus", "parse_listen"]
 

@@ -27,10 +27,10 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from archive.client import ArchiveClient
-from archive.conductor import ArchiveConfig, open_archive
-from archive.storage import ArchiveDamagedError
 from cluster_node import affinity
+from cluster_node.archive.client import ArchiveClient
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.archive.storage import ArchiveDamagedError
 from cluster_node.auth import AuthLoadError, load_authenticator, load_authorisation
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.agent import ConsensusAgent
@@ -39,6 +39,9 @@ from cluster_node.damaged_files import check_node_files, damaged
 from cluster_node.driver_dir import claim, in_shm_root, prepare, sweep_orphans
 from cluster_node.exit_codes import ExitCode, NodeFailure, fail
 from cluster_node.keep_awake import KeepAwake
+from cluster_node.media.distinct_errors import ERROR_TABLE_FILES
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
 from cluster_node.node_identity import (
     NodeIdentityDamagedError,
     NodeIdentityError,
@@ -51,9 +54,6 @@ from cluster_node.service.container import ServiceContainer
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, ServiceErrorStop, service_errors_label
 from cluster_node.service.skips import SkipListError
 from cluster_node.service.skips import skip_positions as skip_positions_of
-from media.distinct_errors import ERROR_TABLE_FILES
-from media.driver import open_media_driver
-from media.private_files import UnsafeDirectoryError, make_private_dir, tighten_own_dir
 
 __all__ = ["run_node", "NodeStartError", "exit_on_component_failure"]
 
@@ -146,7 +146,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
     auth = "|auth=mac" if keys else ""
     node_dir = cfg.node_dir
     try:
-        # Its files are the member's whole history: no other user reads them (media.private_files).
+        # Its files are the member's whole history: no other user reads them (cluster_node.media.private_files).
         make_private_dir(node_dir)
         tighten_own_dir(node_dir)
     except OSError as e:
@@ -351,7 +351,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
 
 def exit_on_component_failure(component, code: ExitCode) -> None:
     """A task of ``component`` (the media driver or the archive) that fails ends the node with
-    ``code`` and one line naming the task (media.task_failure, cluster_node.exit_codes), rather
+    ``code`` and one line naming the task (cluster_node.media.task_failure, cluster_node.exit_codes), rather
     than unwinding the process under the service thread."""
     component.on_task_failure = lambda failure: fail(code, str(failure))
 

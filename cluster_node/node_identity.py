@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from cluster_node.consensus.node_files import read_mark_file
-from media.private_files import create_new
+from cluster_node.media.private_files import create_new
 
 __all__ = ["IDENTITY_FILE_NAME", "NodeIdentityError", "NodeIdentityDamagedError", "check_identity", "record_identity"]
 

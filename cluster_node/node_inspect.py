@@ -27,13 +27,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from archive.catalog import Catalog
-from archive.catalog_layout import CatalogError, RecordingDescriptor
-from archive.conductor import RECORDING_POSITION_TYPE_ID
-from archive.frame_walk import iter_frames
-from archive.recovery import recovered_end
-from archive.segments import FRAME_FLAG_BEGIN, FRAME_FLAG_END, FRAME_TYPE_DATA, align, segment_file_name
-from archive.storage import CATALOG_FILE_NAME, REBUILD_HINT, ArchiveStorageError, list_segments
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.catalog_layout import CatalogError, RecordingDescriptor
+from cluster_node.archive.conductor import RECORDING_POSITION_TYPE_ID
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.recovery import recovered_end
+from cluster_node.archive.segments import FRAME_FLAG_BEGIN, FRAME_FLAG_END, FRAME_TYPE_DATA, align, segment_file_name
+from cluster_node.archive.storage import CATALOG_FILE_NAME, REBUILD_HINT, ArchiveStorageError, list_segments
 from cluster_node.codecs import (
     LOG_CODEC,
     SESSION_HEADER_LENGTH,
@@ -72,8 +72,8 @@ from cluster_node.identifiers import (
     StreamIds,
     code_name,
 )
+from cluster_node.media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID
-from media.counters import COUNTERS_FILE_NAME, CountersError, CountersReader, pid_alive
 
 
 class NodeDirError(Exception):

@@ -24,10 +24,10 @@ import random
 
 import trio
 
-from archive.client import ArchiveClient, ArchiveError
-from archive.codecs import RecordingSignal
+from cluster_node.archive.client import ArchiveClient, ArchiveError
+from cluster_node.archive.codecs import RecordingSignal
 from cluster_node.identifiers import StreamIds
-from media.channel import parse
+from cluster_node.media.channel import parse
 
 __all__ = ["IpcDriver", "SnapshotIOError", "record_snapshot", "read_recording", "SNAPSHOT_TERM_LENGTH",
            "MAX_SNAPSHOT_RECORD_LENGTH", "REPLAY_STREAM_ID"]

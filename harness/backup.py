@@ -8,8 +8,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from archive.catalog import Catalog
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.identifiers import StreamIds
 from harness.cluster import ROOT, TestCluster, _node_command
 

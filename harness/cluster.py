@@ -47,10 +47,10 @@ from pathlib import Path
 import msgspec
 import trio
 
-from archive.catalog import Catalog
-from archive.frame_walk import iter_frames
-from archive.segments import FRAME_TYPE_DATA
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.segments import FRAME_TYPE_DATA
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.config import (
     DEMO_DRIVER,
     DEMO_TIMEOUTS,
@@ -60,6 +60,7 @@ from cluster_node.config import (
     write_loopback_cluster,
 )
 from cluster_node.driver_dir import in_shm_root
+from cluster_node.media.counters import CountersError, CountersReader
 from cluster_node.service.examples.kv import (
     Append,
     Get,
@@ -113,7 +114,6 @@ from harness.node import (  # noqa: F401
     _node_command,
     _shorten,
 )
-from media.counters import CountersError, CountersReader
 
 TEST_TIMEOUTS = DEMO_TIMEOUTS
 """Election timeout 1 s, leader heartbeat every 100 ms, leader heartbeat timeout 2 s, startup

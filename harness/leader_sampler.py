@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cluster_node.media.counters import CountersError, CountersReader
 from harness.node import _COUNTER_TYPES, CLOSED, LEADER
-from media.counters import CountersError, CountersReader
 
 if TYPE_CHECKING:
     from harness.cluster import TestCluster

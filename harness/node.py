@@ -22,8 +22,8 @@ from cluster_node.config import (
     NodeConfig,
     load_node_config,
 )
+from cluster_node.media.counters import CountersError, CountersReader, CounterType
 from harness.digest_service import DIGEST_DIR_ENV
-from media.counters import CountersError, CountersReader, CounterType
 
 if TYPE_CHECKING:
     from harness.cluster import TestCluster

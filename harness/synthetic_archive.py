@@ -13,7 +13,7 @@ fire (TimerEvent); services send messages of their own (negative cluster session
 ClusterActionRequest asks for a snapshot. Everything is seeded.
 
 :func:`write_archive` writes one node directory: ``archive/archive.catalog`` (through
-``archive.catalog``) with the log recording and a small consensus-module snapshot recording on
+``cluster_node.archive.catalog``) with the log recording and a small consensus-module snapshot recording on
 stream 107 (which log readers must skip), and the segment files ``<recording_id>-<base>.rec``
 holding the raw stream at ``position - base``. Padding frames are written header-only with the
 rest of the term a hole of zeros, as the archive does. :func:`write_cluster` writes the nodes of a
@@ -28,8 +28,8 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from archive.catalog import Catalog
-from archive.segments import (
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.segments import (
     FRAME_FLAG_BEGIN,
     FRAME_FLAG_END,
     FRAME_TYPE_DATA,

@@ -20,7 +20,7 @@ Everything runs in one process, on files in a temporary directory (``--dir`` to 
 * **baseline read**: the segment files read back with ``os.preadv`` in the replay's read size.
 
 Recordings carry frame checksums as the archive's default does (``ArchiveConfig.frame_checksums``,
-``archive.checksums``); ``--no-checksums`` records without them, for the cost side by side.
+``cluster_node.archive.checksums``); ``--no-checksums`` records without them, for the cost side by side.
 
 The page cache is warm in both the archive's and the baseline's runs, so the figures compare CPU
 work, not disks. The last line printed is one JSON object. ``--quick`` finishes within 30 s.
@@ -40,12 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
-from archive.catalog import Catalog
-from archive.client import ArchiveClient
-from archive.conductor import ArchiveConfig, open_archive
-from archive.recorder import RecordingSession
-from archive.storage import CatalogStore, SegmentWriter
-from media.driver import open_media_driver
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.client import ArchiveClient
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.archive.recorder import RecordingSession
+from cluster_node.archive.storage import CatalogStore, SegmentWriter
+from cluster_node.media.driver import open_media_driver
 
 TERM = 16 * 1024 * 1024
 SEGMENT = 128 * 1024 * 1024
@@ -189,10 +189,10 @@ async def bench_replay(directory: Path, rec_dir: Path, recording_id: int) -> dic
 
 
 def recovery_scan_mb_per_s(term_length: int = 1 << 20, terms: int = 8) -> float:
-    """How fast crash recovery walks a recording's frames (``archive.segments.scan_frames``,
+    """How fast crash recovery walks a recording's frames (``cluster_node.archive.segments.scan_frames``,
     which the archive runs over an active recording's last segment on start), over 1 KiB
     frames in memory, best of three."""
-    from archive.segments import _HEADER, scan_frames
+    from cluster_node.archive.segments import _HEADER, scan_frames
 
     buf = bytearray(terms * term_length)
     pos = 0

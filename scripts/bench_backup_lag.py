@@ -30,10 +30,10 @@ import trio
 
 from cluster_node.consensus.backup import BackupCounterTypes, BackupState
 from cluster_node.driver_dir import default_driver_dir
+from cluster_node.media.counters import CountersReader
 from cluster_node.service.examples.kv import Put
 from harness.backup import Backup
 from harness.cluster import TestCluster, open_kv_client
-from media.counters import CountersReader
 
 
 def pct(values: list[float], q: float) -> float:

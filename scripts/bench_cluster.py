@@ -31,7 +31,7 @@ might, and what it did). The JSON says which (``cpus``). ``--keep-cpus-awake`` s
 while the log moves); the idle figure then counts the helpers' CPU too.
 
 ``--secret`` measures twice in one sitting, on two fresh clusters: without a member key and with
-one (``cluster.secret_file``: every datagram between members MAC'd, media.mac), in turns
+one (``cluster.secret_file``: every datagram between members MAC'd, cluster_node.media.mac), in turns
 (plain, secret, plain, secret with ``--rounds 2``), the order alternating so that a drift of the
 machine's speed does not favour one. The JSON then has ``plain`` and ``secret`` (each the
 summary below, of the rounds' medians) and ``secret_vs_plain``: the ratios secret / plain of the
@@ -62,9 +62,9 @@ from hdrh.histogram import HdrHistogram
 
 from cluster_node.affinity import available_cpus, format_cpus, parse_cpus, split_for_shared_machine
 from cluster_node.client import open_cluster_client
+from cluster_node.media.publication import OfferResult
 from harness.cluster import TestCluster
 from harness.procs import child_pids, state_and_ticks
-from media.publication import OfferResult
 
 _STAMP = struct.Struct("<qq")  # sequence, send time (perf_counter_ns)
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

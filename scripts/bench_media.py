@@ -17,7 +17,7 @@ Measures, each between two processes on this machine:
 
 The last line printed is one JSON object with the figures. ``--quick`` finishes within 30 s.
 
-``--auth`` measures instead the cost of authenticated channels (``auth=mac``, media.mac: a keyed
+``--auth`` measures instead the cost of authenticated channels (``auth=mac``, cluster_node.media.mac: a keyed
 BLAKE2b trailer on every datagram, checked on receipt): UDP throughput (32 B, 1 KiB) and
 ping-pong, without and with ``auth=mac``, in turns (``--rounds``, default 3, the order
 alternating); the JSON has the medians of each (``plain``, ``mac``) and their ratios.
@@ -59,7 +59,7 @@ def _driver_kwargs(directory: str, channel: str = "") -> dict:
 def _tp_sub(conn, directory: str, channel: str, count: int) -> None:
     import trio
 
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     async def main():
         async with open_media_driver(**_driver_kwargs(directory, channel)) as driver:
@@ -89,7 +89,7 @@ def _tp_sub(conn, directory: str, channel: str, count: int) -> None:
 def _tp_pub(conn, directory: str, channel: str, count: int, size: int) -> None:
     import trio
 
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     async def main():
         async with open_media_driver(**_driver_kwargs(directory, channel)) as driver:
@@ -140,7 +140,7 @@ def throughput(ctx, channel: str, count: int, size: int, shared_dir: bool) -> fl
 def _echo(conn, directory: str, in_channel: str, out_channel: str) -> None:
     import trio
 
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     async def main():
         async with open_media_driver(**_driver_kwargs(directory, in_channel)) as driver:
@@ -168,7 +168,7 @@ def _ping(conn, directory: str, out_channel: str, in_channel: str, count: int, w
     import trio
     from hdrh.histogram import HdrHistogram
 
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     async def main():
         async with open_media_driver(**_driver_kwargs(directory, in_channel)) as driver:
@@ -317,7 +317,7 @@ def plain_trio_rtt(ctx, count: int) -> float:
 def _idle_node(conn, directory: str, port: int) -> None:
     import trio
 
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     async def main():
         async with open_media_driver(dir=Path(directory), network_term_length=64 * 1024, ipc_term_length=64 * 1024) as driver:

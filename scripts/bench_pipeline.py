@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from archive.spark.reader import ArchiveSet  # noqa: E402
+from cluster_node.archive.spark.reader import ArchiveSet  # noqa: E402
 from cluster_node.pipeline.decoder import ClusterLogDecoder  # noqa: E402
 from harness.synthetic_archive import build_uniform_log, write_archive  # noqa: E402
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
-from archive.catalog import Catalog
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.service.examples.kv import Put, Status
 from harness.cluster import TestCluster, _node_command, open_kv_client
 

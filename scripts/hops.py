@@ -67,7 +67,7 @@ _PAYLOAD = 32
 def _frame_lengths() -> tuple[int, int]:
     """On the wire: a client message of ``_PAYLOAD`` bytes, and an AppendPosition."""
     from cluster_node.codecs import CONSENSUS_CODEC, AppendPosition, encode_session_message
-    from media.frames import HEADER_LENGTH, align
+    from cluster_node.media.frames import HEADER_LENGTH, align
 
     message = align(HEADER_LENGTH + len(encode_session_message(0, 0, 0, bytes(_PAYLOAD))))
     append = align(HEADER_LENGTH + len(CONSENSUS_CODEC.encode(AppendPosition(0, 0, 0))))
@@ -81,7 +81,7 @@ def install(out_dir: str):
     """Wrap the driver's send and receive and the agent's service ring; write the records at exit.
     Returns the function that writes them."""
     from cluster_node.consensus import agent as agent_mod
-    from media import driver as driver_mod
+    from cluster_node.media import driver as driver_mod
 
     records: list[tuple] = []
     ports: dict[int, int] = {}

@@ -87,7 +87,7 @@ def _without_code_blocks(text: str) -> str:
 
 
 def _linking_files() -> list[Path]:
-    return [*_doc_files(), *(p for p in (ROOT / "CHANGELOG.md", ROOT / "archive" / "spark" / "README.md") if p.exists())]
+    return [*_doc_files(), *(p for p in (ROOT / "CHANGELOG.md", ROOT / "cluster_node" / "archive" / "spark" / "README.md") if p.exists())]
 
 
 @pytest.mark.parametrize("doc", _linking_files(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,7 +1,8 @@
 """The project's layering rules (docs/architecture.md, "Layers"), checked on the source.
 
-* ``media`` imports nothing from ``archive`` or ``cluster_node``; ``archive`` nothing from
-  ``cluster_node``.
+* Three layers in one package: ``cluster_node.media`` imports nothing else of ``cluster_node``;
+  ``cluster_node.archive`` nothing but ``cluster_node.media``; the rest (consensus, service,
+  clients, CLI) builds on both.
 * A module whose docstring's first line ends with ``(core)`` is sans-I/O. "I/O" here means
   anything that waits, reads the world or changes it: an event loop or threads (trio, asyncio,
   threading, multiprocessing, concurrent), the network (socket, select, selectors), files and
@@ -13,7 +14,7 @@
 * Importing a core pulls in no I/O either: the project modules it imports at its top level
   (``TYPE_CHECKING`` imports aside), and theirs in turn, import none of the modules above. So a
   core cannot reach the clock or the disk through a helper module that is not marked.
-* Outside ``media``, the media driver is used through its package (``media.driver``), never
+* Outside ``media``, the media driver is used through its package (``cluster_node.media.driver``), never
   through its modules (conductor, sender and receiver agents, invoker...).
 * ``cluster_node/cli/`` modules read the media layer's file formats only, and never import the
   consensus agent: the logic behind a command lives in a module it calls.
@@ -27,8 +28,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("media", "archive", "cluster_node")
-FORBIDDEN_LAYERS = {"media": {"archive", "cluster_node"}, "archive": {"cluster_node"}, "cluster_node": set()}
+# A layer is a subpackage of cluster_node, with what it may import of cluster_node besides itself.
+LAYERS = {"media": ("cluster_node.media",), "archive": ("cluster_node.media", "cluster_node.archive")}
 FORBIDDEN_IN_CORE = {
     # event loops and threads
     "trio", "asyncio", "threading", "multiprocessing", "concurrent",
@@ -44,17 +45,17 @@ FORBIDDEN_IN_CORE = {
 FORBIDDEN_CALLS_IN_CORE = {"open", "print", "input"}
 # Modules that must be core: if one of them loses its marker the test fails instead of passing quietly.
 EXPECTED_CORE = {
-    "media/channel.py",
-    "media/frames.py",
-    "media/sender_core.py",
-    "media/receiver_core.py",
-    "media/loss.py",
-    "media/framescan.py",
-    "media/outcomes.py",
-    "archive/segments.py",
-    "archive/catalog.py",
-    "archive/catalog_layout.py",
-    "archive/checksums.py",
+    "cluster_node/media/channel.py",
+    "cluster_node/media/frames.py",
+    "cluster_node/media/sender_core.py",
+    "cluster_node/media/receiver_core.py",
+    "cluster_node/media/loss.py",
+    "cluster_node/media/framescan.py",
+    "cluster_node/media/outcomes.py",
+    "cluster_node/archive/segments.py",
+    "cluster_node/archive/catalog.py",
+    "cluster_node/archive/catalog_layout.py",
+    "cluster_node/archive/checksums.py",
     "cluster_node/codecs/__init__.py",
     "cluster_node/codecs/messages.py",
     "cluster_node/codecs/schema.py",
@@ -87,9 +88,17 @@ EXPECTED_CORE = {
 
 
 def _modules():
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            yield pkg, path
+    """Every module of the package, with its layer (``media``, ``archive`` or ``cluster_node``)."""
+    for path in sorted((ROOT / "cluster_node").rglob("*.py")):
+        parts = path.relative_to(ROOT / "cluster_node").parts
+        yield (parts[0] if len(parts) > 1 and parts[0] in LAYERS else "cluster_node"), path
+
+
+def _outside_layer(layer: str, name: str) -> bool:
+    """Whether importing module ``name`` from ``layer`` reaches a layer above it."""
+    if layer not in LAYERS or not (name == "cluster_node" or name.startswith("cluster_node.")):
+        return False
+    return not any(name == ok or name.startswith(ok + ".") for ok in LAYERS[layer])
 
 
 def _imports(tree: ast.AST) -> set[str]:
@@ -158,8 +167,8 @@ def test_module_respects_layers(pkg: str, path: Path) -> None:
     tree = ast.parse(path.read_text(), filename=str(path))
     imported = _imports(tree)
     tops = {name.split(".")[0] for name in imported}
-    bad = tops & FORBIDDEN_LAYERS[pkg]
-    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}, against the layering"
+    bad = sorted(name for name in imported if _outside_layer(pkg, name))
+    assert not bad, f"{path.relative_to(ROOT)} imports {bad}, against the layering"
     if _is_core(tree):
         bad_core = tops & FORBIDDEN_IN_CORE
         assert not bad_core, f"core module {path.relative_to(ROOT)} imports {sorted(bad_core)}"
@@ -167,9 +176,9 @@ def test_module_respects_layers(pkg: str, path: Path) -> None:
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS_IN_CORE}
         assert not calls, f"core module {path.relative_to(ROOT)} calls {sorted(calls)}"
     if pkg != "media":
-        internals = sorted(name for name in imported if name.startswith("media.driver."))
+        internals = sorted(name for name in imported if name.startswith("cluster_node.media.driver."))
         assert not internals, (f"{path.relative_to(ROOT)} imports {internals}: use the media driver through its "
-                               f"package, media.driver")
+                               f"package, cluster_node.media.driver")
 
 
 CORE_MODULES = sorted(name for name, tree in _TREES.items() if _is_core(tree))
@@ -199,13 +208,13 @@ def test_expected_core_modules_are_marked() -> None:
 # The command line is a shell over what the package's modules do: a command may read the media
 # layer's file formats (the counters file, the distinct-error tables, private file modes, channel
 # text), never drive the media driver or the consensus agent itself.
-CLI_MEDIA_ALLOWED = {"media.counters", "media.distinct_errors", "media.private_files", "media.channel"}
+CLI_MEDIA_ALLOWED = {"cluster_node.media.counters", "cluster_node.media.distinct_errors", "cluster_node.media.private_files", "cluster_node.media.channel"}
 CLI_FORBIDDEN = {"cluster_node.consensus.agent"}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "cluster_node" / "cli").glob("*.py")), ids=lambda p: p.name)
 def test_cli_modules_import_no_driver_internals(path: Path) -> None:
     imported = _imports(ast.parse(path.read_text(), filename=str(path)))
-    media = {name for name in imported if name == "media" or name.startswith("media.")}
+    media = {name for name in imported if name == "cluster_node.media" or name.startswith("cluster_node.media.")}
     bad = (media - CLI_MEDIA_ALLOWED) | (imported & CLI_FORBIDDEN)
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: put that logic in a module the command calls"

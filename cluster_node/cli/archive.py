@@ -13,7 +13,7 @@ Every command checks the catalog entries' checksums as it reads them: a damaged 
 (recording and offset) and never used. ``verify`` checks every frame too (its checksum, where the
 recording has them; its structure; that its segment file holds all of it) and exits 1 with one
 line per damaged recording. ``rebuild`` makes damaged catalog entries again from the segment
-files (``archive.rebuild``); like ``truncate`` it needs the node stopped and locks the directory.
+files (``cluster_node.archive.rebuild``); like ``truncate`` it needs the node stopped and locks the directory.
 """
 
 from __future__ import annotations
@@ -25,21 +25,21 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import Catalog
-from archive.catalog_layout import CatalogError, RecordingDescriptor
-from archive.codecs import NULL_POSITION
-from archive.frame_walk import checks_text, iter_frames, verify_recording
-from archive.rebuild import RebuildError, rebuild_catalog
-from archive.recovery import recovered_end
-from archive.segment_files import (
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.catalog_layout import CatalogError, RecordingDescriptor
+from cluster_node.archive.codecs import NULL_POSITION
+from cluster_node.archive.frame_walk import checks_text, iter_frames, verify_recording
+from cluster_node.archive.rebuild import RebuildError, rebuild_catalog
+from cluster_node.archive.recovery import recovered_end
+from cluster_node.archive.segment_files import (
     attach_front,
     delete_detached_segments,
     detach_front,
     detached_segments,
     truncate_segments,
 )
-from archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
-from archive.storage import (
+from cluster_node.archive.segments import FRAME_TYPE_DATA, is_aligned, segment_base_position
+from cluster_node.archive.storage import (
     CATALOG_FILE_NAME,
     REBUILD_HINT,
     ArchiveStorageError,
@@ -47,8 +47,8 @@ from archive.storage import (
     list_segments,
     load_catalog,
 )
+from cluster_node.media.private_files import FILE_MODE
 from cluster_node.text_table import format_table
-from media.private_files import FILE_MODE
 
 _MARK = "archive-mark.dat"
 

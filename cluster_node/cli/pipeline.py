@@ -52,7 +52,7 @@ def _spark_failure(e: BaseException) -> PipelineError:
 def _plan_each(locations, decoder):
     """Per archive: None if its recordings can be planned, else the one-line reason (the audit
     reports such a node as a finding instead of failing)."""
-    from archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError, plan_tasks
+    from cluster_node.archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError, plan_tasks
 
     reasons = {}
     for loc in locations:
@@ -91,7 +91,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
     export  the decoded log as Parquet (log.parquet/cluster_id=/member_id=/date=), staged and
             moved into place, replacing only the partitions written; --incremental, --local
     """
-    from archive.spark.layout import ArchiveNotFoundError, DuplicateMemberError, expand_paths
+    from cluster_node.archive.spark.layout import ArchiveNotFoundError, DuplicateMemberError, expand_paths
 
     started = time.monotonic()
 
@@ -110,7 +110,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
             import pyarrow  # noqa: F401
         except ImportError:
             raise PipelineError("pyarrow is not installed: pip install -e '.[spark]'") from None
-        from archive.spark.reader import locate
+        from cluster_node.archive.spark.reader import locate
         from cluster_node.pipeline.decoder import ClusterLogDecoder
 
         try:
@@ -120,7 +120,7 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
         if cluster_size is not None and cluster_size < len(locations):
             raise PipelineError(f"--cluster-size {cluster_size} is smaller than the {len(locations)} archives given")
     if local:
-        from archive.spark.layout import ArchiveCorruptError
+        from cluster_node.archive.spark.layout import ArchiveCorruptError
         from cluster_node.pipeline.export import export_local
 
         progress(f"exporting {len(locations)} archives with the plain batch reader: "

@@ -35,11 +35,11 @@ from pathlib import Path
 
 import click
 
-from archive.catalog_layout import RecordingState
-from archive.recovery import recovered_end
-from archive.segment_files import delete_detached_segments, delete_segments, detach_front
-from archive.segments import NULL_POSITION, segment_base_position
-from archive.storage import ArchiveStorageError, CatalogStore
+from cluster_node.archive.catalog_layout import RecordingState
+from cluster_node.archive.recovery import recovered_end
+from cluster_node.archive.segment_files import delete_detached_segments, delete_segments, detach_front
+from cluster_node.archive.segments import NULL_POSITION, segment_base_position
+from cluster_node.archive.storage import ArchiveStorageError, CatalogStore
 from cluster_node.cli.archive import _locked as _archive_locked
 from cluster_node.cli.tool import JSON_OPTION, _fail, _node, tool
 from cluster_node.cluster_control import STOPPABLE, require_leader, wait_until
@@ -47,9 +47,9 @@ from cluster_node.consensus.log_retention import PURGE_DONE, PURGE_NO_SNAPSHOT, 
 from cluster_node.consensus.recording_log import ENTRY_TYPE_TERM, RecordingLog, RecordingLogError, encode_entry
 from cluster_node.consensus.recording_log_file import RECORDING_LOG_FILE_NAME, RecordingLogFile
 from cluster_node.identifiers import CounterTypes, StreamIds
+from cluster_node.media.counters import CountersError, CountersReader
+from cluster_node.media.private_files import FILE_MODE
 from cluster_node.node_inspect import ToolRefusal, directory_lock, log_recording, node_pid_alive, read_catalog
-from media.counters import CountersError, CountersReader
-from media.private_files import FILE_MODE
 
 __all__ = ["purge_log", "seed_recording_log_from_snapshot", "sort_recording_log"]
 

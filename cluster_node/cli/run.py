@@ -54,7 +54,7 @@ def _start_process(load, config_path: str, log_mode: str | None):
     to its user, its config loaded (a bad one is one line), its logging set up; returns the
     config. ``load`` is the config loader of the process's kind."""
     # Every file the process makes is its user's alone, also those libraries make without a mode
-    # (media.private_files sets explicit modes where the node creates files).
+    # (cluster_node.media.private_files sets explicit modes where the node creates files).
     os.umask(0o077)
     try:
         cfg = load(config_path)
@@ -110,7 +110,7 @@ def _internal_error(error: BaseException) -> None:
 
 
 def _operator_error(group: BaseExceptionGroup) -> BaseException | None:
-    from media.channel import ChannelError
+    from cluster_node.media.channel import ChannelError
 
     wanted = (ChannelError, PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
     for e in group.exceptions:

@@ -15,7 +15,7 @@ import click
 
 from cluster_node.consensus.node_files import MarkFileError, read_mark_file
 from cluster_node.driver_dir import default_driver_dir
-from media.counters import COUNTERS_FILE_NAME, CounterInfo, CountersError, CountersReader, CounterType
+from cluster_node.media.counters import COUNTERS_FILE_NAME, CounterInfo, CountersError, CountersReader, CounterType
 
 
 def find_counters_file(directory: Path) -> Path:

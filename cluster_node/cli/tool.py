@@ -23,7 +23,7 @@ Commands, by what they touch:
 
 What a node directory holds is read by ``cluster_node.node_inspect``; the cluster control
 requests (the ClusterControl toggle protocol) are ``cluster_node.cluster_control``; the offline
-recording reader is ``archive.recording_reader``. These commands only print what those return.
+recording reader is ``cluster_node.archive.recording_reader``. These commands only print what those return.
 
 The node directory does not record the cluster's member list (it lives in the node's config),
 so ``list-members`` shows what the directory knows (this member, the leader of its last
@@ -46,13 +46,14 @@ from typing import Any
 
 import click
 
-from archive.storage import CATALOG_FILE_NAME, free_space
+from cluster_node.archive.storage import CATALOG_FILE_NAME, free_space
 from cluster_node.consensus.recording_log import (
     CONSENSUS_MODULE_SERVICE_ID,
     ENTRY_TYPE_TERM,
     Entry,
     RecoveryPlan,
 )
+from cluster_node.media.distinct_errors import ERROR_TABLE_FILES, read_error_table
 from cluster_node.node_inspect import (
     COUNTER_TYPES,
     DEFAULT_LOG_STREAM_ID,
@@ -84,7 +85,6 @@ from cluster_node.node_inspect import (
 )
 from cluster_node.service.skips import SKIP_FILE_NAME, SkipListError, read_skips
 from cluster_node.text_table import format_table
-from media.distinct_errors import ERROR_TABLE_FILES, read_error_table
 
 __all__ = ["tool"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from archive.catalog import Catalog
-from archive.recording_reader import RecordingDamagedError, read_recording_messages
-from archive.segments import NULL_POSITION
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.recording_reader import RecordingDamagedError, read_recording_messages
+from cluster_node.archive.segments import NULL_POSITION
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.cli.tool import _fail, _node, tool
 from cluster_node.codecs import semantic_version_to_str
 from cluster_node.consensus.recording_log import CONSENSUS_MODULE_SERVICE_ID, Entry, RecordingLog, RecordingLogError

@@ -66,7 +66,7 @@ Across a reconnect nothing is sent again: a message offered to the old session w
 or not at all, and only the application knows whether to offer it again (``on_reconnect``).
 
 ``offer`` never waits: it returns the new ingress position (> 0) or a negative
-``media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
+``cluster_node.media.publication.OfferResult`` (NOT_CONNECTED while connecting or switching leader,
 BACK_PRESSURED when the window is full, CLOSED after close). ``offer_wait`` retries until
 accepted or a deadline.
 
@@ -130,10 +130,10 @@ from cluster_node.codecs import (
     unpack_session_header_from,
 )
 from cluster_node.config import ClientConfig, ClientSection, ConfigError, parse_ingress_endpoints
-from media.channel import parse_endpoint
-from media.driver import MediaDriver, open_media_driver
-from media.library_log import library_logger
-from media.publication import ExclusivePublication, OfferResult
+from cluster_node.media.channel import parse_endpoint
+from cluster_node.media.driver import MediaDriver, open_media_driver
+from cluster_node.media.library_log import library_logger
+from cluster_node.media.publication import ExclusivePublication, OfferResult
 
 __all__ = [
     "ClusterClient",

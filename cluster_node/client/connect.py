@@ -42,8 +42,8 @@ from cluster_node.codecs import (
     encode_ingress,
 )
 from cluster_node.config import ConfigError, parse_ingress_endpoints
-from media.library_log import library_logger
-from media.publication import ExclusivePublication
+from cluster_node.media.library_log import library_logger
+from cluster_node.media.publication import ExclusivePublication
 
 log = library_logger("cluster_node.client")
 

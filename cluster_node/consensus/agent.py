@@ -65,8 +65,8 @@ import time
 import structlog
 import trio
 
-from archive.client import ArchiveClient, ArchiveError
 from cluster_node.affinity import RoleAffinity
+from cluster_node.archive.client import ArchiveClient, ArchiveError
 from cluster_node.codecs import NULL_POSITION, NULL_VALUE
 from cluster_node.config import NodeConfig, free_fixed_udp_ports
 from cluster_node.consensus.auth import DenyAllAuthorisation, NullAuthenticator
@@ -94,10 +94,10 @@ from cluster_node.consensus.snapshot_taker import SnapshotTaker
 from cluster_node.consensus.termination import Termination
 from cluster_node.consensus.timers import Timers
 from cluster_node.identifiers import CounterTypes, ModuleState, ToggleState
+from cluster_node.media.counters import CountersReader
+from cluster_node.media.distinct_errors import DistinctErrors
+from cluster_node.media.private_files import make_private_dir
 from cluster_node.wall_clock import wall_clock
-from media.counters import CountersReader
-from media.distinct_errors import DistinctErrors
-from media.private_files import make_private_dir
 
 # The counter ids and codes live in ``counters``; they are named here too for the CLI modules
 # that import them from here.
@@ -266,7 +266,7 @@ class ConsensusAgent(
         self._members_digest = config.members_digest
         self.input_errors = DistinctErrors("consensus.agent")
         """Hostile or broken input from clients and members, each kind logged once."""
-        # Member traffic: with cluster.secret_file every member channel is auth=mac (media.mac);
+        # Member traffic: with cluster.secret_file every member channel is auth=mac (cluster_node.media.mac);
         # with or without, a member's messages must come from its configured host.
         self._auth = "|auth=mac" if config.cluster.member_auth else ""
         self._member_hosts = {m.id: m.send_host for m in config.cluster.members}
@@ -380,10 +380,10 @@ class ConsensusAgent(
         into the local log, is recorded (:attr:`record_now`) and sent to the followers; a
         follower copies the log, records it and sends its AppendPosition; all in the same step.
         What the pass offers to UDP publications is sent at its end by this task
-        (``driver.hold_sends``, media.driver *sends held by a duty cycle*) instead of by a step of
+        (``driver.hold_sends``, cluster_node.media.driver *sends held by a duty cycle*) instead of by a step of
         the sender task after each offer.
 
-        It also reads the driver's sockets itself (``driver.claim_receive``, media.driver
+        It also reads the driver's sockets itself (``driver.claim_receive``, cluster_node.media.driver
         *receiving invoked by a duty cycle*): each pass starts with ``driver.receive_work`` and
         :meth:`_park` waits on the driver's sockets, so a client's message, a follower's
         AppendPosition or the leader's log wakes this task directly rather than through a step

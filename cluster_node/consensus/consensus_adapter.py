@@ -21,7 +21,7 @@ from cluster_node.codecs import CONSENSUS_CODEC, NULL_VALUE, CodecError
 from cluster_node.consensus.egress_publisher import ONE_SHOT_LINGER_S
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
 from cluster_node.consensus.module import MAX_TERM_JUMP
-from media.channel import reply_channel_refusal
+from cluster_node.media.channel import reply_channel_refusal
 
 log = structlog.get_logger("consensus")
 

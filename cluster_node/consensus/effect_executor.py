@@ -20,7 +20,7 @@ import time
 import msgspec
 import structlog
 
-from archive.client import ArchiveError
+from cluster_node.archive.client import ArchiveError
 from cluster_node.codecs import CONSENSUS_CODEC, CodecError
 from cluster_node.consensus import effect_policy
 from cluster_node.consensus import effects as fx

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cluster_node import codecs
 from cluster_node.codecs import LOG_CODEC, NULL_POSITION, encode_session_message
-from media.channel import ChannelUri, parse
+from cluster_node.media.channel import ChannelUri, parse
 
 _BLOCK = 256 * 1024
 """The longest block a copy moves at once: a quarter of the log's term at most (see

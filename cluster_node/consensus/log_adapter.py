@@ -25,7 +25,7 @@ from cluster_node.consensus import effects as fx
 from cluster_node.consensus import message_runs
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT, INGRESS_BLOCK
 from cluster_node.consensus.module import Role
-from media.subscription import StopPolling
+from cluster_node.media.subscription import StopPolling
 
 
 class LogAdapter:

@@ -15,10 +15,10 @@ import time
 
 import structlog
 
-from archive.client import ArchiveError, find_recording_position_counter
-from archive.codecs import RecordingSignal
+from cluster_node.archive.client import ArchiveError, find_recording_position_counter
+from cluster_node.archive.codecs import RecordingSignal
 from cluster_node.consensus import effects as fx
-from media.counters import CountersError
+from cluster_node.media.counters import CountersError
 
 log = structlog.get_logger("consensus")
 

@@ -25,9 +25,9 @@ import time
 
 import structlog
 
-from archive.client import ArchiveError
-from archive.segments import segment_base_position
 from cluster_node import codecs
+from cluster_node.archive.client import ArchiveError
+from cluster_node.archive.segments import segment_base_position
 from cluster_node.codecs import LOG_CODEC, NULL_POSITION, NULL_VALUE
 from cluster_node.consensus.recording_log import RecordingLog, RecordingLogError
 

@@ -12,7 +12,7 @@ names the same session and term.
 
 How
 ===
-The image finds the run's frames with numpy (``Image.frames_poll``, media.framescan); the
+The image finds the run's frames with numpy (``Image.frames_poll``, cluster_node.media.framescan); the
 functions here check them all at once and keep the longest leading part that the per-message
 path would have treated the same way.
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 import struct
 
 from cluster_node.codecs import SESSION_HEADER_LENGTH, SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET
-from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
-from media.framescan import numpy_module
+from cluster_node.media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, TYPE_DATA, VERSION
+from cluster_node.media.framescan import numpy_module
 
 __all__ = ["client_run", "fit", "last_timestamp", "session_run", "stamp_timestamps"]
 
@@ -52,7 +52,7 @@ _I64 = struct.Struct("<q")
 def session_run(buffer, offset: int, starts, length: int, max_frame_length: int) -> tuple[int, int, int, int]:
     """``(count, end, leadership_term_id, cluster_session_id)``: the leading ``count`` frames of
     ``buffer[offset:offset + length]`` (frame starts ``starts``, relative offsets as
-    ``media.framescan.chain`` gives them, ``length`` where the last frame ends) are unfragmented
+    ``cluster_node.media.framescan.chain`` gives them, ``length`` where the last frame ends) are unfragmented
     data frames of at most ``max_frame_length`` bytes holding session messages of that one
     session and term, and end at relative offset ``end``. ``count`` 0 when the first frame is
     not one.

@@ -107,7 +107,7 @@ class ConsensusSettings:
     """Cluster control's (``control_core``): ``timeouts.snapshot_timeout``,
     ``timeouts.termination_timeout``, ``cluster.snapshot_interval`` (bytes of log; 0: never)."""
     """A heartbeat due within this much counts as due (the shell's timer grid may wake it that
-    much early: media.driver, *phase grid*)."""
+    much early: cluster_node.media.driver, *phase grid*)."""
 
 
 class ConsensusModule(ModuleInputs):

@@ -87,8 +87,8 @@ from typing import Any
 
 import structlog
 
-from media.counters import pid_alive
-from media.private_files import FILE_MODE, create_new, make_private_dir
+from cluster_node.media.counters import pid_alive
+from cluster_node.media.private_files import FILE_MODE, create_new, make_private_dir
 
 __all__ = [
     "MARK_FILE_NAME",

@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from cluster_node.consensus.recording_log import RecordingLog
-from media.private_files import FILE_MODE
+from cluster_node.media.private_files import FILE_MODE
 
 __all__ = ["RecordingLogFile", "RECORDING_LOG_FILE_NAME"]
 

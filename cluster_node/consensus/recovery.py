@@ -15,9 +15,9 @@ import time
 
 import structlog
 
-from archive.client import ArchiveError
-from archive.codecs import RecordingSignal
 from cluster_node import codecs
+from cluster_node.archive.client import ArchiveError
+from cluster_node.archive.codecs import RecordingSignal
 from cluster_node.backup_link import BackupLink, create_empty_recording, retrieve_snapshot
 from cluster_node.codecs import CONSENSUS_CODEC, NULL_POSITION, NULL_VALUE, CodecError
 from cluster_node.config import free_udp_ports

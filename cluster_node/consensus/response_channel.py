@@ -8,13 +8,13 @@ session's later ingress must come from the host its egress goes to.
 
 from __future__ import annotations
 
-from media.channel import ChannelError, parse, reply_channel_refusal
+from cluster_node.media.channel import ChannelError, parse, reply_channel_refusal
 
 
 def response_channel_refusal(channel: str, stream_id: int, source_host: str | None,
                              egress_stream_id: int) -> str | None:
     """Why a connect request's response channel is refused, or None when it may be used:
-    ``media.channel.reply_channel_refusal`` (a plain UDP endpoint of the request's own source),
+    ``cluster_node.media.channel.reply_channel_refusal`` (a plain UDP endpoint of the request's own source),
     and the cluster's egress stream. The kind of refusal is the text before the first colon."""
     refusal = reply_channel_refusal(channel, source_host)
     if refusal is None and stream_id != egress_stream_id:

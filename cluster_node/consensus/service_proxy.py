@@ -18,7 +18,7 @@ import trio
 from cluster_node import codecs
 from cluster_node.codecs import CONSENSUS_TO_SERVICE_CODEC, SERVICE_TO_CONSENSUS_CODEC, CodecError
 from cluster_node.consensus.module import Role
-from media.doorbell import ring
+from cluster_node.media.doorbell import ring
 
 log = structlog.get_logger("consensus")
 

@@ -14,8 +14,8 @@ import time
 
 import structlog
 
-from archive.client import ArchiveError
 from cluster_node import codecs
+from cluster_node.archive.client import ArchiveError
 from cluster_node.consensus import effects as fx
 from cluster_node.consensus.snapshot import encode_cm_snapshot, take_cm_snapshot
 from cluster_node.snapshot_io import SnapshotIOError, record_snapshot

@@ -1,6 +1,6 @@
 """The cluster log decoder: what each message of the replicated log (stream 100) means.
 
-Plugged into the archive reader (``archive.spark``), which knows frames but not the cluster: see
+Plugged into the archive reader (``cluster_node.archive.spark``), which knows frames but not the cluster: see
 the package docstring of ``cluster_node.pipeline`` for why the cut is here. Message columns::
 
     leadership_term_id  BIGINT   the term the message was appended in (every log message has one)
@@ -20,7 +20,7 @@ decoded into the columns above) and stays the encoded message for everything els
 
 The time unit is the one the recording's first message, the NewLeadershipTermEvent that opens the
 log, declares (nanoseconds if the recording does not start with one). It is read once per
-recording at planning (the recording context, ``archive.spark.decoder``), so every task converts
+recording at planning (the recording context, ``cluster_node.archive.spark.decoder``), so every task converts
 on its own. A cluster's time unit is part of its configuration and every term of one log declares
 the same; a log whose terms disagree would be converted with the first term's unit.
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import msgspec
 
-from archive.spark.decoder import MessageDecoder
+from cluster_node.archive.spark.decoder import MessageDecoder
 from cluster_node.codecs import (
     LOG_CODEC,
     MAX_MESSAGE_LENGTH,

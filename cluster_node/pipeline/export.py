@@ -15,7 +15,7 @@ Hive's default partition).
 
 ``--incremental`` appends instead: each member's file in ``_high_water`` keeps the recordings
 read and for each the end of the last complete message exported (its position plus its frame length aligned to 32 bytes, a frame boundary). The
-next run reads each recording from there (``archive.spark.layout.start_after``: whole tasks before
+next run reads each recording from there (``cluster_node.archive.spark.layout.start_after``: whole tasks before
 it are not planned, the task holding it starts at it), so nothing is read twice. Its new files are
 named ``inc-<token>-...`` where the token is derived from the member's high-water mark the run
 started from: a rerun after a crash between moving files and writing the high-water file starts
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from archive.spark.layout import ArchiveLocation, filesystem, join
+from cluster_node.archive.spark.layout import ArchiveLocation, filesystem, join
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -216,7 +216,7 @@ def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental
     """Export with Spark (the archives are read by the ``cluster_log`` source)."""
     from pyspark.sql import functions as F
 
-    from archive.spark.reader import locate
+    from cluster_node.archive.spark.reader import locate
     from cluster_node.pipeline.decoder import ClusterLogDecoder
 
     locations = locations or locate(paths, ClusterLogDecoder())
@@ -257,8 +257,8 @@ def export_local(paths: list[str], out: str, *, incremental: bool = False) -> Ex
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from archive.spark.decoder import arrow_schema
-    from archive.spark.reader import ArchiveSet, locate
+    from cluster_node.archive.spark.decoder import arrow_schema
+    from cluster_node.archive.spark.reader import ArchiveSet, locate
     from cluster_node.pipeline.decoder import ClusterLogDecoder
 
     decoder = ClusterLogDecoder()

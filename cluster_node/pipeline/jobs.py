@@ -9,7 +9,7 @@ majority-th highest ``held`` (with 3 nodes: the second highest), and node n's co
 node's committed length and checks, for every position, that each node that should hold it (its
 committed length is beyond the position) has a message starting there with the same frame hash
 and length (the frame hash leaves out the frame headers' transport session id, which each node
-picks for its own copy of the log: see ``archive.spark.frames``). With the committed parts
+picks for its own copy of the log: see ``cluster_node.archive.spark.frames``). With the committed parts
 compared position by position, a node whose frame boundaries
 went astray (a changed length field) shows as a position one side lacks.
 
@@ -66,7 +66,7 @@ def load_log(spark: SparkSession, paths: list[str], *, mode: str = "failfast", p
     """The cluster log table from archives (``cluster_log`` source) or from an export's Parquet
     (``parquet=True``: ``paths`` are export outputs or their ``log.parquet`` directories)."""
     if parquet:
-        from archive.spark.layout import join
+        from cluster_node.archive.spark.layout import join
         from cluster_node.pipeline.export import DATA_DIR
 
         roots = [p if p.rstrip("/").endswith(DATA_DIR) else join(p, DATA_DIR) for p in paths]
@@ -202,7 +202,7 @@ class AuditResult:
 def _side(node: str, row: Any | None, archive: str | None) -> FrameSide:
     if row is None:
         return FrameSide(node, False)
-    from archive.spark.layout import read_recorded_bytes
+    from cluster_node.archive.spark.layout import read_recorded_bytes
 
     try:
         if archive is None:
@@ -231,7 +231,7 @@ def _first_differing_byte(
 ) -> int | None:
     if ra is None or rb is None or archive_a is None or archive_b is None:
         return None
-    from archive.spark.layout import read_recorded_bytes
+    from cluster_node.archive.spark.layout import read_recorded_bytes
 
     length = max(ra["frame_length"], rb["frame_length"])
     try:
@@ -239,7 +239,7 @@ def _first_differing_byte(
         b = read_recorded_bytes(archive_b, rb["recording_id"], position, length)
     except (OSError, ValueError):
         return None  # the files are not readable from the driver (a real cluster): tables only
-    from archive.spark.frames import first_differing_byte
+    from cluster_node.archive.spark.frames import first_differing_byte
 
     offset = first_differing_byte(a, b)  # frame headers' session ids differ by design: not counted
     return None if offset is None else position + offset
@@ -401,7 +401,7 @@ class StatsResult:
 
 def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, out_dir: str | None = None) -> StatsResult:
     """``out_dir`` (a local path or a URI Spark can write) receives the full tables as Parquet."""
-    from archive.spark.layout import join
+    from cluster_node.archive.spark.layout import join
 
     lengths, committed = node_lengths(df, cluster_size)
     if not lengths:

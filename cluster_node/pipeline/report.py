@@ -27,7 +27,7 @@ MAX_REPORT_SESSIONS = 50
 
 def write_file(out_dir: str, name: str, data: bytes | str) -> str:
     """``out_dir/name`` (a local path or a URI), written through pyarrow's filesystem layer."""
-    from archive.spark.layout import filesystem, join
+    from cluster_node.archive.spark.layout import filesystem, join
 
     location = join(out_dir, name)
     fs, path = filesystem(location)

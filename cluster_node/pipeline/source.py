@@ -3,7 +3,7 @@ log decoder, so that ``spark.read.format("cluster_log").load(node_dirs)`` gives 
 
 from __future__ import annotations
 
-from archive.spark.datasource import ArchiveDataSource
+from cluster_node.archive.spark.datasource import ArchiveDataSource
 from cluster_node.identifiers import StreamIds
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 

@@ -69,7 +69,7 @@ def _remove(path: str) -> None:
 
 def register_sources(spark) -> None:
     """Make ``archive_frames`` and ``cluster_log`` known to ``spark.read.format``."""
-    from archive.spark.datasource import ArchiveDataSource
+    from cluster_node.archive.spark.datasource import ArchiveDataSource
     from cluster_node.pipeline.source import ClusterLogDataSource
 
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")

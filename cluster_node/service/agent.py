@@ -93,9 +93,9 @@ from cluster_node.codecs import (
     encode_session_message,
     unpack_session_header_from,
 )
+from cluster_node.media.outcomes import OfferResult, StopPolling
 from cluster_node.service.api import MOCKED_OFFER, ClientSession, ClusteredService, Role
 from cluster_node.service.errors import ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop, payload_prefix
-from media.outcomes import OfferResult, StopPolling
 
 __all__ = ["ServiceAgent", "ServiceAgentError", "ServiceStopping"]
 

@@ -77,7 +77,7 @@ class ClientSession:
 
     Created by the container when a SessionOpenEvent is applied (or a snapshot is loaded), so
     every member has the same sessions. ``offer`` replies on the client's egress: the position,
-    or a negative ``media.publication.OfferResult`` (back-pressure, not connected); on a follower,
+    or a negative ``cluster_node.media.publication.OfferResult`` (back-pressure, not connected); on a follower,
     :data:`MOCKED_OFFER`. A reply that must not be lost is the service's to retry.
     """
 

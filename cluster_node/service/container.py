@@ -3,7 +3,7 @@
 The thread runs its own trio loop and talks to the rest of the node only through the media
 layer, as a separate process would:
 
-* its own IPC transport on the node's driver directory (``media.ipc.IpcTransport``);
+* its own IPC transport on the node's driver directory (``cluster_node.media.ipc.IpcTransport``);
 * consensus module -> service on IPC stream 104 (JoinLog, RequestServiceAck,
   ServiceTerminationPosition), service -> consensus module on IPC stream 105 (ServiceAck, service
   messages, timers, CloseSession);
@@ -60,6 +60,11 @@ from cluster_node.consensus.snapshot import (
     encode_service_snapshot,
 )
 from cluster_node.identifiers import CounterTypes, StreamIds
+from cluster_node.media.channel import parse
+from cluster_node.media.counters import CountersError, CountersReader, counters_path
+from cluster_node.media.doorbell import NEW_PUBLICATION, Doorbell
+from cluster_node.media.ipc import IpcTransport
+from cluster_node.media.publication import OfferResult
 from cluster_node.service.agent import ServiceAgent, ServiceStopping
 from cluster_node.service.api import (
     MOCKED_OFFER,
@@ -71,11 +76,6 @@ from cluster_node.service.api import (
 )
 from cluster_node.service.errors import ErrorDeduper, ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
-from media.channel import parse
-from media.counters import CountersError, CountersReader, counters_path
-from media.doorbell import NEW_PUBLICATION, Doorbell
-from media.ipc import IpcTransport
-from media.publication import OfferResult
 
 __all__ = ["ServiceContainer", "ServiceStartError", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID",
            "RECOVERY_STATE_TYPE_ID", "recovery_state_label"]
@@ -199,7 +199,7 @@ class ServiceContainer:
     def stop(self) -> None:
         """Ask the thread to end (its doorbell is rung: it wakes at once)."""
         self._stop.set()
-        from media.doorbell import ring
+        from cluster_node.media.doorbell import ring
 
         ring(self.commit_doorbell.name)
 
@@ -427,7 +427,7 @@ class ServiceContainer:
 
     async def _archive_client(self):
         if self._archive is None:
-            from archive.client import ArchiveClient
+            from cluster_node.archive.client import ArchiveClient
 
             self._archive = await ArchiveClient.connect(self._ipc_driver, response_timeout_s=self.archive_connect_timeout_s)
         return self._archive

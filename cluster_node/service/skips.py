@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from media.private_files import create_new
+from cluster_node.media.private_files import create_new
 
 __all__ = ["SKIP_FILE_NAME", "SkipEntry", "SkipListError", "read_skips", "skip_positions", "add_skip"]
 

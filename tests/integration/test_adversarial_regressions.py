@@ -21,10 +21,10 @@ import time
 import msgspec
 import pytest
 
-from archive import codecs as ac
 from cluster_node import codecs as cc
-from media import frames as F
-from media.mac import MacKeys
+from cluster_node.archive import codecs as ac
+from cluster_node.media import frames as F
+from cluster_node.media.mac import MacKeys
 from tests.integration.test_cluster_e2e import assert_keys, put_keys
 from tests.support.cluster import TestCluster, open_kv_client
 
@@ -43,7 +43,7 @@ def cluster(tmp_path):
 
 class Forger:
     """A forged publication from ``host`` (127.0.0.2: not a member's) to one member endpoint and
-    stream; ``key``: every datagram signed with it (media.mac), as a member with that key would."""
+    stream; ``key``: every datagram signed with it (cluster_node.media.mac), as a member with that key would."""
 
     def __init__(self, endpoint: str, stream_id: int, term_length: int, mtu: int, session_id: int = SESSION_ID,
                  host: str = "127.0.0.2", key: bytes | None = None) -> None:

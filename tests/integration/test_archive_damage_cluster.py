@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from archive.catalog import Catalog
-from archive.frame_walk import iter_frames
-from archive.segments import segment_file_name
-from archive.storage import CATALOG_FILE_NAME, list_segments
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.segments import segment_file_name
+from cluster_node.archive.storage import CATALOG_FILE_NAME, list_segments
 from cluster_node.exit_codes import ExitCode
 from cluster_node.service.examples.kv import Status
 from tests.support.cluster import ROOT, TestCluster, open_kv_client

@@ -7,12 +7,12 @@ import pytest
 import trio
 import trio.testing
 
-from archive.client import ArchiveClient, ArchiveError, signal_is
-from archive.codecs import ArchiveErrorCode, RecordingSignal
-from archive.conductor import RECORDING_POSITION_TYPE_ID, ArchiveConfig, open_archive
-from archive.storage import ArchiveStorageError, list_segments
-from media.counters import CountersReader
-from media.driver import open_media_driver
+from cluster_node.archive.client import ArchiveClient, ArchiveError, signal_is
+from cluster_node.archive.codecs import ArchiveErrorCode, RecordingSignal
+from cluster_node.archive.conductor import RECORDING_POSITION_TYPE_ID, ArchiveConfig, open_archive
+from cluster_node.archive.storage import ArchiveStorageError, list_segments
+from cluster_node.media.counters import CountersReader
+from cluster_node.media.driver import open_media_driver
 
 TERM = 64 * 1024
 
@@ -120,7 +120,7 @@ async def test_a_replay_is_a_stream_of_its_own_in_every_frame(tmp_path, term):
     its frames by a walk (64 KiB terms: reads of a quarter term, 16 KiB) or with numpy (512 KiB
     terms: 128 KiB reads): a recording of the replay stream must hold frames of that stream (crash
     recovery checks it)."""
-    from media.frames import DATA_HEADER
+    from cluster_node.media.frames import DATA_HEADER
 
     async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
         async with open_archive(driver, ArchiveConfig(dir=tmp_path / "archive", segment_file_length=4 * 1024 * 1024)):

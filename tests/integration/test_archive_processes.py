@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from archive.catalog import Catalog
-from archive.client import ArchiveClient, ArchiveError, signal_is
-from archive.codecs import NULL_VALUE, REPLAY_FOLLOW_LENGTH, ArchiveErrorCode, RecordingSignal
-from archive.frame_walk import iter_frames, verify_recording
-from media.driver import open_media_driver
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.client import ArchiveClient, ArchiveError, signal_is
+from cluster_node.archive.codecs import NULL_VALUE, REPLAY_FOLLOW_LENGTH, ArchiveErrorCode, RecordingSignal
+from cluster_node.archive.frame_walk import iter_frames, verify_recording
+from cluster_node.media.driver import open_media_driver
 from tests.support.archive_peer import start_peer
 from tests.support.media_peer import make_message, size_fn
 from tests.support.procs import Peer, free_udp_port
@@ -353,7 +353,7 @@ async def test_kill_9_while_recording_at_full_rate_then_recover_and_extend(node,
 
 
 def _read_range(directory: Path, recording_id: int, start: int, end: int) -> bytes:
-    from archive.storage import SegmentReader
+    from cluster_node.archive.storage import SegmentReader
 
     d = Catalog.from_bytes((directory / "archive.catalog").read_bytes(), strict=False).get(recording_id)
     reader = SegmentReader(directory, d)

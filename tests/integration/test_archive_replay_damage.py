@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import trio
 
-from archive.catalog import Catalog
-from archive.client import ArchiveClient, signal_is
-from archive.codecs import RecordingSignal
-from archive.conductor import ArchiveConfig, open_archive
-from archive.frame_walk import iter_frames
-from archive.segments import segment_file_name
-from media.driver import open_media_driver
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.client import ArchiveClient, signal_is
+from cluster_node.archive.codecs import RecordingSignal
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.segments import segment_file_name
+from cluster_node.media.driver import open_media_driver
 from tests.integration.test_archive_inloop import _record, _sid
 
 
@@ -92,7 +92,7 @@ async def test_a_recording_written_without_checksums_has_them_from_where_it_is_e
             catalog = Catalog.from_bytes((adir / "archive.catalog").read_bytes())
             d = catalog.get(rid)
             assert d.frame_checksums_from == stop
-            from archive.frame_walk import checks_text, verify_recording
+            from cluster_node.archive.frame_walk import checks_text, verify_recording
 
             assert checks_text(d).startswith(f"structure only before position {stop}")
             assert verify_recording(adir, d).ok

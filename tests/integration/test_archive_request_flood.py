@@ -5,8 +5,8 @@ from __future__ import annotations
 import structlog
 import trio
 
-from archive.conductor import ArchiveConfig, open_archive
-from media.driver import open_media_driver
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.media.driver import open_media_driver
 
 TERM = 64 * 1024
 FLOOD = 2000

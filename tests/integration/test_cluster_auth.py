@@ -28,8 +28,8 @@ from cluster_node.codecs import (
 )
 from cluster_node.config import AuthSection, client_config_to_toml
 from cluster_node.consensus.recording_log import CONSENSUS_MODULE_SERVICE_ID, ENTRY_TYPE_SNAPSHOT, RecordingLog
+from cluster_node.media.driver import open_media_driver
 from cluster_node.service.examples.kv import Put, Status, encode_request
-from media.driver import open_media_driver
 from tests.support.cluster import TestCluster, _node_command, open_kv_client
 from tests.support.principal_service import WHOAMI_PREFIX, whoami_file
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from archive.frame_walk import iter_frames
+from cluster_node.archive.frame_walk import iter_frames
 from cluster_node.consensus.backup import BackupState
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from cluster_node.service.examples.kv import Put, Status

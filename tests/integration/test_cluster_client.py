@@ -46,8 +46,8 @@ from cluster_node.config import (
     format_ingress_endpoints,
     free_fixed_udp_ports,
 )
-from media.driver import open_media_driver
-from media.publication import OfferResult
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.publication import OfferResult
 
 MS = 1_000_000
 

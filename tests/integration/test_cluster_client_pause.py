@@ -7,7 +7,7 @@ speaks a line protocol on stdin/stdout. The test SIGSTOPs the child; the leader'
 client's ingress image for liveness (seen in the leader's counters file: the image's receiver
 counters are freed), then the test SIGCONTs it. The child's driver has not run meanwhile: its
 ingress sender still believes it is connected, and the data of the next request must not go to
-the image the leader no longer has (media.sender_core, *stall*). The requests are kv APPENDs sent once
+the image the leader no longer has (cluster_node.media.sender_core, *stall*). The requests are kv APPENDs sent once
 each, never resent: a lost one times out, a doubled one shows in the value.
 """
 
@@ -28,7 +28,7 @@ if __name__ == "__main__":  # the child: make the project importable when run as
 
 import trio  # noqa: E402
 
-from media.counters import CountersError, CountersReader, CounterType  # noqa: E402
+from cluster_node.media.counters import CountersError, CountersReader, CounterType  # noqa: E402
 
 INGRESS_STREAM = 101
 

@@ -3,7 +3,7 @@ through every path an entry travels, compared byte for byte on every member.
 
 The sizes sit on the edges of the framing: the largest entry that fits one datagram (one frame of
 ``mtu`` bytes), one byte more (the first that is fragmented), a few datagrams, and the longest
-message the ingress, the log and the egress accept (``media.frames.max_message_length`` of the
+message the ingress, the log and the egress accept (``cluster_node.media.frames.max_message_length`` of the
 smallest term length a message crosses), exactly. One byte more than that is refused by the
 client with its own error, and the cluster never sees it.
 
@@ -23,9 +23,9 @@ import pytest
 import trio
 
 from cluster_node.codecs import SESSION_HEADER_LENGTH
+from cluster_node.media.frames import HEADER_LENGTH, max_message_length
+from cluster_node.media.publication import MessageTooLongError
 from cluster_node.service.examples.kv import Put, encode_request
-from media.frames import HEADER_LENGTH, max_message_length
-from media.publication import MessageTooLongError
 from tests.integration.test_cluster_e2e import assert_same_state, in_thread
 from tests.integration.test_cluster_snapshots import atool, kill_all_and_restart, snapshots
 from tests.support.cluster import Status, TestCluster, open_kv_client

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from media.counters import CountersManager
+from cluster_node.media.counters import CountersManager
 from tests.support.cluster import _COUNTER_TYPES, CLOSED, LEADER, TestCluster
 
 

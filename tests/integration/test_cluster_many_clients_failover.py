@@ -28,7 +28,7 @@ import os
 import pytest
 import trio
 
-from media.driver import open_media_driver
+from cluster_node.media.driver import open_media_driver
 from tests.integration.test_cluster_e2e import assert_same_state
 from tests.support.cluster import CLOSED_PREFIX, Get, KvClient, Status, TestCluster, open_kv_client
 from tests.support.cluster_faults import SequenceWriter, reconfigure

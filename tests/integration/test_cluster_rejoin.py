@@ -2,7 +2,7 @@
 
 It replicates the log from the others and catches up, and then must stay up: this is the path
 on which a member used to end itself a few seconds after catching up (two tasks waiting on the
-driver's receive set, media.receive_set). Every acknowledged write is present once, every
+driver's receive set, cluster_node.media.receive_set). Every acknowledged write is present once, every
 member has the same state, and every member is still running at the end.
 """
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from archive.catalog import Catalog
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.recording_log import RecordingLog
 from cluster_node.service.examples.kv import Get, Put, Status
 from harness.kv_client import BulkLoad

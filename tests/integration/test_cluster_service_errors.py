@@ -20,9 +20,9 @@ import subprocess
 
 from cluster_node.client.errors import ServiceRequestError
 from cluster_node.exit_codes import ExitCode
+from cluster_node.media.counters import CountersError, CountersReader
 from cluster_node.service.errors import SERVICE_ERRORS_TYPE_ID, service_errors_label
 from cluster_node.service.skips import SKIP_FILE_NAME
-from media.counters import CountersError, CountersReader
 from tests.integration.test_cluster_e2e import assert_same_state
 from tests.support.cluster import (
     RAISE_PREFIX,

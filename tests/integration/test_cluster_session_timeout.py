@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from cluster_node.codecs import EventCode
-from media.counters import CountersReader
+from cluster_node.media.counters import CountersReader
 from tests.integration.test_cluster_e2e import assert_same_state
 from tests.support.cluster import CLOSED_PREFIX, TEST_TIMEOUTS, S, Status, TestCluster, open_kv_client
 

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import trio
 
-from archive.catalog import Catalog
-from archive.storage import CATALOG_FILE_NAME
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.storage import CATALOG_FILE_NAME
 from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM, RecordingLog
 from cluster_node.service.examples.kv import Get
 from tests.integration.test_cluster_snapshots import events, get_all, put_all, take_snapshot

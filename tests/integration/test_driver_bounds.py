@@ -13,8 +13,8 @@ import socket
 
 import trio
 
-from media.driver import open_media_driver
-from media.frames import Setup, encode_setup
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.frames import Setup, encode_setup
 from tests.support.procs import free_udp_port
 
 _MINUTE = 60_000_000_000
@@ -104,7 +104,7 @@ async def test_a_datagram_whose_handling_raises_closes_its_image_only(tmp_path, 
         sub = driver.add_subscription(channel, 9)
         good, bad = driver.add_publication(channel, 9), driver.add_publication(channel, 9)
         await _until(lambda: good.is_connected and bad.is_connected and sub.image_count == 2)
-        from media.receiver_core import ImageReceiverCore
+        from cluster_node.media.receiver_core import ImageReceiverCore
 
         real = ImageReceiverCore.on_data
 

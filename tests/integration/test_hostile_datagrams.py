@@ -13,8 +13,8 @@ import socket
 
 import pytest
 
-from media.counters import CountersReader, SystemCounter
-from media.frames import Setup, encode_setup
+from cluster_node.media.counters import CountersReader, SystemCounter
+from cluster_node.media.frames import Setup, encode_setup
 from tests.integration.test_cluster_e2e import assert_keys, put_keys
 from tests.support.cluster import TestCluster, open_kv_client
 from tests.unit.test_frame_walk_agreement import crafted_pad_datagram
@@ -93,7 +93,7 @@ async def _offer_connect_requests(cluster: TestCluster, member: int, channels: l
     """Connect requests naming ``channels`` for their replies, sent to ``member``'s ingress by
     a publication of this process's own driver."""
     from cluster_node.codecs import CLIENT_PROTOCOL_VERSION, INGRESS_CODEC, SessionConnectRequest
-    from media.driver import open_media_driver
+    from cluster_node.media.driver import open_media_driver
 
     node = cluster.nodes[member]
     async with open_media_driver(dir=cluster.base_dir / "attacker-driver") as driver:
@@ -152,8 +152,8 @@ async def test_a_flood_of_connect_requests_to_a_follower_is_answered_within_boun
 
 
 async def test_an_archive_connect_request_naming_another_host_gets_no_answer(cluster: TestCluster) -> None:
-    from archive import codecs as ac
-    from media.driver import open_media_driver
+    from cluster_node.archive import codecs as ac
+    from cluster_node.media.driver import open_media_driver
 
     cluster.start()
     node = cluster.nodes[0]
@@ -182,7 +182,7 @@ async def test_an_archive_connect_request_naming_another_host_gets_no_answer(clu
 
 
 async def test_tool_errors_shows_each_kind_of_hostile_input_with_its_count(cluster: TestCluster) -> None:
-    """The distinct-error tables (media.distinct_errors) of a live member, read by `tool errors`
+    """The distinct-error tables (cluster_node.media.distinct_errors) of a live member, read by `tool errors`
     from another process: the kind, how often, first and last time."""
     import json
     import subprocess

@@ -9,10 +9,10 @@ import threading
 import trio
 import trio.testing
 
-from media.driver import open_media_driver
-from media.frames import DATA_HEADER
-from media.logbuffer import LogBuffer
-from media.publication import OfferResult
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.frames import DATA_HEADER
+from cluster_node.media.logbuffer import LogBuffer
+from cluster_node.media.publication import OfferResult
 
 TERM = 64 * 1024
 
@@ -160,8 +160,8 @@ async def test_a_transport_that_stalled_does_not_judge_its_peers_by_their_old_he
     free the reader's slot, until the other has had a liveness timeout to beat again."""
     import time
 
-    from media.channel import parse
-    from media.ipc import IpcTransport
+    from cluster_node.media.channel import parse
+    from cluster_node.media.ipc import IpcTransport
 
     liveness = 2_000_000_000
     sub_side = IpcTransport(tmp_path, image_liveness_timeout_ns=liveness, heartbeat_interval_ns=100_000_000)

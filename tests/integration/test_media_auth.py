@@ -8,9 +8,16 @@ import socket
 
 import trio
 
-from media.driver import open_media_driver
-from media.frames import FLAG_UNFRAGMENTED, HEADER_LENGTH, Setup, encode_data_header, encode_setup, encode_status
-from media.mac import MacKeys
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.frames import (
+    FLAG_UNFRAGMENTED,
+    HEADER_LENGTH,
+    Setup,
+    encode_data_header,
+    encode_setup,
+    encode_status,
+)
+from cluster_node.media.mac import MacKeys
 from tests.support.procs import free_udp_port
 
 KEY = bytes(range(32))
@@ -121,7 +128,7 @@ async def test_previous_key_accepted_during_a_rotation(tmp_path):
 
 
 async def test_plain_and_mac_channels_cannot_share_an_endpoint_and_mac_needs_a_key(tmp_path):
-    from media.channel import ChannelError
+    from cluster_node.media.channel import ChannelError
     port = free_udp_port()
     async with open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a, \
             open_media_driver(dir=tmp_path / "b") as b:

@@ -11,10 +11,10 @@ import time
 import pytest
 import trio
 
-from media.channel import ChannelError
-from media.driver import open_media_driver
-from media.frames import TYPE_DATA, Setup, encode_data_header, encode_setup
-from media.publication import OfferResult
+from cluster_node.media.channel import ChannelError
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.frames import TYPE_DATA, Setup, encode_data_header, encode_setup
+from cluster_node.media.publication import OfferResult
 from tests.support.procs import free_udp_port
 
 FAST = dict(
@@ -208,7 +208,7 @@ async def test_operator_errors_are_clear(tmp_path):
             with pytest.raises(ChannelError, match="already in use"):
                 driver.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{taken}", 1)
         pub = driver.add_publication("aeron:ipc?term-length=64k", 2)
-        from media.publication import MessageTooLongError
+        from cluster_node.media.publication import MessageTooLongError
 
         with pytest.raises(MessageTooLongError, match="maximum message length 8192"):
             pub.offer(bytes(8193))
@@ -432,7 +432,7 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 @pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
 async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
     if not timerfd:
-        monkeypatch.setattr("media.driver.media_driver.open_timerfd", lambda: None)  # as where Linux has none
+        monkeypatch.setattr("cluster_node.media.driver.media_driver.open_timerfd", lambda: None)  # as where Linux has none
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         pub, sub = await _connected_pair(driver)

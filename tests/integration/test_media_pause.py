@@ -8,11 +8,11 @@ timeouts: that freeze is the fault under test. Every other wait is for a conditi
 
 * The publisher stalls: the subscriber's driver drops the image meanwhile. What was offered
   before the stall, right before it (written but not yet sent) and after it arrives exactly once,
-  in order (media.sender_core, *stall*).
+  in order (cluster_node.media.sender_core, *stall*).
 * The publisher stalls but the subscriber keeps images longer: the SETUP the stalled sender sends
   is harmless, the image stays, nothing is doubled.
 * The subscriber stalls while the publisher keeps offering: the image is not dropped before what
-  waited in the socket is read, and everything arrives exactly once (media.receiver_core, *a stall of
+  waited in the socket is read, and everything arrives exactly once (cluster_node.media.receiver_core, *a stall of
   our own*).
 
 Which of the driver's tasks runs first after a freeze is up to the scheduler, so each case is
@@ -27,8 +27,8 @@ import time
 import trio
 
 from cluster_node.config import free_fixed_udp_ports
-from media.driver import open_media_driver
-from media.publication import OfferResult
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.publication import OfferResult
 
 _S = 1_000_000_000
 LIVENESS_S = 1.0

@@ -98,8 +98,8 @@ def test_ipc_between_two_processes_1m_messages(tmp_path):
 
 
 def test_ipc_between_two_threads_1m_messages(tmp_path):
-    from media.channel import parse
-    from media.ipc import IpcTransport
+    from cluster_node.media.channel import parse
+    from cluster_node.media.ipc import IpcTransport
 
     transport = IpcTransport(tmp_path)
     sub = transport.add_subscription(parse("aeron:ipc"), 5)
@@ -208,7 +208,7 @@ def test_a_new_driver_removes_the_ipc_log_buffers_of_killed_publishers(tmp_path)
     in a loop would leave its local logs behind every time. The driver that starts on the
     directory next removes those of dead processes, and only those (and the counters file the
     dead one kept as a client of the directory)."""
-    from media.driver import DriverConfig, MediaDriver
+    from cluster_node.media.driver import DriverConfig, MediaDriver
 
     d = tmp_path / "driver"
     common = ["--dir", str(d), "--channel", "aeron:ipc", "--count", "10"]
@@ -235,8 +235,8 @@ def test_a_new_driver_removes_the_ipc_log_buffers_of_killed_publishers(tmp_path)
 def test_a_log_buffer_with_our_pid_goes_only_when_its_heartbeat_stopped(tmp_path):
     """A restarted container gives its entry point the same pid as before: a buffer with our
     pid is an earlier process's when nobody beats in it any more."""
-    from media.channel import parse
-    from media.ipc import IpcTransport
+    from cluster_node.media.channel import parse
+    from cluster_node.media.ipc import IpcTransport
 
     transport = IpcTransport(tmp_path, image_liveness_timeout_ns=1_000_000_000)
     pub = transport.add_publication(parse("aeron:ipc"), 9)

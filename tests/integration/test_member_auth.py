@@ -31,12 +31,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from archive import codecs as ac
 from cluster_node import codecs as cc
+from cluster_node.archive import codecs as ac
 from cluster_node.cli import main as cli
 from cluster_node.config import DEMO_DRIVER, DEMO_TIMEOUTS
+from cluster_node.media.counters import CountersError, CountersReader, SystemCounter
 from cluster_node.secret_file import generate
-from media.counters import CountersError, CountersReader, SystemCounter
 from tests.integration.test_adversarial_regressions import Forger, _received_any
 from tests.integration.test_cluster_e2e import assert_keys, put_keys
 from tests.support.cluster import Put, TestCluster, open_kv_client

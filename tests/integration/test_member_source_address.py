@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from media.counters import CountersError, CountersReader, CounterType
-from media.driver import open_media_driver
+from cluster_node.media.counters import CountersError, CountersReader, CounterType
+from cluster_node.media.driver import open_media_driver
 from tests.support.cluster import TestCluster
 from tests.support.netns import unavailable
 

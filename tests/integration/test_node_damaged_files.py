@@ -108,8 +108,8 @@ def test_a_recording_log_whose_only_entry_is_torn_starts_on_the_archives_log_rec
 
 
 def test_a_damaged_snapshot_ends_the_start_with_one_line_naming_the_tool_that_passes_over_it(tmp_path):
-    from archive.segments import segment_file_name
-    from archive.storage import list_segments
+    from cluster_node.archive.segments import segment_file_name
+    from cluster_node.archive.storage import list_segments
     from cluster_node.consensus.recording_log import ENTRY_TYPE_SNAPSHOT, RecordingLog
     from tests.support.cluster import _node_command
 

@@ -1,6 +1,6 @@
 """A node's components that fail end the process with their own exit code and one line.
 
-The driver's and the archive's tasks run under media.task_failure; the node hooks them to
+The driver's and the archive's tasks run under cluster_node.media.task_failure; the node hooks them to
 cluster_node.exit_codes.fail (``exit_on_component_failure``). A child process runs a real
 driver (and archive) so wired, and a task of it is made to fail from the test's own script.
 """
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = """
 import sys, trio
-from media.driver import open_media_driver
-from archive.conductor import open_archive
+from cluster_node.media.driver import open_media_driver
+from cluster_node.archive.conductor import open_archive
 from cluster_node.exit_codes import ExitCode
 from cluster_node.node import exit_on_component_failure
 
@@ -51,7 +51,7 @@ def _run_child(tmp_path, fault: str) -> subprocess.CompletedProcess:
     ("driver.receive_work = lambda: [][1]; driver._rx_wait.evict(); driver._park_timer.arm_at(0)",
      ExitCode.DRIVER_FAILED, "media driver task 'receiver' failed: IndexError"),
     ("archive._on_request_bytes = lambda *a: {}['x']; "
-     "trio.lowlevel.spawn_system_task(__import__('archive.client', fromlist=['x']).ArchiveClient.connect, driver)",
+     "trio.lowlevel.spawn_system_task(__import__('cluster_node.archive.client', fromlist=['x']).ArchiveClient.connect, driver)",
      ExitCode.ARCHIVE_FAILED, "archive task 'control' failed: KeyError"),
 ], ids=["driver-conductor", "driver-receiver", "archive-control"])
 def test_a_failed_component_task_ends_the_node_with_its_code_and_one_line(tmp_path, fault, code, line):

@@ -1,4 +1,4 @@
-"""The handover of the driver's receive side between tasks (media.receive_set), over real UDP.
+"""The handover of the driver's receive side between tasks (cluster_node.media.receive_set), over real UDP.
 
 The receiver task, claimants (``claim_receive`` / ``park`` / ``unclaim_receive``) and tasks in
 ``Subscription.wait`` take turns waiting on one epoll fd; trio allows one waiter per fd, and a
@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from media.driver import open_media_driver
+from cluster_node.media.driver import open_media_driver
 from tests.integration.test_media_driver import _connected_pair
 
 _MINUTE = 60_000_000_000
@@ -219,7 +219,7 @@ async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arri
 async def test_with_direct_park_off_a_lone_claimants_park_waits_through_trio(tmp_path):
     """``DriverConfig.direct_park=False``: even with nothing else to run, the claimant's park
     is a wait registered with trio on the set (the path taken when other tasks are runnable),
-    never a block in the kernel (media.directpark declines every time). Another thread looks
+    never a block in the kernel (cluster_node.media.directpark declines every time). Another thread looks
     at the set's waiter, then sends."""
     import threading
 

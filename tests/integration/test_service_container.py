@@ -19,6 +19,9 @@ from cluster_node.codecs import (
     SessionOpenEvent,
     encode_session_message,
 )
+from cluster_node.media.channel import parse
+from cluster_node.media.doorbell import ring
+from cluster_node.media.ipc import IpcTransport
 from cluster_node.service.api import ClusteredService, Role
 from cluster_node.service.container import (
     CONSENSUS_TO_SERVICE_STREAM_ID,
@@ -26,9 +29,6 @@ from cluster_node.service.container import (
     SERVICE_TO_CONSENSUS_STREAM_ID,
     ServiceContainer,
 )
-from media.channel import parse
-from media.doorbell import ring
-from media.ipc import IpcTransport
 
 
 class Counting(ClusteredService):

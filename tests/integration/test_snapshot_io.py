@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from archive.client import ArchiveClient
-from archive.conductor import ArchiveConfig, open_archive
+from cluster_node.archive.client import ArchiveClient
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.ipc import IpcTransport
 from cluster_node.snapshot_io import (
     MAX_SNAPSHOT_RECORD_LENGTH,
     IpcDriver,
@@ -15,8 +17,6 @@ from cluster_node.snapshot_io import (
     read_recording,
     record_snapshot,
 )
-from media.driver import open_media_driver
-from media.ipc import IpcTransport
 
 
 async def test_record_and_read_back_through_driver_and_ipc_transport(tmp_path):

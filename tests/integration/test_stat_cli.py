@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from cluster_node.cli import main
-from media.counters import CountersManager, CounterType, SystemCounters
+from cluster_node.media.counters import CountersManager, CounterType, SystemCounters
 
 CLI = Path(sys.executable).with_name("cluster-node")
 DEADLINE_S = 30

@@ -451,7 +451,7 @@ def test_same_seed_gives_the_same_trace() -> None:
 
 def test_heartbeats_due_within_the_slack_go_out_early_and_never_earlier() -> None:
     """heartbeat_slack_ns: the shell's timer grid may wake the core up to that much before a
-    heartbeat is due (media.driver, *phase grid*); the heartbeat then goes out in that wake-up
+    heartbeat is due (cluster_node.media.driver, *phase grid*); the heartbeat then goes out in that wake-up
     instead of one later. Idle, every member's heartbeats are at least the interval less the
     slack apart, and no more than the interval plus the simulation's step."""
     from dataclasses import replace

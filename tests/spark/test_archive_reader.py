@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("numpy")
 pytest.importorskip("pyarrow")
 
-from archive.segments import HEADER_LENGTH, segment_file_name
-from archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError
-from archive.spark.reader import ArchiveSet
+from cluster_node.archive.segments import HEADER_LENGTH, segment_file_name
+from cluster_node.archive.spark.layout import ArchiveCorruptError, ArchiveNotFoundError
+from cluster_node.archive.spark.reader import ArchiveSet
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 from tests.support.synthetic_archive import build_log, write_archive, write_cluster
 
@@ -163,7 +163,7 @@ def test_cut_short_and_divergent_cluster_expectations(tmp_path):
 def test_frame_hash_and_byte_comparison_ignore_the_transport_session_id(tmp_path):
     """Each node records its own copy of the log under a session id of its own: the same log on
     two nodes differs in every frame header's session id field and nowhere else."""
-    from archive.spark.frames import first_differing_byte
+    from cluster_node.archive.spark.frames import first_differing_byte
 
     log = build_log(seed=5, terms=2, messages_per_term=120, large_every=7)
     write_archive(tmp_path / "node0", log)

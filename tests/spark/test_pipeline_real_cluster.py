@@ -20,9 +20,9 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from archive.segments import segment_base_position, segment_file_name
-from archive.spark.layout import find_archive, load_catalog
-from archive.spark.reader import ArchiveSet
+from cluster_node.archive.segments import segment_base_position, segment_file_name
+from cluster_node.archive.spark.layout import find_archive, load_catalog
+from cluster_node.archive.spark.reader import ArchiveSet
 from cluster_node.codecs import SESSION_HEADER_LENGTH
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 from tests.spark.real_cluster import RunRecord, put_request_id, run_cluster_with_failover

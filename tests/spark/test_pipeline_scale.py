@@ -11,7 +11,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from archive.segments import segment_file_name
+from cluster_node.archive.segments import segment_file_name
 from tests.support.synthetic_archive import build_log, write_cluster
 
 
@@ -213,7 +213,7 @@ def test_spark_incremental_export_twice_equals_the_local_full_export(spark, tmp_
 
 
 def test_streaming_source_reads_each_message_once_as_the_recording_grows(spark, tmp_path):
-    from archive.segments import HEADER_LENGTH
+    from cluster_node.archive.segments import HEADER_LENGTH
 
     log = build_log(seed=9, terms=2, messages_per_term=150)
     cut = log.message_boundary_at_or_before(log.terms[1].base_position + 2000)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from archive.spark.reader import ArchiveSet
+from cluster_node.archive.spark.reader import ArchiveSet
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 
 

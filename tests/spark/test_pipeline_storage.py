@@ -14,15 +14,15 @@ pytest.importorskip("pyarrow")
 
 import pyarrow.dataset as ds
 
-from archive.segments import segment_file_name
-from archive.spark.decoder import resolve_decoder
-from archive.spark.layout import (
+from cluster_node.archive.segments import segment_file_name
+from cluster_node.archive.spark.decoder import resolve_decoder
+from cluster_node.archive.spark.layout import (
     ArchiveCorruptError,
     DuplicateMemberError,
     TaskFilter,
     pack_tasks,
 )
-from archive.spark.reader import ArchiveSet
+from cluster_node.archive.spark.reader import ArchiveSet
 from cluster_node.codecs import ClusterTimeUnit
 from cluster_node.pipeline.decoder import ClusterLogDecoder
 from cluster_node.pipeline.export import HIGH_WATER_DIR, export_local, read_high_water
@@ -215,7 +215,7 @@ def test_decoder_option_accepts_only_message_decoders(tmp_path, monkeypatch):
 
 def test_source_options_are_checked_by_name():
     pytest.importorskip("pyspark")
-    from archive.spark.datasource import parse_options
+    from cluster_node.archive.spark.datasource import parse_options
 
     for options, message in (
         ({"path": "x", "task_bytes": "abc"}, "option task_bytes must be a positive integer"),

@@ -20,9 +20,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from archive.conductor import ArchiveConfig, open_archive
-from media.driver import open_media_driver
-from media.loss import LossConfig
+from cluster_node.archive.conductor import ArchiveConfig, open_archive
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.loss import LossConfig
 
 
 def start_peer(args: list[str], name: str = "archive"):

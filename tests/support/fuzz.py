@@ -57,9 +57,9 @@ from pathlib import Path
 
 import msgspec
 
-from archive import codecs as archive_codecs
 from cluster_node import codecs as cluster_codecs
-from media import frames as F
+from cluster_node.archive import codecs as archive_codecs
+from cluster_node.media import frames as F
 
 MAX_UDP_PAYLOAD = 65507
 
@@ -175,7 +175,7 @@ def discover_targets(node) -> list[Target]:
 def read_member_view(node, view: MemberView) -> None:
     """Refresh ``view`` from the member's counters (term, commit, publication and image
     sessions); left as it was when the member does not run or its counters cannot be read."""
-    from media.counters import CountersError, CountersReader, CounterType
+    from cluster_node.media.counters import CountersError, CountersReader, CounterType
 
     view.pid = node.pid if node.running else None
     c = node.counters()
@@ -782,7 +782,7 @@ def counters_in_use(node) -> tuple[int, int, dict[str, int]] | None:
     """``(allocated counters, capacity, allocated by kind)`` of a running member's counters
     file; a counter's kind is its label up to the first colon (``rcv-hwm``, ``pub-pos``...),
     or, for a label of words only, its first two words."""
-    from media.counters import CountersError, CountersReader
+    from cluster_node.media.counters import CountersError, CountersReader
 
     if not node.running:
         return None
@@ -806,7 +806,7 @@ REPORTED_SYSTEM_COUNTERS = ("INVALID_PACKETS", "ERRORS", "IMAGES_AVAILABLE", "IM
 
 def system_counters(node) -> dict[str, int]:
     """A few driver-wide counters of a running member, by name (lower case)."""
-    from media.counters import CountersError, CountersReader, SystemCounter
+    from cluster_node.media.counters import CountersError, CountersReader, SystemCounter
 
     if not node.running:
         return {}

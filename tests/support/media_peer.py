@@ -24,9 +24,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from media.driver import open_media_driver
-from media.loss import LossConfig
-from media.publication import OfferResult
+from cluster_node.media.driver import open_media_driver
+from cluster_node.media.loss import LossConfig
+from cluster_node.media.publication import OfferResult
 
 
 def size_fn(spec: str, max_len: int):

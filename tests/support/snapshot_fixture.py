@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from archive.catalog import Catalog
 from cluster_node import codecs
+from cluster_node.archive.catalog import Catalog
 from cluster_node.codecs import ClusterTimeUnit, compose_semantic_version
 from cluster_node.consensus.node_files import MarkFile
 from cluster_node.consensus.recording_log import CONSENSUS_MODULE_SERVICE_ID, RecordingLog
@@ -208,7 +208,7 @@ def write_stale_mark_file(path: Path, member_id: int = 0) -> None:
 def _fake_node(args: argparse.Namespace) -> int:
     """A stand-in for a node's consensus module: see the module docstring."""
     from cluster_node.consensus.recording_log_file import RecordingLogFile
-    from media.counters import CountersManager
+    from cluster_node.media.counters import CountersManager
 
     node_dir = Path(args.dir)
     member = args.member_id

@@ -129,7 +129,7 @@ def test_the_fail_stop_effects_are_the_durable_ones():
 def test_a_log_recording_that_cannot_be_stopped_stops_the_node(agent):
     """The election waits in INIT for the stop position: a member that cannot learn it would
     never elect again, so it stops (a restart recovers the recording)."""
-    from archive.client import ArchiveError
+    from cluster_node.archive.client import ArchiveError
 
     class _Archive:
         async def stop_recording_by_identity(self, recording_id):

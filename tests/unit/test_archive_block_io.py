@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from archive.replayer import stamp_frames
-from media.channel import parse
-from media.ipc import IpcTransport
+from cluster_node.archive.replayer import stamp_frames
+from cluster_node.media.channel import parse
+from cluster_node.media.ipc import IpcTransport
 
 TERM = 64 * 1024
 
@@ -95,7 +95,7 @@ def test_offer_block_keeps_positions_and_takes_the_publications_session(tmp_path
 
 
 def test_a_claimed_block_is_invisible_until_its_commit(tmp_path):
-    from media.frames import DATA_HEADER
+    from cluster_node.media.frames import DATA_HEADER
 
     transport, pub, sub = _pair(tmp_path, 4)
     image = sub.images[0]
@@ -116,7 +116,7 @@ def test_a_claimed_block_is_invisible_until_its_commit(tmp_path):
 
 def test_a_claim_refuses_beyond_the_window_and_reserves_nothing(tmp_path):
     transport, pub, sub = _pair(tmp_path, 5)
-    from media.publication import OfferResult
+    from cluster_node.media.publication import OfferResult
 
     assert pub.claim_block(32 * 1024) > 0  # inside the window (half a term)
     assert pub.offer(b"x" * 992) == 1024  # (the claim reserved nothing until its commit)
@@ -140,8 +140,8 @@ def test_a_block_longer_than_the_window_is_a_caller_error_not_a_stall(tmp_path):
 
 
 def test_read_split_reads_a_hole_past_the_end_of_file_as_zeros(tmp_path):
-    from archive.catalog import Catalog
-    from archive.storage import SegmentReader
+    from cluster_node.archive.catalog import Catalog
+    from cluster_node.archive.storage import SegmentReader
 
     cat = Catalog.create(4096)
     rid = cat.add_recording(
@@ -167,9 +167,9 @@ def test_the_log_copy_moves_a_terms_tail_longer_than_the_window(tmp_path):
     from types import SimpleNamespace
 
     from cluster_node.consensus.agent import ConsensusAgent
-    from media.frames import DATA_HEADER, TYPE_PAD
-    from media.logbuffer import LogBuffer
-    from media.subscription import Image, Subscription
+    from cluster_node.media.frames import DATA_HEADER, TYPE_PAD
+    from cluster_node.media.logbuffer import LogBuffer
+    from cluster_node.media.subscription import Image, Subscription
 
     start = TERM - 33056  # 32 frames of 1 KiB, then 288 bytes of padding to the term's end
     received = LogBuffer.create(None, TERM, 1408, 7, 99, 9, start)

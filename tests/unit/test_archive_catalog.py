@@ -1,4 +1,4 @@
-"""The catalog's byte layout, in-place updates, dirty ranges and validation (archive/catalog.py)."""
+"""The catalog's byte layout, in-place updates, dirty ranges and validation (cluster_node/archive/catalog.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive.catalog import ByteRange, Catalog, CatalogFullError, UnknownRecordingError
-from archive.catalog_layout import (
+from cluster_node.archive.catalog import ByteRange, Catalog, CatalogFullError, UnknownRecordingError
+from cluster_node.archive.catalog_layout import (
     CATALOG_VERSION,
     DEFAULT_CAPACITY,
     MAX_STRING_LENGTH,
@@ -22,7 +22,7 @@ from archive.catalog_layout import (
     encode_descriptor_body,
     record_checksum,
 )
-from archive.segments import NULL_POSITION
+from cluster_node.archive.segments import NULL_POSITION
 
 FIRST = 64  # first record offset with the default 64-byte alignment
 BODY = 32  # descriptor body offset inside a record

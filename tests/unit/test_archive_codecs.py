@@ -1,4 +1,4 @@
-"""The archive control protocol codecs (archive/codecs.py)."""
+"""The archive control protocol codecs (cluster_node/archive/codecs.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive import codecs as c
-from archive.catalog import Catalog
+from cluster_node.archive import codecs as c
+from cluster_node.archive.catalog import Catalog
 
 # Template ids from the reference's schema (Aeron Archive's aeron-archive-codecs.xml).
 TEMPLATE_IDS = {

@@ -12,13 +12,13 @@ import zlib
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import Catalog
-from archive.catalog_layout import CATALOG_VERSION, RecordingState
-from archive.checksums import check_frames, frame_checksum
-from archive.frame_walk import iter_frames, verify_recording
-from archive.recovery import recover
-from archive.segments import NULL_POSITION, segment_file_name
-from archive.storage import ArchiveDamagedError, CatalogStore, SegmentWriter, list_segments
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.catalog_layout import CATALOG_VERSION, RecordingState
+from cluster_node.archive.checksums import check_frames, frame_checksum
+from cluster_node.archive.frame_walk import iter_frames, verify_recording
+from cluster_node.archive.recovery import recover
+from cluster_node.archive.segments import NULL_POSITION, segment_file_name
+from cluster_node.archive.storage import ArchiveDamagedError, CatalogStore, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 from tests.unit.test_archive_storage import SEGMENT, SESSION, STREAM, TERM, frames_for, messages_of
 

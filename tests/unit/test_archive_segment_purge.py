@@ -9,18 +9,18 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import Catalog
-from archive.frame_walk import iter_frames, verify_recording
-from archive.recovery import recover
-from archive.segment_files import (
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.frame_walk import iter_frames, verify_recording
+from cluster_node.archive.recovery import recover
+from cluster_node.archive.segment_files import (
     attach_front,
     attachable_segments,
     delete_detached_segments,
     detach_front,
     detached_segments,
 )
-from archive.segments import detach_problem, segment_file_name
-from archive.storage import CATALOG_FILE_NAME, CatalogStore, SegmentWriter, list_segments
+from cluster_node.archive.segments import detach_problem, segment_file_name
+from cluster_node.archive.storage import CATALOG_FILE_NAME, CatalogStore, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 from tests.unit.test_archive_storage import SEGMENT, TERM, frames_for, messages_of, new_recording, record
 

@@ -1,4 +1,4 @@
-"""Segment naming, position arithmetic and torn-tail scanning (archive/segments.py)."""
+"""Segment naming, position arithmetic and torn-tail scanning (cluster_node/archive/segments.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from archive.segments import (
+from cluster_node.archive.segments import (
     DEFAULT_SEGMENT_LENGTH,
     FRAME_TYPE_DATA,
     FRAME_TYPE_PAD,

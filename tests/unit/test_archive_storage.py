@@ -10,12 +10,12 @@ import struct
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import Catalog
-from archive.frame_walk import iter_frames, verify_recording
-from archive.recovery import recover, recovered_end
-from archive.segment_files import truncate_segments
-from archive.segments import NULL_POSITION, segment_file_name
-from archive.storage import ArchiveStorageError, CatalogStore, SegmentReader, SegmentWriter, list_segments
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.frame_walk import iter_frames, verify_recording
+from cluster_node.archive.recovery import recover, recovered_end
+from cluster_node.archive.segment_files import truncate_segments
+from cluster_node.archive.segments import NULL_POSITION, segment_file_name
+from cluster_node.archive.storage import ArchiveStorageError, CatalogStore, SegmentReader, SegmentWriter, list_segments
 from cluster_node.cli import main as cli
 
 TERM = 64 * 1024

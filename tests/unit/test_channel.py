@@ -1,4 +1,4 @@
-"""Channel URIs (media.channel): what parses, what it means, what is refused and how it is explained."""
+"""Channel URIs (cluster_node.media.channel): what parses, what it means, what is refused and how it is explained."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from media.channel import (
+from cluster_node.media.channel import (
     MAX_TERM_LENGTH,
     MAX_UDP_PAYLOAD,
     MIN_TERM_LENGTH,
@@ -314,7 +314,7 @@ def test_starting_at_is_the_inverse_of_initial_position(itid, position):
 
 
 def test_auth_mac_parses_round_trips_and_is_refused_elsewhere():
-    from media.channel import ChannelError, parse, reply_channel_refusal
+    from cluster_node.media.channel import ChannelError, parse, reply_channel_refusal
     uri = parse("aeron:udp?endpoint=127.0.0.1:4000|auth=mac")
     assert uri.auth == "mac" and parse(str(uri)).auth == "mac"
     assert parse(str(uri.with_params(auth=None))).auth is None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from media.counters import (
+from cluster_node.media.counters import (
     ALLOCATED,
     HEADER_LENGTH,
     MAGIC,
@@ -176,7 +176,7 @@ def test_file_owned_by_a_live_process_is_refused(path):
     script = textwrap.dedent(
         """
         import sys
-        from media.counters import CountersManager
+        from cluster_node.media.counters import CountersManager
         m = CountersManager.create(sys.argv[1], max_counters=4)
         print("ready", flush=True)
         sys.stdin.read()
@@ -229,7 +229,7 @@ def test_reader_in_another_process_sees_live_values(path, manager):
     script = textwrap.dedent(
         """
         import json, sys
-        from media.counters import CountersReader
+        from cluster_node.media.counters import CountersReader
         reader = CountersReader.open(sys.argv[1])
         print("mapped", flush=True)
         for line in sys.stdin:
@@ -290,7 +290,7 @@ def test_a_zombie_owners_counters_file_is_taken_over(tmp_path):
 
     path = tmp_path / "counters.dat"
     child = subprocess.Popen([sys.executable, "-c",
-                              f"from media.counters import CountersManager; CountersManager.create({str(path)!r}, 8)"])
+                              f"from cluster_node.media.counters import CountersManager; CountersManager.create({str(path)!r}, 8)"])
     try:
         deadline = _time.monotonic() + 30
         while True:

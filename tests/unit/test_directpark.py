@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from media.directpark import DirectPark
+from cluster_node.media.directpark import DirectPark
 
 
 @pytest.fixture

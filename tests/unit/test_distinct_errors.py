@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog.testing
 
-from media.distinct_errors import DistinctErrors, read_error_table
+from cluster_node.media.distinct_errors import DistinctErrors, read_error_table
 
 
 def test_each_kind_is_logged_once_then_counted_and_the_kinds_are_bounded(tmp_path):

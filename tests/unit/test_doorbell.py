@@ -8,14 +8,14 @@ import pytest
 import trio
 import trio.testing
 
-from media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
+from cluster_node.media.doorbell import DATA, NEW_PUBLICATION, Doorbell, ring
 
 
 @pytest.fixture(autouse=True, params=["timerfd", "cancel-scope-fallback"])
 def wait_kind(request, monkeypatch):
     """Every test runs with the timerfd wait and with the cancel-scope wait of systems without it."""
     if request.param != "timerfd":
-        monkeypatch.setattr("media.doorbell.open_timer_and_eventfd", lambda: None)
+        monkeypatch.setattr("cluster_node.media.doorbell.open_timer_and_eventfd", lambda: None)
     return request.param
 
 
@@ -42,7 +42,7 @@ async def test_same_thread_ring_ends_the_wait_and_drain_reports_it():
 
 @pytest.mark.parametrize("source", ["thread", "process"])
 async def test_a_ring_from_another_thread_or_process_ends_the_wait(source):
-    from media import doorbell
+    from cluster_node.media import doorbell
 
     def ring_from_elsewhere():
         if source == "thread":

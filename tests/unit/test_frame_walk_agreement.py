@@ -13,8 +13,8 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from media.channel import parse
-from media.frames import (
+from cluster_node.media.channel import parse
+from cluster_node.media.frames import (
     DATA_HEADER,
     FLAG_UNFRAGMENTED,
     HEADER_LENGTH,
@@ -24,14 +24,14 @@ from media.frames import (
     FrameError,
     check_data_run,
 )
-from media.logbuffer import META_LENGTH, LogBuffer
-from media.subscription import Image, Subscription
+from cluster_node.media.logbuffer import META_LENGTH, LogBuffer
+from cluster_node.media.subscription import Image, Subscription
 
 TL = 64 * 1024
 
 
 def frame_step(frame_length: int) -> int:
-    """The walk's rule (media.frames.frame_step), stated here as the specification."""
+    """The walk's rule (cluster_node.media.frames.frame_step), stated here as the specification."""
     return (frame_length + 31) & ~31
 
 
@@ -120,7 +120,7 @@ def test_a_padding_frame_of_unaligned_length_hiding_a_forged_header_is_refused()
 def test_a_message_that_never_ends_is_dropped_at_the_maximum_message_length():
     """A sender that begins a message and sends middle fragments for ever: reassembly stops at
     frames.max_message_length (8 KiB for a 64 KiB term) and the next message is delivered."""
-    from media.frames import FLAG_BEGIN, max_message_length
+    from cluster_node.media.frames import FLAG_BEGIN, max_message_length
 
     log = LogBuffer.create(None, TL, 1408, 0, 7, 9, 0)
     off = 0

@@ -1,4 +1,4 @@
-"""Transport frames (media.frames): layouts, round trips, and decoding of untrusted bytes.
+"""Transport frames (cluster_node.media.frames): layouts, round trips, and decoding of untrusted bytes.
 
 The fuzz tests feed random and mutated datagrams to ``decode_untrusted`` and ``check_data_run``
 and require that nothing but ``FrameError`` escapes, and that whatever is accepted is consistent.
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from media import frames as F
-from media.frames import (
+from cluster_node.media import frames as F
+from cluster_node.media.frames import (
     FLAG_BEGIN,
     FLAG_END,
     FLAG_EOS,

@@ -1,4 +1,4 @@
-"""media.framescan: the numpy chain of frames agrees with a plain walk, or declines; it never
+"""cluster_node.media.framescan: the numpy chain of frames agrees with a plain walk, or declines; it never
 returns a different answer, even when payloads hold bytes that look like frame headers."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from media import framescan
-from media.frames import DATA_HEADER
+from cluster_node.media import framescan
+from cluster_node.media.frames import DATA_HEADER
 
 _I32 = struct.Struct("<i")
 

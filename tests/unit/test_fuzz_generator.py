@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from media import frames as F
+from cluster_node.media import frames as F
 from tests.support.fuzz import ALL_CLUSTER_MESSAGES, ARCHIVE_REQUESTS, DatagramFuzzer, Target
 
 TL = 4 * 1024 * 1024

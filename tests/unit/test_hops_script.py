@@ -68,7 +68,7 @@ def test_analyse_without_client_messages_says_so(tmp_path: Path) -> None:
 def test_install_wraps_the_methods_it_names(tmp_path: Path) -> None:
     """The wrapped methods exist (a rename elsewhere would otherwise break the script only)."""
     from cluster_node.consensus.agent import ConsensusAgent
-    from media.driver import MediaDriver
+    from cluster_node.media.driver import MediaDriver
 
     before = (MediaDriver._raw_send, MediaDriver._on_datagram, ConsensusAgent._ring_service)
     try:

@@ -14,7 +14,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 def test_library_loggers_are_silent_unless_logging_is_configured():
     quiet = _run("""
-        import cluster_node.client.cluster_client as c, media.driver as d
+        import cluster_node.client.cluster_client as c, cluster_node.media.driver as d
         c.log.info("connected", session=1); d.log.debug("udp publication added"); c.log.warning("reconnecting")
     """)
     assert quiet.returncode == 0, quiet.stderr

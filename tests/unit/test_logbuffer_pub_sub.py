@@ -12,8 +12,8 @@ import struct
 
 import pytest
 
-from media.channel import parse
-from media.frames import (
+from cluster_node.media.channel import parse
+from cluster_node.media.frames import (
     FLAG_BEGIN,
     FLAG_END,
     FLAG_UNFRAGMENTED,
@@ -23,9 +23,9 @@ from media.frames import (
     align,
     max_message_length,
 )
-from media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, SLOT_COUNT, LogBuffer, LogBufferError
-from media.publication import ExclusivePublication, MessageTooLongError, OfferResult, Publication
-from media.subscription import Image, Subscription
+from cluster_node.media.logbuffer import MAX_POSITION, META_LENGTH, NO_SLOT, SLOT_COUNT, LogBuffer, LogBufferError
+from cluster_node.media.publication import ExclusivePublication, MessageTooLongError, OfferResult, Publication
+from cluster_node.media.subscription import Image, Subscription
 
 TL = 64 * 1024
 MTU = 1408

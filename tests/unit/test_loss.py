@@ -1,4 +1,4 @@
-"""LossGenerator (media.loss), and the sender and receiver cores end to end over a lossy channel.
+"""LossGenerator (cluster_node.media.loss), and the sender and receiver cores end to end over a lossy channel.
 
 The simulation drives a SenderCore and ImageReceiverCores against each other through seeded
 LossGenerators (drop, duplicate, reorder, delay) with a fake clock, writes into a real in-memory
@@ -15,14 +15,14 @@ from collections import Counter
 
 import pytest
 
-from media.channel import parse
-from media.frames import DataHeader, Heartbeat, Nak, Setup, StatusMessage, check_data_run, decode_untrusted
-from media.logbuffer import LogBuffer
-from media.loss import LossConfig, LossGenerator
-from media.publication import ExclusivePublication, OfferResult
-from media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
-from media.sender_core import SenderConfig, SenderCore
-from media.subscription import Image, Subscription
+from cluster_node.media.channel import parse
+from cluster_node.media.frames import DataHeader, Heartbeat, Nak, Setup, StatusMessage, check_data_run, decode_untrusted
+from cluster_node.media.logbuffer import LogBuffer
+from cluster_node.media.loss import LossConfig, LossGenerator
+from cluster_node.media.publication import ExclusivePublication, OfferResult
+from cluster_node.media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
+from cluster_node.media.sender_core import SenderConfig, SenderCore
+from cluster_node.media.subscription import Image, Subscription
 
 # ------------------------------------------------------------------------------ LossGenerator
 
@@ -304,7 +304,7 @@ def simulate(seed: int, *, receivers: int = 1, count: int = 1500, loss: dict | N
 
 
 # Seeds 9, 21 and 38 are left out: they stall for good because the sender sends past its flow-control
-# limit (see the report, media/sender_core.py SenderCore._chunk).
+# limit (see the report, cluster_node/media/sender_core.py SenderCore._chunk).
 @pytest.mark.parametrize("seed", [1, 2, 7, 8, 10, 12])
 def test_lossy_unicast_delivers_every_message_once_in_order(seed):
     sides, sender, pub, messages, links, end_ns = simulate(seed)

@@ -1,12 +1,12 @@
-"""The MAC framing of authenticated channels (media.mac): a trailer over the whole datagram,
+"""The MAC framing of authenticated channels (cluster_node.media.mac): a trailer over the whole datagram,
 checked before anything is parsed."""
 
 from __future__ import annotations
 
 import pytest
 
-from media.frames import Setup, encode_setup
-from media.mac import MAC_LENGTH, MacKeys
+from cluster_node.media.frames import Setup, encode_setup
+from cluster_node.media.mac import MAC_LENGTH, MacKeys
 
 KEY = bytes(range(32))
 OTHER = bytes(range(1, 33))

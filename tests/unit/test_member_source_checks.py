@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from cluster_node import codecs as cc
 from cluster_node.config import ClusterMember
 from cluster_node.consensus.agent import ConsensusAgent
-from media.distinct_errors import DistinctErrors
+from cluster_node.media.distinct_errors import DistinctErrors
 
 MEMBERS = [ClusterMember(id=i, ingress=f"10.0.0.{i}:1", consensus=f"10.0.0.{i}:2", log=f"10.0.1.{i}:3",
                          catchup=f"10.0.0.{i}:0", archive=f"10.0.0.{i}:4") for i in range(3)]

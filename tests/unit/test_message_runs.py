@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from cluster_node.codecs import SESSION_PREFIX_WORD, SESSION_TIMESTAMP_OFFSET, encode_session_message
 from cluster_node.consensus import message_runs
-from media import framescan
-from media.channel import parse
-from media.frames import DATA_HEADER
-from media.logbuffer import META_LENGTH, LogBuffer
-from media.publication import ExclusivePublication, OfferResult
-from media.subscription import Image, Subscription
+from cluster_node.media import framescan
+from cluster_node.media.channel import parse
+from cluster_node.media.frames import DATA_HEADER
+from cluster_node.media.logbuffer import META_LENGTH, LogBuffer
+from cluster_node.media.publication import ExclusivePublication, OfferResult
+from cluster_node.media.subscription import Image, Subscription
 
 TL = 64 * 1024
 MTU = 1408

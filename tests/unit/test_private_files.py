@@ -1,4 +1,4 @@
-"""Private files and directories (media.private_files) and the checks of the driver directories."""
+"""Private files and directories (cluster_node.media.private_files) and the checks of the driver directories."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from cluster_node import driver_dir
-from media.private_files import UnsafeDirectoryError, check_private_dir, create_new, make_private_dir
+from cluster_node.media.private_files import UnsafeDirectoryError, check_private_dir, create_new, make_private_dir
 
 OTHER_UID = 65534  # nobody
 
@@ -109,7 +109,7 @@ def test_a_pre_made_shm_root_not_ours_alone_is_refused(tmp_path, shm, how):
 
 
 def test_only_our_own_directories_are_tightened(tmp_path):
-    from media.private_files import tighten_own_dir
+    from cluster_node.media.private_files import tighten_own_dir
 
     ours = tmp_path / "ours"
     ours.mkdir()

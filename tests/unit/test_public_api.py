@@ -70,10 +70,10 @@ def test_doc_examples_import_from_the_public_api(doc: str) -> None:
         tree = ast.parse("\n".join(line[indent:] for line in lines))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
-                    "cluster_node", "media", "archive"):
+                    "cluster_node",):
                 imports.append(node)
             elif isinstance(node, ast.Import):
-                assert not any(a.name.split(".")[0] in ("cluster_node", "media", "archive") for a in node.names)
+                assert not any(a.name.split(".")[0] in ("cluster_node",) for a in node.names)
     assert imports, f"{doc} shows no import of the project"
     for node in imports:
         assert node.module == "cluster_node", f"{doc}: 'from {node.module} import ...': import from cluster_node"

@@ -1,8 +1,8 @@
-"""media.rate_limited_log: once per key, then one summary per interval, with a bounded key table."""
+"""cluster_node.media.rate_limited_log: once per key, then one summary per interval, with a bounded key table."""
 
 from __future__ import annotations
 
-from media.rate_limited_log import RateLimitedLog
+from cluster_node.media.rate_limited_log import RateLimitedLog
 
 S = 1_000_000_000
 

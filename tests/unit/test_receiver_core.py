@@ -1,4 +1,4 @@
-"""ImageReceiverCore (media.receiver_core): accepting runs, rebuild position, gaps and NAKs, status
+"""ImageReceiverCore (cluster_node.media.receiver_core): accepting runs, rebuild position, gaps and NAKs, status
 messages, liveness and end of stream, with a fake clock."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from media.frames import (
+from cluster_node.media.frames import (
     FLAG_EOS,
     FLAG_SEND_SETUP,
     FLAG_UNFRAGMENTED,
@@ -17,7 +17,7 @@ from media.frames import (
     StatusMessage,
     decode_untrusted,
 )
-from media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
+from cluster_node.media.receiver_core import Accept, ImageReceiverCore, ReceiverConfig
 
 TL = 64 * 1024
 MTU = 1408
@@ -335,7 +335,7 @@ def test_liveness():
 
 def test_a_stall_of_our_own_restarts_the_liveness_clock():
     """The driver found it ran late (its process stalled): the silence over the stall does not
-    count, and the image lives a full timeout from then (media.receiver_core, a stall of our own)."""
+    count, and the image lives a full timeout from then (cluster_node.media.receiver_core, a stall of our own)."""
     core = make()
     timeout = CFG.image_liveness_timeout_ns
     frames(core, 0, 1, T0 + 5 * MS)

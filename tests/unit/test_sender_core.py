@@ -1,4 +1,4 @@
-"""SenderCore (media.sender_core): setup, data chunking, flow control, retransmits, heartbeats, EOS.
+"""SenderCore (cluster_node.media.sender_core): setup, data chunking, flow control, retransmits, heartbeats, EOS.
 
 The core is driven with a fake clock against a real publication writing into an anonymous log
 buffer; every datagram it asks to send is read back from that buffer and checked as a receiver
@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from media.channel import parse
-from media.frames import (
+from cluster_node.media.channel import parse
+from cluster_node.media.frames import (
     FLAG_SEND_SETUP,
     HEADER_LENGTH,
     TYPE_DATA,
@@ -26,10 +26,10 @@ from media.frames import (
     check_data_run,
     decode_untrusted,
 )
-from media.logbuffer import LogBuffer
-from media.publication import ExclusivePublication
-from media.sender_core import SenderConfig, SenderCore
-from media.subscription import Image, Subscription
+from cluster_node.media.logbuffer import LogBuffer
+from cluster_node.media.publication import ExclusivePublication
+from cluster_node.media.sender_core import SenderConfig, SenderCore
+from cluster_node.media.subscription import Image, Subscription
 
 TL = 64 * 1024
 MTU = 1408
@@ -629,7 +629,7 @@ def test_closed_publication_ignores_setup_requests():
 #
 # The driver runs in its process's event loop: when the process stops, the sender stops. After a
 # silence longer than the stall threshold the receivers may have dropped the image, and their
-# status messages are unread in the socket (see media.sender_core, *stall*).
+# status messages are unread in the socket (see cluster_node.media.sender_core, *stall*).
 
 STALL_CFG = SenderConfig(
     image_liveness_timeout_ns=1000 * MS, connection_timeout_ns=1000 * MS, receiver_timeout_ns=1000 * MS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from media.task_failure import TaskFailure, run_guarded
+from cluster_node.media.task_failure import TaskFailure, run_guarded
 
 
 class _Owner:

@@ -9,8 +9,8 @@ import json
 
 from click.testing import CliRunner
 
-from archive.catalog import Catalog
-from archive.catalog_layout import RecordingState
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.catalog_layout import RecordingState
 from cluster_node.cli import main
 from cluster_node.consensus.recording_log import CONSENSUS_MODULE_SERVICE_ID, RecordingLog, encode_entry
 from cluster_node.consensus.recording_log_file import RecordingLogFile

@@ -14,10 +14,10 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from archive.catalog import Catalog
-from archive.frame_walk import iter_frames
-from archive.recording_reader import RecordingDamagedError, read_recording_messages
-from archive.segments import FRAME_TYPE_PAD
+from cluster_node.archive.catalog import Catalog
+from cluster_node.archive.frame_walk import iter_frames
+from cluster_node.archive.recording_reader import RecordingDamagedError, read_recording_messages
+from cluster_node.archive.segments import FRAME_TYPE_PAD
 from cluster_node.cli import main
 from cluster_node.consensus.node_files import MarkFile
 from cluster_node.consensus.recording_log import RecordingLog

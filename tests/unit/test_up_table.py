@@ -7,7 +7,7 @@ import os
 from cluster_node.cluster_table import render_table
 from cluster_node.identifiers import CounterTypes
 from cluster_node.local_cluster import Member
-from media.counters import CountersManager
+from cluster_node.media.counters import CountersManager
 
 
 class RunningChild:
