@@ -115,7 +115,9 @@ class RoleAffinity:
         except OSError as e:
             if not self._warned:
                 self._warned = True
-                log.warning("cpu affinity not set", cpus=format_cpus(wanted), error=os.strerror(e.errno or errno.EINVAL))
+                log.warning(
+                    "cpu affinity not set", cpus=format_cpus(wanted), error=os.strerror(e.errno or errno.EINVAL)
+                )
             return
         self._current = wanted
         log.info("cpu affinity", role="leader" if is_leader else "follower", cpus=format_cpus(wanted))

@@ -64,15 +64,17 @@ def read_credentials(path: str | Path) -> dict[bytes, bytes]:
             raise SecretFileError(f"{path}: line {number}: expected `client-id hexkey`, found {len(fields)} fields")
         client_id, hex_key = fields
         if not _CLIENT_ID.match(client_id):
-            raise SecretFileError(f"{path}: line {number}: a client id is 1 to {MAX_CLIENT_ID_BYTES} letters,"
-                                  " digits or ._@-")
+            raise SecretFileError(
+                f"{path}: line {number}: a client id is 1 to {MAX_CLIENT_ID_BYTES} letters, digits or ._@-"
+            )
         try:
             key = bytes.fromhex(hex_key)
         except ValueError:
             raise SecretFileError(f"{path}: line {number}: the key is not hexadecimal") from None
         if len(key) < MIN_KEY_BYTES:
-            raise SecretFileError(f"{path}: line {number}: the key has {len(key)} bytes, at least {MIN_KEY_BYTES}"
-                                  " are needed")
+            raise SecretFileError(
+                f"{path}: line {number}: the key has {len(key)} bytes, at least {MIN_KEY_BYTES} are needed"
+            )
         if client_id.encode() in keys:
             raise SecretFileError(f"{path}: line {number}: client {client_id} appears twice")
         keys[client_id.encode()] = key
@@ -101,16 +103,21 @@ def load_authenticator(section: AuthSection) -> Authenticator:
     """The authenticator ``auth.authenticator`` names; raises AuthLoadError or SecretFileError."""
     name = section.authenticator
     if name == "null":
-        log.warning("client authentication is off (auth.authenticator = \"null\"): any client that reaches"
-                    " the ingress may open a session; see docs/security.md")
+        log.warning(
+            'client authentication is off (auth.authenticator = "null"): any client that reaches'
+            " the ingress may open a session; see docs/security.md"
+        )
         return NullAuthenticator()
     if name == "shared-secret":
-        return SharedSecretAuthenticator(read_credentials(section.credentials_file), secrets.token_bytes,
-                                         section.challenge_timeout_ns // 1_000_000)
+        return SharedSecretAuthenticator(
+            read_credentials(section.credentials_file), secrets.token_bytes, section.challenge_timeout_ns // 1_000_000
+        )
     authenticator = _plugin(name, "authenticator", section)
     if not isinstance(authenticator, Authenticator):
-        raise AuthLoadError(f"auth.authenticator {name!r}: not an Authenticator (on_connect_request,"
-                            " on_challenge_response, on_connected_session, on_challenged_session)")
+        raise AuthLoadError(
+            f"auth.authenticator {name!r}: not an Authenticator (on_connect_request,"
+            " on_challenge_response, on_connected_session, on_challenged_session)"
+        )
     return authenticator
 
 

@@ -10,8 +10,13 @@ recordings the backup then copies from the configured members' archives, over MA
 
 from __future__ import annotations
 
-__all__ = ["consensus_channel", "archive_control_channel", "archive_local_channel", "response_channel",
-           "replay_channel"]
+__all__ = [
+    "consensus_channel",
+    "archive_control_channel",
+    "archive_local_channel",
+    "response_channel",
+    "replay_channel",
+]
 
 
 def _auth(auth: bool) -> str:

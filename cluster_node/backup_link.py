@@ -30,24 +30,36 @@ log = structlog.get_logger("cluster_node.backup")
 class BackupLink:
     """Queries out to the members, their answers in (see the module docstring)."""
 
-    def __init__(self, driver, members, *, consensus_stream_id: int, consensus_term_length: int,
-                 response_endpoint: str, auth: bool = False) -> None:
+    def __init__(
+        self,
+        driver,
+        members,
+        *,
+        consensus_stream_id: int,
+        consensus_term_length: int,
+        response_endpoint: str,
+        auth: bool = False,
+    ) -> None:
         self.driver = driver
         self.response_channel = response_channel(response_endpoint)
         self.response_stream_id = random.randrange(1_000_000, 2**31 - 1)
         self.subscription = driver.add_subscription(self.response_channel, self.response_stream_id)
         self.members = {m.id: m for m in members}
-        self._pubs = {m.id: driver.add_publication(consensus_channel(m.consensus, consensus_term_length, auth),
-                                                   consensus_stream_id, exclusive=False)
-                      for m in members}
+        self._pubs = {
+            m.id: driver.add_publication(
+                consensus_channel(m.consensus, consensus_term_length, auth), consensus_stream_id, exclusive=False
+            )
+            for m in members
+        }
         self._unsent: dict[int, bytes] = {}
         self.errors = DistinctErrors("cluster_node.backup")
         """Bad datagrams on our response endpoint: counted, each kind said once, dropped."""
 
     def send_query(self, member_id: int, correlation_id: int) -> None:
         """Offered now or, while the member's channel connects, at each ``poll``."""
-        query = codecs.BackupQuery(correlation_id, self.response_stream_id, codecs.CONSENSUS_PROTOCOL_VERSION,
-                                   self.response_channel)
+        query = codecs.BackupQuery(
+            correlation_id, self.response_stream_id, codecs.CONSENSUS_PROTOCOL_VERSION, self.response_channel
+        )
         self._unsent[member_id] = CONSENSUS_CODEC.encode(query)
         self._flush()
 
@@ -62,16 +74,20 @@ class BackupLink:
 
         def handler(buf, offset, length, header) -> None:
             try:
-                msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+                msg = CONSENSUS_CODEC.decode(buf[offset : offset + length])
             except CodecError as e:
-                self.errors.record("bad response", f"an undecodable message on the backup's response channel "
-                                   f"dropped: {e}")
+                self.errors.record(
+                    "bad response", f"an undecodable message on the backup's response channel dropped: {e}"
+                )
                 return
             if type(msg) is codecs.BackupResponse:
                 got.append(msg)
             else:
-                self.errors.record(f"unexpected {type(msg).__name__}", "a message other than BackupResponse on "
-                                   f"the backup's response channel dropped: {type(msg).__name__}")
+                self.errors.record(
+                    f"unexpected {type(msg).__name__}",
+                    "a message other than BackupResponse on "
+                    f"the backup's response channel dropped: {type(msg).__name__}",
+                )
 
         self.subscription.poll(handler, 16)
         return got
@@ -85,12 +101,23 @@ class BackupLink:
         self.subscription.close()
 
 
-async def retrieve_snapshot(archive: ArchiveClient, member, snapshot: codecs.BackupSnapshot, *,
-                            control_stream_id: int, timeout_s: float, auth: bool = False) -> int:
+async def retrieve_snapshot(
+    archive: ArchiveClient,
+    member,
+    snapshot: codecs.BackupSnapshot,
+    *,
+    control_stream_id: int,
+    timeout_s: float,
+    auth: bool = False,
+) -> int:
     """Replicate ``snapshot``'s recording from ``member``'s archive into a new local recording;
     its id. ArchiveError when the replication fails or does not end within ``timeout_s``."""
-    await archive.replicate(snapshot.recording_id, codecs.NULL_VALUE, archive_control_channel(member.archive, auth),
-                            src_control_stream_id=control_stream_id)
+    await archive.replicate(
+        snapshot.recording_id,
+        codecs.NULL_VALUE,
+        archive_control_channel(member.archive, auth),
+        src_control_stream_id=control_stream_id,
+    )
     correlation_id = archive.last_correlation_id
     with trio.move_on_after(timeout_s):
         while True:
@@ -98,19 +125,30 @@ async def retrieve_snapshot(archive: ArchiveClient, member, snapshot: codecs.Bac
             for s in list(archive.signals):
                 if s.correlation_id == correlation_id and s.signal == RecordingSignal.REPLICATE_END:
                     archive.signals.remove(s)
-                    failed = [r for r in archive.async_responses if r.correlation_id == correlation_id
-                              and r.code == ControlResponseCode.ERROR]
+                    failed = [
+                        r
+                        for r in archive.async_responses
+                        if r.correlation_id == correlation_id and r.code == ControlResponseCode.ERROR
+                    ]
                     if failed:
                         archive.async_responses.remove(failed[0])
-                        raise ArchiveError(f"snapshot recording {snapshot.recording_id} of member {member.id}: "
-                                           f"{failed[0].error_message}")
-                    log.info("snapshot retrieved", member=member.id, src_recording_id=snapshot.recording_id,
-                             dst_recording_id=s.recording_id, log_position=snapshot.log_position,
-                             service_id=snapshot.service_id)
+                        raise ArchiveError(
+                            f"snapshot recording {snapshot.recording_id} of member {member.id}: "
+                            f"{failed[0].error_message}"
+                        )
+                    log.info(
+                        "snapshot retrieved",
+                        member=member.id,
+                        src_recording_id=snapshot.recording_id,
+                        dst_recording_id=s.recording_id,
+                        log_position=snapshot.log_position,
+                        service_id=snapshot.service_id,
+                    )
                     return s.recording_id
             await archive.subscription.wait(0.05)
-    raise ArchiveError(f"snapshot recording {snapshot.recording_id} of member {member.id} was not copied "
-                       f"within {timeout_s}s")
+    raise ArchiveError(
+        f"snapshot recording {snapshot.recording_id} of member {member.id} was not copied within {timeout_s}s"
+    )
 
 
 async def create_empty_recording(archive: ArchiveClient, driver, channel: str, stream_id: int) -> int:

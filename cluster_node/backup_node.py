@@ -56,6 +56,8 @@ _NEW_TERM_TEMPLATE_ID = codecs.NewLeadershipTermEvent.TEMPLATE_ID
 def _to_ms(timestamp: int, unit: int) -> int:
     """A log timestamp in the cluster's time unit, in milliseconds (recording.log's unit)."""
     return timestamp // {codecs.ClusterTimeUnit.MILLIS: 1, codecs.ClusterTimeUnit.MICROS: 1_000}.get(unit, 1_000_000)
+
+
 _SCAN_CHUNK = 4 * 1024 * 1024
 
 
@@ -69,9 +71,14 @@ class _Backup:
         response_port, self._replay_port, self._remote_response_port = free_fixed_udp_ports(3, host)
         members = list(cfg.cluster.members)
         self.members = {m.id: m for m in members}
-        self.link = BackupLink(driver, members, consensus_stream_id=cfg.cluster.consensus_stream_id,
-                               consensus_term_length=cfg.cluster.consensus_term_length,
-                               response_endpoint=f"{host}:{response_port}", auth=cfg.cluster.member_auth)
+        self.link = BackupLink(
+            driver,
+            members,
+            consensus_stream_id=cfg.cluster.consensus_stream_id,
+            consensus_term_length=cfg.cluster.consensus_term_length,
+            response_endpoint=f"{host}:{response_port}",
+            auth=cfg.cluster.member_auth,
+        )
         self.rl_file = RecordingLogFile(cfg.backup_dir)
         rl = self.rl_file.log
         live = None
@@ -81,20 +88,31 @@ class _Backup:
         bc = cfg.backup
         self.core = b.ClusterBackupCore(
             [m.id for m in members],
-            b.BackupSettings(response_timeout_ns=bc.response_timeout_ns, query_interval_ns=bc.query_interval_ns,
-                             cool_down_ns=bc.cool_down_ns, progress_timeout_ns=bc.progress_timeout_ns),
-            rl, bc.service_count, time.monotonic_ns(), random.Random(), live_log=live)
+            b.BackupSettings(
+                response_timeout_ns=bc.response_timeout_ns,
+                query_interval_ns=bc.query_interval_ns,
+                cool_down_ns=bc.cool_down_ns,
+                progress_timeout_ns=bc.progress_timeout_ns,
+            ),
+            rl,
+            bc.service_count,
+            time.monotonic_ns(),
+            random.Random(),
+            live_log=live,
+        )
         self._scanned = live[1] if live else -1
         """Our recorded log is read for NewLeadershipTermEvents up to here."""
         counters = driver.counters
         self.counters = {
             "state": counters.allocate("ClusterBackup state", BackupCounterTypes.STATE, 0),
             "live": counters.allocate("ClusterBackup live log position", BackupCounterTypes.LIVE_LOG_POSITION, 0),
-            "deadline": counters.allocate("ClusterBackup next query deadline (epoch ms)",
-                                          BackupCounterTypes.NEXT_QUERY_DEADLINE, 0),
+            "deadline": counters.allocate(
+                "ClusterBackup next query deadline (epoch ms)", BackupCounterTypes.NEXT_QUERY_DEADLINE, 0
+            ),
             "errors": counters.allocate("ClusterBackup errors", BackupCounterTypes.ERRORS, 0),
-            "success": counters.allocate("ClusterBackup last successful backup (epoch ms)",
-                                         BackupCounterTypes.LAST_SUCCESS, 0),
+            "success": counters.allocate(
+                "ClusterBackup last successful backup (epoch ms)", BackupCounterTypes.LAST_SUCCESS, 0
+            ),
         }
         self._remote: ArchiveClient | None = None
         self._replay_id: int | None = None
@@ -114,9 +132,14 @@ class _Backup:
             self.link.send_query(e.member_id, e.correlation_id)
         elif t is b.RetrieveSnapshot:
             try:
-                rid = await retrieve_snapshot(self.client, self.members[e.member_id], e.snapshot,
-                                              control_stream_id=self.cfg.archive.control_request_stream_id,
-                                              timeout_s=300.0, auth=self.cfg.cluster.member_auth)
+                rid = await retrieve_snapshot(
+                    self.client,
+                    self.members[e.member_id],
+                    e.snapshot,
+                    control_stream_id=self.cfg.archive.control_request_stream_id,
+                    timeout_s=300.0,
+                    auth=self.cfg.cluster.member_auth,
+                )
             except ArchiveError as ex:
                 self._failed(f"snapshot copy failed: {ex}")
             else:
@@ -130,8 +153,9 @@ class _Backup:
                 if e.extend_recording_id == codecs.NULL_VALUE:
                     await self.client.start_recording(channel, stream, local=False, auto_stop=True)
                 else:
-                    await self.client.extend_recording(e.extend_recording_id, channel, stream, local=False,
-                                                       auto_stop=True)
+                    await self.client.extend_recording(
+                        e.extend_recording_id, channel, stream, local=False, auto_stop=True
+                    )
             except ArchiveError as ex:
                 self._failed(f"cannot record the live log: {ex}")
                 return
@@ -155,24 +179,32 @@ class _Backup:
         host = self.cfg.backup.host
         try:
             self._remote = await ArchiveClient.connect(
-                self.driver, control_channel=archive_control_channel(member.archive, self.cfg.cluster.member_auth),
+                self.driver,
+                control_channel=archive_control_channel(member.archive, self.cfg.cluster.member_auth),
                 control_stream_id=self.cfg.archive.control_request_stream_id,
-                response_channel=archive_local_channel(f"{host}:{self._remote_response_port}",
-                                                       self.cfg.cluster.member_auth),
+                response_channel=archive_local_channel(
+                    f"{host}:{self._remote_response_port}", self.cfg.cluster.member_auth
+                ),
                 response_stream_id=random.randrange(1_000_000, 2**31 - 1),
-                response_timeout_s=self.cfg.backup.response_timeout_ns / 1e9)
+                response_timeout_s=self.cfg.backup.response_timeout_ns / 1e9,
+            )
             channel = f"{replay_channel(f'{host}:{self._replay_port}', self.cfg.cluster.member_auth)}|session-id={self._replay_session}"
             self._replay_id = await self._remote.bounded_replay(
-                e.src_recording_id, e.position, ac.REPLAY_FOLLOW_LENGTH, e.commit_position_counter_id,
-                channel, self.cfg.cluster.log_stream_id)
+                e.src_recording_id,
+                e.position,
+                ac.REPLAY_FOLLOW_LENGTH,
+                e.commit_position_counter_id,
+                channel,
+                self.cfg.cluster.log_stream_id,
+            )
             signal_ = await self.client.wait_for_signal(
-                lambda s: s.signal in (ac.RecordingSignal.START, ac.RecordingSignal.EXTEND), 10.0)
+                lambda s: s.signal in (ac.RecordingSignal.START, ac.RecordingSignal.EXTEND), 10.0
+            )
         except ArchiveError as ex:
             await self._stop_live_log()
             self._failed(f"live log replay from member {e.member_id} failed: {ex}")
             return
-        log.info("live log replay started", member=e.member_id, position=e.position,
-                 recording_id=signal_.recording_id)
+        log.info("live log replay started", member=e.member_id, position=e.position, recording_id=signal_.recording_id)
         if self._scanned < 0:
             self._scanned = e.position
         self.core.on_live_log_replay_started(signal_.recording_id, time.monotonic_ns())
@@ -256,10 +288,18 @@ class _Backup:
                 msg = LOG_CODEC.decode(f.payload)
             except CodecError:
                 continue
-            log.info("new leadership term in the log", leadership_term_id=msg.leadership_term_id,
-                     term_base_log_position=msg.term_base_log_position, position=f.position)
-            self.core.on_new_term(msg.leadership_term_id, msg.term_base_log_position,
-                                  _to_ms(msg.timestamp, msg.time_unit), time.monotonic_ns())
+            log.info(
+                "new leadership term in the log",
+                leadership_term_id=msg.leadership_term_id,
+                term_base_log_position=msg.term_base_log_position,
+                position=f.position,
+            )
+            self.core.on_new_term(
+                msg.leadership_term_id,
+                msg.term_base_log_position,
+                _to_ms(msg.timestamp, msg.time_unit),
+                time.monotonic_ns(),
+            )
         self._scanned = max(self._scanned, min(last, end))
         return 1
 
@@ -277,8 +317,13 @@ class _Backup:
             c["success"].set((core.last_success_ns + wall_minus_mono) // 1_000_000)
         if core.state != self._last_state:
             self._last_state = core.state
-            log.info("backup state", state=core.state.name, live_log_position=core.live_position,
-                     member=core.source_member_id, last_failure=core.failure or None)
+            log.info(
+                "backup state",
+                state=core.state.name,
+                live_log_position=core.live_position,
+                member=core.source_member_id,
+                last_failure=core.failure or None,
+            )
 
     async def run(self) -> None:
         core = self.core
@@ -316,9 +361,11 @@ async def run_backup(cfg: BackupConfig, announce: bool = True) -> None:
     async with open_media_driver(**cfg.driver_kwargs(), **member_keys(cfg)) as driver:
         replication_port, response_port = free_fixed_udp_ports(2, host)
         archive_cfg = ArchiveConfig(
-            dir=cfg.archive_dir, control_channel=None,
+            dir=cfg.archive_dir,
+            control_channel=None,
             control_stream_id=cfg.archive.control_request_stream_id,
-            segment_file_length=cfg.archive.segment_length, sync_level=cfg.archive.file_sync_level,
+            segment_file_length=cfg.archive.segment_length,
+            sync_level=cfg.archive.file_sync_level,
             frame_checksums=cfg.archive.frame_checksums,
             replication_channel=archive_local_channel(f"{host}:{replication_port}", cfg.cluster.member_auth),
             control_response_channel=archive_local_channel(f"{host}:{response_port}", cfg.cluster.member_auth),
@@ -332,6 +379,7 @@ async def run_backup(cfg: BackupConfig, announce: bool = True) -> None:
             log.info("backup started", dir=str(directory), members=len(backup.members))
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async with trio.open_nursery() as nursery:
+
                     async def on_signal() -> None:
                         async for signum in signals:
                             log.info("stopping", signal=signal.Signals(signum).name)

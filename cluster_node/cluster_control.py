@@ -84,8 +84,10 @@ def require_leader(node: NodeDir, action: str, needs_state: int) -> None:
     if not node.running:
         _refuse(f"no node runs in {node.path} (member {node.member_id}, {node.why_not_running}): cannot {action}")
     if not node.counters_current:
-        _refuse(f"member {node.member_id} runs in {node.path} but its counters are not readable "
-              f"({node.counters_note}): cannot {action}")
+        _refuse(
+            f"member {node.member_id} runs in {node.path} but its counters are not readable "
+            f"({node.counters_note}): cannot {action}"
+        )
     if not node.is_leader():
         what = role_name(node.counter("role"))
         election = node.counter("election_state")
@@ -103,8 +105,10 @@ def _states(needs_state: int | tuple[int, ...]) -> tuple[int, ...]:
 
 def _state_refusal(action: str, state: int, needs_state: int | tuple[int, ...]) -> str:
     wanted = " or ".join(_STATE_NAMES[s] for s in _states(needs_state))
-    return (f"Unable to {action.upper()} as the state of the consensus module is "
-            f"{_STATE_NAMES.get(state, state)}, but needs to be {wanted}")
+    return (
+        f"Unable to {action.upper()} as the state of the consensus module is "
+        f"{_STATE_NAMES.get(state, state)}, but needs to be {wanted}"
+    )
 
 
 class LiveControl:
@@ -117,8 +121,11 @@ class LiveControl:
             self.reader = CountersReader.open(node.counters_path, writable=True)
         except CountersError as e:
             _refuse(f"cannot open the counters of member {node.member_id}: {e}")
-        wanted = {_CONTROL_TYPE: "control", COUNTER_TYPES["cm_state"]: "cm_state",
-                  COUNTER_TYPES["snapshot_count"]: "snapshot_count"}
+        wanted = {
+            _CONTROL_TYPE: "control",
+            COUNTER_TYPES["cm_state"]: "cm_state",
+            COUNTER_TYPES["snapshot_count"]: "snapshot_count",
+        }
         self.ids: dict[str, int] = {}
         suffix = f"member {node.member_id}"
         for c in self.reader.counters():
@@ -167,7 +174,6 @@ class LiveControl:
         self.close()
 
 
-
 def _refuse(message: str) -> None:
     raise ToolRefusal(message)
 
@@ -205,7 +211,9 @@ def take_snapshot(node: NodeDir, timeout_s: float) -> list[str]:
         released = wait_until(lambda: live.get("control") == TOGGLE_NEUTRAL or not node_pid_alive(pid), timeout_s)
     alive = node_pid_alive(pid)
     if not released:
-        _refuse(f"snapshot: member {member} did not finish within {timeout_s:g} s (its control toggle is still SNAPSHOT)")
+        _refuse(
+            f"snapshot: member {member} did not finish within {timeout_s:g} s (its control toggle is still SNAPSHOT)"
+        )
     # The node writes the set to recording.log (and counts it) before it releases the toggle; the
     # grace only delays the verdict on a failed snapshot, in case a node releases first.
     found: list[tuple[RecordingLog | None, Entry | None]] = []
@@ -223,8 +231,9 @@ def take_snapshot(node: NodeDir, timeout_s: float) -> list[str]:
     return ["SNAPSHOT applied successfully", snapshot_set_line(rl, cm)]
 
 
-def terminate(node: NodeDir, action: str, toggle: int, wait: bool, timeout_s: float,
-              say: Callable[[str], None]) -> None:
+def terminate(
+    node: NodeDir, action: str, toggle: int, wait: bool, timeout_s: float, say: Callable[[str], None]
+) -> None:
     """SHUTDOWN or ABORT through the leader, then (``wait``) until its process has exited;
     ``say`` shows each line as soon as it is known (the request taken, then how the node ended)."""
     require_leader(node, action, STOPPABLE)
@@ -249,12 +258,16 @@ def terminate(node: NodeDir, action: str, toggle: int, wait: bool, timeout_s: fl
             return True
 
         if not wait_until(taken, min(_TOGGLE_TIMEOUT_S, timeout_s)):
-            _refuse(f"{action}: member {member} did not take the request within "
-                    f"{min(_TOGGLE_TIMEOUT_S, timeout_s):g} s (its control toggle is still {name})")
+            _refuse(
+                f"{action}: member {member} did not take the request within "
+                f"{min(_TOGGLE_TIMEOUT_S, timeout_s):g} s (its control toggle is still {name})"
+            )
         if not left_active and node_pid_alive(pid):
             stays = live.get("cm_state")
-            _refuse(f"{name} was not applied: member {member} released the control toggle and stays "
-                    f"{_STATE_NAMES.get(stays, stays)} (see `tool errors`)")
+            _refuse(
+                f"{name} was not applied: member {member} released the control toggle and stays "
+                f"{_STATE_NAMES.get(stays, stays)} (see `tool errors`)"
+            )
     say(f"{name} applied successfully")
     if not wait:
         return
@@ -263,14 +276,17 @@ def terminate(node: NodeDir, action: str, toggle: int, wait: bool, timeout_s: fl
     rl, cm = latest_cm_snapshot(node.path)
     last = None if rl is None else rl.last_term()
     if last is not None and last.log_position >= 0:
-        say(f"member {member} stopped at log position {last.log_position} "
-            f"(leadership term {last.leadership_term_id})")
+        say(f"member {member} stopped at log position {last.log_position} (leadership term {last.leadership_term_id})")
     else:
-        say(f"member {member} stopped (pid {pid} exited); recording.log holds no end position for its "
-            f"last term (not an orderly stop?)")
+        say(
+            f"member {member} stopped (pid {pid} exited); recording.log holds no end position for its "
+            f"last term (not an orderly stop?)"
+        )
     if action == "shutdown":
         if rl is not None and cm is not None and is_newer_entry(cm, before):
             say(snapshot_set_line(rl, cm))
         else:
-            say("warning: no new snapshot in recording.log (a service snapshot failed? see `tool errors`); "
-                "the next start replays the log")
+            say(
+                "warning: no new snapshot in recording.log (a service snapshot failed? see `tool errors`); "
+                "the next start replays the log"
+            )

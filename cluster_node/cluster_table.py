@@ -60,8 +60,13 @@ def member_row(m: Member, leader: Member | None = None) -> tuple[str, ...]:
 
 
 def render_table(members: list[Member]) -> list[str]:
-    leading = [m for m in members if m.running_pid is not None and m.view.get("role") == LEADER_ROLE
-               and m.view.get("state") == CLOSED_ELECTION_STATE]
+    leading = [
+        m
+        for m in members
+        if m.running_pid is not None
+        and m.view.get("role") == LEADER_ROLE
+        and m.view.get("state") == CLOSED_ELECTION_STATE
+    ]
     leader = leading[0] if len(leading) == 1 else None
     return format_table([_HEADINGS, *(member_row(m, leader) for m in members)], right={0, 1, 4, 6, 7, 8, 9, 10})
 
@@ -79,7 +84,8 @@ def leader_of(members: list[Member]) -> tuple[int, int] | None:
         return None
     leader_id, term = leaders[0]
     settled = sum(
-        1 for m in members
+        1
+        for m in members
         if m.running_pid is not None and m.view.get("term") == term and m.view.get("state") == CLOSED_ELECTION_STATE
     )
     return (leader_id, term) if settled * 2 > len(members) else None
@@ -100,8 +106,14 @@ class Screen:
         self.drawn = True
 
 
-def screen_lines(header: str, members: list[Member], sup: Supervisor, client_path: Path | None,
-                  leader: tuple[int, int] | None, stopping: bool = False) -> list[str]:
+def screen_lines(
+    header: str,
+    members: list[Member],
+    sup: Supervisor,
+    client_path: Path | None,
+    leader: tuple[int, int] | None,
+    stopping: bool = False,
+) -> list[str]:
     now = time.strftime("%H:%M:%S")
     lead = f"leader: member {leader[0]}, term {leader[1]}" if leader else "leader: none"
     lines = [f"{header}    {now}", lead, ""]

@@ -157,4 +157,3 @@ __all__ = [
     "free_udp_ports",
     "CLIENT_DRIVER_DEFAULTS",
 ]
-

@@ -62,8 +62,7 @@ def _normalise(cls: type, table: object, path: str) -> dict[str, Any]:
             if name.endswith("_ns"):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ConfigError(
-                        f"{full}: expected an integer of nanoseconds, got {value!r}"
-                        f" (or write {key[:-3]} = \"1s\")"
+                        f'{full}: expected an integer of nanoseconds, got {value!r} (or write {key[:-3]} = "1s")'
                     )
             elif name in _SIZE_FIELDS:
                 value = parse_size(value, full)
@@ -89,7 +88,9 @@ def _members_value(value: object, key: str) -> list[dict[str, Any]]:
         return [msgspec.structs.asdict(m) for m in parse_cluster_members(value, key)]
     if isinstance(value, list):
         return [_normalise(ClusterMember, item, f"{key}[{i}]") for i, item in enumerate(value)]
-    raise ConfigError(f"{key}: expected a member string \"id,ingress,consensus,log,catchup,archive|...\" or an array of tables")
+    raise ConfigError(
+        f'{key}: expected a member string "id,ingress,consensus,log,catchup,archive|..." or an array of tables'
+    )
 
 
 _MSGSPEC_ERR = re.compile(r"^(.*?)(?: - at `\$(.*)`)?$")
@@ -119,8 +120,13 @@ def _load_toml(text: str, source: str) -> dict[str, Any]:
         raise ConfigError(f"not valid TOML: {ex}") from None
 
 
-def _parse(kind: type, text: str, source: str, required: tuple[str, ...],
-           prepare: Callable[[dict[str, Any]], None] | None = None):
+def _parse(
+    kind: type,
+    text: str,
+    source: str,
+    required: tuple[str, ...],
+    prepare: Callable[[dict[str, Any]], None] | None = None,
+):
     """A validated config of ``kind`` from TOML text: normalised, its ``required`` tables present,
     ``prepare`` applied to the tables, converted and validated; raises ConfigError."""
     try:

@@ -22,7 +22,6 @@ SERVICE_ERROR_POLICIES = ("record", "stop")
 """The values of ``node.service_errors`` (``cluster_node.service.errors.ServiceErrorPolicy``)."""
 
 
-
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Base of every config table."""
 
@@ -152,6 +151,7 @@ class ClusterSection(_Section):
     def member_auth(self) -> bool:
         """Member traffic is MAC'd (``secret_file`` is set)."""
         return bool(self.secret_file.strip())
+
     retain_snapshots: int = 2
     """Snapshot sets each member keeps (at least 1). After each snapshot a member marks older
     sets invalid in recording.log, then removes their recordings from its archive. Two by
@@ -359,8 +359,9 @@ class NodeConfig(_Section):
     def driver_kwargs(self) -> dict[str, Any]:
         """The node's driver sends from this member's own host (its consensus endpoint's), so
         that peers, firewalls and source checks see the address the member is configured with."""
-        return dict(self.driver.driver_kwargs(self.driver_dir),
-                    publication_bind_host=_bind_host(self.this_member.consensus))
+        return dict(
+            self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(self.this_member.consensus)
+        )
 
     def validate(self) -> NodeConfig:
         """Raise ConfigError (one line) on the first problem; return self when the config is usable."""
@@ -420,7 +421,9 @@ class ClientConfig(_Section):
     def driver_kwargs(self, default_dir: Path) -> dict[str, Any]:
         """The client's driver sends from its egress host: the leader answers a connect request
         only on an egress channel whose host is the address the request came from."""
-        return dict(self.driver.driver_kwargs(default_dir), publication_bind_host=_bind_host(self.client.egress_endpoint))
+        return dict(
+            self.driver.driver_kwargs(default_dir), publication_bind_host=_bind_host(self.client.egress_endpoint)
+        )
 
     def validate(self) -> ClientConfig:
         try:
@@ -486,7 +489,9 @@ class BackupConfig(_Section):
         return Path(self.logging.file) if self.logging.file else self.backup_dir / "logs" / "backup.log"
 
     def driver_kwargs(self) -> dict[str, Any]:
-        return dict(self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(f"{self.backup.host}:0"))
+        return dict(
+            self.driver.driver_kwargs(self.driver_dir), publication_bind_host=_bind_host(f"{self.backup.host}:0")
+        )
 
     def validate(self) -> BackupConfig:
         try:
@@ -496,9 +501,6 @@ class BackupConfig(_Section):
         except ConfigError as ex:
             raise _prefixed(self.source, ex) from None
         return self
-
-
-
 
 
 def parse_cluster_members(text: str, key: str = "cluster.members") -> tuple[ClusterMember, ...]:
@@ -566,7 +568,7 @@ def format_ingress_endpoints(endpoints: dict[int, str]) -> str:
 
 def _check_endpoint(text: str, key: str, allow_port_zero: bool = False) -> tuple[str, int]:
     if not isinstance(text, str):
-        raise ConfigError(f"{key}: expected \"host:port\", got {text!r}")
+        raise ConfigError(f'{key}: expected "host:port", got {text!r}')
     try:
         host, port = parse_endpoint(text)
     except ChannelError as ex:

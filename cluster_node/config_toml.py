@@ -16,6 +16,7 @@ from cluster_node.config_units import format_duration, format_size
 
 __all__ = ["node_config_to_toml", "client_config_to_toml"]
 
+
 def _toml_value(name: str, value: Any) -> tuple[str, str]:
     if isinstance(value, bool):
         return name, "true" if value else "false"

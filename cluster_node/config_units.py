@@ -33,14 +33,14 @@ def parse_duration_ns(value: object, key: str = "duration") -> int:
     """``"200ms"`` -> 200_000_000. Integers are refused here: a bare number has no unit."""
     if not isinstance(value, str):
         raise ConfigError(
-            f"{key}: expected a duration with a unit such as \"200ms\" or \"1s\", got {value!r}"
+            f'{key}: expected a duration with a unit such as "200ms" or "1s", got {value!r}'
             f" (or give nanoseconds as {key}_ns)"
         )
     m = _DURATION_RE.match(value)
     if not m or m.group(2) not in _DURATION_UNITS:
         raise ConfigError(
             f"{key}: {value!r} is not a duration (use a number and one of "
-            f"{', '.join(u for u in _DURATION_UNITS if u != 'µs')}, e.g. \"200ms\")"
+            f'{", ".join(u for u in _DURATION_UNITS if u != "µs")}, e.g. "200ms")'
         )
     number = m.group(1).replace("_", "")
     unit = _DURATION_UNITS[m.group(2)]
@@ -70,7 +70,7 @@ def parse_size(value: object, key: str = "size") -> int:
         m = _SIZE_RE.match(value)
         if m:
             return int(m.group(1).replace("_", "")) * _SIZE_MULT[m.group(2).lower()]
-    raise ConfigError(f"{key}: {value!r} is not a size (bytes, or a number with k, m or g, e.g. \"64m\")")
+    raise ConfigError(f'{key}: {value!r} is not a size (bytes, or a number with k, m or g, e.g. "64m")')
 
 
 def format_size(n: int) -> str | int:

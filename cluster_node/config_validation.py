@@ -51,9 +51,7 @@ class _PortMap:
         h = _host_key(host)
         for (other_host, other_port), other_key in self.seen.items():
             if other_port == port and (other_host == h or h in _WILDCARDS or other_host in _WILDCARDS):
-                raise ConfigError(
-                    f"{self.source}: {key}: port clash with {other_key} ({host}:{port})"
-                )
+                raise ConfigError(f"{self.source}: {key}: port clash with {other_key} ({host}:{port})")
         self.seen[(h, port)] = key
 
 
@@ -110,8 +108,11 @@ def _check_driver(cfg: Any, d: DriverSection) -> None:
         ),
     )
     if d.max_receive_term_length < d.term_length:
-        _fail(cfg, "driver.max_receive_term_length",
-              f"{d.max_receive_term_length} is smaller than driver.term_length ({d.term_length})")
+        _fail(
+            cfg,
+            "driver.max_receive_term_length",
+            f"{d.max_receive_term_length} is smaller than driver.term_length ({d.term_length})",
+        )
     if d.status_message_timeout_ns >= d.image_liveness_timeout_ns:
         _fail(
             cfg,
@@ -149,8 +150,11 @@ def _validate_node(cfg: NodeConfig) -> None:
     if not n.service.strip():
         _fail(cfg, "node.service", "must not be empty")
     if n.service_errors not in SERVICE_ERROR_POLICIES:
-        _fail(cfg, "node.service_errors", f"must be {' or '.join(map(repr, SERVICE_ERROR_POLICIES))},"
-                                          f" got {n.service_errors!r}")
+        _fail(
+            cfg,
+            "node.service_errors",
+            f"must be {' or '.join(map(repr, SERVICE_ERROR_POLICIES))}, got {n.service_errors!r}",
+        )
     if not 0 <= n.cluster_id < 2**31:
         _fail(cfg, "node.cluster_id", f"must be from 0 to 2^31-1, got {n.cluster_id}")
     if n.keep_cpus_awake and not keep_awake.supported():
@@ -166,13 +170,20 @@ def _validate_node(cfg: NodeConfig) -> None:
         allowed = affinity.available_cpus()
         missing = sorted(c for c in cpus if c not in allowed)
         if missing:
-            _fail(cfg, f"node.{name}", f"CPU {affinity.format_cpus(missing)} is not one this process may run on"
-                                       f" (it may run on {affinity.format_cpus(allowed)})")
+            _fail(
+                cfg,
+                f"node.{name}",
+                f"CPU {affinity.format_cpus(missing)} is not one this process may run on"
+                f" (it may run on {affinity.format_cpus(allowed)})",
+            )
 
     a = cfg.auth
     if a.authenticator == "shared-secret" and not a.credentials_file.strip():
-        _fail(cfg, "auth.credentials_file", "the shared-secret authenticator needs a file of client keys"
-                                            " (one `client-id hexkey` line per client)")
+        _fail(
+            cfg,
+            "auth.credentials_file",
+            "the shared-secret authenticator needs a file of client keys (one `client-id hexkey` line per client)",
+        )
     if a.challenge_timeout_ns <= 0:
         _fail(cfg, "auth.challenge_timeout", "must be positive")
     if any(not p.strip() for p in a.admin_principals):
@@ -228,47 +239,81 @@ def _validate_node(cfg: NodeConfig) -> None:
     if c.retain_snapshots < 1:
         _fail(cfg, "cluster.retain_snapshots", f"must be at least 1, got {c.retain_snapshots}")
     if c.snapshot_interval != 0 and c.snapshot_interval < 64 * 1024:
-        _fail(cfg, "cluster.snapshot_interval",
-              f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}")
+        _fail(
+            cfg, "cluster.snapshot_interval", f"must be 0 (off) or at least 64k, got {format_size(c.snapshot_interval)}"
+        )
 
     t = cfg.timeouts
     _check_positive(cfg, "timeouts", t, [f.name for f in msgspec.structs.fields(t) if f.name != "commit_spin_ns"])
     if not 0 <= t.commit_spin_ns <= 10 * _MS:
         _fail(cfg, "timeouts.commit_spin", f"must be from 0 to 10ms, got {format_duration(t.commit_spin_ns)}")
-    _shorter(cfg, "timeouts.leader_heartbeat_interval", t.leader_heartbeat_interval_ns,
-             "timeouts.leader_heartbeat_timeout", t.leader_heartbeat_timeout_ns)
-    _shorter(cfg, "timeouts.election_status_interval", t.election_status_interval_ns,
-             "timeouts.election_timeout", t.election_timeout_ns)
-    _shorter(cfg, "timeouts.leader_heartbeat_interval", t.leader_heartbeat_interval_ns,
-             "timeouts.session_timeout", t.session_timeout_ns)
+    _shorter(
+        cfg,
+        "timeouts.leader_heartbeat_interval",
+        t.leader_heartbeat_interval_ns,
+        "timeouts.leader_heartbeat_timeout",
+        t.leader_heartbeat_timeout_ns,
+    )
+    _shorter(
+        cfg,
+        "timeouts.election_status_interval",
+        t.election_status_interval_ns,
+        "timeouts.election_timeout",
+        t.election_timeout_ns,
+    )
+    _shorter(
+        cfg,
+        "timeouts.leader_heartbeat_interval",
+        t.leader_heartbeat_interval_ns,
+        "timeouts.session_timeout",
+        t.session_timeout_ns,
+    )
     if t.startup_canvass_timeout_ns < 2 * t.leader_heartbeat_timeout_ns:
         # The reference checks this in ConsensusModule.Context.conclude: a node starting alone
         # must wait long enough that a running leader's followers would have noticed it gone.
-        _fail(cfg, "timeouts.startup_canvass_timeout",
-              f"{format_duration(t.startup_canvass_timeout_ns)} must be at least twice "
-              f"timeouts.leader_heartbeat_timeout ({format_duration(t.leader_heartbeat_timeout_ns)})")
-    _shorter(cfg, "timeouts.mark_file_update_interval", t.mark_file_update_interval_ns,
-             "the mark file liveness timeout", 10 * _S)
+        _fail(
+            cfg,
+            "timeouts.startup_canvass_timeout",
+            f"{format_duration(t.startup_canvass_timeout_ns)} must be at least twice "
+            f"timeouts.leader_heartbeat_timeout ({format_duration(t.leader_heartbeat_timeout_ns)})",
+        )
+    _shorter(
+        cfg,
+        "timeouts.mark_file_update_interval",
+        t.mark_file_update_interval_ns,
+        "the mark file liveness timeout",
+        10 * _S,
+    )
 
     _check_driver(cfg, cfg.driver)
     if cfg.driver.max_receive_term_length < c.log_term_length:
-        _fail(cfg, "driver.max_receive_term_length", f"{cfg.driver.max_receive_term_length} is smaller than "
-              f"cluster.log_term_length ({c.log_term_length}): followers could not receive the log")
+        _fail(
+            cfg,
+            "driver.max_receive_term_length",
+            f"{cfg.driver.max_receive_term_length} is smaller than "
+            f"cluster.log_term_length ({c.log_term_length}): followers could not receive the log",
+        )
     if cfg.driver.mtu > c.log_term_length // 8:
         _fail(cfg, "driver.mtu", f"{cfg.driver.mtu} is larger than an eighth of cluster.log_term_length")
     # The log is replicated over UDP: a follower whose driver declares the leader's image dead
     # before the leader's heartbeat timeout would leave the log early.
     if cfg.driver.image_liveness_timeout_ns < t.leader_heartbeat_interval_ns * 2:
-        _fail(cfg, "driver.image_liveness_timeout",
-              f"{format_duration(cfg.driver.image_liveness_timeout_ns)} must be at least twice "
-              f"timeouts.leader_heartbeat_interval ({format_duration(t.leader_heartbeat_interval_ns)})")
+        _fail(
+            cfg,
+            "driver.image_liveness_timeout",
+            f"{format_duration(cfg.driver.image_liveness_timeout_ns)} must be at least twice "
+            f"timeouts.leader_heartbeat_interval ({format_duration(t.leader_heartbeat_interval_ns)})",
+        )
 
     a = cfg.archive
     if not _is_pow2(a.segment_length) or not 64 * 1024 <= a.segment_length <= 1024**3:
         _fail(cfg, "archive.segment_length", f"must be a power of two from 64k to 1g, got {a.segment_length}")
     if a.segment_length < c.log_term_length:
-        _fail(cfg, "archive.segment_length",
-              f"{format_size(a.segment_length)} must be at least cluster.log_term_length ({format_size(c.log_term_length)})")
+        _fail(
+            cfg,
+            "archive.segment_length",
+            f"{format_size(a.segment_length)} must be at least cluster.log_term_length ({format_size(c.log_term_length)})",
+        )
     for name in ("file_sync_level", "catalog_file_sync_level"):
         if getattr(a, name) not in (0, 1, 2):
             _fail(cfg, f"archive.{name}", f"must be 0, 1 or 2, got {getattr(a, name)}")
@@ -298,11 +343,20 @@ def _validate_client(cfg: ClientConfig) -> None:
     host, port = _check_endpoint(c.egress_endpoint, "client.egress_endpoint", allow_port_zero=True)
     ports.add(host, port, "client.egress_endpoint")
     _check_stream_ids(cfg, "client", c, ("ingress_stream_id", "egress_stream_id"))
-    _check_positive(cfg, "client", c, ("connect_timeout_ns", "message_timeout_ns", "keep_alive_interval_ns",
-                                       "leader_silence_timeout_ns", "reconnect_timeout_ns",
-                                       "egress_buffer_messages"))
+    _check_positive(
+        cfg,
+        "client",
+        c,
+        (
+            "connect_timeout_ns",
+            "message_timeout_ns",
+            "keep_alive_interval_ns",
+            "leader_silence_timeout_ns",
+            "reconnect_timeout_ns",
+            "egress_buffer_messages",
+        ),
+    )
     _check_driver(cfg, cfg.driver)
-
 
 
 def _validate_backup(cfg: BackupConfig) -> None:

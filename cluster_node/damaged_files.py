@@ -29,8 +29,10 @@ __all__ = ["check_node_files", "damaged", "rebuild_hint"]
 
 def rebuild_hint(node_dir: Path) -> str:
     """What always works for a member of a cluster: the others still have the log."""
-    return (f"rebuild this member from the others: move {node_dir} aside and start the node again "
-            f"(it copies the log from the leader)")
+    return (
+        f"rebuild this member from the others: move {node_dir} aside and start the node again "
+        f"(it copies the log from the leader)"
+    )
 
 
 def damaged(message: str) -> NodeFailure:
@@ -73,13 +75,19 @@ def check_node_files(node_dir: Path, archive_dir: Path) -> None:
         last = rl.last_term()
         # (A catalog with a damaged entry is the archive's to refuse, naming that entry: the
         # recording this file names may be the damaged one.)
-        if catalog is not None and not catalog.damaged and last is not None \
-                and last.recording_id != NULL_VALUE and catalog.find(last.recording_id) is None:
+        if (
+            catalog is not None
+            and not catalog.damaged
+            and last is not None
+            and last.recording_id != NULL_VALUE
+            and catalog.find(last.recording_id) is None
+        ):
             raise damaged(
                 f"{path} is damaged or belongs to another archive (its TERM entry at offset "
                 f"{rl._offsets[last.entry_index]} names log recording {last.recording_id}, which "
                 f"{archive_dir / CATALOG_FILE_NAME} does not have): restore the node directory from "
-                f"one backup, or {rebuild}")
+                f"one backup, or {rebuild}"
+            )
 
     path = node_dir / NODE_STATE_FILE_NAME
     data = _read(path)

@@ -36,7 +36,13 @@ from pathlib import Path
 from cluster_node.media.private_files import FILE_MODE, check_private_dir, make_private_dir
 
 __all__ = [
-    "SHM_ROOT", "OWNER_FILE_NAME", "default_driver_dir", "shm_driver_root", "in_shm_root", "prepare", "claim",
+    "SHM_ROOT",
+    "OWNER_FILE_NAME",
+    "default_driver_dir",
+    "shm_driver_root",
+    "in_shm_root",
+    "prepare",
+    "claim",
     "sweep_orphans",
 ]
 
@@ -75,11 +81,15 @@ def prepare(driver_dir: Path) -> None:
     if in_shm_root(driver_dir):
         root = driver_dir.parent
         make_private_dir(root)
-        check_private_dir(root, f"remove it (rm -r {root}, as its owner or root), or set [driver] dir in the "
-                                f"config to a directory of this user's")
+        check_private_dir(
+            root,
+            f"remove it (rm -r {root}, as its owner or root), or set [driver] dir in the "
+            f"config to a directory of this user's",
+        )
     make_private_dir(driver_dir)
-    check_private_dir(driver_dir, f"remove it (rm -r {driver_dir}), or set [driver] dir in the config to a "
-                                  f"directory of this user's")
+    check_private_dir(
+        driver_dir, f"remove it (rm -r {driver_dir}), or set [driver] dir in the config to a directory of this user's"
+    )
 
 
 def claim(driver_dir: Path, node_dir: Path) -> None:

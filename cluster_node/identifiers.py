@@ -14,8 +14,18 @@ from __future__ import annotations
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import ElectionState
 
-__all__ = ["CounterTypes", "ModuleState", "ToggleState", "Role", "ROLE_NAMES", "ElectionState", "StreamIds",
-           "MODULE_STATE_NAMES", "ELECTION_STATE_NAMES", "code_name"]
+__all__ = [
+    "CounterTypes",
+    "ModuleState",
+    "ToggleState",
+    "Role",
+    "ROLE_NAMES",
+    "ElectionState",
+    "StreamIds",
+    "MODULE_STATE_NAMES",
+    "ELECTION_STATE_NAMES",
+    "code_name",
+]
 
 
 class CounterTypes:
@@ -57,9 +67,15 @@ class ModuleState:
     INIT, ACTIVE, SUSPENDED, SNAPSHOT, QUITTING, TERMINATING, CLOSED = range(7)
 
 
-MODULE_STATE_NAMES = {ModuleState.INIT: "INIT", ModuleState.ACTIVE: "ACTIVE", ModuleState.SUSPENDED: "SUSPENDED",
-                      ModuleState.SNAPSHOT: "SNAPSHOT", ModuleState.QUITTING: "QUITTING",
-                      ModuleState.TERMINATING: "TERMINATING", ModuleState.CLOSED: "CLOSED"}
+MODULE_STATE_NAMES = {
+    ModuleState.INIT: "INIT",
+    ModuleState.ACTIVE: "ACTIVE",
+    ModuleState.SUSPENDED: "SUSPENDED",
+    ModuleState.SNAPSHOT: "SNAPSHOT",
+    ModuleState.QUITTING: "QUITTING",
+    ModuleState.TERMINATING: "TERMINATING",
+    ModuleState.CLOSED: "CLOSED",
+}
 
 
 class ToggleState:

@@ -63,6 +63,7 @@ def _log():
 
     return structlog.get_logger("cluster_node.keep_awake")
 
+
 LINGER_NS = 100_000_000
 """How long a helper spins after the node's last ring: 100 ms. Long enough that a cluster taking
 a message every few milliseconds keeps its CPUs awake between them, short enough that a pause in
@@ -128,9 +129,17 @@ class KeepAwake:
             os.set_blocking(wfd, False)  # a full pipe drops a ring: that helper is awake anyway
             try:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "cluster_node.keep_awake", str(cpu),
-                     str(self.lock_dir / f"keep-awake-cpu{cpu}.lock")],
-                    stdin=rfd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "cluster_node.keep_awake",
+                        str(cpu),
+                        str(self.lock_dir / f"keep-awake-cpu{cpu}.lock"),
+                    ],
+                    stdin=rfd,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    close_fds=True,
                 )
             except OSError as e:
                 os.close(wfd)
@@ -157,8 +166,9 @@ class KeepAwake:
             except OSError:  # that helper is gone (it failed, or was killed by hand): stop ringing it
                 os.close(wfd)
                 gone.append((proc, wfd))
-                _log().warning("keep_cpus_awake helper ended; its CPU is left to idle", pid=proc.pid,
-                               exit_code=proc.poll())
+                _log().warning(
+                    "keep_cpus_awake helper ended; its CPU is left to idle", pid=proc.pid, exit_code=proc.poll()
+                )
         for helper in gone:
             self._helpers.remove(helper)
             self._ended.append(helper[0])
@@ -188,6 +198,7 @@ class KeepAwake:
 
 
 # ------------------------------------------------------------------ the helper process
+
 
 def _die_with_parent() -> None:
     try:

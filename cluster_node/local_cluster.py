@@ -43,6 +43,7 @@ class LocalClusterError(Exception):
 class StartError(LocalClusterError):
     """A member could not start; the message ends with the last lines of its output."""
 
+
 # --------------------------------------------------------------------------------------------
 # One member process
 # --------------------------------------------------------------------------------------------
@@ -133,14 +134,20 @@ class Member:
     def start(self, preexec: Callable[[], None] | None) -> None:
         self.console_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.console_path, "ab") as console:
-            console.write(f"--- cluster-node up: starting member {self.member_id} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            console.write(
+                f"--- cluster-node up: starting member {self.member_id} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode()
+            )
             console.flush()
             self.console_offset = console.tell()
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cluster_node.cli", "run", "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=preexec,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preexec,
             )
         self.ready = False
         self.exit_code = None
@@ -212,7 +219,6 @@ class Member:
         if self.proc is None:
             return "-"
         return "down"
-
 
 
 class Supervisor:
@@ -296,11 +302,15 @@ class Supervisor:
                 # (a new leader is announced once its election closed, by the caller)
                 role = ROLE_NAMES.get(key[1], str(key[1]))
                 term = key[2]
-                self.event(f"member {m.member_id} is {role}" + (f" (term {term})" if term is not None and term >= 0 else ""))
+                self.event(
+                    f"member {m.member_id} is {role}" + (f" (term {term})" if term is not None and term >= 0 else "")
+                )
             errors = key[3]
             if errors is not None and old_errors is not None and errors > old_errors:
                 detail = m.last_error_event()
-                self.event(f"member {m.member_id} errors {old_errors} -> {errors}" + (f" (last {detail})" if detail else ""))
+                self.event(
+                    f"member {m.member_id} errors {old_errors} -> {errors}" + (f" (last {detail})" if detail else "")
+                )
 
     # ---------------------------------------------------------------- start and stop
 
@@ -388,8 +398,11 @@ class Supervisor:
         killed = 0
         # Said as it happened: a second Ctrl-C (or SIGTERM) asks for the kill at once, which is
         # not a member that failed to stop in time.
-        self.kill_reason = ("were still stopping at a second stop request" if self.stop_requests > requests_before
-                            else f"did not stop within {timeout_s:g}s")
+        self.kill_reason = (
+            "were still stopping at a second stop request"
+            if self.stop_requests > requests_before
+            else f"did not stop within {timeout_s:g}s"
+        )
         for entry in targets:
             if running(entry):
                 m, pid, child = entry
@@ -406,4 +419,3 @@ class Supervisor:
                         pass
                     m.poll()
         return len(targets) - killed, killed
-

@@ -15,8 +15,17 @@ from pathlib import Path
 from cluster_node.local_cluster import LocalClusterError, Member
 from cluster_node.ports import pick_base_port
 
-__all__ = ["ClusterPlan", "plan_cluster", "write_cluster_configs", "member_key_file",
-           "MEMBER_KEY_FILE", "members_from", "check_ports", "load_all"]
+__all__ = [
+    "ClusterPlan",
+    "plan_cluster",
+    "write_cluster_configs",
+    "member_key_file",
+    "MEMBER_KEY_FILE",
+    "members_from",
+    "check_ports",
+    "load_all",
+]
+
 
 @dataclass
 class ClusterPlan:
@@ -34,8 +43,15 @@ def _node_tomls(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool,
-                 pin: bool = True, keep_cpus_awake: bool = False) -> ClusterPlan:
+def plan_cluster(
+    nodes: int | None,
+    base_dir: Path,
+    service: str | None,
+    config_dir: Path | None,
+    fresh: bool,
+    pin: bool = True,
+    keep_cpus_awake: bool = False,
+) -> ClusterPlan:
     """Which configs to start (see the module docstring); raises ClickException on a mistake.
 
     ``pin``: generated configs give the members ``leader_cpus`` / ``follower_cpus``
@@ -49,16 +65,19 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
         if not pin and any(c.node.leader_cpus or c.node.follower_cpus for c in configs):
             raise LocalClusterError(
                 f"--no-pin applies to generated configs; the configs in {where} set leader_cpus/follower_cpus"
-                " (remove them there, or use --fresh to generate new ones)")
+                " (remove them there, or use --fresh to generate new ones)"
+            )
         if keep_cpus_awake and not all(c.node.keep_cpus_awake for c in configs):
             raise LocalClusterError(
                 f"--keep-cpus-awake applies to generated configs; set keep_cpus_awake = true in [node] of the"
-                f" configs in {where}, or use --fresh to generate new ones")
+                f" configs in {where}, or use --fresh to generate new ones"
+            )
 
     if config_dir is not None:
         if service is not None:
             raise LocalClusterError(
-                f"--service applies to generated configs; the configs in {config_dir} name their own service ([node] service)")
+                f"--service applies to generated configs; the configs in {config_dir} name their own service ([node] service)"
+            )
         if fresh:
             raise LocalClusterError("--fresh applies to generated configs, not to --config-dir")
         if not config_dir.is_dir():
@@ -84,11 +103,13 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
     if existing:
         if nodes is not None and nodes != len(existing):
             raise LocalClusterError(
-                f"{base_dir} holds a {len(existing)}-node cluster; use --nodes {len(existing)}, --fresh, or another --dir")
+                f"{base_dir} holds a {len(existing)}-node cluster; use --nodes {len(existing)}, --fresh, or another --dir"
+            )
         have = _service_of(existing)
         if service is not None and service != have:
             raise LocalClusterError(
-                f"{base_dir} holds a cluster running the {have!r} service; use --fresh to start over with {service!r}, or another --dir")
+                f"{base_dir} holds a cluster running the {have!r} service; use --fresh to start over with {service!r}, or another --dir"
+            )
         check_unpinned(existing, base_dir)
         client = base_dir / "client.toml"
         return ClusterPlan(existing, client if client.is_file() else None, False, have)
@@ -108,8 +129,9 @@ def plan_cluster(nodes: int | None, base_dir: Path, service: str | None, config_
     return ClusterPlan(paths, client, True, svc)
 
 
-def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = True,
-                          keep_cpus_awake: bool = False) -> tuple[list[Path], Path]:
+def write_cluster_configs(
+    base_dir: Path, nodes: int, service: str, pin: bool = True, keep_cpus_awake: bool = False
+) -> tuple[list[Path], Path]:
     """Generate and write ``node<i>.toml`` and ``client.toml`` into ``base_dir`` (node directories
     ``base_dir/node<i>``, absolute, so the configs work from any working directory).
 
@@ -126,20 +148,33 @@ def write_cluster_configs(base_dir: Path, nodes: int, service: str, pin: bool = 
     # Its own member key, so a local cluster is safe by default: nobody else on the machine
     # (another user's process, a stray client) can speak as one of its members.
     key_path = member_key_file(base_dir)
-    configs, client = generate_loopback_cluster(nodes, base_dir.resolve(), service=service, base_port=base_port,
-                                                leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                                                keep_cpus_awake=keep_cpus_awake, secret_file=key_path.resolve())
+    configs, client = generate_loopback_cluster(
+        nodes,
+        base_dir.resolve(),
+        service=service,
+        base_port=base_port,
+        leader_cpus=leader_cpus,
+        follower_cpus=follower_cpus,
+        keep_cpus_awake=keep_cpus_awake,
+        secret_file=key_path.resolve(),
+    )
     # Many clients may run at once (a watch and a put): each picks its own egress port.
     client = msgspec.structs.replace(
-        client, client=msgspec.structs.replace(client.client, egress_endpoint="127.0.0.1:0")).validate()
+        client, client=msgspec.structs.replace(client.client, egress_endpoint="127.0.0.1:0")
+    ).validate()
     paths = []
     for cfg in configs:
         p = base_dir / f"node{cfg.member_id}.toml"
-        p.write_text(node_config_to_toml(
-            cfg, header=f"Member {cfg.member_id} of a {nodes}-node local cluster, written by `cluster-node up`."))
+        p.write_text(
+            node_config_to_toml(
+                cfg, header=f"Member {cfg.member_id} of a {nodes}-node local cluster, written by `cluster-node up`."
+            )
+        )
         paths.append(p)
     cp = base_dir / "client.toml"
-    cp.write_text(client_config_to_toml(client, header=f"Client of the {nodes}-node local cluster in {base_dir.resolve()}."))
+    cp.write_text(
+        client_config_to_toml(client, header=f"Client of the {nodes}-node local cluster in {base_dir.resolve()}.")
+    )
     return paths, cp
 
 

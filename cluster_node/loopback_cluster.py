@@ -59,7 +59,6 @@ size up to 8 KiB and no further beyond it. Members on a real network keep the
 reference's 1408 (a larger datagram would be split into IP fragments)."""
 
 
-
 def generate_loopback_cluster(
     nodes: int,
     base_dir: str | Path,
@@ -120,17 +119,28 @@ def generate_loopback_cluster(
         for i, h in enumerate(member_hosts)
     )
     cluster = ClusterSection(
-        members=members, appointed_leader_id=appointed_leader_id, log_term_length=log_term_length,
-        snapshot_interval=snapshot_interval, secret_file=str(secret_file),
-        retain_snapshots=retain_snapshots, purge_log=purge_log,
+        members=members,
+        appointed_leader_id=appointed_leader_id,
+        log_term_length=log_term_length,
+        snapshot_interval=snapshot_interval,
+        secret_file=str(secret_file),
+        retain_snapshots=retain_snapshots,
+        purge_log=purge_log,
     )
     configs = []
     for i in range(nodes):
         node_dir = base / f"node{i}"
         cfg = NodeConfig(
-            node=NodeSection(member_id=i, dir=str(node_dir), service=service, cluster_id=cluster_id,
-                             leader_cpus=tuple(leader_cpus), follower_cpus=tuple(follower_cpus),
-                             keep_cpus_awake=keep_cpus_awake, service_errors=service_errors),
+            node=NodeSection(
+                member_id=i,
+                dir=str(node_dir),
+                service=service,
+                cluster_id=cluster_id,
+                leader_cpus=tuple(leader_cpus),
+                follower_cpus=tuple(follower_cpus),
+                keep_cpus_awake=keep_cpus_awake,
+                service_errors=service_errors,
+            ),
             cluster=cluster,
             timeouts=timeouts,
             driver=driver,
@@ -164,7 +174,9 @@ def write_loopback_cluster(
     paths = []
     for cfg in configs:
         p = out / f"node{cfg.member_id}.toml"
-        p.write_text(node_config_to_toml(cfg, header=f"Node {cfg.member_id} of a {nodes}-node loopback cluster (generated)."))
+        p.write_text(
+            node_config_to_toml(cfg, header=f"Node {cfg.member_id} of a {nodes}-node loopback cluster (generated).")
+        )
         paths.append(p)
     cp = out / "client.toml"
     cp.write_text(client_config_to_toml(client, header=f"Client of a {nodes}-node loopback cluster (generated)."))

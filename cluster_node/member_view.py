@@ -13,8 +13,15 @@ from pathlib import Path
 from cluster_node.identifiers import ELECTION_STATE_NAMES, CounterTypes, ElectionState, Role, code_name
 from cluster_node.identifiers import ROLE_NAMES as REFERENCE_ROLE_NAMES
 
-__all__ = ["MemberView", "CounterIds", "read_member_view", "election_state_name",
-           "ROLE_NAMES", "LEADER_ROLE", "CLOSED_ELECTION_STATE"]
+__all__ = [
+    "MemberView",
+    "CounterIds",
+    "read_member_view",
+    "election_state_name",
+    "ROLE_NAMES",
+    "LEADER_ROLE",
+    "CLOSED_ELECTION_STATE",
+]
 
 ROLE_NAMES = {code: name.lower() for code, name in REFERENCE_ROLE_NAMES.items()}
 """Role names as ``up`` shows them: lower case, but for a running leader (``LEADER``)."""

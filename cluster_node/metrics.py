@@ -48,31 +48,49 @@ class Metric(NamedTuple):
 CLUSTER_METRICS: dict[int, Metric] = {
     CounterTypes.NODE_ROLE: Metric("pycluster_node_role", "gauge", "Role: 0 follower, 1 candidate, 2 leader."),
     CounterTypes.LEADERSHIP_TERM_ID: Metric("pycluster_leadership_term_id", "gauge", "Current leadership term."),
-    CounterTypes.LEADER_MEMBER_ID: Metric("pycluster_leader_member_id", "gauge",
-                                          "Leader of the last completed election (-1: none yet)."),
-    CounterTypes.ELECTION_COUNT: Metric("pycluster_elections_total", "counter",
-                                        "Elections this node took part in since it started."),
+    CounterTypes.LEADER_MEMBER_ID: Metric(
+        "pycluster_leader_member_id", "gauge", "Leader of the last completed election (-1: none yet)."
+    ),
+    CounterTypes.ELECTION_COUNT: Metric(
+        "pycluster_elections_total", "counter", "Elections this node took part in since it started."
+    ),
     CounterTypes.ELECTION_STATE: Metric("pycluster_election_state", "gauge", "Election state (CLOSED is 17)."),
     CounterTypes.COMMIT_POSITION: Metric("pycluster_commit_position", "gauge", "Committed log position (bytes)."),
-    CounterTypes.APPEND_POSITION: Metric("pycluster_append_position", "gauge", "Locally recorded log position (bytes)."),
-    CounterTypes.PEER_APPEND_POSITION: Metric("pycluster_member_append_position", "gauge",
-                                              "Each member's append position as the leader last heard it "
-                                              "(-1 on a node that does not lead)."),
-    CounterTypes.CONSENSUS_MODULE_STATE: Metric("pycluster_consensus_module_state", "gauge",
-                                                "0 INIT, 1 ACTIVE, 2 SUSPENDED, 3 SNAPSHOT, 4 QUITTING, 5 TERMINATING, 6 CLOSED."),
+    CounterTypes.APPEND_POSITION: Metric(
+        "pycluster_append_position", "gauge", "Locally recorded log position (bytes)."
+    ),
+    CounterTypes.PEER_APPEND_POSITION: Metric(
+        "pycluster_member_append_position",
+        "gauge",
+        "Each member's append position as the leader last heard it (-1 on a node that does not lead).",
+    ),
+    CounterTypes.CONSENSUS_MODULE_STATE: Metric(
+        "pycluster_consensus_module_state",
+        "gauge",
+        "0 INIT, 1 ACTIVE, 2 SUSPENDED, 3 SNAPSHOT, 4 QUITTING, 5 TERMINATING, 6 CLOSED.",
+    ),
     CounterTypes.ERRORS: Metric("pycluster_errors_total", "counter", "Errors of the consensus module."),
-    SERVICE_ERRORS_TYPE_ID: Metric("pycluster_service_errors_total", "counter", "Errors raised by the clustered service."),
+    SERVICE_ERRORS_TYPE_ID: Metric(
+        "pycluster_service_errors_total", "counter", "Errors raised by the clustered service."
+    ),
     CounterTypes.SNAPSHOT_COUNTER: Metric("pycluster_snapshots_total", "counter", "Snapshots taken."),
-    CounterTypes.LAST_SNAPSHOT_DURATION: Metric("pycluster_last_snapshot_duration_seconds", "gauge",
-                                                "Duration of the last consensus module snapshot.", 1e-9),
-    CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION: Metric("pycluster_max_snapshot_duration_seconds", "gauge",
-                                                     "Longest consensus module snapshot since start.", 1e-9),
-    CounterTypes.CLIENT_TIMEOUT_COUNT: Metric("pycluster_client_session_timeouts_total", "counter",
-                                              "Client sessions closed for silence."),
-    CounterTypes.MAX_CYCLE_TIME: Metric("pycluster_max_cycle_time_seconds", "gauge",
-                                        "Longest consensus duty-cycle pass since start.", 1e-9),
-    CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED: Metric("pycluster_cycle_time_threshold_exceeded_total", "counter",
-                                                       "Duty-cycle passes longer than timeouts.cycle_threshold."),
+    CounterTypes.LAST_SNAPSHOT_DURATION: Metric(
+        "pycluster_last_snapshot_duration_seconds", "gauge", "Duration of the last consensus module snapshot.", 1e-9
+    ),
+    CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION: Metric(
+        "pycluster_max_snapshot_duration_seconds", "gauge", "Longest consensus module snapshot since start.", 1e-9
+    ),
+    CounterTypes.CLIENT_TIMEOUT_COUNT: Metric(
+        "pycluster_client_session_timeouts_total", "counter", "Client sessions closed for silence."
+    ),
+    CounterTypes.MAX_CYCLE_TIME: Metric(
+        "pycluster_max_cycle_time_seconds", "gauge", "Longest consensus duty-cycle pass since start.", 1e-9
+    ),
+    CounterTypes.CYCLE_TIME_THRESHOLD_EXCEEDED: Metric(
+        "pycluster_cycle_time_threshold_exceeded_total",
+        "counter",
+        "Duty-cycle passes longer than timeouts.cycle_threshold.",
+    ),
 }
 """Counter type id -> metric, for the counters every consensus module has."""
 
@@ -140,10 +158,23 @@ def counters_snapshot(path: Path) -> dict[str, Any]:
     ``next_query_deadline_ms``, ``errors``). CountersError when the file cannot be read."""
     with CountersReader.open(path) as reader:
         rows = list(reader.counters())
-        head = {"path": str(path), "owner_pid": reader.owner_pid, "owner_alive": reader.owner_alive(),
-                "start_timestamp_ms": reader.start_timestamp_ms}
-    head["counters"] = [{"id": c.counter_id, "type_id": c.type_id, "type": type_name(c.type_id),
-                         "registration_id": c.registration_id, "label": c.label, "value": c.value} for c in rows]
+        head = {
+            "path": str(path),
+            "owner_pid": reader.owner_pid,
+            "owner_alive": reader.owner_alive(),
+            "start_timestamp_ms": reader.start_timestamp_ms,
+        }
+    head["counters"] = [
+        {
+            "id": c.counter_id,
+            "type_id": c.type_id,
+            "type": type_name(c.type_id),
+            "registration_id": c.registration_id,
+            "label": c.label,
+            "value": c.value,
+        }
+        for c in rows
+    ]
     head["cluster"] = {str(k): v for k, v in sorted(cluster_values(rows).items())}
     backup = backup_values(rows)
     if backup:
@@ -156,9 +187,13 @@ def backup_values(rows: list[CounterInfo]) -> dict[str, Any]:
     from cluster_node.consensus.backup import BackupCounterTypes as T
     from cluster_node.consensus.backup import BackupState
 
-    names = {T.STATE: "state", T.LIVE_LOG_POSITION: "live_log_position",
-             T.NEXT_QUERY_DEADLINE: "next_query_deadline_ms", T.ERRORS: "errors",
-             T.LAST_SUCCESS: "last_backup_time_ms"}
+    names = {
+        T.STATE: "state",
+        T.LIVE_LOG_POSITION: "live_log_position",
+        T.NEXT_QUERY_DEADLINE: "next_query_deadline_ms",
+        T.ERRORS: "errors",
+        T.LAST_SUCCESS: "last_backup_time_ms",
+    }
     out: dict[str, Any] = {names[c.type_id]: c.value for c in rows if c.type_id in names}
     if "state" in out:
         try:
@@ -217,8 +252,15 @@ def prometheus_text(path: Path, node: str = "") -> str:
             except ValueError:
                 name = None
             if name is not None:
-                add(Metric(f"pycluster_driver_{name}_total", "counter", f"Driver: {SystemCounter(c.registration_id).label}."),
-                    {}, c.value)
+                add(
+                    Metric(
+                        f"pycluster_driver_{name}_total",
+                        "counter",
+                        f"Driver: {SystemCounter(c.registration_id).label}.",
+                    ),
+                    {},
+                    c.value,
+                )
         add(generic, {"id": str(c.counter_id), "type": type_name(c.type_id), "label": c.label}, c.value)
     lines = []
     for metric, samples in families.values():
@@ -259,10 +301,11 @@ def serve_prometheus(path: Path, host: str, port: int, node: str = "") -> Thread
 
     server_class = ThreadingHTTPServer
     if ":" in host:
+
         class V6(ThreadingHTTPServer):
             address_family = socket.AF_INET6
+
         server_class = V6
     server = server_class((host, port), Handler)
     server.daemon_threads = True
     return server
-

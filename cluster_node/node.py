@@ -80,14 +80,19 @@ def _prepare_driver_dir(cfg: NodeConfig) -> None:
     except UnsafeDirectoryError as e:
         raise NodeStartError(str(e)) from None
     except OSError as e:
-        raise NodeStartError(f"cannot use the driver directory {cfg.driver_dir}: {e.strerror or e} "
-                             f"(set [driver] dir in the config to another directory)") from None
+        raise NodeStartError(
+            f"cannot use the driver directory {cfg.driver_dir}: {e.strerror or e} "
+            f"(set [driver] dir in the config to another directory)"
+        ) from None
     if cfg.driver.dir or not in_shm_root(cfg.driver_dir):
         return
     removed = sweep_orphans()
     if removed:
-        log.info("driver directories of deleted node directories removed", count=len(removed),
-                 root=str(cfg.driver_dir.parent))
+        log.info(
+            "driver directories of deleted node directories removed",
+            count=len(removed),
+            root=str(cfg.driver_dir.parent),
+        )
     try:
         claim(cfg.driver_dir, cfg.node_dir)
     except OSError as e:
@@ -161,8 +166,11 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
         # Where this node keeps its files, for tools that only have the node directory.
         details = {
             "node_dir": str(node_dir.resolve()),
-            "driver_dir": str(cfg.driver_dir.resolve()), "archive_dir": str(cfg.archive_dir.resolve()),
-            "log_file": str(cfg.log_file.resolve()), "members": cfg.members_text, "service": cfg.node.service,
+            "driver_dir": str(cfg.driver_dir.resolve()),
+            "archive_dir": str(cfg.archive_dir.resolve()),
+            "log_file": str(cfg.log_file.resolve()),
+            "members": cfg.members_text,
+            "service": cfg.node.service,
         }
         mark = MarkFile.open(node_dir, member_id=cfg.member_id, cluster_id=cfg.node.cluster_id, details=details)
     except MarkFileInUseError as e:
@@ -172,8 +180,9 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
             record_identity(node_dir, cfg.member_id, cfg.node.cluster_id)
         except OSError as e:
             mark.close()
-            raise NodeStartError(f"cannot record the node directory's identity in {node_dir}: "
-                                 f"{e.strerror or e}") from None
+            raise NodeStartError(
+                f"cannot record the node directory's identity in {node_dir}: {e.strerror or e}"
+            ) from None
     try:
         check_node_files(node_dir, cfg.archive_dir)
     except BaseException:
@@ -242,27 +251,36 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     return done.result(timeout=10)
 
                 container_holder: list[ServiceContainer] = []
-                agent = ConsensusAgent(cfg, driver, client, service_bell=b"", authenticator=authenticator,
-                                       authorisation=authorisation)
+                agent = ConsensusAgent(
+                    cfg, driver, client, service_bell=b"", authenticator=authenticator, authorisation=authorisation
+                )
                 # The archive's bad requests and failed requests count as the node's errors too
                 # (an operator watches one counter).
                 _archive.errors.on_record = agent.counters["errors"].add
                 # Each component's distinct errors, with counts and times, for `tool errors`.
-                for errors, component in ((driver.errors, "driver"), (_archive.errors, "archive"),
-                                          (agent.input_errors, "consensus")):
+                for errors, component in (
+                    (driver.errors, "driver"),
+                    (_archive.errors, "archive"),
+                    (agent.input_errors, "consensus"),
+                ):
                     errors.path = node_dir / ERROR_TABLE_FILES[component]
                     errors.path.unlink(missing_ok=True)  # an earlier process's table
                 container = ServiceContainer(
-                    service, member_id=cfg.member_id, driver_dir=driver.dir,
+                    service,
+                    member_id=cfg.member_id,
+                    driver_dir=driver.dir,
                     commit_position=agent.counters["commit-pos"].get,
                     role=agent.counters["role"].get,
                     open_egress=open_egress,
-                    hold_egress=driver.hold_sends, release_egress=driver.release_sends,
+                    hold_egress=driver.hold_sends,
+                    release_egress=driver.release_sends,
                     liveness_timeout_ns=cfg.driver.image_liveness_timeout_ns,
                     snapshot_stream_id=cfg.cluster.service_snapshot_stream_id,
-                    service_errors=cfg.node.service_errors, skip_positions=skip_positions,
-                    error_counter=driver.counters.allocate(service_errors_label(cfg.member_id),
-                                                           SERVICE_ERRORS_TYPE_ID, cfg.member_id),
+                    service_errors=cfg.node.service_errors,
+                    skip_positions=skip_positions,
+                    error_counter=driver.counters.allocate(
+                        service_errors_label(cfg.member_id), SERVICE_ERRORS_TYPE_ID, cfg.member_id
+                    ),
                     recovery_state=agent.recovery_state,
                 )
                 agent.service_bell = container.commit_doorbell.name
@@ -279,8 +297,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 agent.wait_recording = _archive.wait_for_progress
                 if cfg.node.keep_cpus_awake:
                     n = cfg.node
-                    agent.keep_awake = KeepAwake(set(n.leader_cpus) | set(n.follower_cpus)
-                                                 or affinity.available_cpus())
+                    agent.keep_awake = KeepAwake(set(n.leader_cpus) | set(n.follower_cpus) or affinity.available_cpus())
                 agent.record_now = _archive.record_now
                 container_holder.append(container)
                 if agent.keep_awake is not None:
@@ -298,8 +315,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                                 fail(e.code, str(e))
                             except Exception as e:  # every failure ends the node alike
                                 log.error("consensus module failed", error=repr(e), exc_info=True)
-                                fail(ExitCode.CONSENSUS_FAILED,
-                                     f"the consensus module failed: {type(e).__name__}: {e}")
+                                fail(ExitCode.CONSENSUS_FAILED, f"the consensus module failed: {type(e).__name__}: {e}")
                         agent_done.set()
 
                     agent_done = trio.Event()
@@ -312,6 +328,7 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                     stop_reason = "?"
                     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                         async with trio.open_nursery() as waiters:
+
                             async def on_signal() -> None:
                                 nonlocal stop_reason
                                 async for signum in signals:
@@ -341,8 +358,9 @@ async def run_node(cfg: NodeConfig, *, announce: bool = True) -> None:
                 await client.close()
         if announce:
             # The counterpart of READY, for supervisors and for an operator at the console.
-            print(f"STOPPED member={cfg.member_id} pid={os.getpid()} reason={stop_reason.replace(' ', '-')}",
-                  flush=True)
+            print(
+                f"STOPPED member={cfg.member_id} pid={os.getpid()} reason={stop_reason.replace(' ', '-')}", flush=True
+            )
     finally:
         if agent is not None and agent.keep_awake is not None:
             agent.keep_awake.close()
@@ -380,9 +398,12 @@ async def _watch_service(container: ServiceContainer, ended: trio.Event) -> None
         return
     if isinstance(error, ServiceErrorStop):
         f = error.failure
-        fail(ExitCode.SERVICE_ERROR_STOP,
-             f"{error} (service_errors = stop; to pass over it on every member: cluster-node tool --dir <node dir>"
-             f" skip-entry --position {f.log_position})",
-             log_position=f.log_position, callback=f.callback)
+        fail(
+            ExitCode.SERVICE_ERROR_STOP,
+            f"{error} (service_errors = stop; to pass over it on every member: cluster-node tool --dir <node dir>"
+            f" skip-entry --position {f.log_position})",
+            log_position=f.log_position,
+            callback=f.callback,
+        )
     text = " ".join(str(error).split())
     fail(ExitCode.SERVICE_FAILED, f"the service failed: {type(error).__name__}" + (f": {text}" if text else ""))

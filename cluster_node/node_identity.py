@@ -52,7 +52,8 @@ def _read(path: Path) -> tuple[int, int] | None:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise NodeIdentityDamagedError(
             f"{path} is damaged ({e}): it names the member this directory belongs to; restore it, "
-            f"or delete it if you are sure which member's data this is") from None
+            f"or delete it if you are sure which member's data this is"
+        ) from None
     return member_id, cluster_id
 
 
@@ -72,7 +73,8 @@ def check_identity(node_dir: str | Path, member_id: int, cluster_id: int) -> boo
         raise NodeIdentityError(
             f"{node_dir} holds the data of member {recorded[0]} of cluster {recorded[1]} (from {source}), "
             f"but this config is member {member_id} of cluster {cluster_id}: start it with member "
-            f"{recorded[0]}'s config, or give this member a directory of its own")
+            f"{recorded[0]}'s config, or give this member a directory of its own"
+        )
     return path.exists()
 
 

@@ -107,7 +107,11 @@ COUNTER_TYPES = {
     "max_snapshot_duration_ns": CounterTypes.TOTAL_MAX_SNAPSHOT_DURATION,
 }
 CM_STATE_NAMES = MODULE_STATE_NAMES
-ENTRY_TYPE_NAMES = {ENTRY_TYPE_TERM: "TERM", ENTRY_TYPE_SNAPSHOT: "SNAPSHOT", ENTRY_TYPE_STANDBY_SNAPSHOT: "STANDBY_SNAPSHOT"}
+ENTRY_TYPE_NAMES = {
+    ENTRY_TYPE_TERM: "TERM",
+    ENTRY_TYPE_SNAPSHOT: "SNAPSHOT",
+    ENTRY_TYPE_STANDBY_SNAPSHOT: "STANDBY_SNAPSHOT",
+}
 ERROR_LEVELS = frozenset({"error", "warning", "critical", "exception"})
 
 
@@ -204,7 +208,7 @@ class NodeDir:
             rel = default.resolve().relative_to(here)
         except ValueError:
             return saved
-        if saved != here / rel and saved.parts[-len(rel.parts):] == rel.parts and default.exists():
+        if saved != here / rel and saved.parts[-len(rel.parts) :] == rel.parts and default.exists():
             return default
         return saved
 
@@ -250,7 +254,11 @@ def open_node_dir(path: Path, now_ms: int | None = None) -> NodeDir:
     counters, owner, note, positions = _read_node_counters(counters_path, mark.member_id)
     current = running and counters is not None and owner == mark.pid
     if counters is not None and not current:
-        note = f"last values, written by pid {owner} which is not the running node" if running else f"last values of pid {owner}"
+        note = (
+            f"last values, written by pid {owner} which is not the running node"
+            if running
+            else f"last values of pid {owner}"
+        )
     return NodeDir(path, mark, running, why, counters_path, counters, current, owner, note, positions)
 
 
@@ -319,19 +327,25 @@ def _read_decoded(file: Path, required: bool, missing: str, decode, errors):
 
 
 def read_recording_log(path: Path, required: bool) -> RecordingLog | None:
-    return _read_decoded(path / RECORDING_LOG_FILE_NAME, required,
-                         f"no {RECORDING_LOG_FILE_NAME} in {path}: the node never started its consensus module",
-                         RecordingLog.decode, RecordingLogError)
+    return _read_decoded(
+        path / RECORDING_LOG_FILE_NAME,
+        required,
+        f"no {RECORDING_LOG_FILE_NAME} in {path}: the node never started its consensus module",
+        RecordingLog.decode,
+        RecordingLogError,
+    )
 
 
 def read_catalog(archive_dir: Path, required: bool) -> Catalog | None:
     file = archive_dir / CATALOG_FILE_NAME
+
     def decode(data: bytes) -> Catalog:
         try:
             return Catalog.from_bytes(data)
         except CatalogError as e:
-            raise CatalogError(f"{str(e).split(': ', 1)[-1]}; {REBUILD_HINT.format(dir=archive_dir)}", e.offset,
-                               e.recording_id) from None
+            raise CatalogError(
+                f"{str(e).split(': ', 1)[-1]}; {REBUILD_HINT.format(dir=archive_dir)}", e.offset, e.recording_id
+            ) from None
 
     return _read_decoded(file, required, f"no archive catalog at {file}", decode, CatalogError)
 
@@ -418,8 +432,9 @@ def iter_lines_backwards(path: Path, needles: tuple[bytes, ...] = (), block_byte
             yield tail
 
 
-def log_events_backwards(path: Path, keep: Callable[[dict[str, Any]], bool],
-                          needles: tuple[bytes, ...] = ()) -> Iterator[dict[str, Any]]:
+def log_events_backwards(
+    path: Path, keep: Callable[[dict[str, Any]], bool], needles: tuple[bytes, ...] = ()
+) -> Iterator[dict[str, Any]]:
     """Events of the JSON-lines log from the newest on that ``keep`` accepts; a line containing
     none of ``needles`` (when given) is skipped unparsed, which is most of a large log."""
     for raw in iter_lines_backwards(path, needles):
@@ -440,8 +455,9 @@ def format_log_event(event: dict[str, Any]) -> str:
 
 def last_election(path: Path) -> dict[str, Any] | None:
     try:
-        for event in log_events_backwards(path, lambda e: e.get("event") == "election complete",
-                                           (b'"election complete"',)):
+        for event in log_events_backwards(
+            path, lambda e: e.get("event") == "election complete", (b'"election complete"',)
+        ):
             return event
     except OSError:
         return None
@@ -463,7 +479,6 @@ def member_lags(node: NodeDir) -> list[dict[str, int]]:
         lag = None if leader_append is None else max(0, leader_append - position)
         out.append({"member_id": member_id, "append_position": position, "lag": lag})
     return out
-
 
 
 def consensus_peers(node: NodeDir, consensus_stream_id: int = StreamIds.CONSENSUS) -> list[str]:
@@ -503,11 +518,15 @@ def snapshot_services(rl: RecordingLog, cm: Entry) -> list[Entry]:
     the latest per service id, by service id."""
     latest: dict[int, Entry] = {}
     for e in rl.entries:
-        if (e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id >= 0
-                and e.log_position == cm.log_position and e.leadership_term_id == cm.leadership_term_id):
+        if (
+            e.is_valid
+            and e.entry_type == ENTRY_TYPE_SNAPSHOT
+            and e.service_id >= 0
+            and e.log_position == cm.log_position
+            and e.leadership_term_id == cm.leadership_term_id
+        ):
             latest[e.service_id] = e
     return [latest[k] for k in sorted(latest)]
-
 
 
 @contextmanager
@@ -525,7 +544,9 @@ def directory_lock(node: NodeDir) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ToolRefusal(f"{node.path} is locked by a running node (member {node.member_id}, pid {node.mark.pid}): stop it first") from None
+                raise ToolRefusal(
+                    f"{node.path} is locked by a running node (member {node.member_id}, pid {node.mark.pid}): stop it first"
+                ) from None
             raise NodeDirError(f"{path}: cannot lock: {e.strerror}") from None
         try:
             yield
@@ -576,4 +597,3 @@ def log_entry_text(payload: bytes) -> str:
         return f"a {type(LOG_CODEC.decode(payload)).__name__}"
     except CodecError:
         return "an entry that does not decode"
-

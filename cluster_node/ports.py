@@ -12,6 +12,7 @@ from cluster_node.config_units import ConfigError
 
 __all__ = ["free_udp_ports", "free_fixed_udp_ports", "pick_base_port", "ports_free"]
 
+
 def free_udp_ports(count: int, host: str) -> list[int]:
     """``count`` distinct free UDP ports for this process to bind soon; the sockets stay bound
     until all are chosen. They come from the kernel's ephemeral range, so use them only for
@@ -76,7 +77,6 @@ def free_fixed_udp_ports(count: int, host: str, *, rng: random.Random | None = N
     if len(chosen) < count:
         raise ConfigError(f"found only {len(chosen)} of {count} free UDP ports on {host} below {lo}")
     return chosen
-
 
 
 def ports_free(host: str, ports: list[int]) -> bool:

@@ -62,8 +62,7 @@ def check_private_file(path: str | os.PathLike[str]) -> None:
     if st.st_uid != os.geteuid():
         raise SecretFileError(f"{path}: owned by uid {st.st_uid}, not by this user ({os.geteuid()})")
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise SecretFileError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read it; "
-                              f"run: chmod 600 {path}")
+        raise SecretFileError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read it; run: chmod 600 {path}")
     if st.st_size > _MAX_FILE_BYTES:
         raise SecretFileError(f"{path}: {st.st_size} bytes is too large for a secret file")
 
@@ -85,4 +84,3 @@ def read_key(path: str | os.PathLike[str]) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise SecretFileError(f"{path}: the key has {len(key)} bytes, at least {MIN_KEY_BYTES} are needed")
     return key
-

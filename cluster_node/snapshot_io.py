@@ -29,8 +29,15 @@ from cluster_node.archive.codecs import RecordingSignal
 from cluster_node.identifiers import StreamIds
 from cluster_node.media.channel import parse
 
-__all__ = ["IpcDriver", "SnapshotIOError", "record_snapshot", "read_recording", "SNAPSHOT_TERM_LENGTH",
-           "MAX_SNAPSHOT_RECORD_LENGTH", "REPLAY_STREAM_ID"]
+__all__ = [
+    "IpcDriver",
+    "SnapshotIOError",
+    "record_snapshot",
+    "read_recording",
+    "SNAPSHOT_TERM_LENGTH",
+    "MAX_SNAPSHOT_RECORD_LENGTH",
+    "REPLAY_STREAM_ID",
+]
 
 SNAPSHOT_TERM_LENGTH = 16 * 1024 * 1024
 MAX_SNAPSHOT_RECORD_LENGTH = SNAPSHOT_TERM_LENGTH // 8
@@ -69,14 +76,22 @@ async def _signal(archive: ArchiveClient, predicate, timeout_s: float, what: str
     raise SnapshotIOError(f"no {what} signal from the archive within {timeout_s:g}s")
 
 
-async def record_snapshot(archive: ArchiveClient, driver, records, stream_id: int, *,
-                          timeout_s: float = 10.0, rng: random.Random | None = None) -> int:
+async def record_snapshot(
+    archive: ArchiveClient,
+    driver,
+    records,
+    stream_id: int,
+    *,
+    timeout_s: float = 10.0,
+    rng: random.Random | None = None,
+) -> int:
     """Record ``records`` (an iterable of bytes) as a new recording; its recording id."""
     records = list(records)
     for record in records:
         if len(record) > MAX_SNAPSHOT_RECORD_LENGTH:
-            raise SnapshotIOError(f"a snapshot record of {len(record)} bytes exceeds the "
-                                  f"{MAX_SNAPSHOT_RECORD_LENGTH}-byte limit")
+            raise SnapshotIOError(
+                f"a snapshot record of {len(record)} bytes exceeds the {MAX_SNAPSHOT_RECORD_LENGTH}-byte limit"
+            )
     session_id = (rng or random.Random()).randrange(1, 2**31 - 1)
     source = f"aeron:ipc?session-id={session_id}"
     try:
@@ -84,11 +99,16 @@ async def record_snapshot(archive: ArchiveClient, driver, records, stream_id: in
     except ArchiveError as e:
         raise SnapshotIOError(f"the archive refused to record the snapshot: {e}") from None
     pub = driver.add_publication(
-        f"aeron:ipc?alias=snapshot|term-length={SNAPSHOT_TERM_LENGTH}|session-id={session_id}", stream_id)
+        f"aeron:ipc?alias=snapshot|term-length={SNAPSHOT_TERM_LENGTH}|session-id={session_id}", stream_id
+    )
     recording_id = None
     try:
-        start = await _signal(archive, lambda s: s.subscription_id == subscription_id
-                              and s.signal == RecordingSignal.START, timeout_s, "recording START")
+        start = await _signal(
+            archive,
+            lambda s: s.subscription_id == subscription_id and s.signal == RecordingSignal.START,
+            timeout_s,
+            "recording START",
+        )
         recording_id = start.recording_id
         with trio.move_on_after(timeout_s) as scope:
             for record in records:
@@ -103,11 +123,16 @@ async def record_snapshot(archive: ArchiveClient, driver, records, stream_id: in
             raise SnapshotIOError(f"the snapshot was not written within {timeout_s:g}s (archive back-pressure)")
         final = pub.position
         pub.close()
-        stop = await _signal(archive, lambda s: s.recording_id == recording_id
-                             and s.signal == RecordingSignal.STOP, timeout_s, "recording STOP")
+        stop = await _signal(
+            archive,
+            lambda s: s.recording_id == recording_id and s.signal == RecordingSignal.STOP,
+            timeout_s,
+            "recording STOP",
+        )
         if stop.position != final:
-            raise SnapshotIOError(f"snapshot recording {recording_id} stopped at {stop.position}, "
-                                  f"written up to {final}")
+            raise SnapshotIOError(
+                f"snapshot recording {recording_id} stopped at {stop.position}, written up to {final}"
+            )
         return recording_id
     except BaseException:
         if not pub.closed:
@@ -120,8 +145,9 @@ async def record_snapshot(archive: ArchiveClient, driver, records, stream_id: in
         raise
 
 
-async def read_recording(archive: ArchiveClient, driver, recording_id: int, *,
-                         stream_id: int = REPLAY_STREAM_ID, timeout_s: float = 30.0) -> list[bytes]:
+async def read_recording(
+    archive: ArchiveClient, driver, recording_id: int, *, stream_id: int = REPLAY_STREAM_ID, timeout_s: float = 30.0
+) -> list[bytes]:
     """Every message of a stopped recording, in order (a snapshot's records)."""
     try:
         start = await archive.get_start_position(recording_id)
@@ -140,7 +166,7 @@ async def read_recording(archive: ArchiveClient, driver, recording_id: int, *,
     records: list[bytes] = []
 
     def on_fragment(buf, offset, length, header) -> None:
-        records.append(bytes(buf[offset: offset + length]))
+        records.append(bytes(buf[offset : offset + length]))
 
     try:
         with trio.move_on_after(timeout_s):
@@ -152,8 +178,9 @@ async def read_recording(archive: ArchiveClient, driver, recording_id: int, *,
                         return records
                     if image.closed or image.is_end_of_stream:
                         if not image.has_data():
-                            raise SnapshotIOError(f"snapshot recording {recording_id}: replay ended at "
-                                                  f"{image.position} before {stop}")
+                            raise SnapshotIOError(
+                                f"snapshot recording {recording_id}: replay ended at {image.position} before {stop}"
+                            )
                         continue
                 await sub.wait(0.05)
         raise SnapshotIOError(f"snapshot recording {recording_id} was not read within {timeout_s:g}s")

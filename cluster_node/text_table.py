@@ -16,5 +16,7 @@ def format_table(rows: Sequence[Sequence[str]], right: Collection[int] = ()) -> 
     """``rows`` (the headings first, when there are any) as lines: the columns whose index is in
     ``right`` aligned right (numbers), the others left; trailing spaces cut."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
-            for r in rows]
+    return [
+        "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
+        for r in rows
+    ]

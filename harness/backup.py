@@ -19,8 +19,15 @@ __all__ = ["Backup"]
 class Backup:
     """A ``cluster-node backup`` process and its directory."""
 
-    def __init__(self, cluster: TestCluster, base: Path, query_interval: str = "1h", secret_file: str = "",
-                 image_liveness_timeout: str = "2s", progress_timeout: str | None = None) -> None:
+    def __init__(
+        self,
+        cluster: TestCluster,
+        base: Path,
+        query_interval: str = "1h",
+        secret_file: str = "",
+        image_liveness_timeout: str = "2s",
+        progress_timeout: str | None = None,
+    ) -> None:
         self.dir = base / "backup"
         self.config = base / "backup.toml"
         self.config.write_text(
@@ -30,11 +37,11 @@ class Backup:
             f'query_interval = "{query_interval}"\n'
             'response_timeout = "1s"\n'
             'cool_down = "1s"\n'
-            + (f'progress_timeout = "{progress_timeout}"\n' if progress_timeout is not None else "") +
-            "[cluster]\n"
+            + (f'progress_timeout = "{progress_timeout}"\n' if progress_timeout is not None else "")
+            + "[cluster]\n"
             f'members = "{cluster.nodes[0].cfg.members_text}"\n'
-            + (f'secret_file = "{secret_file}"\n' if secret_file else "") +
-            "[driver]\n"
+            + (f'secret_file = "{secret_file}"\n' if secret_file else "")
+            + "[driver]\n"
             f'image_liveness_timeout = "{image_liveness_timeout}"\n'
             'publication_connection_timeout = "2s"\n'
             'term_length = "4m"\n'
@@ -45,9 +52,14 @@ class Backup:
 
     def start(self) -> None:
         with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen([*_node_command(), "backup", "--config", str(self.config)],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            self.proc = subprocess.Popen(
+                [*_node_command(), "backup", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            )
 
     def stop(self) -> int:
         if self.proc is None or self.proc.poll() is not None:
@@ -61,8 +73,9 @@ class Backup:
             self.proc.wait(10)
 
     def stat(self) -> dict:
-        r = subprocess.run([*_node_command(), "stat", "--dir", str(self.dir), "--json"], capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run(
+            [*_node_command(), "stat", "--dir", str(self.dir), "--json"], capture_output=True, text=True, timeout=30
+        )
         if r.returncode != 0:
             return {}
         return json.loads(r.stdout).get("backup", {})
@@ -77,7 +90,7 @@ class Backup:
         """The backup's JSON log lines with this event name."""
         path = self.dir / "logs" / "backup.log"
         out = []
-        for line in (path.read_text(errors="replace").splitlines() if path.exists() else []):
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
             try:
                 e = json.loads(line)
             except ValueError:
@@ -91,4 +104,3 @@ class Backup:
         recs = [d for d in catalog if d.stream_id == StreamIds.LOG]
         assert len(recs) == 1, recs
         return recs[0]
-

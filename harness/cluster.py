@@ -153,7 +153,11 @@ class TestCluster:
             # veth links have Ethernet's 1500-byte MTU: the reference's datagram size, as a LAN.
             generate_kwargs.setdefault("driver", msgspec.structs.replace(DEMO_DRIVER, mtu=1408))
         config_paths, self.client_config_path = write_loopback_cluster(
-            self.base_dir / "configs", nodes, self.base_dir / "cluster", service=service, timeouts=timeouts,
+            self.base_dir / "configs",
+            nodes,
+            self.base_dir / "cluster",
+            service=service,
+            timeouts=timeouts,
             **generate_kwargs,
         )
         self.timeouts = timeouts
@@ -205,8 +209,9 @@ class TestCluster:
             if node is None:
                 continue
             if rc is None:
-                problems.append(f"node {node.member_id}: did not stop within {self.SIGTERM_GRACE_S:.0f}s of SIGTERM "
-                                "(killed)")
+                problems.append(
+                    f"node {node.member_id}: did not stop within {self.SIGTERM_GRACE_S:.0f}s of SIGTERM (killed)"
+                )
             elif rc != 0:
                 problems.append(f"node {node.member_id}: exited {rc} on SIGTERM, not 0: {node.stderr_tail(3).strip()}")
         for n in self.nodes:
@@ -238,7 +243,9 @@ class TestCluster:
             try:
                 if reader.owner_pid != n.proc.pid:
                     continue
-                ids = [c.counter_id for c in reader.find(type_id=ERRORS_TYPE) if c.label.endswith(f"member {n.member_id}")]
+                ids = [
+                    c.counter_id for c in reader.find(type_id=ERRORS_TYPE) if c.label.endswith(f"member {n.member_id}")
+                ]
                 errors = reader.get(ids[0]) if ids else 0
             except CountersError:
                 continue
@@ -348,7 +355,8 @@ class TestCluster:
         exclude = tuple(exclude)
         lid = self.wait_for(
             lambda: (lambda x: None if x is None else (x,))(self._settled_leader(min_term, exclude)),
-            timeout, f"one leader (term >= {min_term}, not {list(exclude)})",
+            timeout,
+            f"one leader (term >= {min_term}, not {list(exclude)})",
         )
         return lid[0]
 
@@ -356,7 +364,8 @@ class TestCluster:
         exclude = tuple(exclude)
         lid = await self.await_for(
             lambda: (lambda x: None if x is None else (x,))(self._settled_leader(min_term, exclude)),
-            timeout, f"one leader (term >= {min_term}, not {list(exclude)})",
+            timeout,
+            f"one leader (term >= {min_term}, not {list(exclude)})",
         )
         return lid[0]
 

@@ -142,46 +142,62 @@ class DigestKvService(KeyValueService):
             request = msgspec.msgpack.decode(payload)
         except (msgspec.MsgspecError, ValueError, RecursionError):
             request = None
-        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
-                and request[2].startswith(RAISE_PREFIX)):
+        if (
+            isinstance(request, list)
+            and len(request) == 4
+            and request[0] == 1
+            and isinstance(request[2], str)
+            and request[2].startswith(RAISE_PREFIX)
+        ):
             self.data[request[2]] = bytes(request[3]) if isinstance(request[3], bytes) else b""
             raise ValueError(f"told to raise on {request[2]}")
         super().on_session_message(session, timestamp, payload)
         if request is None:
             return
-        if (isinstance(request, list) and len(request) == 4 and request[0] == 1 and isinstance(request[2], str)
-                and self.cluster is not None and session is not None):
+        if (
+            isinstance(request, list)
+            and len(request) == 4
+            and request[0] == 1
+            and isinstance(request[2], str)
+            and self.cluster is not None
+            and session is not None
+        ):
             key, value = request[2], request[3]
             if key.startswith(PERIODIC_PREFIX) and isinstance(value, bytes) and len(value) == 8:
-                correlation_id = int(key[len(PERIODIC_PREFIX):])
+                correlation_id = int(key[len(PERIODIC_PREFIX) :])
                 deadline = timestamp + int.from_bytes(value, "little") * 1_000_000
                 self.data[f"{PERIODIC_NEXT_PREFIX}{correlation_id}"] = deadline.to_bytes(8, "little")
                 self.cluster.schedule_timer(correlation_id, deadline)
             elif key.startswith(PERIODIC_STOP_PREFIX):
-                correlation_id = int(key[len(PERIODIC_STOP_PREFIX):])
+                correlation_id = int(key[len(PERIODIC_STOP_PREFIX) :])
                 self.data.pop(f"{PERIODIC_NEXT_PREFIX}{correlation_id}", None)
                 self.cluster.cancel_timer(correlation_id)
             elif key.startswith(BURST_PREFIX) and isinstance(value, bytes) and len(value) == 4:
-                n = key[len(BURST_PREFIX):]
+                n = key[len(BURST_PREFIX) :]
                 for i in range(int.from_bytes(value, "little")):
                     self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{BURST_APPLIED_PREFIX}{n}_{i}", b"x"]))
             elif key.startswith(TIMER_PREFIX) and isinstance(value, bytes) and len(value) == 8:
                 delay_ns = int.from_bytes(value, "little") * 1_000_000
-                self.cluster.schedule_timer(int(key[len(TIMER_PREFIX):]), timestamp + delay_ns)
+                self.cluster.schedule_timer(int(key[len(TIMER_PREFIX) :]), timestamp + delay_ns)
             elif key.startswith(SERVICE_MESSAGE_PREFIX):
-                n = key[len(SERVICE_MESSAGE_PREFIX):]
+                n = key[len(SERVICE_MESSAGE_PREFIX) :]
                 self.cluster.offer(msgspec.msgpack.encode([4, 0, f"{SERVICE_APPLIED_PREFIX}{n}", b"x"]))
             elif key.startswith(SLOW_PREFIX):
                 directory = os.environ.get(DIGEST_DIR_ENV)
                 if directory and slow_flag(Path(directory), self.cluster.member_id).exists():
                     slow_seen(Path(directory), self.cluster.member_id).touch()
                     time.sleep(SLOW_APPLY_S)  # the slow state machine itself, not a wait
-        if (isinstance(request, list) and len(request) == 3 and request[0] == 2
-                and isinstance(request[2], str) and request[2].startswith(DIGEST_PREFIX)):
+        if (
+            isinstance(request, list)
+            and len(request) == 3
+            and request[0] == 2
+            and isinstance(request[2], str)
+            and request[2].startswith(DIGEST_PREFIX)
+        ):
             digest = state_digest(self.data)
             directory = os.environ.get(DIGEST_DIR_ENV)
             if directory and self.cluster is not None:
-                tag = request[2][len(DIGEST_PREFIX):]
+                tag = request[2][len(DIGEST_PREFIX) :]
                 base = Path(directory) / f"member{self.cluster.member_id}-{tag}"
                 # The key list first (to see what differs), the digest last (tests wait for it).
                 base.with_suffix(".keys").write_text("".join(f"{k}\n" for k in sorted(self.data)))

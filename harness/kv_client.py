@@ -91,8 +91,9 @@ class KvClient:
     async def append(self, key: str, value: bytes, timeout: float = 10.0) -> Reply:
         return await self.call(Append(self.next_id(), key, value), timeout)
 
-    async def pipeline(self, requests: list, timeout: float = 30.0, window: int = 256,
-                       resend_s: float | None = None) -> dict[int, Reply]:
+    async def pipeline(
+        self, requests: list, timeout: float = 30.0, window: int = 256, resend_s: float | None = None
+    ) -> dict[int, Reply]:
         """Send ``requests`` with up to ``window`` in flight; wait for every reply (or raise).
 
         With ``resend_s`` (idempotent requests only), the requests in flight are sent again
@@ -113,8 +114,9 @@ class KvClient:
             pending = [rid for rid in pending if rid not in self.replies]
         return {req.request_id: self.replies[req.request_id] for req in requests}
 
-    async def _await_first(self, pending: list[int], deadline: float, by_id: dict | None = None,
-                           resend_s: float | None = None) -> None:
+    async def _await_first(
+        self, pending: list[int], deadline: float, by_id: dict | None = None, resend_s: float | None = None
+    ) -> None:
         rid = pending[0]
         while True:
             left = deadline - trio.current_time()
@@ -128,6 +130,7 @@ class KvClient:
             for r in [r for r in pending if r not in self.replies]:
                 await self.send(by_id[r], max(0.1, deadline - trio.current_time()))
         raise TimeoutError(f"no reply to request {rid} in time ({len(pending)} pending)")
+
 
 def open_kv_client(config: ClientConfig, first_request_id: int = 1, **kwargs):
     """``async with open_kv_client(cfg) as kv``: a connected :class:`KvClient`."""
@@ -160,8 +163,9 @@ class BulkLoad:
     between batches (a test that must measure something before the load goes on). ``run`` may
     be started again after it returned: the keys and values carry on where they stopped."""
 
-    def __init__(self, kv: KvClient, stopped: Callable[[], bool], *, value_length: int, keys: int,
-                 batch: int = 32) -> None:
+    def __init__(
+        self, kv: KvClient, stopped: Callable[[], bool], *, value_length: int, keys: int, batch: int = 32
+    ) -> None:
         self.kv = kv
         self.stopped = stopped
         self.value_length = value_length
@@ -177,8 +181,10 @@ class BulkLoad:
                 await trio.sleep(0.05)
                 continue
             i = self._next
-            batch = [Put(self.kv.next_id(), f"bulk{(i + j) % self.keys}", bytes([(i + j) % 251]) * self.value_length)
-                     for j in range(self.batch)]
+            batch = [
+                Put(self.kv.next_id(), f"bulk{(i + j) % self.keys}", bytes([(i + j) % 251]) * self.value_length)
+                for j in range(self.batch)
+            ]
             self._next += self.batch
             replies = await self.kv.pipeline(batch, timeout=60)
             assert all(r.status == Status.OK for r in replies.values()), "a bulk PUT was refused"

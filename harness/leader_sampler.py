@@ -16,6 +16,7 @@ from harness.node import _COUNTER_TYPES, CLOSED, LEADER
 if TYPE_CHECKING:
     from harness.cluster import TestCluster
 
+
 class LeaderSampler:
     """A thread that reads every running member's role, election state and term from its
     counters file, every few milliseconds, and records which member led which term.
@@ -49,8 +50,11 @@ class LeaderSampler:
         self._readers.clear()
 
     def problems(self) -> list[str]:
-        return [f"members {sorted(ids)} were each leader of term {term}"
-                for term, ids in sorted(self.term_leaders.items()) if len(ids) > 1]
+        return [
+            f"members {sorted(ids)} were each leader of term {term}"
+            for term, ids in sorted(self.term_leaders.items())
+            if len(ids) > 1
+        ]
 
     def _run(self) -> None:
         while not self._stop.wait(self.INTERVAL_S):
@@ -78,7 +82,9 @@ class LeaderSampler:
                 return None
             ids = {}
             for name in ("role", "election", "term"):
-                found = [c for c in reader.find(type_id=_COUNTER_TYPES[name]) if c.label.endswith(f"member {member_id}")]
+                found = [
+                    c for c in reader.find(type_id=_COUNTER_TYPES[name]) if c.label.endswith(f"member {member_id}")
+                ]
                 if found:
                     ids[name] = found[0].counter_id
             if len(ids) < 3:
@@ -97,5 +103,3 @@ class LeaderSampler:
             entry[1].close()
             del self._readers[member_id]
             return None
-
-

@@ -51,6 +51,7 @@ LEADER = 2
 FOLLOWER = 0
 CLOSED = 17
 
+
 def _without_timestamp(line: str) -> str:
     try:
         event = json.loads(line)
@@ -151,7 +152,11 @@ class Node:
             prefix = netns.command_prefix(self.member_id) if netns is not None else []
             proc = subprocess.Popen(
                 [*prefix, *_node_command(), "run", "--config", str(self.config_path), *extra_args],
-                stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=env, cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=so,
+                stderr=se,
+                env=env,
+                cwd=ROOT,
             )
         self.cluster._all_procs.append(proc)
         return proc, stdout_path, stderr_path
@@ -179,11 +184,13 @@ class Node:
     def wait_ready(self, timeout: float = 20.0) -> None:
         self.cluster.wait_for(
             lambda: self.ready() or not self.running,
-            timeout, f"node {self.member_id} prints READY",
+            timeout,
+            f"node {self.member_id} prints READY",
         )
         if not self.ready():
-            raise AssertionError(f"node {self.member_id} exited ({self.proc.returncode}) before READY\n"
-                                 + self.cluster.diagnostics())
+            raise AssertionError(
+                f"node {self.member_id} exited ({self.proc.returncode}) before READY\n" + self.cluster.diagnostics()
+            )
 
     def kill(self) -> None:
         """kill -9: a crash."""
@@ -281,7 +288,7 @@ class Node:
         except FileNotFoundError:
             return "    (no log file)"
         runs: list[list] = []  # [line, key, count]
-        for line in text[-20 * lines:]:
+        for line in text[-20 * lines :]:
             key = _without_timestamp(line)
             if runs and runs[-1][1] == key:
                 runs[-1][2] += 1
@@ -312,9 +319,12 @@ class Node:
         return f"node {self.member_id}: {status}; counters {c}" + self._log_stream_positions()
 
     _STREAM_POSITION_TYPES = {
-        CounterType.PUBLISHER_POS: "pub-pos", CounterType.SENDER_POSITION: "snd-pos",
-        CounterType.SENDER_LIMIT: "snd-lmt", CounterType.RECEIVER_HWM: "rcv-hwm",
-        CounterType.RECEIVER_POS: "rcv-pos", CounterType.SUBSCRIBER_POSITION: "sub-pos",
+        CounterType.PUBLISHER_POS: "pub-pos",
+        CounterType.SENDER_POSITION: "snd-pos",
+        CounterType.SENDER_LIMIT: "snd-lmt",
+        CounterType.RECEIVER_HWM: "rcv-hwm",
+        CounterType.RECEIVER_POS: "rcv-pos",
+        CounterType.SUBSCRIBER_POSITION: "sub-pos",
     }
 
     def _log_stream_positions(self) -> str:
@@ -324,11 +334,11 @@ class Node:
             return ""
         marker = f"stream={self.cfg.cluster.log_stream_id} "
         try:
-            found = [(self._STREAM_POSITION_TYPES[i.type_id], i.value, i.label.split(" ")[1])
-                     for i in self._reader.counters() if i.type_id in self._STREAM_POSITION_TYPES
-                     and marker in i.label + " "]
+            found = [
+                (self._STREAM_POSITION_TYPES[i.type_id], i.value, i.label.split(" ")[1])
+                for i in self._reader.counters()
+                if i.type_id in self._STREAM_POSITION_TYPES and marker in i.label + " "
+            ]
         except (CountersError, IndexError):
             return ""
         return "".join(f"\n    log {name} {value} {session}" for name, value, session in found)
-
-

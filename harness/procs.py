@@ -23,7 +23,12 @@ class Peer:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
             [sys.executable, str(PEER), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
@@ -51,7 +56,9 @@ class Peer:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{self.name}: no {prefix!r} line within {timeout}s; saw {self.seen[-5:]}; stderr {self.stderr[-10:]}")
+                raise AssertionError(
+                    f"{self.name}: no {prefix!r} line within {timeout}s; saw {self.seen[-5:]}; stderr {self.stderr[-10:]}"
+                )
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:

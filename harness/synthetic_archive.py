@@ -240,8 +240,18 @@ def build_log(
     def add(message: bytes, term: TermInfo, template_id: int, message_type: str, cluster_session_id, timestamp) -> None:
         position, span, fragments = writer.append(message, term.log_session_id)
         entries.append(
-            Entry(position, span, fragments, term.log_session_id, term.leadership_term_id, template_id, message_type,
-                  cluster_session_id, timestamp, message)
+            Entry(
+                position,
+                span,
+                fragments,
+                term.log_session_id,
+                term.leadership_term_id,
+                template_id,
+                message_type,
+                cluster_session_id,
+                timestamp,
+                message,
+            )
         )
         term.messages += 1
 
@@ -252,10 +262,15 @@ def build_log(
         term_infos.append(term)
         add(
             LOG_CODEC.encode(
-                NewLeadershipTermEvent(t, writer.position, ts(), writer.position, term.leader_member_id,
-                                       term.log_session_id, time_unit, 1)
+                NewLeadershipTermEvent(
+                    t, writer.position, ts(), writer.position, term.leader_member_id, term.log_session_id, time_unit, 1
+                )
             ),
-            term, 24, "NewLeadershipTermEvent", None, ts(),
+            term,
+            24,
+            "NewLeadershipTermEvent",
+            None,
+            ts(),
         )
         for _ in range(sessions_per_term):
             cluster_session_id = next_session_id
@@ -264,10 +279,20 @@ def build_log(
             now_ns += rng.randrange(1, mean_gap_ns + 2)
             add(
                 LOG_CODEC.encode(
-                    SessionOpenEvent(t, next_correlation_id, cluster_session_id, ts(), 102,
-                                     f"aeron:udp?endpoint=127.0.0.1:{19000 + cluster_session_id}")
+                    SessionOpenEvent(
+                        t,
+                        next_correlation_id,
+                        cluster_session_id,
+                        ts(),
+                        102,
+                        f"aeron:udp?endpoint=127.0.0.1:{19000 + cluster_session_id}",
+                    )
                 ),
-                term, 21, "SessionOpenEvent", cluster_session_id, ts(),
+                term,
+                21,
+                "SessionOpenEvent",
+                cluster_session_id,
+                ts(),
             )
             sessions[cluster_session_id] = SessionInfo(cluster_session_id, ts(), t)
             open_sessions.append(cluster_session_id)
@@ -275,7 +300,11 @@ def build_log(
             now_ns += rng.randrange(1, mean_gap_ns + 2)
             add(
                 LOG_CODEC.encode(ClusterActionRequest(t, writer.position, ts(), ClusterAction.SNAPSHOT)),
-                term, 23, "ClusterActionRequest", None, ts(),
+                term,
+                23,
+                "ClusterActionRequest",
+                None,
+                ts(),
             )
         budget = messages_per_term - term.messages - 2
         for i in range(max(0, budget)):
@@ -289,7 +318,11 @@ def build_log(
                 service_session_id -= 1
             else:
                 sid = rng.choice(open_sessions)
-            size = rng.randrange(2500, 5000) if large_every and i % large_every == large_every - 1 else rng.randrange(0, 200)
+            size = (
+                rng.randrange(2500, 5000)
+                if large_every and i % large_every == large_every - 1
+                else rng.randrange(0, 200)
+            )
             payload = rng.randbytes(size)
             add(encode_session_message(t, sid, ts(), payload), term, 1, "SessionMessage", sid, ts())
             term.session_messages += 1
@@ -303,7 +336,11 @@ def build_log(
             reason = CloseReason.CLIENT_ACTION if cluster_session_id % 2 else CloseReason.TIMEOUT
             add(
                 LOG_CODEC.encode(SessionCloseEvent(t, cluster_session_id, ts(), reason)),
-                term, 22, "SessionCloseEvent", cluster_session_id, ts(),
+                term,
+                22,
+                "SessionCloseEvent",
+                cluster_session_id,
+                ts(),
             )
             sessions[cluster_session_id].close_timestamp = ts()
             sessions[cluster_session_id].close_reason = reason.name
@@ -321,7 +358,9 @@ def build_uniform_log(
     writer = _LogWriter(term_length, DEFAULT_MTU, 0, LOG_STREAM_ID)
     term = TermInfo(0, 0, 0, 4242, START_TIMESTAMP_NS)
     writer.append(
-        LOG_CODEC.encode(NewLeadershipTermEvent(0, 0, START_TIMESTAMP_NS, 0, 0, term.log_session_id, ClusterTimeUnit.NANOS, 1)),
+        LOG_CODEC.encode(
+            NewLeadershipTermEvent(0, 0, START_TIMESTAMP_NS, 0, 0, term.log_session_id, ClusterTimeUnit.NANOS, 1)
+        ),
         term.log_session_id,
     )
     writer.append(
@@ -350,8 +389,17 @@ def build_uniform_log(
         for k in range(count):
             ts += 1000
             parts.append(
-                header(frame_length, 0, 0xC0, FRAME_TYPE_DATA, term_offset + k * aligned, term.log_session_id,
-                       LOG_STREAM_ID, term_id, 0)
+                header(
+                    frame_length,
+                    0,
+                    0xC0,
+                    FRAME_TYPE_DATA,
+                    term_offset + k * aligned,
+                    term.log_session_id,
+                    LOG_STREAM_ID,
+                    term_id,
+                    0,
+                )
             )
             parts.append(encode_session_message(0, 1, ts, payload))
             parts.append(zeros)
@@ -394,13 +442,25 @@ def write_archive(
     archive_dir = Path(node_dir) / "archive"
     archive_dir.mkdir(parents=True, exist_ok=True)
     catalog = Catalog.create(capacity=64 * 1024)
-    common = dict(control_session_id=1, mtu_length=log.mtu, stripped_channel="aeron:udp?endpoint=127.0.0.1:20330",
-                  original_channel="aeron:udp?endpoint=127.0.0.1:20330|term-length=64k", source_identity="127.0.0.1:20330")
+    common = dict(
+        control_session_id=1,
+        mtu_length=log.mtu,
+        stripped_channel="aeron:udp?endpoint=127.0.0.1:20330",
+        original_channel="aeron:udp?endpoint=127.0.0.1:20330|term-length=64k",
+        source_identity="127.0.0.1:20330",
+    )
     log_recording_id = catalog.add_recording(
-        correlation_id=11, start_timestamp=START_TIMESTAMP_NS, start_position=0, initial_term_id=log.initial_term_id,
-        segment_file_length=segment_length, term_buffer_length=log.term_length, session_id=log.terms[0].log_session_id,
-        stream_id=LOG_STREAM_ID, stop_position=-1 if active else stop,
-        stop_timestamp=-1 if active else START_TIMESTAMP_NS + 10**10, **common,
+        correlation_id=11,
+        start_timestamp=START_TIMESTAMP_NS,
+        start_position=0,
+        initial_term_id=log.initial_term_id,
+        segment_file_length=segment_length,
+        term_buffer_length=log.term_length,
+        session_id=log.terms[0].log_session_id,
+        stream_id=LOG_STREAM_ID,
+        stop_position=-1 if active else stop,
+        stop_timestamp=-1 if active else START_TIMESTAMP_NS + 10**10,
+        **common,
     )
     data = log.data[:stop]
     if flip_byte_at is not None:
@@ -412,9 +472,16 @@ def write_archive(
     if with_snapshot_recording:
         snapshot = _snapshot_recording_bytes(log.term_length)
         snapshot_id = catalog.add_recording(
-            correlation_id=12, start_timestamp=START_TIMESTAMP_NS, start_position=0, initial_term_id=5,
-            segment_file_length=segment_length, term_buffer_length=log.term_length, session_id=77,
-            stream_id=SNAPSHOT_STREAM_ID, stop_position=len(snapshot), stop_timestamp=START_TIMESTAMP_NS + 1,
+            correlation_id=12,
+            start_timestamp=START_TIMESTAMP_NS,
+            start_position=0,
+            initial_term_id=5,
+            segment_file_length=segment_length,
+            term_buffer_length=log.term_length,
+            session_id=77,
+            stream_id=SNAPSHOT_STREAM_ID,
+            stop_position=len(snapshot),
+            stop_timestamp=START_TIMESTAMP_NS + 1,
             **common,
         )
         _write_segments(archive_dir, snapshot_id, snapshot, 0, len(snapshot), log.term_length, segment_length)
@@ -422,8 +489,15 @@ def write_archive(
     return archive_dir
 
 
-def _write_segments(directory: Path, recording_id: int, data: bytes | bytearray, start: int, stop: int,
-                    term_length: int, segment_length: int) -> None:
+def _write_segments(
+    directory: Path,
+    recording_id: int,
+    data: bytes | bytearray,
+    start: int,
+    stop: int,
+    term_length: int,
+    segment_length: int,
+) -> None:
     for base in segments_for_range(start, start, stop, term_length, segment_length):
         end = min(stop, base + segment_length)
         (directory / segment_file_name(recording_id, base)).write_bytes(data[base:end])
@@ -473,8 +547,9 @@ def write_cluster(
             stop = log.message_boundary_at_or_before(cut_short[i])
         node_dir = root / f"node{i}"
         flip = diverge[1] if diverge and diverge[0] == i else None
-        write_archive(node_dir, log, stop_position=stop, segment_length=segment_length, flip_byte_at=flip,
-                      active=i in active)
+        write_archive(
+            node_dir, log, stop_position=stop, segment_length=segment_length, flip_byte_at=flip, active=i in active
+        )
         node_dirs.append(node_dir)
         held.append(log.message_boundary_at_or_before(stop))
     majority = nodes // 2 + 1

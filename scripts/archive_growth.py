@@ -47,8 +47,14 @@ def archive_bytes(adir: Path) -> int:
 
 async def run(base: Path, purge: bool, target: int, interval: int) -> list[tuple[float, int, int]]:
     samples: list[tuple[float, int, int]] = []
-    with TestCluster(base, snapshot_interval=interval, retain_snapshots=2, purge_log=purge,
-                     log_term_length=64 * 1024, segment_length=SEGMENT) as cluster:
+    with TestCluster(
+        base,
+        snapshot_interval=interval,
+        retain_snapshots=2,
+        purge_log=purge,
+        log_term_length=64 * 1024,
+        segment_length=SEGMENT,
+    ) as cluster:
         cluster.start()
         adir = cluster.nodes[0].cfg.archive_dir
         started = time.monotonic()
@@ -94,7 +100,8 @@ def main() -> None:
     series = {}
     for purge in (False, True):
         series["with_retention" if purge else "without_retention"] = trio.run(
-            run, base / ("purge" if purge else "keep"), purge, target, interval)
+            run, base / ("purge" if purge else "keep"), purge, target, interval
+        )
     print(f"{'log MiB':>8} {'archive MiB, purge_log=false':>30} {'archive MiB, purge_log=true':>29}")
     step = max(1, target // 12)
     for log_bytes in range(step, target + 1, step):
@@ -102,9 +109,18 @@ def main() -> None:
         fmt = lambda v: "-" if v is None else f"{v / 2**20:.2f}"  # noqa: E731
         print(f"{log_bytes / 2**20:>8.2f} {fmt(a):>30} {fmt(b):>29}")
     peak = max(s for _t, _c, s in series["with_retention"])
-    print(json.dumps({"interval": interval, "segment": SEGMENT, "target": target,
-                      "peak_with_retention": peak, "bound_3_intervals_plus_segments": 3 * interval + 3 * SEGMENT,
-                      **series}))
+    print(
+        json.dumps(
+            {
+                "interval": interval,
+                "segment": SEGMENT,
+                "target": target,
+                "peak_with_retention": peak,
+                "bound_3_intervals_plus_segments": 3 * interval + 3 * SEGMENT,
+                **series,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

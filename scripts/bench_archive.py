@@ -75,10 +75,20 @@ async def bench_record(directory: Path, message_size: int, total_bytes: int, syn
         image = sub.images[0]
         store = CatalogStore(rec_dir, sync_level)
         rid = store.catalog.add_recording(
-            control_session_id=0, correlation_id=0, start_timestamp=time.time_ns(), start_position=0,
-            initial_term_id=pub.initial_term_id, segment_file_length=SEGMENT, term_buffer_length=TERM,
-            mtu_length=pub.mtu, session_id=pub.session_id, stream_id=5, stripped_channel="aeron:ipc",
-            original_channel="aeron:ipc", source_identity="bench", frame_checksums=CHECKSUMS,
+            control_session_id=0,
+            correlation_id=0,
+            start_timestamp=time.time_ns(),
+            start_position=0,
+            initial_term_id=pub.initial_term_id,
+            segment_file_length=SEGMENT,
+            term_buffer_length=TERM,
+            mtu_length=pub.mtu,
+            session_id=pub.session_id,
+            stream_id=5,
+            stripped_channel="aeron:ipc",
+            original_channel="aeron:ipc",
+            source_identity="bench",
+            frame_checksums=CHECKSUMS,
         )
         store.flush()
         d = store.catalog.get(rid)
@@ -89,8 +99,16 @@ async def bench_record(directory: Path, message_size: int, total_bytes: int, syn
             pass
 
         session = RecordingSession(
-            recording_id=rid, image=image, writer=writer, position_counter=_Counter(), subscription_id=0,
-            control_session_id=0, correlation_id=0, auto_stop=False, on_progress=progress, block_length=BLOCK,
+            recording_id=rid,
+            image=image,
+            writer=writer,
+            position_counter=_Counter(),
+            subscription_id=0,
+            control_session_id=0,
+            correlation_id=0,
+            auto_stop=False,
+            on_progress=progress,
+            block_length=BLOCK,
             max_blocks_per_work=1,
         )
         message = bytes(range(256)) * (message_size // 256) + bytes(message_size % 256)
@@ -199,7 +217,9 @@ def recovery_scan_mb_per_s(term_length: int = 1 << 20, terms: int = 8) -> float:
     while pos + 1088 <= len(buf):
         term_offset = pos & (term_length - 1)
         if term_offset + 1088 > term_length:  # pad to the end of the term
-            _HEADER.pack_into(buf, pos, term_length - term_offset, 0, 0xC0, 0, term_offset, 7, 100, pos // term_length, 0)
+            _HEADER.pack_into(
+                buf, pos, term_length - term_offset, 0, 0xC0, 0, term_offset, 7, 100, pos // term_length, 0
+            )
             pos += term_length - term_offset
             continue
         _HEADER.pack_into(buf, pos, 1056, 0, 0xC0, 1, term_offset, 7, 100, pos // term_length, 0)
@@ -231,27 +251,38 @@ async def main(args) -> dict:
                 "avg_block_bytes": r["avg_block"],
                 "bytes": r["bytes"],
             }
-            print(f"record {label} sync{sync_level}: {r['record_mb_per_s']:.0f} MB/s "
-                  f"(plain write {w:.0f} MB/s, blocks {r['avg_block']} B; publisher {r['publisher_mb_per_s']:.0f} MB/s)",
-                  flush=True)
+            print(
+                f"record {label} sync{sync_level}: {r['record_mb_per_s']:.0f} MB/s "
+                f"(plain write {w:.0f} MB/s, blocks {r['avg_block']} B; publisher {r['publisher_mb_per_s']:.0f} MB/s)",
+                flush=True,
+            )
             if sync_level == 0:
                 rp = await bench_replay(base, r["dir"], r["recording_id"])
                 rd = bench_read_baseline(r["dir"], min(BLOCK, TERM // 4))
-                results["replay"][label] = {"replay_mb_per_s": round(rp["replay_mb_per_s"], 1),
-                                            "baseline_read_mb_per_s": round(rd, 1), "bytes": rp["bytes"]}
+                results["replay"][label] = {
+                    "replay_mb_per_s": round(rp["replay_mb_per_s"], 1),
+                    "baseline_read_mb_per_s": round(rd, 1),
+                    "bytes": rp["bytes"],
+                }
                 print(f"replay {label}: {rp['replay_mb_per_s']:.0f} MB/s (plain read {rd:.0f} MB/s)", flush=True)
     rec = results["record"]
     rep = results["replay"]
     summary = {
         # Headline figures are for 1 KiB messages; every size is in "detail".
-        "record_mb_per_s": {"sync0": rec["1KiB_sync0"]["record_mb_per_s"], "sync1": rec["1KiB_sync1"]["record_mb_per_s"]},
+        "record_mb_per_s": {
+            "sync0": rec["1KiB_sync0"]["record_mb_per_s"],
+            "sync1": rec["1KiB_sync1"]["record_mb_per_s"],
+        },
         "replay_mb_per_s": rep["1KiB"]["replay_mb_per_s"],
         "baseline": {
             "write_mb_per_s": rec["1KiB_sync0"]["baseline_write_mb_per_s"],
             "read_mb_per_s": rep["1KiB"]["baseline_read_mb_per_s"],
             "write_sync1_mb_per_s": rec["1KiB_sync1"]["baseline_write_mb_per_s"],
         },
-        "record_32B_mb_per_s": {"sync0": rec["32B_sync0"]["record_mb_per_s"], "sync1": rec["32B_sync1"]["record_mb_per_s"]},
+        "record_32B_mb_per_s": {
+            "sync0": rec["32B_sync0"]["record_mb_per_s"],
+            "sync1": rec["32B_sync1"]["record_mb_per_s"],
+        },
         "replay_32B_mb_per_s": rep["32B"]["replay_mb_per_s"],
         "recovery_scan_mb_per_s": recovery_scan_mb_per_s(),
         "detail": results,

@@ -64,8 +64,9 @@ async def main(args) -> dict:
 
                 async def sampler() -> None:
                     while time.monotonic() < stop + 5:
-                        samples.append((time.monotonic(), cluster.counters()[leader].commit,
-                                        reader.get(live_info.counter_id)))
+                        samples.append(
+                            (time.monotonic(), cluster.counters()[leader].commit, reader.get(live_info.counter_id))
+                        )
                         await trio.sleep(0.05)
 
                 async with trio.open_nursery() as n:
@@ -82,10 +83,17 @@ async def main(args) -> dict:
         if caught is not None:
             lag_ms.append((caught - t) * 1000)
     grown = loaded[-1][1] - loaded[0][1]
-    return {"seconds": args.seconds, "log_mb_per_s": round(grown / 2**20 / args.seconds, 2),
-            "lag_bytes_p50": pct(lag_bytes, 0.5), "lag_bytes_p99": pct(lag_bytes, 0.99), "lag_bytes_max": max(lag_bytes),
-            "lag_ms_p50": round(pct(lag_ms, 0.5), 1), "lag_ms_p99": round(pct(lag_ms, 0.99), 1),
-            "lag_ms_max": round(max(lag_ms), 1) if lag_ms else None, "samples": len(loaded)}
+    return {
+        "seconds": args.seconds,
+        "log_mb_per_s": round(grown / 2**20 / args.seconds, 2),
+        "lag_bytes_p50": pct(lag_bytes, 0.5),
+        "lag_bytes_p99": pct(lag_bytes, 0.99),
+        "lag_bytes_max": max(lag_bytes),
+        "lag_ms_p50": round(pct(lag_ms, 0.5), 1),
+        "lag_ms_p99": round(pct(lag_ms, 0.99), 1),
+        "lag_ms_max": round(max(lag_ms), 1) if lag_ms else None,
+        "samples": len(loaded),
+    }
 
 
 if __name__ == "__main__":

@@ -72,9 +72,12 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def client_cpus_arg(p: argparse.ArgumentParser) -> None:
     """The ``--client-cpus`` option of the cluster benchmarks (see :func:`client_cpus`)."""
-    p.add_argument("--client-cpus", metavar="LIST|followers|any",
-                   help="CPUs of the client (this process), e.g. 1 or 0-1; 'followers': the followers' "
-                        "CPUs (members pinned only); default 'any': the OS places it")
+    p.add_argument(
+        "--client-cpus",
+        metavar="LIST|followers|any",
+        help="CPUs of the client (this process), e.g. 1 or 0-1; 'followers': the followers' "
+        "CPUs (members pinned only); default 'any': the OS places it",
+    )
 
 
 def client_cpus(spec: str | None, leader_cpus: tuple[int, ...], follower_cpus: tuple[int, ...]) -> tuple[int, ...]:
@@ -271,8 +274,9 @@ async def failovers(cluster: TestCluster, rounds: int) -> list[float]:
                 node.start()
             await cluster.await_for(node.ready, 30, f"member {leader} restarted")
             new_term = cluster.counters()[new_leader].term
-            await cluster.await_for(lambda: cluster.followers_settled([leader], new_term), 60,
-                                    f"member {leader} rejoins as a follower")
+            await cluster.await_for(
+                lambda: cluster.followers_settled([leader], new_term), 60, f"member {leader} rejoins as a follower"
+            )
     return times
 
 
@@ -291,7 +295,9 @@ async def run(args, cluster: TestCluster) -> dict:
         results["failover_ms_median"] = round(statistics.median(times))
         return results
     await trio.to_thread.run_sync(time.sleep, 1.0)  # let the election's last messages settle
-    results["idle_cpu_percent"] = round(await trio.to_thread.run_sync(idle_cpu_percent, cluster, 3.0 if quick else 10.0), 2)
+    results["idle_cpu_percent"] = round(
+        await trio.to_thread.run_sync(idle_cpu_percent, cluster, 3.0 if quick else 10.0), 2
+    )
     say(f"idle cluster CPU: {results['idle_cpu_percent']}% of one core")
 
     echoes = Echoes()
@@ -305,8 +311,10 @@ async def run(args, cluster: TestCluster) -> dict:
         for rate in (1000, 10000):
             lat = await latency(client, echoes, rate, 2.0 if quick else 10.0)
             results["latency_us"][str(rate)] = lat
-            say(f"latency at {rate}/s: p50 {lat['p50']} us, p99 {lat['p99']} us, p99.9 {lat['p999']} us"
-                f" ({lat['count']} echoes, {lat['refused_offers']} refused offers)")
+            say(
+                f"latency at {rate}/s: p50 {lat['p50']} us, p99 {lat['p99']} us, p99.9 {lat['p999']} us"
+                f" ({lat['count']} echoes, {lat['refused_offers']} refused offers)"
+            )
         times = await failovers(cluster, 3 if quick else 7)
         results["failover_ms"] = [round(x) for x in times]
         results["failover_ms_median"] = round(statistics.median(times))
@@ -323,8 +331,15 @@ def measure(args, base: Path, leader_cpus, follower_cpus, secret: bool) -> dict:
         key = base / "member.key"
         generate(key)
         kwargs["secret_file"] = str(key)
-    cluster = TestCluster(base, 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                          keep_cpus_awake=args.keep_cpus_awake, **kwargs)
+    cluster = TestCluster(
+        base,
+        3,
+        service="echo",
+        leader_cpus=leader_cpus,
+        follower_cpus=follower_cpus,
+        keep_cpus_awake=args.keep_cpus_awake,
+        **kwargs,
+    )
     try:
         results = trio.run(run, args, cluster)
     finally:
@@ -335,13 +350,17 @@ def measure(args, base: Path, leader_cpus, follower_cpus, secret: bool) -> dict:
 
 def _median_results(runs: list[dict]) -> dict:
     """The median of each figure over rounds (the latency percentiles each on their own)."""
+
     def med(values):
         values = [v for v in values if v is not None]
         return round(statistics.median(values)) if values else None
 
     out = {k: med([r.get(k) for r in runs]) for k in ("msgs_per_s_32b", "msgs_per_s_1k", "failover_ms_median")}
-    out["idle_cpu_percent"] = (round(statistics.median(r["idle_cpu_percent"] for r in runs), 2)
-                               if all("idle_cpu_percent" in r for r in runs) else None)
+    out["idle_cpu_percent"] = (
+        round(statistics.median(r["idle_cpu_percent"] for r in runs), 2)
+        if all("idle_cpu_percent" in r for r in runs)
+        else None
+    )
     out["latency_us"] = {
         rate: {p: med([r["latency_us"][rate][p] for r in runs]) for p in runs[0]["latency_us"][rate]}
         for rate in runs[0].get("latency_us", {})
@@ -365,17 +384,35 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="short phases and 3 failovers, within 60 s")
     p.add_argument("--dir", help="directory for configs and node files (default: a temporary one, removed after)")
-    p.add_argument("--failovers", type=int, metavar="N",
-                   help="only measure N failover rounds (kill -9 of the leader, restart, rejoin), nothing else")
-    p.add_argument("--no-pin", action="store_true",
-                   help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)")
+    p.add_argument(
+        "--failovers",
+        type=int,
+        metavar="N",
+        help="only measure N failover rounds (kill -9 of the leader, restart, rejoin), nothing else",
+    )
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)",
+    )
     client_cpus_arg(p)
-    p.add_argument("--keep-cpus-awake", action="store_true",
-                   help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
-    p.add_argument("--secret", action="store_true",
-                   help="measure without and with a member key (MAC'd member traffic), in turns; both in the JSON")
-    p.add_argument("--rounds", type=int, default=1, metavar="N",
-                   help="with --secret: N clusters of each kind, alternating (default 1)")
+    p.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)",
+    )
+    p.add_argument(
+        "--secret",
+        action="store_true",
+        help="measure without and with a member key (MAC'd member traffic), in turns; both in the JSON",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --secret: N clusters of each kind, alternating (default 1)",
+    )
     args = p.parse_args()
     if args.failovers is not None and args.failovers < 1:
         p.error("--failovers must be at least 1")
@@ -397,10 +434,16 @@ def main() -> None:
                     runs[secret].append(measure(args, base / f"{name}-{i}", leader_cpus, follower_cpus, secret))
         plain, secret = _median_results(runs[False]), _median_results(runs[True])
         summary = {
-            "plain": plain, "secret": secret, "secret_vs_plain": _ratios(plain, secret),
-            "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
-                     "client": format_cpus(args.client_cpus_list)},
-            "keep_cpus_awake": args.keep_cpus_awake, "quick": args.quick,
+            "plain": plain,
+            "secret": secret,
+            "secret_vs_plain": _ratios(plain, secret),
+            "cpus": {
+                "leader": format_cpus(leader_cpus),
+                "follower": format_cpus(follower_cpus),
+                "client": format_cpus(args.client_cpus_list),
+            },
+            "keep_cpus_awake": args.keep_cpus_awake,
+            "quick": args.quick,
             "seconds": round(time.monotonic() - t0, 1),
         }
         from calibration import calibration
@@ -419,8 +462,11 @@ def main() -> None:
         "failover_ms": results.get("failover_ms"),
         "idle_cpu_percent": results.get("idle_cpu_percent"),
         "leader_heartbeat_timeout_ms": results.get("leader_heartbeat_timeout_ms"),
-        "cpus": {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
-                 "client": format_cpus(args.client_cpus_list)},
+        "cpus": {
+            "leader": format_cpus(leader_cpus),
+            "follower": format_cpus(follower_cpus),
+            "client": format_cpus(args.client_cpus_list),
+        },
         "keep_cpus_awake": args.keep_cpus_awake,
         "quick": args.quick,
         "seconds": round(time.monotonic() - t0, 1),

@@ -76,7 +76,14 @@ def main() -> None:
             decode_session_message,
             memoryview(bytearray(session)),
         ),
-        ("AppendPosition", len(encode_consensus(append)), encode_consensus, append, decode_consensus, encode_consensus(append)),
+        (
+            "AppendPosition",
+            len(encode_consensus(append)),
+            encode_consensus,
+            append,
+            decode_consensus,
+            encode_consensus(append),
+        ),
         ("NewLeadershipTermEvent", len(encode_log(nlte)), encode_log, nlte, decode_log, encode_log(nlte)),
     ]
     share = args.seconds / (2 * len(cases))

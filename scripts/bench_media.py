@@ -49,8 +49,12 @@ _BENCH_KEY = bytes(range(32))
 
 def _driver_kwargs(directory: str, channel: str = "") -> dict:
     """A driver's settings; with the benchmark's key for an ``auth=mac`` channel."""
-    return dict(dir=Path(directory), network_term_length=16 * 1024 * 1024, ipc_term_length=16 * 1024 * 1024,
-                mac_key=_BENCH_KEY if "auth=mac" in channel else None)
+    return dict(
+        dir=Path(directory),
+        network_term_length=16 * 1024 * 1024,
+        ipc_term_length=16 * 1024 * 1024,
+        mac_key=_BENCH_KEY if "auth=mac" in channel else None,
+    )
 
 
 # ----------------------------------------------------------------------------- throughput
@@ -320,7 +324,9 @@ def _idle_node(conn, directory: str, port: int) -> None:
     from cluster_node.media.driver import open_media_driver
 
     async def main():
-        async with open_media_driver(dir=Path(directory), network_term_length=64 * 1024, ipc_term_length=64 * 1024) as driver:
+        async with open_media_driver(
+            dir=Path(directory), network_term_length=64 * 1024, ipc_term_length=64 * 1024
+        ) as driver:
             ch = f"aeron:udp?endpoint=127.0.0.1:{port}"
             sub = driver.add_subscription(ch, 20)
             pub = driver.add_publication(ch, 20)
@@ -377,14 +383,18 @@ def auth_cost(ctx, quick: bool, rounds: int, log) -> dict:
     n32, n1k, pings = (150_000, 40_000, 2_000) if quick else (600_000, 150_000, 10_000)
     runs: dict[str, list[dict]] = {"plain": [], "mac": []}
     for i in range(rounds):
-        for kind in (("plain", "mac") if i % 2 == 0 else ("mac", "plain")):
+        for kind in ("plain", "mac") if i % 2 == 0 else ("mac", "plain"):
             tail = "|auth=mac" if kind == "mac" else ""
             ch = lambda: f"aeron:udp?endpoint=127.0.0.1:{_free_port()}{tail}"  # noqa: E731
-            r = {"msgs_per_s_32b": throughput(ctx, ch(), n32, 32, False),
-                 "msgs_per_s_1k": throughput(ctx, ch(), n1k, 1024, False),
-                 "rtt_p50_us": pingpong(ctx, "udp", pings, auth=kind == "mac")[50]}
-            log(f"round {i + 1} {kind}: 32 B {r['msgs_per_s_32b']:,.0f}/s, 1 KiB {r['msgs_per_s_1k']:,.0f}/s, "
-                f"rtt p50 {r['rtt_p50_us']} us")
+            r = {
+                "msgs_per_s_32b": throughput(ctx, ch(), n32, 32, False),
+                "msgs_per_s_1k": throughput(ctx, ch(), n1k, 1024, False),
+                "rtt_p50_us": pingpong(ctx, "udp", pings, auth=kind == "mac")[50],
+            }
+            log(
+                f"round {i + 1} {kind}: 32 B {r['msgs_per_s_32b']:,.0f}/s, 1 KiB {r['msgs_per_s_1k']:,.0f}/s, "
+                f"rtt p50 {r['rtt_p50_us']} us"
+            )
             runs[kind].append(r)
     out: dict = {k: {f: round(statistics.median(r[f] for r in v)) for f in v[0]} for k, v in runs.items()}
     out["ratios_mac_vs_plain"] = {f: round(out["mac"][f] / out["plain"][f], 3) for f in out["plain"]}

@@ -63,8 +63,10 @@ def main() -> int:
         for i in range(args.nodes):
             write_archive(root / f"node{i}", synthetic, segment_length=16 * 1024 * 1024, with_snapshot_recording=False)
             paths.append(str(root / f"node{i}"))
-        log(f"wrote {args.nodes} archives of {messages} messages ({synthetic.end_position / 2**20:.0f} MiB each) "
-            f"in {time.perf_counter() - t:.1f}s")
+        log(
+            f"wrote {args.nodes} archives of {messages} messages ({synthetic.end_position / 2**20:.0f} MiB each) "
+            f"in {time.perf_counter() - t:.1f}s"
+        )
         rows = messages * args.nodes
 
         archives = ArchiveSet(paths, decoder=ClusterLogDecoder())
@@ -102,8 +104,12 @@ def main() -> int:
         one_node = rows // args.nodes
         timings = {}
         for name, pushdown in (("pushdown", "true"), ("no_pushdown", "false")):
-            filtered = (spark.read.format("cluster_log").option("pushdown", pushdown).load(paths)
-                        .where(F.col("node") == "node0"))
+            filtered = (
+                spark.read.format("cluster_log")
+                .option("pushdown", pushdown)
+                .load(paths)
+                .where(F.col("node") == "node0")
+            )
             n = filtered.count()  # warm-up
             t = time.perf_counter()
             n = filtered.count()

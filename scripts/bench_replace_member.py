@@ -59,8 +59,12 @@ async def main(args) -> dict:
         async with open_kv_client(cluster.client_config) as kv:
             await fill(cluster, kv, leader, args.mb * 2**20, args.value_bytes)
             if not args.no_snapshot:
-                r = subprocess.run([*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
-                                   capture_output=True, text=True, timeout=300)
+                r = subprocess.run(
+                    [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
                 if r.returncode != 0:
                     failed = [e for n in cluster.nodes for e in n.log_events() if "fail" in e.get("event", "")]
                     raise SystemExit(f"snapshot failed: {r.stdout}{r.stderr} {failed[-3:]}")
@@ -80,9 +84,14 @@ async def main(args) -> dict:
         catalog = Catalog.from_bytes((node.cfg.archive_dir / CATALOG_FILE_NAME).read_bytes(), strict=False)
         recs = [d for d in catalog if d.stream_id == node.cfg.cluster.log_stream_id]
         start = min(d.start_position for d in recs)
-        return {"log_bytes": log_bytes, "snapshot": not args.no_snapshot, "replace_s": round(replace_s, 2),
-                "seed_ms": seeded[0]["elapsed_ms"] if seeded else None,
-                "log_copied_bytes": log_bytes - start, "log_recording_start": start}
+        return {
+            "log_bytes": log_bytes,
+            "snapshot": not args.no_snapshot,
+            "replace_s": round(replace_s, 2),
+            "seed_ms": seeded[0]["elapsed_ms"] if seeded else None,
+            "log_copied_bytes": log_bytes - start,
+            "log_recording_start": start,
+        }
 
 
 if __name__ == "__main__":

@@ -94,8 +94,12 @@ async def _first_write(config, timeout_s: float) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, default=1000, help="one-shot sessions before the restart")
-    p.add_argument("--abandoned", type=int, default=0,
-                   help="sessions whose clients vanish without closing (at most 5: max_sessions is 10)")
+    p.add_argument(
+        "--abandoned",
+        type=int,
+        default=0,
+        help="sessions whose clients vanish without closing (at most 5: max_sessions is 10)",
+    )
     p.add_argument("--dir", type=Path, default=None, help="cluster directory (default: a temporary one)")
     args = p.parse_args()
     base = args.dir or Path(tempfile.mkdtemp(prefix="bench-restart-"))
@@ -117,7 +121,8 @@ def main() -> None:
         elected = time.monotonic()
         first = trio.run(_first_write, cluster.client_config, 600.0)
     result = {
-        "sessions": args.sessions, "abandoned": args.abandoned,
+        "sessions": args.sessions,
+        "abandoned": args.abandoned,
         "restart_to_leader_ms": round((elected - start) * 1000),
         "first_write_after_election_ms": round(first * 1000),
         "fill_s": round(fill_s, 1),

@@ -48,8 +48,11 @@ def wake_cpu_us(sleeps: int = 20, sleep_s: float = 0.05) -> float:
 
 def calibration() -> dict:
     loop = python_loop_s()
-    return {"python_loop_s": loop, "slower_than_reference_x": round(loop / REFERENCE_LOOP_S, 1),
-            "wake_cpu_us": wake_cpu_us()}
+    return {
+        "python_loop_s": loop,
+        "slower_than_reference_x": round(loop / REFERENCE_LOOP_S, 1),
+        "wake_cpu_us": wake_cpu_us(),
+    }
 
 
 if __name__ == "__main__":

@@ -90,9 +90,11 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
         total += user + system
         role = "leader" if m == leader else "follower"
         per_message = f", {(user + system) / n * 1e6:.0f} us of CPU per message" if n else ""
-        print(f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
-              f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system;"
-              f" service thread {service / seconds * 100:.1f}){per_message}")
+        print(
+            f"node {m} ({role}): {(user + system) / seconds * 100:.1f} % of a core"
+            f" ({user / seconds * 100:.1f} user, {system / seconds * 100:.1f} system;"
+            f" service thread {service / seconds * 100:.1f}){per_message}"
+        )
         if m == leader:
             SUMMARY["leader_service_thread_pct"] = round(service / seconds * 100, 1)
         share = round((user + system) / seconds * 100, 1)
@@ -107,32 +109,55 @@ def _report_nodes(pids: dict[int, int], leader: int, before: dict, after: dict, 
     print(f"nodes in total: {total / seconds * 100:.1f} % of a core")
 
 
-async def _start_observers(pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None,
-                           strace_dir: Path | None) -> tuple[list, list]:
+async def _start_observers(
+    pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None, strace_dir: Path | None
+) -> tuple[list, list]:
     """py-spy recorders and strace counters attached to every node for the measured window
     (started on the CPUs the client had before ``--client-cpus`` pinned it)."""
     with bc.client_unpinned():
         return await _start_observers_here(pids, leader, seconds, spy_dir, strace_dir)
 
 
-async def _start_observers_here(pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None,
-                                strace_dir: Path | None) -> tuple[list, list]:
+async def _start_observers_here(
+    pids: dict[int, int], leader: int, seconds: float, spy_dir: Path | None, strace_dir: Path | None
+) -> tuple[list, list]:
     spies = []
     if spy_dir is not None:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         for m, pid in pids.items():
             name = m if isinstance(m, str) else f"node{m}{'L' if m == leader else ''}"
             out = spy_dir / f"{name}.txt"
-            spies.append(subprocess.Popen(
-                [py_spy, "record", "-p", str(pid), "-r", "200", "-d", str(int(seconds)), "-f", "raw", "-o", str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            spies.append(
+                subprocess.Popen(
+                    [
+                        py_spy,
+                        "record",
+                        "-p",
+                        str(pid),
+                        "-r",
+                        "200",
+                        "-d",
+                        str(int(seconds)),
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(out),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
     tracers = []
     if strace_dir is not None:
         for m, pid in pids.items():
             out = strace_dir / f"node{m}{'L' if m == leader else ''}.strace"
-            tracers.append(subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            tracers.append(
+                subprocess.Popen(
+                    ["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         await trio.sleep(0.5)  # strace attaches to every thread
     return spies, tracers
 
@@ -145,8 +170,9 @@ def _stop_observers(spies: list, tracers: list) -> None:
         t.wait()
 
 
-async def measure_idle(cluster: TestCluster, seconds: float, spy_dir: Path | None = None,
-                       strace_dir: Path | None = None) -> None:
+async def measure_idle(
+    cluster: TestCluster, seconds: float, spy_dir: Path | None = None, strace_dir: Path | None = None
+) -> None:
     leader = cluster.start(timeout=60)
     await trio.sleep(3.0)  # let the election's last messages settle
     pids = {m: node.pid for m, node in enumerate(cluster.nodes)}
@@ -159,8 +185,14 @@ async def measure_idle(cluster: TestCluster, seconds: float, spy_dir: Path | Non
     _report_nodes(pids, leader, before, after, seconds, 0)
 
 
-async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path | None,
-                  strace_dir: Path | None = None, client_cpus: tuple[int, ...] = ()) -> None:
+async def measure(
+    cluster: TestCluster,
+    rate: int,
+    seconds: float,
+    spy_dir: Path | None,
+    strace_dir: Path | None = None,
+    client_cpus: tuple[int, ...] = (),
+) -> None:
     leader = cluster.start(timeout=60)
     bc.place_client(client_cpus)
     await trio.sleep(1.5)  # let the election's last messages settle
@@ -190,8 +222,13 @@ async def measure(cluster: TestCluster, rate: int, seconds: float, spy_dir: Path
     SUMMARY["client_us_per_msg"] = round(used / n * 1e6, 1)
 
 
-async def measure_max(cluster: TestCluster, seconds: float, spy_dir: Path | None,
-                      strace_dir: Path | None = None, client_cpus: tuple[int, ...] = ()) -> None:
+async def measure_max(
+    cluster: TestCluster,
+    seconds: float,
+    spy_dir: Path | None,
+    strace_dir: Path | None = None,
+    client_cpus: tuple[int, ...] = (),
+) -> None:
     """As :func:`measure`, with the client offering as fast as the cluster echoes (the
     throughput benchmark's window of 4,096 messages in flight): where the CPU goes at saturation."""
     leader = cluster.start(timeout=60)
@@ -235,16 +272,25 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="measured window (default 8)")
     p.add_argument("--spy", metavar="DIR", help="also record each node with py-spy into DIR")
     p.add_argument("--strace", metavar="DIR", help="also count each node's system calls into DIR (strace -c)")
-    p.add_argument("--max", action="store_true",
-                   help="offer as fast as the cluster echoes (a window of 4,096 in flight) instead of at --rate")
-    p.add_argument("--no-pin", action="store_true",
-                   help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)")
+    p.add_argument(
+        "--max",
+        action="store_true",
+        help="offer as fast as the cluster echoes (a window of 4,096 in flight) instead of at --rate",
+    )
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="no leader_cpus/follower_cpus: the OS places the members (default: as cluster-node up pins them)",
+    )
     p.add_argument("--leader-cpus", metavar="LIST", help="leader_cpus instead of up's choice, e.g. 0 or 0-1")
     p.add_argument("--follower-cpus", metavar="LIST", help="follower_cpus instead of up's choice, e.g. 1")
     p.add_argument("--idle", action="store_true", help="no client: the idle cluster's CPU (default window 20 s)")
     bc.client_cpus_arg(p)
-    p.add_argument("--keep-cpus-awake", action="store_true",
-                   help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
+    p.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)",
+    )
     args = p.parse_args()
     if args.idle and args.seconds == 8.0:
         args.seconds = 20.0
@@ -267,10 +313,18 @@ def main() -> None:
             client_cpus = bc.client_cpus(args.client_cpus, leader_cpus, follower_cpus)
         except ValueError as ex:
             p.error(str(ex))
-        print(f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}, "
-              f"client {format_cpus(client_cpus) or 'any'}")
-        cluster = TestCluster(Path(tmp), 3, service="echo", leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                              keep_cpus_awake=args.keep_cpus_awake)
+        print(
+            f"cpus: leader {format_cpus(leader_cpus) or 'any'}, followers {format_cpus(follower_cpus) or 'any'}, "
+            f"client {format_cpus(client_cpus) or 'any'}"
+        )
+        cluster = TestCluster(
+            Path(tmp),
+            3,
+            service="echo",
+            leader_cpus=leader_cpus,
+            follower_cpus=follower_cpus,
+            keep_cpus_awake=args.keep_cpus_awake,
+        )
         try:
             if args.max:
                 trio.run(measure_max, cluster, args.seconds, spy_dir, strace_dir, client_cpus)
@@ -280,8 +334,11 @@ def main() -> None:
                 trio.run(measure, cluster, args.rate, args.seconds, spy_dir, strace_dir, client_cpus)
         finally:
             cluster.close()
-    SUMMARY["cpus"] = {"leader": format_cpus(leader_cpus), "follower": format_cpus(follower_cpus),
-                       "client": "" if args.idle else format_cpus(client_cpus)}
+    SUMMARY["cpus"] = {
+        "leader": format_cpus(leader_cpus),
+        "follower": format_cpus(follower_cpus),
+        "client": "" if args.idle else format_cpus(client_cpus),
+    }
     print(json.dumps(SUMMARY))
 
 

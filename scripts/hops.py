@@ -98,7 +98,9 @@ def install(out_dir: str):
 
     def traced_send(self, sock, data, addr, tag=None):
         thread = "s" if threading.current_thread().name == "service" else "m"
-        records.append((clock(), "send", len(data), addr[1] if isinstance(addr, tuple) else 0, local_port(sock), thread))
+        records.append(
+            (clock(), "send", len(data), addr[1] if isinstance(addr, tuple) else 0, local_port(sock), thread)
+        )
         return raw_send(self, sock, data, addr, tag)
 
     on_datagram = driver_mod.MediaDriver._on_datagram
@@ -141,9 +143,17 @@ def _after(times: list[int], t: int | None) -> int | None:
     return times[i] if i < len(times) else None
 
 
-HOPS = ["client send -> leader read", "leader read -> log send", "log send -> follower read",
-        "follower read -> append send", "append send -> leader read", "leader read -> ring",
-        "ring -> egress send", "egress send -> client read", "round trip"]
+HOPS = [
+    "client send -> leader read",
+    "leader read -> log send",
+    "log send -> follower read",
+    "follower read -> append send",
+    "append send -> leader read",
+    "leader read -> ring",
+    "ring -> egress send",
+    "egress send -> client read",
+    "round trip",
+]
 
 
 def analyse(trace_dir: Path, client_pid: int) -> dict[str, list[float]]:
@@ -243,8 +253,12 @@ def load_switches(text: str) -> tuple[dict[int, list[tuple[int, int, str]]], dic
     return switches, tid_pid
 
 
-def cpu_shares(windows: list[tuple[int, int]], switches: dict[int, list[tuple[int, int, str]]],
-               tid_pid: dict[int, int], roles: dict[int, str]) -> dict[tuple[int, str], float]:
+def cpu_shares(
+    windows: list[tuple[int, int]],
+    switches: dict[int, list[tuple[int, int, str]]],
+    tid_pid: dict[int, int],
+    roles: dict[int, str],
+) -> dict[tuple[int, str], float]:
     """Within the time windows (start, end ns), the share of each CPU's time that each task
     had: ``(cpu, "leader:main")``, ``(cpu, "follower:service")``, ``(cpu, "idle")``, or another
     process's thread by its name. The shares of one CPU add up to 1 (less the time before its
@@ -298,8 +312,11 @@ def _start_perf(out: Path) -> subprocess.Popen | None:
     if shutil.which("perf") is None:
         print("--sched: no perf here (apt-get install linux-perf)", file=sys.stderr)
         return None
-    proc = subprocess.Popen(["perf", "record", "-q", "-k", "mono", "-e", "sched:sched_switch", "-a", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["perf", "record", "-q", "-k", "mono", "-e", "sched:sched_switch", "-a", "-o", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 10
     while proc.poll() is None and not out.exists() and time.monotonic() < deadline:
         time.sleep(0.01)  # perf writes its file's header once it traces
@@ -313,8 +330,11 @@ def _start_perf(out: Path) -> subprocess.Popen | None:
 def _stop_perf(proc: subprocess.Popen, out: Path) -> str | None:
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
-    res = subprocess.run(["perf", "script", "-i", str(out), "-F", "comm,pid,tid,cpu,time,event,trace", "--ns"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["perf", "script", "-i", str(out), "-F", "comm,pid,tid,cpu,time,event,trace", "--ns"],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         print(f"--sched: perf script failed: {res.stderr.strip()}", file=sys.stderr)
         return None
@@ -325,7 +345,7 @@ def _print_sched(roles: dict[int, str], trips: list, sched_text: str) -> None:
     """Who had each CPU during the slowest 1 % of round trips, and during all of them."""
     switches, tid_pid = load_switches(sched_text)
     by_time = sorted(trips, key=lambda t: t[0][-1] - t[0][0])
-    slow = by_time[len(by_time) - max(1, len(by_time) // 100):]
+    slow = by_time[len(by_time) - max(1, len(by_time) // 100) :]
     for title, chosen in (("the slowest 1 %", slow), ("all round trips", by_time)):
         shares = cpu_shares([(pts[0], pts[-1]) for pts, _ in chosen], switches, tid_pid, roles)
         print(f"who had each CPU during {title} ({len(chosen)}), % of the CPU's time:")
@@ -339,10 +359,16 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=1000, help="messages per second (default 1000)")
     p.add_argument("--seconds", type=float, default=4.0, help="length of the run (default 4)")
     p.add_argument("--keep", metavar="DIR", help="write the raw records to DIR and keep them")
-    p.add_argument("--sched", action="store_true",
-                   help="also trace the scheduler (perf, root) and print who had each CPU during the slowest 1 %%")
-    p.add_argument("--keep-cpus-awake", action="store_true",
-                   help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)")
+    p.add_argument(
+        "--sched",
+        action="store_true",
+        help="also trace the scheduler (perf, root) and print who had each CPU during the slowest 1 %%",
+    )
+    p.add_argument(
+        "--keep-cpus-awake",
+        action="store_true",
+        help="the members keep their CPUs out of the idle state while the log moves ([node] keep_cpus_awake)",
+    )
     import bench_cluster as bc
 
     bc.client_cpus_arg(p)
@@ -371,8 +397,14 @@ def main() -> None:
         os.environ[_DIR_ENV] = str(trace_dir)
         os.environ["CLUSTER_TEST_NODE_SCRIPT"] = str(Path(__file__).resolve())
         dump = install(str(trace_dir))
-        cluster = TestCluster(Path(tmp) / "cluster", 3, service="echo", leader_cpus=leader_cpus,
-                              follower_cpus=follower_cpus, keep_cpus_awake=args.keep_cpus_awake)
+        cluster = TestCluster(
+            Path(tmp) / "cluster",
+            3,
+            service="echo",
+            leader_cpus=leader_cpus,
+            follower_cpus=follower_cpus,
+            keep_cpus_awake=args.keep_cpus_awake,
+        )
         perf = _start_perf(Path(tmp) / "sched.data") if args.sched else None
         try:
             trio.run(_drive, cluster, args.rate, args.seconds, client_cpus)
@@ -388,13 +420,12 @@ def main() -> None:
         raise SystemExit("no round trip could be followed through the records")
     # The slowest 2 % of round trips, hop by hop: which hop makes the tail.
     trips = hops["round trip"]
-    slow = sorted(range(count), key=trips.__getitem__)[count - max(1, count // 50):]
+    slow = sorted(range(count), key=trips.__getitem__)[count - max(1, count // 50) :]
     print(f"{count} round trips at {args.rate}/s; µs: median (quartiles); median of the slowest 2 % ({len(slow)})")
     for name in HOPS:
         v = sorted(hops[name])
         tail = statistics.median(hops[name][i] for i in slow)
-        print(f"  {name:30s} {statistics.median(v):7.0f}  ({v[len(v) // 4]:.0f}-{v[len(v) * 3 // 4]:.0f})"
-              f"  {tail:7.0f}")
+        print(f"  {name:30s} {statistics.median(v):7.0f}  ({v[len(v) // 4]:.0f}-{v[len(v) * 3 // 4]:.0f})  {tail:7.0f}")
     if sched_text is not None:
         _print_sched(roles, followed, sched_text)
     from calibration import calibration

@@ -10,8 +10,12 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--chaos", action="store_true", default=False,
-                     help="also run the long chaos tests (tests marked chaos; CLUSTER_CHAOS=1 does the same)")
+    parser.addoption(
+        "--chaos",
+        action="store_true",
+        default=False,
+        help="also run the long chaos tests (tests marked chaos; CLUSTER_CHAOS=1 does the same)",
+    )
 
 
 def chaos_enabled(config: pytest.Config) -> bool:

@@ -59,7 +59,9 @@ def test_no_file_points_outside_the_repository():
 
 def test_the_readme_is_short():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail into docs/"
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail into docs/"
+    )
 
 
 # ------------------------------------------------------------------------------------ links
@@ -87,7 +89,10 @@ def _without_code_blocks(text: str) -> str:
 
 
 def _linking_files() -> list[Path]:
-    return [*_doc_files(), *(p for p in (ROOT / "CHANGELOG.md", ROOT / "cluster_node" / "archive" / "spark" / "README.md") if p.exists())]
+    return [
+        *_doc_files(),
+        *(p for p in (ROOT / "CHANGELOG.md", ROOT / "cluster_node" / "archive" / "spark" / "README.md") if p.exists()),
+    ]
 
 
 @pytest.mark.parametrize("doc", _linking_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -133,7 +138,7 @@ def _command_words(snippet: str) -> list[str] | None:
     s = snippet.replace("\\|", "|").strip()
     s = re.sub(r"^\S*\.venv/bin/", "", s)
     if s.startswith("scripts/run") and "--bench-media" not in s:
-        s = "cluster-node up" + s[len("scripts/run"):]
+        s = "cluster-node up" + s[len("scripts/run") :]
     if not s.startswith("cluster-node "):
         return None
     s = re.sub(r"<[^>]*>", "PLACEHOLDER", s)  # <node dir>, <leader's dir>
@@ -210,8 +215,11 @@ def _script_option_problems(snippet: str) -> list[str]:
     wrapped = {"simulate": "sim_cli.py", "fuzz_cluster": "fuzz_cli.py"}  # shell wrappers of Python command lines
     if script.name in wrapped:
         source = (ROOT / "tests" / "support" / wrapped[script.name]).read_text(encoding="utf-8")
-    return [f"{m.group(1)}: no option {opt}" for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2))
-            if f'"{opt}"' not in source and f"'{opt}'" not in source and opt != "--help"]
+    return [
+        f"{m.group(1)}: no option {opt}"
+        for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2))
+        if f'"{opt}"' not in source and f"'{opt}'" not in source and opt != "--help"
+    ]
 
 
 @pytest.mark.parametrize("doc", _doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -234,9 +242,16 @@ def test_commands_shown_exist(doc: Path):
 def _config_keys() -> dict[str, set[str]]:
     from cluster_node import config
 
-    sections = {"node": config.NodeSection, "cluster": config.ClusterSection, "timeouts": config.TimeoutsSection,
-                "driver": config.DriverSection, "archive": config.ArchiveSection, "logging": config.LoggingSection,
-                "client": config.ClientSection, "auth": config.AuthSection}
+    sections = {
+        "node": config.NodeSection,
+        "cluster": config.ClusterSection,
+        "timeouts": config.TimeoutsSection,
+        "driver": config.DriverSection,
+        "archive": config.ArchiveSection,
+        "logging": config.LoggingSection,
+        "client": config.ClientSection,
+        "auth": config.AuthSection,
+    }
     return {name: {f.name.removesuffix("_ns") for f in msgspec.structs.fields(cls)} for name, cls in sections.items()}
 
 
@@ -246,13 +261,23 @@ def test_config_keys_shown_exist(doc: Path):
     text = _without_code_blocks(doc.read_text(encoding="utf-8"))
     shown = set()
     for span in (s for line in text.splitlines() for s in re.findall(r"`([^`]+)`", line)):
-        shown |= set(re.findall(r"(?<![\w./])(node|cluster|timeouts|driver|archive|logging|client|auth)\.([a-z_]+)\b(?!\.)", span))
-        shown |= {(s, k) for s, k in re.findall(r"^\[(node|cluster|timeouts|driver|archive|logging|client|auth)\] ([a-z_]+)", span)}
+        shown |= set(
+            re.findall(
+                r"(?<![\w./])(node|cluster|timeouts|driver|archive|logging|client|auth)\.([a-z_]+)\b(?!\.)", span
+            )
+        )
+        shown |= {
+            (s, k)
+            for s, k in re.findall(r"^\[(node|cluster|timeouts|driver|archive|logging|client|auth)\] ([a-z_]+)", span)
+        }
     from cluster_node.service.api import Cluster
 
     service_api = set(dir(Cluster))  # `cluster.offer(...)`, `cluster.time`: the service's Cluster, not [cluster]
-    unknown = sorted(f"{s}.{k}" for s, k in shown
-                     if k not in keys[s] and k not in ("toml", "py", "log", "dat") and not (s == "cluster" and k in service_api))
+    unknown = sorted(
+        f"{s}.{k}"
+        for s, k in shown
+        if k not in keys[s] and k not in ("toml", "py", "log", "dat") and not (s == "cluster" and k in service_api)
+    )
     assert shown or doc.name != "README.md", "the README shows no config key: has the pattern stopped matching?"
     assert not unknown, f"{doc.relative_to(ROOT)}: config keys the schema does not have: {unknown}"
 
@@ -272,9 +297,12 @@ def _config_doc_module():
 def test_the_configuration_reference_matches_the_schema():
     doc = ROOT / "docs" / "configuration.md"
     assert doc.read_text(encoding="utf-8") == _config_doc_module().render(), (
-        "docs/configuration.md differs from cluster_node/config.py: run scripts/gen_config_doc")
+        "docs/configuration.md differs from cluster_node/config.py: run scripts/gen_config_doc"
+    )
 
 
 def test_every_config_key_has_a_meaning():
     missing = [f"{section}.{key}" for section, key, _, _, meaning in _config_doc_module().keys() if not meaning]  # noqa: SIM118 - a function, not a dict
-    assert not missing, f"config keys without a docstring in cluster_node/config.py nor a line in scripts/config_doc.py: {missing}"
+    assert not missing, (
+        f"config keys without a docstring in cluster_node/config.py nor a line in scripts/config_doc.py: {missing}"
+    )

@@ -32,15 +32,31 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"media": ("cluster_node.media",), "archive": ("cluster_node.media", "cluster_node.archive")}
 FORBIDDEN_IN_CORE = {
     # event loops and threads
-    "trio", "asyncio", "threading", "multiprocessing", "concurrent",
+    "trio",
+    "asyncio",
+    "threading",
+    "multiprocessing",
+    "concurrent",
     # the network
-    "socket", "select", "selectors",
+    "socket",
+    "select",
+    "selectors",
     # files and processes
-    "os", "io", "pathlib", "shutil", "tempfile", "mmap", "fcntl", "subprocess", "signal",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "mmap",
+    "fcntl",
+    "subprocess",
+    "signal",
     # the clock
-    "time", "datetime",
+    "time",
+    "datetime",
     # logging
-    "structlog", "logging",
+    "structlog",
+    "logging",
 }
 FORBIDDEN_CALLS_IN_CORE = {"open", "print", "input"}
 # Modules that must be core: if one of them loses its marker the test fails instead of passing quietly.
@@ -136,7 +152,9 @@ def _top_level_imports(tree: ast.Module) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in _TREES)
+            names.update(
+                f"{node.module}.{alias.name}" for alias in node.names if f"{node.module}.{alias.name}" in _TREES
+            )
     return names
 
 
@@ -172,13 +190,20 @@ def test_module_respects_layers(pkg: str, path: Path) -> None:
     if _is_core(tree):
         bad_core = tops & FORBIDDEN_IN_CORE
         assert not bad_core, f"core module {path.relative_to(ROOT)} imports {sorted(bad_core)}"
-        calls = {node.func.id for node in ast.walk(tree)
-                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS_IN_CORE}
+        calls = {
+            node.func.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in FORBIDDEN_CALLS_IN_CORE
+        }
         assert not calls, f"core module {path.relative_to(ROOT)} calls {sorted(calls)}"
     if pkg != "media":
         internals = sorted(name for name in imported if name.startswith("cluster_node.media.driver."))
-        assert not internals, (f"{path.relative_to(ROOT)} imports {internals}: use the media driver through its "
-                               f"package, cluster_node.media.driver")
+        assert not internals, (
+            f"{path.relative_to(ROOT)} imports {internals}: use the media driver through its "
+            f"package, cluster_node.media.driver"
+        )
 
 
 CORE_MODULES = sorted(name for name, tree in _TREES.items() if _is_core(tree))
@@ -193,8 +218,7 @@ def test_importing_a_core_module_imports_no_io(module: str) -> None:
             chain = [dependency]
             while chain[-1] != module:
                 chain.append(via[chain[-1]])
-            pytest.fail(f"importing core module {module} imports {sorted(bad)} through "
-                        f"{' <- '.join(chain)}")
+            pytest.fail(f"importing core module {module} imports {sorted(bad)} through {' <- '.join(chain)}")
 
 
 def test_expected_core_modules_are_marked() -> None:
@@ -208,7 +232,12 @@ def test_expected_core_modules_are_marked() -> None:
 # The command line is a shell over what the package's modules do: a command may read the media
 # layer's file formats (the counters file, the distinct-error tables, private file modes, channel
 # text), never drive the media driver or the consensus agent itself.
-CLI_MEDIA_ALLOWED = {"cluster_node.media.counters", "cluster_node.media.distinct_errors", "cluster_node.media.private_files", "cluster_node.media.channel"}
+CLI_MEDIA_ALLOWED = {
+    "cluster_node.media.counters",
+    "cluster_node.media.distinct_errors",
+    "cluster_node.media.private_files",
+    "cluster_node.media.channel",
+}
 CLI_FORBIDDEN = {"cluster_node.consensus.agent"}
 
 

@@ -76,6 +76,7 @@ __all__ = [
     "UnknownRecordingError",
 ]
 
+
 class DamagedRecord(NamedTuple):
     """A record that failed its checksum or does not decode (``strict=False`` loads)."""
 
@@ -251,8 +252,9 @@ class Catalog:
         for record in self._records.values():
             if record.offset in self._v1_records:
                 _I64.pack_into(self._buf, record.offset + _FRAMES_FROM_OFFSET, NULL_POSITION)
-                struct.pack_into("<I", self._buf, record.offset + _CHECKSUM_OFFSET,
-                                 _v2_checksum(self._buf, record.offset))
+                struct.pack_into(
+                    "<I", self._buf, record.offset + _CHECKSUM_OFFSET, _v2_checksum(self._buf, record.offset)
+                )
                 self._mark(record.offset + _CHECKSUM_OFFSET, record.offset + DESCRIPTOR_HEADER_LENGTH)
         self._v1_records = set()
 
@@ -587,5 +589,3 @@ class Catalog:
             if d.stream_id == stream_id and d.session_id == session_id and channel_fragment in d.stripped_channel:
                 return recording_id
         return None
-
-

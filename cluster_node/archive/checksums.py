@@ -103,12 +103,16 @@ def _numpy_frames(buf, offset: int, limit: int, term_offset: int | None, term_le
 def _crcs(np, buf, words, idx, starts, ends):
     """CRCs of the frames (session id and checksum fields zeroed in ``buf`` by now)."""
     view = memoryview(buf)
-    return np.fromiter(map(zlib.crc32, map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))),
-                       dtype=np.uint32, count=starts.size)
+    return np.fromiter(
+        map(zlib.crc32, map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))),
+        dtype=np.uint32,
+        count=starts.size,
+    )
 
 
-def stamp_checksums(block: bytearray, offset: int, length: int, term_offset: int | None = None,
-                    term_length: int | None = None) -> None:
+def stamp_checksums(
+    block: bytearray, offset: int, length: int, term_offset: int | None = None, term_length: int | None = None
+) -> None:
     """Write the checksum into every whole frame of ``block[offset:offset + length]`` (a block of
     frames the recorder is about to write, inside one term: its own copy, never a log buffer
     others read). ``term_offset`` (of ``block[offset]``) and ``term_length`` let numpy do it."""

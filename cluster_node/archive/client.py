@@ -43,8 +43,9 @@ _MAX_SIGNALS = 10_000
 class ArchiveError(Exception):
     """The archive refused a request (or did not answer in time: ``code`` None)."""
 
-    def __init__(self, message: str, code: ControlResponseCode | None = None, error_code: int = 0,
-                 correlation_id: int = 0) -> None:
+    def __init__(
+        self, message: str, code: ControlResponseCode | None = None, error_code: int = 0, correlation_id: int = 0
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.error_code = error_code
@@ -96,7 +97,9 @@ class ArchiveClient:
         """Connect to the archive listening on ``control_channel``; ArchiveError on timeout."""
         if response_stream_id is None:
             response_stream_id = (
-                random.randrange(1_000_000, 2**31 - 1) if parse(response_channel).is_ipc else c.CONTROL_RESPONSE_STREAM_ID
+                random.randrange(1_000_000, 2**31 - 1)
+                if parse(response_channel).is_ipc
+                else c.CONTROL_RESPONSE_STREAM_ID
             )
         subscription = driver.add_subscription(response_channel, response_stream_id)
         publication = driver.add_publication(control_channel, control_stream_id)
@@ -104,8 +107,10 @@ class ArchiveClient:
         try:
             correlation_id = client._new_correlation_id()
             request = c.ConnectRequest(
-                correlation_id=correlation_id, response_stream_id=response_stream_id,
-                version=c.PROTOCOL_SEMANTIC_VERSION, response_channel=response_channel,
+                correlation_id=correlation_id,
+                response_stream_id=response_stream_id,
+                version=c.PROTOCOL_SEMANTIC_VERSION,
+                response_channel=response_channel,
             )
             await client._send(request)
             response = await client._await(correlation_id)
@@ -144,8 +149,9 @@ class ArchiveClient:
                     raise ArchiveError("the control publication is closed")
                 await trio.sleep(pause)
                 pause = min(pause * 2, 0.01)
-        raise ArchiveError(f"could not send {type(request).__name__} within {self.response_timeout_s}s "
-                           "(is the archive running?)")
+        raise ArchiveError(
+            f"could not send {type(request).__name__} within {self.response_timeout_s}s (is the archive running?)"
+        )
 
     def _on_message(self, buf, offset, length, header) -> None:
         try:
@@ -186,7 +192,9 @@ class ArchiveClient:
                                 return got[:i], msg
                             return msg
                     await self.subscription.wait(0.05)
-            raise ArchiveError(f"no response from the archive within {self.response_timeout_s}s", None, 0, correlation_id)
+            raise ArchiveError(
+                f"no response from the archive within {self.response_timeout_s}s", None, 0, correlation_id
+            )
         finally:
             self._waiting.pop(correlation_id, None)
 
@@ -198,22 +206,30 @@ class ArchiveClient:
 
     # ------------------------------------------------------------------ recording
 
-    async def start_recording(self, channel: str, stream_id: int, *, local: bool = True, auto_stop: bool = False) -> int:
+    async def start_recording(
+        self, channel: str, stream_id: int, *, local: bool = True, auto_stop: bool = False
+    ) -> int:
         """Record every image of ``channel``/``stream_id``; returns the subscription id."""
         r = await self._request(
-            c.StartRecordingRequest2, stream_id=stream_id,
-            source_location=c.SourceLocation.LOCAL if local else c.SourceLocation.REMOTE, auto_stop=auto_stop,
+            c.StartRecordingRequest2,
+            stream_id=stream_id,
+            source_location=c.SourceLocation.LOCAL if local else c.SourceLocation.REMOTE,
+            auto_stop=auto_stop,
             channel=channel,
         )
         return r.relevant_id
 
-    async def extend_recording(self, recording_id: int, channel: str, stream_id: int, *, local: bool = True,
-                               auto_stop: bool = False) -> int:
+    async def extend_recording(
+        self, recording_id: int, channel: str, stream_id: int, *, local: bool = True, auto_stop: bool = False
+    ) -> int:
         """Append the next image of ``channel``/``stream_id`` to a stopped recording; it must join at
         the recording's stop position (else an INVALID_EXTENSION error arrives asynchronously)."""
         r = await self._request(
-            c.ExtendRecordingRequest2, recording_id=recording_id, stream_id=stream_id,
-            source_location=c.SourceLocation.LOCAL if local else c.SourceLocation.REMOTE, auto_stop=auto_stop,
+            c.ExtendRecordingRequest2,
+            recording_id=recording_id,
+            stream_id=stream_id,
+            source_location=c.SourceLocation.LOCAL if local else c.SourceLocation.REMOTE,
+            auto_stop=auto_stop,
             channel=channel,
         )
         return r.relevant_id
@@ -230,8 +246,11 @@ class ArchiveClient:
 
     async def list_recording(self, recording_id: int) -> c.RecordingDescriptorMessage | None:
         correlation_id = self._new_correlation_id()
-        await self._send(c.ListRecordingRequest(control_session_id=self.control_session_id,
-                                                correlation_id=correlation_id, recording_id=recording_id))
+        await self._send(
+            c.ListRecordingRequest(
+                control_session_id=self.control_session_id, correlation_id=correlation_id, recording_id=recording_id
+            )
+        )
         got: list = []
         self._waiting[correlation_id] = got
         try:
@@ -249,11 +268,18 @@ class ArchiveClient:
         finally:
             self._waiting.pop(correlation_id, None)
 
-    async def list_recordings(self, from_recording_id: int = 0, count: int = 1000) -> list[c.RecordingDescriptorMessage]:
+    async def list_recordings(
+        self, from_recording_id: int = 0, count: int = 1000
+    ) -> list[c.RecordingDescriptorMessage]:
         correlation_id = self._new_correlation_id()
-        await self._send(c.ListRecordingsRequest(control_session_id=self.control_session_id,
-                                                 correlation_id=correlation_id, from_recording_id=from_recording_id,
-                                                 record_count=count))
+        await self._send(
+            c.ListRecordingsRequest(
+                control_session_id=self.control_session_id,
+                correlation_id=correlation_id,
+                from_recording_id=from_recording_id,
+                record_count=count,
+            )
+        )
         descriptors, _end = await self._await(correlation_id, listing=True)
         return descriptors
 
@@ -270,10 +296,16 @@ class ArchiveClient:
     async def get_max_recorded_position(self, recording_id: int) -> int:
         return (await self._request(c.MaxRecordedPositionRequest, recording_id=recording_id)).relevant_id
 
-    async def find_last_matching_recording(self, min_recording_id: int, channel_fragment: str, stream_id: int,
-                                           session_id: int) -> int:
-        r = await self._request(c.FindLastMatchingRecordingRequest, min_recording_id=min_recording_id,
-                                session_id=session_id, stream_id=stream_id, channel=channel_fragment)
+    async def find_last_matching_recording(
+        self, min_recording_id: int, channel_fragment: str, stream_id: int, session_id: int
+    ) -> int:
+        r = await self._request(
+            c.FindLastMatchingRecordingRequest,
+            min_recording_id=min_recording_id,
+            session_id=session_id,
+            stream_id=stream_id,
+            channel=channel_fragment,
+        )
         return r.relevant_id
 
     async def keep_alive(self) -> None:
@@ -281,23 +313,51 @@ class ArchiveClient:
 
     # ------------------------------------------------------------------ replay
 
-    async def start_replay(self, recording_id: int, position: int, length: int, replay_channel: str,
-                           replay_stream_id: int, *, file_io_max_length: int = 0) -> int:
+    async def start_replay(
+        self,
+        recording_id: int,
+        position: int,
+        length: int,
+        replay_channel: str,
+        replay_stream_id: int,
+        *,
+        file_io_max_length: int = 0,
+    ) -> int:
         """Replay ``length`` bytes from ``position`` (REPLAY_FOLLOW_LENGTH or -1: follow a live
         recording); returns the replay session id, whose low 32 bits are the replay's session id."""
         r = await self._request(
-            c.ReplayRequest, recording_id=recording_id, position=position, length=length,
-            replay_stream_id=replay_stream_id, file_io_max_length=file_io_max_length, replay_token=c.NULL_VALUE,
+            c.ReplayRequest,
+            recording_id=recording_id,
+            position=position,
+            length=length,
+            replay_stream_id=replay_stream_id,
+            file_io_max_length=file_io_max_length,
+            replay_token=c.NULL_VALUE,
             replay_channel=replay_channel,
         )
         return r.relevant_id
 
-    async def bounded_replay(self, recording_id: int, position: int, length: int, limit_counter_id: int,
-                             replay_channel: str, replay_stream_id: int, *, file_io_max_length: int = 0) -> int:
+    async def bounded_replay(
+        self,
+        recording_id: int,
+        position: int,
+        length: int,
+        limit_counter_id: int,
+        replay_channel: str,
+        replay_stream_id: int,
+        *,
+        file_io_max_length: int = 0,
+    ) -> int:
         r = await self._request(
-            c.BoundedReplayRequest, recording_id=recording_id, position=position, length=length,
-            limit_counter_id=limit_counter_id, replay_stream_id=replay_stream_id,
-            file_io_max_length=file_io_max_length, replay_token=c.NULL_VALUE, replay_channel=replay_channel,
+            c.BoundedReplayRequest,
+            recording_id=recording_id,
+            position=position,
+            length=length,
+            limit_counter_id=limit_counter_id,
+            replay_stream_id=replay_stream_id,
+            file_io_max_length=file_io_max_length,
+            replay_token=c.NULL_VALUE,
+            replay_channel=replay_channel,
         )
         return r.relevant_id
 
@@ -325,8 +385,11 @@ class ArchiveClient:
 
     async def purge_segments(self, recording_id: int, new_start_position: int) -> int:
         """Detach up to ``new_start_position`` (a segment base) and delete those files; how many."""
-        return (await self._request(c.PurgeSegmentsRequest, recording_id=recording_id,
-                                    new_start_position=new_start_position)).relevant_id
+        return (
+            await self._request(
+                c.PurgeSegmentsRequest, recording_id=recording_id, new_start_position=new_start_position
+            )
+        ).relevant_id
 
     async def attach_segments(self, recording_id: int) -> int:
         """Take back the detached files that join the start; how many."""
@@ -350,11 +413,20 @@ class ArchiveClient:
         position), up to ``stop_position`` (NULL_POSITION: the source's end). Returns the
         replication id; progress arrives as signals (REPLICATE/EXTEND, SYNC, REPLICATE_END, STOP)."""
         r = await self._request(
-            c.ReplicateRequest2, src_recording_id=src_recording_id, dst_recording_id=dst_recording_id,
-            stop_position=stop_position, channel_tag_id=c.NULL_VALUE, subscription_tag_id=c.NULL_VALUE,
-            src_control_stream_id=src_control_stream_id, file_io_max_length=0, replication_session_id=c.NULL_VALUE,
-            src_control_channel=src_control_channel, live_destination=live_destination,
-            replication_channel=replication_channel, encoded_credentials=b"", src_response_channel="",
+            c.ReplicateRequest2,
+            src_recording_id=src_recording_id,
+            dst_recording_id=dst_recording_id,
+            stop_position=stop_position,
+            channel_tag_id=c.NULL_VALUE,
+            subscription_tag_id=c.NULL_VALUE,
+            src_control_stream_id=src_control_stream_id,
+            file_io_max_length=0,
+            replication_session_id=c.NULL_VALUE,
+            src_control_channel=src_control_channel,
+            live_destination=live_destination,
+            replication_channel=replication_channel,
+            encoded_credentials=b"",
+            src_response_channel="",
         )
         return r.relevant_id
 

@@ -154,8 +154,11 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
             raise
         for r in self.repairs:
             log.warning(
-                "recording repaired at start", recording_id=r.recording_id, what=r.what,
-                old_stop_position=r.old_stop_position, new_stop_position=r.new_stop_position,
+                "recording repaired at start",
+                recording_id=r.recording_id,
+                what=r.what,
+                old_stop_position=r.old_stop_position,
+                new_stop_position=r.new_stop_position,
             )
         self._rng = random.Random()
         self._ids = itertools.count(1)
@@ -203,7 +206,9 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
                 other = os.pread(fd, 32, 0).decode(errors="replace").strip()
             finally:
                 os.close(fd)
-            raise ArchiveStorageError(f"archive directory {self.dir} is in use by another archive (pid {other})") from None
+            raise ArchiveStorageError(
+                f"archive directory {self.dir} is in use by another archive (pid {other})"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
@@ -281,16 +286,19 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
                 # Only members drive this archive over the network (replay, truncate, purge,
                 # replicate act on the cluster's log); this host's tools use IPC.
                 self.invalid_requests += 1
-                self.errors.record("request refused: not a member host",
-                                   "archive request from a host that is not a member's: dropped",
-                                   source=host or "unknown (its image is gone)")
+                self.errors.record(
+                    "request refused: not a member host",
+                    "archive request from a host that is not a member's: dropped",
+                    source=host or "unknown (its image is gone)",
+                )
                 return
         try:
             request = c.decode_request(data)
         except c.ArchiveCodecError as e:
             self.invalid_requests += 1
-            self.request_warnings.warning(("undecodable", type(e).__name__), "undecodable archive request dropped",
-                                          error=str(e))
+            self.request_warnings.warning(
+                ("undecodable", type(e).__name__), "undecodable archive request dropped", error=str(e)
+            )
             return
         if isinstance(request, c.ConnectRequest):
             self._on_connect(request, image_key)
@@ -298,8 +306,11 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
         session = self.control_sessions.get(request.control_session_id)
         if session is None:
             self.invalid_requests += 1
-            self.request_warnings.warning("unknown session", "request for an unknown control session dropped",
-                                          control_session_id=request.control_session_id)
+            self.request_warnings.warning(
+                "unknown session",
+                "request for an unknown control session dropped",
+                control_session_id=request.control_session_id,
+            )
             return
         if session.image_key != image_key:
             # A session is its client's: requests naming it must come the way its connect
@@ -307,9 +318,11 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
             # to the control port could close, stop or truncate for another client (the
             # consensus module's own recordings included) by guessing a small session id.
             self.invalid_requests += 1
-            self.request_warnings.warning("another client's session",
-                                          "request for another client's control session dropped",
-                                          control_session_id=request.control_session_id)
+            self.request_warnings.warning(
+                "another client's session",
+                "request for another client's control session dropped",
+                control_session_id=request.control_session_id,
+            )
             return
         if isinstance(request, c.CloseSessionRequest):
             self._close_control_session(session)
@@ -328,8 +341,13 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
             session.error(correlation_id, E.GENERIC, str(e))
         except Exception as e:  # noqa: BLE001 - one request's fault: answered, counted, the archive goes on
             self.invalid_requests += 1
-            self.errors.record(f"request failed: {type(request).__name__}: {type(e).__name__}",
-                               "archive request failed", level="error", error=repr(e), exc_info=e)
+            self.errors.record(
+                f"request failed: {type(request).__name__}: {type(e).__name__}",
+                "archive request failed",
+                level="error",
+                error=repr(e),
+                exc_info=e,
+            )
             session.error(correlation_id, E.GENERIC, f"{type(request).__name__} failed: {type(e).__name__}")
 
     def _source_host(self, image_key: tuple) -> str | None:
@@ -364,8 +382,10 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
     def _on_connect(self, request: c.ConnectRequest, image_key: tuple) -> None:
         if len(self.control_sessions) >= self.config.max_control_sessions:
             self.invalid_requests += 1
-            self.errors.record("connect refused: max_control_sessions",
-                               f"archive connect refused: {len(self.control_sessions)} control sessions already")
+            self.errors.record(
+                "connect refused: max_control_sessions",
+                f"archive connect refused: {len(self.control_sessions)} control sessions already",
+            )
             return
         channel = request.response_channel
         auth = image_key[0] in self._mac_subs
@@ -389,15 +409,18 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
             pub = self.driver.add_publication(channel, request.response_stream_id)
         except (ChannelError, ValueError) as e:
             self.invalid_requests += 1
-            self.request_warnings.warning("bad response channel", "connect request with a bad response channel",
-                                          error=str(e))
+            self.request_warnings.warning(
+                "bad response channel", "connect request with a bad response channel", error=str(e)
+            )
             return
         session = ControlSession(control_session_id, pub, image_key)
         session.auth = auth
         self.control_sessions[control_session_id] = session
         session.ok(request.correlation_id, control_session_id)
         self._nursery.start_soon(run_guarded, self, "archive", "control response", self._response_loop, session)
-        log.info("control session opened", control_session_id=control_session_id, response_channel=request.response_channel)
+        log.info(
+            "control session opened", control_session_id=control_session_id, response_channel=request.response_channel
+        )
 
     def _close_control_session(self, session: ControlSession) -> None:
         if session.closed:
@@ -424,8 +447,10 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
                         if not_connected_since is None:
                             not_connected_since = now
                         elif now - not_connected_since > timeout_s:
-                            log.warning("control session's client is not connected: closed",
-                                        control_session_id=session.control_session_id)
+                            log.warning(
+                                "control session's client is not connected: closed",
+                                control_session_id=session.control_session_id,
+                            )
                             self._close_control_session(session)
                             return
                     elif result < -2:
@@ -498,8 +523,15 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
         with trio.move_on_after(timeout_s):
             await event.wait()
 
-    def _signal(self, control_session_id: int, correlation_id: int, recording_id: int, subscription_id: int,
-                position: int, signal: c.RecordingSignal) -> None:
+    def _signal(
+        self,
+        control_session_id: int,
+        correlation_id: int,
+        recording_id: int,
+        subscription_id: int,
+        position: int,
+        signal: c.RecordingSignal,
+    ) -> None:
         session = self.control_sessions.get(control_session_id)
         if session is not None:
             session.signal(correlation_id, recording_id, subscription_id, position, signal)
@@ -514,8 +546,12 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
     def _on_ListRecordingRequest(self, session: ControlSession, r: c.ListRecordingRequest) -> None:
         d = self.catalog.find(r.recording_id)
         if d is None:
-            session.error(r.correlation_id, r.recording_id, f"unknown recording {r.recording_id}",
-                          c.ControlResponseCode.RECORDING_UNKNOWN)
+            session.error(
+                r.correlation_id,
+                r.recording_id,
+                f"unknown recording {r.recording_id}",
+                c.ControlResponseCode.RECORDING_UNKNOWN,
+            )
             return
         session.send(c.descriptor_message(session.control_session_id, r.correlation_id, d))
 
@@ -541,7 +577,9 @@ class Archive(RecordingRequests, ReplayRequests, ExtentRequests):
         self._descriptor(r.recording_id)
         session.ok(r.correlation_id, self.recorded_position(r.recording_id)[0])
 
-    def _on_FindLastMatchingRecordingRequest(self, session: ControlSession, r: c.FindLastMatchingRecordingRequest) -> None:
+    def _on_FindLastMatchingRecordingRequest(
+        self, session: ControlSession, r: c.FindLastMatchingRecordingRequest
+    ) -> None:
         found = self.catalog.find_last_matching(r.min_recording_id, r.channel, r.stream_id, r.session_id)
         session.ok(r.correlation_id, c.NULL_VALUE if found is None else found)
 

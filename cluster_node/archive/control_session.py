@@ -57,8 +57,12 @@ class ControlSession:
     def ok(self, correlation_id: int, relevant_id: int = 0) -> None:
         self.send(
             c.ControlResponse(
-                control_session_id=self.control_session_id, correlation_id=correlation_id, relevant_id=relevant_id,
-                code=c.ControlResponseCode.OK, version=_PROTOCOL_VERSION, error_message="",
+                control_session_id=self.control_session_id,
+                correlation_id=correlation_id,
+                relevant_id=relevant_id,
+                code=c.ControlResponseCode.OK,
+                version=_PROTOCOL_VERSION,
+                error_message="",
             )
         )
 
@@ -68,15 +72,23 @@ class ControlSession:
         else:
             self.send(
                 c.ControlResponse(
-                    control_session_id=self.control_session_id, correlation_id=correlation_id,
-                    relevant_id=int(error_code), code=code, version=_PROTOCOL_VERSION, error_message=message[:4000],
+                    control_session_id=self.control_session_id,
+                    correlation_id=correlation_id,
+                    relevant_id=int(error_code),
+                    code=code,
+                    version=_PROTOCOL_VERSION,
+                    error_message=message[:4000],
                 )
             )
 
     def signal(self, correlation_id: int, recording_id: int, subscription_id: int, position: int, signal) -> None:
         self.send(
             c.RecordingSignalEvent(
-                control_session_id=self.control_session_id, correlation_id=correlation_id, recording_id=recording_id,
-                subscription_id=subscription_id, position=position, signal=signal,
+                control_session_id=self.control_session_id,
+                correlation_id=correlation_id,
+                recording_id=recording_id,
+                subscription_id=subscription_id,
+                position=position,
+                signal=signal,
             )
         )

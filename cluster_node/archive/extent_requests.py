@@ -34,7 +34,6 @@ E = c.ArchiveErrorCode
 class ExtentRequests:
     """Truncate, purge, detach, delete detached and attach (see the module docstring)."""
 
-
     def _check_quiet(self, recording_id: int, what: str) -> RecordingDescriptor:
         d = self._descriptor(recording_id)
         if recording_id in self.active_recordings or recording_id in self.extending or d.stop_position == NULL_POSITION:
@@ -81,7 +80,9 @@ class ExtentRequests:
         for rp in self.replays.values():
             if rp.recording_id == recording_id and not rp.done and rp.position < position:
                 raise ArchiveRequestError(
-                    E.GENERIC, f"cannot {what} recording {recording_id} to {position}: a replay reads it at {rp.position}")
+                    E.GENERIC,
+                    f"cannot {what} recording {recording_id} to {position}: a replay reads it at {rp.position}",
+                )
 
     def detach_segments(self, recording_id: int, new_start_position: int) -> RecordingDescriptor:
         """Move the start of a recording (active or not) forward to a segment base; the files
@@ -97,8 +98,9 @@ class ExtentRequests:
         """Detach, then delete the detached files (catalog first: see segment_files.detach_front)."""
         self.detach_segments(recording_id, new_start_position)
         deleted = delete_detached_segments(self.dir, self.catalog.get(recording_id), self.config.sync_level)
-        log.info("recording segments purged", recording_id=recording_id, start_position=new_start_position,
-                 files=deleted)
+        log.info(
+            "recording segments purged", recording_id=recording_id, start_position=new_start_position, files=deleted
+        )
         return deleted
 
     def _on_DetachSegmentsRequest(self, session: ControlSession, r: c.DetachSegmentsRequest) -> None:

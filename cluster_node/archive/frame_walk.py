@@ -69,8 +69,9 @@ def iter_frames(
                 if checked_from is not None and position + offset >= checked_from:
                     frame_end = offset + (aligned if ftype == FRAME_TYPE_DATA else HEADER_LENGTH)
                     if check_frames(data, offset, frame_end) >= 0:
-                        raise ArchiveDamagedError(damage_line(directory, d.recording_id, position + offset,
-                                                              "frame fails its checksum"))
+                        raise ArchiveDamagedError(
+                            damage_line(directory, d.recording_id, position + offset, "frame fails its checksum")
+                        )
                 payload = data[offset + HEADER_LENGTH : offset + flen] if ftype == FRAME_TYPE_DATA else b""
                 yield FrameInfo(position + offset, flen, flags, ftype, toff, sid, stid, tid, rv, payload)
                 offset += aligned
@@ -131,8 +132,9 @@ def verify_recording(directory: Path, descriptor: RecordingDescriptor) -> Verify
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
-                return VerifyResult(d.recording_id, False, frames, position, position,
-                                    f"segment file {path.name} is missing", checks)
+                return VerifyResult(
+                    d.recording_id, False, frames, position, position, f"segment file {path.name} is missing", checks
+                )
             try:
                 data = reader.read(position, chunk_end - position)
             except ArchiveStorageError as e:

@@ -112,8 +112,14 @@ def _wrap_i32(n: int) -> int:
     return (n + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
-def _reconstruct(directory: Path, rid: int, bases: list[int], hint: RecordingDescriptor | None,
-                 peers: list[RecordingDescriptor], notes: list[str]) -> RecordingDescriptor:
+def _reconstruct(
+    directory: Path,
+    rid: int,
+    bases: list[int],
+    hint: RecordingDescriptor | None,
+    peers: list[RecordingDescriptor],
+    notes: list[str],
+) -> RecordingDescriptor:
     if hint is not None and hint.start_position in bases:
         # The entry's front was detached or purged to this segment base: files before it (left
         # by a detach, or by a purge a crash cut short) are not part of the recording.
@@ -174,8 +180,7 @@ def _reconstruct(directory: Path, rid: int, bases: list[int], hint: RecordingDes
     if segment_length is None:
         raise RebuildError(f"recording {rid}: no segment length fits its segment files")
 
-    stop = last_base + scan_frames(last_data, last_first, len(last_data), term_length=term_length,
-                                   stream_id=stream_id)
+    stop = last_base + scan_frames(last_data, last_first, len(last_data), term_length=term_length, stream_id=stream_id)
     longest = 0
     checksums_from = NULL_POSITION
     for b in bases:
@@ -217,14 +222,21 @@ def _reconstruct(directory: Path, rid: int, bases: list[int], hint: RecordingDes
         frame_checksums_from=checksums_from,
     )
     if hint is not None:
-        changed = [name for name in d.__struct_fields__
-                   if name != "frame_checksums_from" and getattr(hint, name) != getattr(d, name)]
+        changed = [
+            name
+            for name in d.__struct_fields__
+            if name != "frame_checksums_from" and getattr(hint, name) != getattr(d, name)
+        ]
         if changed:
-            notes.append(f"recording {rid}: from the segment files, unlike the damaged entry: "
-                         + ", ".join(f"{n} {getattr(hint, n)} -> {getattr(d, n)}" for n in changed))
+            notes.append(
+                f"recording {rid}: from the segment files, unlike the damaged entry: "
+                + ", ".join(f"{n} {getattr(hint, n)} -> {getattr(d, n)}" for n in changed)
+            )
     else:
-        notes.append(f"recording {rid}: no readable entry: channels and ids "
-                     + ("from recording " + str(same_stream.recording_id) if same_stream else "left empty"))
+        notes.append(
+            f"recording {rid}: no readable entry: channels and ids "
+            + ("from recording " + str(same_stream.recording_id) if same_stream else "left empty")
+        )
     return d
 
 
@@ -255,23 +267,31 @@ def rebuild_catalog(directory: Path) -> RebuildResult:
     missing = sorted(set(segments) - set(sound))
     if old is not None and not old.damaged and not missing:
         result.kept = sorted(sound)
-        result.notes.append("every catalog entry is sound and every recording with segment files has one: "
-                            "nothing to rebuild")
+        result.notes.append(
+            "every catalog entry is sound and every recording with segment files has one: nothing to rebuild"
+        )
         return result
     unmatched = [h for h in hints if h.recording_id not in sound and h.recording_id not in segments]
     peers = [sound[r][0] for r in sorted(sound) if sound[r][1] == RecordingState.VALID]
     rebuilt: dict[int, RecordingDescriptor] = {}
     for rid in missing:
         hint = next((h for h in hints if h.recording_id == rid), None)
-        if hint is None and len(unmatched) == 1 and len([r for r in missing if
-                                                         not any(h.recording_id == r for h in hints)]) == 1:
+        if (
+            hint is None
+            and len(unmatched) == 1
+            and len([r for r in missing if not any(h.recording_id == r for h in hints)]) == 1
+        ):
             hint = unmatched.pop()  # its recording id is what was damaged
-            result.notes.append(f"recording {rid}: the damaged entry that read as recording {hint.recording_id} is its entry")
+            result.notes.append(
+                f"recording {rid}: the damaged entry that read as recording {hint.recording_id} is its entry"
+            )
         rebuilt[rid] = _reconstruct(directory, rid, segments[rid], hint, peers, result.notes)
     for h in hints:
         if h.recording_id not in sound and h.recording_id not in rebuilt and h in unmatched:
-            result.notes.append(f"a damaged entry reading as recording {h.recording_id} has no segment files: "
-                                "its id stays reserved, as a deleted recording")
+            result.notes.append(
+                f"a damaged entry reading as recording {h.recording_id} has no segment files: "
+                "its id stays reserved, as a deleted recording"
+            )
     new = Catalog.create(capacity)
     ids = sorted(set(sound) | set(rebuilt))
     for rid in ids:
@@ -312,11 +332,23 @@ def msgspec_replace(d: RecordingDescriptor, **changes) -> RecordingDescriptor:
 
 def _add(catalog: Catalog, d: RecordingDescriptor, state: RecordingState) -> None:
     catalog.add_recording(
-        control_session_id=d.control_session_id, correlation_id=d.correlation_id,
-        start_timestamp=d.start_timestamp, start_position=d.start_position,
-        initial_term_id=d.initial_term_id, segment_file_length=d.segment_file_length,
-        term_buffer_length=d.term_buffer_length, mtu_length=d.mtu_length, session_id=d.session_id,
-        stream_id=d.stream_id, stripped_channel=d.stripped_channel, original_channel=d.original_channel,
-        source_identity=d.source_identity, stop_position=d.stop_position, stop_timestamp=d.stop_timestamp,
-        grow=True, recording_id=d.recording_id, state=state, frame_checksums_from=d.frame_checksums_from,
+        control_session_id=d.control_session_id,
+        correlation_id=d.correlation_id,
+        start_timestamp=d.start_timestamp,
+        start_position=d.start_position,
+        initial_term_id=d.initial_term_id,
+        segment_file_length=d.segment_file_length,
+        term_buffer_length=d.term_buffer_length,
+        mtu_length=d.mtu_length,
+        session_id=d.session_id,
+        stream_id=d.stream_id,
+        stripped_channel=d.stripped_channel,
+        original_channel=d.original_channel,
+        source_identity=d.source_identity,
+        stop_position=d.stop_position,
+        stop_timestamp=d.stop_timestamp,
+        grow=True,
+        recording_id=d.recording_id,
+        state=state,
+        frame_checksums_from=d.frame_checksums_from,
     )

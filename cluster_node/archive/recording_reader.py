@@ -51,8 +51,10 @@ def read_recording_messages(archive_dir: Path, d: RecordingDescriptor) -> list[b
             if f.frame_type not in (FRAME_TYPE_DATA, FRAME_TYPE_PAD):
                 raise RecordingDamagedError(f"frame type {f.frame_type} at position {f.position}")
             if f.term_offset != f.position & mask or f.stream_id != d.stream_id:
-                raise RecordingDamagedError(f"the frame at position {f.position} does not belong there "
-                                            f"(term offset {f.term_offset}, stream {f.stream_id})")
+                raise RecordingDamagedError(
+                    f"the frame at position {f.position} does not belong there "
+                    f"(term offset {f.term_offset}, stream {f.stream_id})"
+                )
             position = f.position + align(f.frame_length)
             if f.frame_type == FRAME_TYPE_PAD:
                 if parts is not None:
@@ -61,7 +63,9 @@ def read_recording_messages(archive_dir: Path, d: RecordingDescriptor) -> list[b
             begin, end = f.flags & FRAME_FLAG_BEGIN, f.flags & FRAME_FLAG_END
             if begin:
                 if parts is not None:
-                    raise RecordingDamagedError(f"a message starts at position {f.position} before the previous one ended")
+                    raise RecordingDamagedError(
+                        f"a message starts at position {f.position} before the previous one ended"
+                    )
                 if end:
                     messages.append(f.payload)
                     continue
@@ -90,7 +94,9 @@ def _check_segment_files(archive_dir: Path, d: RecordingDescriptor, stop: int) -
     """Every segment file of ``[start, stop)`` is there and long enough. The archive extends a
     file over a padding frame, so its length covers every frame written; bytes beyond it would
     read as zeros, and a cut frame's zeros can look like a complete frame's payload."""
-    for base in segments_for_range(d.start_position, d.start_position, stop, d.term_buffer_length, d.segment_file_length):
+    for base in segments_for_range(
+        d.start_position, d.start_position, stop, d.term_buffer_length, d.segment_file_length
+    ):
         path = archive_dir / segment_file_name(d.recording_id, base)
         try:
             size = path.stat().st_size
@@ -98,5 +104,6 @@ def _check_segment_files(archive_dir: Path, d: RecordingDescriptor, stop: int) -
             raise RecordingDamagedError(f"segment file {path} is missing") from None
         needed = min(stop, base + d.segment_file_length) - base
         if size < needed:
-            raise RecordingDamagedError(f"segment file {path} holds {size} bytes, the recording needs {needed} "
-                                        f"(it stops at {stop})")
+            raise RecordingDamagedError(
+                f"segment file {path} holds {size} bytes, the recording needs {needed} (it stops at {stop})"
+            )

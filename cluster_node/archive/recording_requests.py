@@ -66,10 +66,10 @@ class RecordingSubscription:
 class RecordingRequests:
     """Start, extend and stop recordings; run their sessions (see the module docstring)."""
 
-
     def _on_StartRecordingRequest2(self, session: ControlSession, r: c.StartRecordingRequest2) -> None:
-        self._start_recording_subscription(session.control_session_id, r.correlation_id, r.channel, r.stream_id,
-                                           r.auto_stop, None)
+        self._start_recording_subscription(
+            session.control_session_id, r.correlation_id, r.channel, r.stream_id, r.auto_stop, None
+        )
 
     def _on_ExtendRecordingRequest2(self, session: ControlSession, r: c.ExtendRecordingRequest2) -> None:
         d = self._descriptor(r.recording_id)
@@ -81,12 +81,21 @@ class RecordingRequests:
             raise ArchiveRequestError(
                 E.INVALID_EXTENSION, f"stream id {r.stream_id} differs from recording {r.recording_id}'s {d.stream_id}"
             )
-        self._start_recording_subscription(session.control_session_id, r.correlation_id, r.channel, r.stream_id,
-                                           r.auto_stop, r.recording_id)
+        self._start_recording_subscription(
+            session.control_session_id, r.correlation_id, r.channel, r.stream_id, r.auto_stop, r.recording_id
+        )
 
-    def _start_recording_subscription(self, control_session_id: int, correlation_id: int, channel: str,
-                                      stream_id: int, auto_stop: bool, extend_recording_id: int | None,
-                                      respond: bool = True, **options) -> int:
+    def _start_recording_subscription(
+        self,
+        control_session_id: int,
+        correlation_id: int,
+        channel: str,
+        stream_id: int,
+        auto_stop: bool,
+        extend_recording_id: int | None,
+        respond: bool = True,
+        **options,
+    ) -> int:
         uri = parse(channel)
         key = (str(uri.with_params(session_id=None)) if uri.session_id is not None else str(uri), stream_id)
         for rs in self.recording_subscriptions.values():
@@ -96,16 +105,23 @@ class RecordingRequests:
             raise ArchiveRequestError(E.MAX_RECORDINGS, f"already {len(self.active_recordings)} recordings active")
         subscription_id = next(self._ids)
         rs = RecordingSubscription(
-            subscription_id=subscription_id, channel=key[0], stream_id=stream_id,
-            control_session_id=control_session_id, correlation_id=correlation_id, auto_stop=auto_stop,
-            extend_recording_id=extend_recording_id, **{"session_id_filter": uri.session_id, **options},
+            subscription_id=subscription_id,
+            channel=key[0],
+            stream_id=stream_id,
+            control_session_id=control_session_id,
+            correlation_id=correlation_id,
+            auto_stop=auto_stop,
+            extend_recording_id=extend_recording_id,
+            **{"session_id_filter": uri.session_id, **options},
         )
         if extend_recording_id is not None:
             self.extending.add(extend_recording_id)
         self.recording_subscriptions[subscription_id] = rs
         try:
             rs.subscription = self.driver.add_subscription(
-                channel, stream_id, on_available=lambda image, rs=rs: self._on_recording_image(rs, image),
+                channel,
+                stream_id,
+                on_available=lambda image, rs=rs: self._on_recording_image(rs, image),
                 on_unavailable=lambda image, rs=rs: rs.subscription is not None and rs.subscription._wake(),
             )
         except BaseException:
@@ -118,15 +134,22 @@ class RecordingRequests:
         self._nursery.start_soon(run_guarded, self, "archive", "recording", self._recording_loop, rs)
         return subscription_id
 
-    def _start_replication_recording(self, replication, src: c.RecordingDescriptorMessage, channel: str,
-                                     replay_session_id: int) -> RecordingSubscription:
+    def _start_replication_recording(
+        self, replication, src: c.RecordingDescriptorMessage, channel: str, replay_session_id: int
+    ) -> RecordingSubscription:
         """The recording side of a replication: the replay's image on ``channel`` (its session id
         chosen by us), written with the source recording's session id."""
         dst = replication.dst_recording_id
         subscription_id = self._start_recording_subscription(
-            replication.control_session_id, replication.request.correlation_id, channel, src.stream_id,
-            auto_stop=True, extend_recording_id=None if dst == c.NULL_VALUE else dst, respond=False,
-            session_id_filter=replay_session_id, session_id_override=src.session_id,
+            replication.control_session_id,
+            replication.request.correlation_id,
+            channel,
+            src.stream_id,
+            auto_stop=True,
+            extend_recording_id=None if dst == c.NULL_VALUE else dst,
+            respond=False,
+            session_id_filter=replay_session_id,
+            session_id_override=src.session_id,
             start_signal=c.RecordingSignal.REPLICATE,
             descriptor_channel=src.original_channel,
             on_session=lambda recording_id: setattr(replication, "dst_recording_id", recording_id),
@@ -153,8 +176,10 @@ class RecordingRequests:
             if d is None:
                 problem = f"recording {recording_id} is gone"
             elif image.join_position != d.stop_position:
-                problem = (f"image of session {image.session_id} joins at position {image.join_position}, "
-                           f"recording {recording_id} stops at {d.stop_position}")
+                problem = (
+                    f"image of session {image.session_id} joins at position {image.join_position}, "
+                    f"recording {recording_id} stops at {d.stop_position}"
+                )
             elif image.initial_term_id != d.initial_term_id:
                 problem = f"initial term id {image.initial_term_id} differs from the recording's {d.initial_term_id}"
             elif term_length != d.term_buffer_length:
@@ -167,7 +192,9 @@ class RecordingRequests:
                 log.warning("extension refused", recording_id=recording_id, reason=problem)
                 session = self.control_sessions.get(rs.control_session_id)
                 if session is not None:
-                    session.error(rs.correlation_id, E.INVALID_EXTENSION, f"cannot extend recording {recording_id}: {problem}")
+                    session.error(
+                        rs.correlation_id, E.INVALID_EXTENSION, f"cannot extend recording {recording_id}: {problem}"
+                    )
                 return
             if self.config.frame_checksums and (
                 d.frame_checksums_from == NULL_POSITION or d.frame_checksums_from > d.stop_position
@@ -187,13 +214,21 @@ class RecordingRequests:
             except ValueError:
                 segment_length = max(self.config.segment_file_length, term_length)
             recording_id = self.catalog.add_recording(
-                control_session_id=rs.control_session_id, correlation_id=rs.correlation_id, start_timestamp=now_ns,
-                start_position=image.join_position, initial_term_id=image.initial_term_id,
-                segment_file_length=segment_length, term_buffer_length=term_length, mtu_length=mtu,
+                control_session_id=rs.control_session_id,
+                correlation_id=rs.correlation_id,
+                start_timestamp=now_ns,
+                start_position=image.join_position,
+                initial_term_id=image.initial_term_id,
+                segment_file_length=segment_length,
+                term_buffer_length=term_length,
+                mtu_length=mtu,
                 session_id=image.session_id if rs.session_id_override is None else rs.session_id_override,
-                stream_id=image.stream_id, stripped_channel=rs.channel,
-                original_channel=rs.descriptor_channel or rs.channel, source_identity=image.source_identity,
-                grow=True, frame_checksums=self.config.frame_checksums,
+                stream_id=image.stream_id,
+                stripped_channel=rs.channel,
+                original_channel=rs.descriptor_channel or rs.channel,
+                source_identity=image.source_identity,
+                grow=True,
+                frame_checksums=self.config.frame_checksums,
             )
             self.store.flush()
             d = self.catalog.get(recording_id)
@@ -204,23 +239,39 @@ class RecordingRequests:
     def _start_session(self, rs: RecordingSubscription, image, d: RecordingDescriptor, position: int, signal) -> None:
         counter = self.driver.counters.allocate(
             f"rec-pos: {d.recording_id} {image.session_id} {image.stream_id} {rs.channel}",
-            RECORDING_POSITION_TYPE_ID, d.recording_id,
+            RECORDING_POSITION_TYPE_ID,
+            d.recording_id,
         )
-        writer = SegmentWriter(self.dir, d, position, self.config.sync_level, rs.session_id_override,
-                               on_new_segment=self.check_free_space)
+        writer = SegmentWriter(
+            self.dir, d, position, self.config.sync_level, rs.session_id_override, on_new_segment=self.check_free_space
+        )
         session = RecordingSession(
-            recording_id=d.recording_id, image=image, writer=writer, position_counter=counter,
-            subscription_id=rs.subscription_id, control_session_id=rs.control_session_id,
-            correlation_id=rs.correlation_id, auto_stop=rs.auto_stop, on_progress=self._on_progress,
-            block_length=self.config.block_length, on_write_failed=self._on_write_failed,
+            recording_id=d.recording_id,
+            image=image,
+            writer=writer,
+            position_counter=counter,
+            subscription_id=rs.subscription_id,
+            control_session_id=rs.control_session_id,
+            correlation_id=rs.correlation_id,
+            auto_stop=rs.auto_stop,
+            on_progress=self._on_progress,
+            block_length=self.config.block_length,
+            on_write_failed=self._on_write_failed,
         )
         rs.sessions[d.recording_id] = session
         self.active_recordings[d.recording_id] = session
         if rs.on_session is not None:
             rs.on_session(d.recording_id)
         self._signal(rs.control_session_id, rs.correlation_id, d.recording_id, rs.subscription_id, position, signal)
-        log.info("recording started", recording_id=d.recording_id, position=position, signal=signal.name,
-                 session_id=image.session_id, stream_id=image.stream_id, channel=rs.channel)
+        log.info(
+            "recording started",
+            recording_id=d.recording_id,
+            position=position,
+            signal=signal.name,
+            session_id=image.session_id,
+            stream_id=image.stream_id,
+            channel=rs.channel,
+        )
 
     def check_free_space(self) -> bool:
         """Warn (once, until the space comes back) when the archive's filesystem has less free
@@ -232,9 +283,15 @@ class RecordingRequests:
             return self.low_space
         low = free < threshold
         if low and not self.low_space:
-            self.errors.record("low storage space", "archive storage space is low: free space before the disk is full",
-                               level="warning", free_bytes=free, total_bytes=total, threshold_bytes=threshold,
-                               directory=str(self.dir))
+            self.errors.record(
+                "low storage space",
+                "archive storage space is low: free space before the disk is full",
+                level="warning",
+                free_bytes=free,
+                total_bytes=total,
+                threshold_bytes=threshold,
+                directory=str(self.dir),
+            )
         elif not low and self.low_space:
             log.info("archive storage space back above the threshold", free_bytes=free, threshold_bytes=threshold)
         self.low_space = low
@@ -247,12 +304,15 @@ class RecordingRequests:
             free = free_space(self.dir)[0]
         except OSError:
             pass
-        line = (f"archive cannot write recording {recording_id} in {self.dir}: "
-                f"{errno.errorcode.get(error.errno, error.errno)} ({error.strerror or error}); free space {free} bytes. "
-                f"Free space on that filesystem (cluster-node tool purge-log, cluster.purge_log) and start the member "
-                f"again: it catches up from the others")
-        self.errors.record("storage failure", "archive cannot write", level="error", recording_id=recording_id,
-                           error=message)
+        line = (
+            f"archive cannot write recording {recording_id} in {self.dir}: "
+            f"{errno.errorcode.get(error.errno, error.errno)} ({error.strerror or error}); free space {free} bytes. "
+            f"Free space on that filesystem (cluster-node tool purge-log, cluster.purge_log) and start the member "
+            f"again: it catches up from the others"
+        )
+        self.errors.record(
+            "storage failure", "archive cannot write", level="error", recording_id=recording_id, error=message
+        )
         if self.on_storage_failure is not None:
             self.on_storage_failure(line)
 
@@ -269,8 +329,14 @@ class RecordingRequests:
             pass
         self._on_progress(session.recording_id, stop)
         if signal:
-            self._signal(rs.control_session_id, rs.correlation_id, session.recording_id, rs.subscription_id, stop,
-                         c.RecordingSignal.STOP)
+            self._signal(
+                rs.control_session_id,
+                rs.correlation_id,
+                session.recording_id,
+                rs.subscription_id,
+                stop,
+                c.RecordingSignal.STOP,
+            )
         if session.error:
             s = self.control_sessions.get(rs.control_session_id)
             if s is not None:

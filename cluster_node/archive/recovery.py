@@ -129,7 +129,11 @@ def scan_tail(directory: Path, descriptor: RecordingDescriptor) -> TailScan:
     rest = data[rest_from:rest_to]
     if rest.count(0) != len(rest):
         if why is None:
-            why = why_frame_is_bad(data, end, last + end, d, len(data)) if end + HEADER_LENGTH <= len(data) else "frame is cut short"
+            why = (
+                why_frame_is_bad(data, end, last + end, d, len(data))
+                if end + HEADER_LENGTH <= len(data)
+                else "frame is cut short"
+            )
         return TailScan(last + end, f"{why}, with {allowance}")
     return TailScan(last + end)
 
@@ -141,10 +145,12 @@ def recovered_end(directory: Path, descriptor: RecordingDescriptor) -> int:
 
 def damage_line(directory: Path, recording_id: int, position: int, why: str) -> str:
     """The one line that reports damaged recorded data, with what the operator can do."""
-    return (f"recording {recording_id} in {directory} is damaged at position {position}: {why}; it is not used. "
-            f"Replace this member's archive with a copy from a member whose `cluster-node archive verify` "
-            f"passes, or, if the other members hold the log, cut it there (cluster-node archive truncate "
-            f"--dir {directory} {recording_id} {position}) and the member catches up from them")
+    return (
+        f"recording {recording_id} in {directory} is damaged at position {position}: {why}; it is not used. "
+        f"Replace this member's archive with a copy from a member whose `cluster-node archive verify` "
+        f"passes, or, if the other members hold the log, cut it there (cluster-node archive truncate "
+        f"--dir {directory} {recording_id} {position}) and the member catches up from them"
+    )
 
 
 @dataclass(frozen=True)
@@ -178,8 +184,14 @@ def recover(directory: Path, store: CatalogStore, now_ns: int | None = None) -> 
             stop = end
         elif end < d.stop_position:
             catalog.update_recording_stopped(d.recording_id, end, d.stop_timestamp)
-            repairs.append(Repair(d.recording_id, "data ends before the stop position (zeros from there: "
-                                                  "writes lost before they reached the disk)", d.stop_position, end))
+            repairs.append(
+                Repair(
+                    d.recording_id,
+                    "data ends before the stop position (zeros from there: writes lost before they reached the disk)",
+                    d.stop_position,
+                    end,
+                )
+            )
             stop = end
         else:
             stop = d.stop_position

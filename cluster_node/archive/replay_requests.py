@@ -26,10 +26,17 @@ E = c.ArchiveErrorCode
 class ReplayRequests:
     """Replay and stop replay (see the module docstring)."""
 
-
     def _on_ReplayRequest(self, session: ControlSession, r: c.ReplayRequest) -> None:
-        replay_id = self._start_replay(session.control_session_id, r.recording_id, r.position, r.length,
-                                       r.replay_channel, r.replay_stream_id, r.file_io_max_length, None)
+        replay_id = self._start_replay(
+            session.control_session_id,
+            r.recording_id,
+            r.position,
+            r.length,
+            r.replay_channel,
+            r.replay_stream_id,
+            r.file_io_max_length,
+            None,
+        )
         session.ok(r.correlation_id, replay_id)
 
     def _on_BoundedReplayRequest(self, session: ControlSession, r: c.BoundedReplayRequest) -> None:
@@ -38,13 +45,29 @@ class ReplayRequests:
             self.counter_value(counter_id)
         except Exception as e:  # noqa: BLE001 - any failure to read it is the client's mistake
             raise ArchiveRequestError(E.GENERIC, f"limit counter {counter_id} cannot be read: {e}") from None
-        replay_id = self._start_replay(session.control_session_id, r.recording_id, r.position, r.length,
-                                       r.replay_channel, r.replay_stream_id, r.file_io_max_length,
-                                       lambda: self.counter_value(counter_id))
+        replay_id = self._start_replay(
+            session.control_session_id,
+            r.recording_id,
+            r.position,
+            r.length,
+            r.replay_channel,
+            r.replay_stream_id,
+            r.file_io_max_length,
+            lambda: self.counter_value(counter_id),
+        )
         session.ok(r.correlation_id, replay_id)
 
-    def _start_replay(self, control_session_id: int, recording_id: int, position: int, length: int, channel: str,
-                      stream_id: int, file_io_max_length: int, limit_counter) -> int:
+    def _start_replay(
+        self,
+        control_session_id: int,
+        recording_id: int,
+        position: int,
+        length: int,
+        channel: str,
+        stream_id: int,
+        file_io_max_length: int,
+        limit_counter,
+    ) -> int:
         d = self._descriptor(recording_id)
         if len(self.replays) >= self.config.max_concurrent_replays:
             raise ArchiveRequestError(E.MAX_REPLAYS, f"already {len(self.replays)} replays active")
@@ -54,9 +77,13 @@ class ReplayRequests:
         if not is_aligned(position):
             raise ArchiveRequestError(E.GENERIC, f"replay position {position} is not 32-byte aligned")
         if position < d.start_position:
-            raise ArchiveRequestError(E.GENERIC, f"replay position {position} precedes the recording's start {d.start_position}")
+            raise ArchiveRequestError(
+                E.GENERIC, f"replay position {position} precedes the recording's start {d.start_position}"
+            )
         if position > recorded:
-            raise ArchiveRequestError(E.GENERIC, f"replay position {position} is beyond the recorded position {recorded}")
+            raise ArchiveRequestError(
+                E.GENERIC, f"replay position {position} is beyond the recorded position {recorded}"
+            )
         if length == c.NULL_LENGTH or length == c.REPLAY_FOLLOW_LENGTH:
             limit = c.REPLAY_FOLLOW_LENGTH if (active or limit_counter is not None) else recorded
         else:
@@ -77,22 +104,35 @@ class ReplayRequests:
         # longer than the MTU it was made with (blocks copied from a stream of a larger MTU).
         mtu = max(d.mtu_length, uri.mtu or 0)
         pub_uri = uri.with_params(mtu=mtu, session_id=session_id).starting_at(
-            position, d.initial_term_id, d.term_buffer_length)
+            position, d.initial_term_id, d.term_buffer_length
+        )
         publication = self.driver.add_publication(pub_uri, stream_id)
         replay_session_id = (next(self._replay_ids) << 32) | (session_id & 0xFFFFFFFF)
         replay = ReplaySession(
-            replay_session_id=replay_session_id, descriptor=d, directory=self.dir, publication=publication,
-            start_position=position, limit_position=limit,
+            replay_session_id=replay_session_id,
+            descriptor=d,
+            directory=self.dir,
+            publication=publication,
+            start_position=position,
+            limit_position=limit,
             recorded_position=lambda rid=recording_id: self.recorded_position(rid),
             wait_for_progress=lambda t, rid=recording_id: self.wait_for_progress(rid, t),
-            limit_counter=limit_counter, connect_timeout_s=self.config.connect_timeout_ns / 1e9,
+            limit_counter=limit_counter,
+            connect_timeout_s=self.config.connect_timeout_ns / 1e9,
             file_io_max_length=file_io_max_length if file_io_max_length > 0 else self.config.file_io_max_length,
             control_session_id=control_session_id,
         )
         self.replays[replay_session_id] = replay
         self._nursery.start_soon(run_guarded, self, "archive", "replay", self._replay_task, replay)
-        log.info("replay started", replay_session_id=replay_session_id, recording_id=recording_id,
-                 position=position, limit=limit, channel=channel, stream_id=stream_id)
+        log.info(
+            "replay started",
+            replay_session_id=replay_session_id,
+            recording_id=recording_id,
+            position=position,
+            limit=limit,
+            channel=channel,
+            stream_id=stream_id,
+        )
         return replay_session_id
 
     async def _replay_task(self, replay: ReplaySession) -> None:

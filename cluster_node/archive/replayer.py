@@ -132,7 +132,9 @@ class ReplaySession:
         self._zeros = memoryview(bytes(self._max_read))
         self._reader = SegmentReader(directory, descriptor)
         self._directory = directory
-        self._checked_from = None if descriptor.frame_checksums_from == NULL_POSITION else descriptor.frame_checksums_from
+        self._checked_from = (
+            None if descriptor.frame_checksums_from == NULL_POSITION else descriptor.frame_checksums_from
+        )
         self.damaged = False
         """The replay ended at a frame that fails its checksum."""
         self._stopped = False
@@ -262,8 +264,9 @@ class ReplaySession:
             if length == 0 and end == bound and self._limit_counter is not None:
                 await self._pause(_MAX_PAUSE_S)  # the limit counter points inside a frame
                 continue
-            raise ArchiveDamagedError(damage_line(self._directory, self.recording_id, position,
-                                                  "no valid frame there in its segment files"))
+            raise ArchiveDamagedError(
+                damage_line(self._directory, self.recording_id, position, "no valid frame there in its segment files")
+            )
 
     def _read_frames_into(self, pub, offset: int, position: int, n: int) -> int:
         """Read ``n`` recorded bytes from ``position`` straight into the publication's claimed

@@ -78,8 +78,9 @@ class ReplicationSession:
         self.state = state
 
     def _signal(self, signal: c.RecordingSignal, position: int) -> None:
-        self.archive._signal(self.control_session_id, self.request.correlation_id, self.dst_recording_id,
-                             c.NULL_VALUE, position, signal)
+        self.archive._signal(
+            self.control_session_id, self.request.correlation_id, self.dst_recording_id, c.NULL_VALUE, position, signal
+        )
 
     async def run(self) -> None:
         archive = self.archive
@@ -96,19 +97,25 @@ class ReplicationSession:
                     timeout_s = archive.config.connect_timeout_ns / 1e9
                     try:
                         client = await ArchiveClient.connect(
-                            archive.driver, control_channel=r.src_control_channel,
-                            control_stream_id=r.src_control_stream_id, response_channel=response_channel,
+                            archive.driver,
+                            control_channel=r.src_control_channel,
+                            control_stream_id=r.src_control_stream_id,
+                            response_channel=response_channel,
                             response_stream_id=random.randrange(1_000_000, 2**31 - 1),
                             response_timeout_s=max(timeout_s, 2.0),
                         )
                     except ArchiveError as e:
-                        raise _Failure(c.ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
-                                       f"cannot reach the source archive at {r.src_control_channel}: {e}") from None
+                        raise _Failure(
+                            c.ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
+                            f"cannot reach the source archive at {r.src_control_channel}: {e}",
+                        ) from None
                     self._transition(ReplicationState.DESCRIBE)
                     src = await client.list_recording(r.src_recording_id)
                     if src is None:
-                        raise _Failure(c.ArchiveErrorCode.UNKNOWN_RECORDING,
-                                       f"the source archive has no recording {r.src_recording_id}")
+                        raise _Failure(
+                            c.ArchiveErrorCode.UNKNOWN_RECORDING,
+                            f"the source archive has no recording {r.src_recording_id}",
+                        )
                     src_end = src.stop_position
                     if src_end == c.NULL_POSITION:
                         src_end = await client.get_max_recorded_position(r.src_recording_id)
@@ -129,8 +136,9 @@ class ReplicationSession:
                     self._transition(ReplicationState.REPLAY)
                     replay_channel = str(parse(channel).with_params(session_id=replay_session))
                     length = (stop - start) if stop is not None else c.REPLAY_FOLLOW_LENGTH
-                    replay_id = await client.start_replay(r.src_recording_id, start, length, replay_channel,
-                                                          src.stream_id)
+                    replay_id = await client.start_replay(
+                        r.src_recording_id, start, length, replay_channel, src.stream_id
+                    )
                     self._transition(ReplicationState.REPLICATE)
                     await self._await_copy(client, rs, stop, timeout_s)
                 except _Failure as e:
@@ -163,8 +171,14 @@ class ReplicationSession:
                     await client.close()
             if self.dst_recording_id != c.NULL_VALUE:
                 self._signal(c.RecordingSignal.REPLICATE_END, archive.recorded_position(self.dst_recording_id)[0])
-            log.info("replication done", replication_id=self.replication_id, dst_recording_id=self.dst_recording_id,
-                     position=self.position, error=self.error, stopped=self._stopped)
+            log.info(
+                "replication done",
+                replication_id=self.replication_id,
+                dst_recording_id=self.dst_recording_id,
+                position=self.position,
+                error=self.error,
+                stopped=self._stopped,
+            )
 
     def _plan(self, src: c.RecordingDescriptorMessage, src_end: int) -> tuple[int, int | None]:
         """Where the copy starts (the local stop, or the source's start) and stops (None: live)."""
@@ -182,21 +196,26 @@ class ReplicationSession:
                 ("stream id", dst.stream_id, src.stream_id),
             ):
                 if mine != theirs:
-                    raise _Failure(c.ArchiveErrorCode.INVALID_EXTENSION,
-                                   f"{name} {mine} of recording {dst.recording_id} differs from the source's {theirs}")
+                    raise _Failure(
+                        c.ArchiveErrorCode.INVALID_EXTENSION,
+                        f"{name} {mine} of recording {dst.recording_id} differs from the source's {theirs}",
+                    )
             start = dst.stop_position
             if not src.start_position <= start <= src_end:
-                raise _Failure(c.ArchiveErrorCode.INVALID_EXTENSION,
-                               f"recording {dst.recording_id} stops at {start}, outside the source's "
-                               f"[{src.start_position}, {src_end}]")
+                raise _Failure(
+                    c.ArchiveErrorCode.INVALID_EXTENSION,
+                    f"recording {dst.recording_id} stops at {start}, outside the source's "
+                    f"[{src.start_position}, {src_end}]",
+                )
         stop: int | None
         if r.stop_position != c.NULL_POSITION:
             stop = r.stop_position
             if stop < start or stop % 32:
                 raise _Failure(c.ArchiveErrorCode.GENERIC, f"stop position {stop} is before {start} or misaligned")
             if src.stop_position != c.NULL_POSITION and stop > src.stop_position:
-                raise _Failure(c.ArchiveErrorCode.GENERIC,
-                               f"stop position {stop} is beyond the source's stop {src.stop_position}")
+                raise _Failure(
+                    c.ArchiveErrorCode.GENERIC, f"stop position {stop} is beyond the source's stop {src.stop_position}"
+                )
         elif src.stop_position != c.NULL_POSITION:
             stop = src.stop_position
         else:
@@ -221,8 +240,10 @@ class ReplicationSession:
                     if stop is None or self.position >= stop:
                         self._signal(c.RecordingSignal.SYNC, self.position)
                         return
-                    raise _Failure(c.ArchiveErrorCode.GENERIC,
-                                   f"the source replay ended at {self.position} before the stop position {stop}")
+                    raise _Failure(
+                        c.ArchiveErrorCode.GENERIC,
+                        f"the source replay ended at {self.position} before the stop position {stop}",
+                    )
                 await archive.wait_for_progress(session.recording_id, 0.05)
             else:
                 if rs.stop_requested:
@@ -233,6 +254,8 @@ class ReplicationSession:
                         return
                     raise _Failure(c.ArchiveErrorCode.GENERIC, "the replicated recording ended early")
                 if trio.current_time() > joined_by:
-                    raise _Failure(c.ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
-                                   "the source archive's replay did not arrive on the replication channel")
+                    raise _Failure(
+                        c.ArchiveErrorCode.REPLICATION_CONNECTION_FAILURE,
+                        "the source archive's replay did not arrive on the replication channel",
+                    )
                 await trio.sleep(0.01)

@@ -21,7 +21,15 @@ from cluster_node.archive.segments import (
 )
 from cluster_node.archive.storage import _HEADER, CatalogStore, _fsync_dir, list_segments
 
-__all__ = ["truncate_segments", "delete_segments", "detached_segments", "delete_detached_segments", "attachable_segments", "detach_front", "attach_front"]
+__all__ = [
+    "truncate_segments",
+    "delete_segments",
+    "detached_segments",
+    "delete_detached_segments",
+    "attachable_segments",
+    "detach_front",
+    "attach_front",
+]
 
 
 def truncate_segments(directory: Path, descriptor: RecordingDescriptor, position: int, sync_level: int = 0) -> None:
@@ -91,8 +99,13 @@ def _first_frame_offset(data: bytes, stream_id: int, term_length: int) -> int | 
     while offset <= limit:
         flen, version, _flags, ftype, toff, _sid, stid, _tid, _rv = _HEADER.unpack_from(data, offset)
         if flen != 0:
-            if (flen >= HEADER_LENGTH and version == 0 and ftype in (FRAME_TYPE_DATA, FRAME_TYPE_PAD)
-                    and toff == offset and stid == stream_id):
+            if (
+                flen >= HEADER_LENGTH
+                and version == 0
+                and ftype in (FRAME_TYPE_DATA, FRAME_TYPE_PAD)
+                and toff == offset
+                and stid == stream_id
+            ):
                 return offset
             return None
         offset += HEADER_LENGTH
@@ -134,7 +147,9 @@ def attachable_segments(directory: Path, descriptor: RecordingDescriptor) -> tup
     return sorted(taken), new_start
 
 
-def detach_front(store: CatalogStore, recording_id: int, new_start_position: int, end_position: int) -> RecordingDescriptor:
+def detach_front(
+    store: CatalogStore, recording_id: int, new_start_position: int, end_position: int
+) -> RecordingDescriptor:
     """Move a recording's start position forward to the segment base ``new_start_position``
     (``segments.detach_problem`` says when it may not: ValueError) and make the catalog durable;
     return the descriptor as it was. The files are left: :func:`delete_detached_segments` removes
@@ -147,8 +162,9 @@ def detach_front(store: CatalogStore, recording_id: int, new_start_position: int
     every read ignore and the next purge deletes."""
     catalog = store.catalog
     d = catalog.get(recording_id)
-    problem = detach_problem(d.start_position, new_start_position, end_position, d.term_buffer_length,
-                             d.segment_file_length)
+    problem = detach_problem(
+        d.start_position, new_start_position, end_position, d.term_buffer_length, d.segment_file_length
+    )
     if problem is not None:
         raise ValueError(f"recording {recording_id}: {problem}")
     catalog.update_start_position(recording_id, new_start_position)

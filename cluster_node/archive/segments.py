@@ -143,8 +143,7 @@ def validate_term_length(term_length: int) -> None:
     """Term lengths are powers of two from 64 KiB to 1 GiB; raise ValueError otherwise."""
     if not _is_power_of_two(term_length) or not MIN_TERM_LENGTH <= term_length <= MAX_TERM_LENGTH:
         raise ValueError(
-            f"term length must be a power of two between {MIN_TERM_LENGTH} and {MAX_TERM_LENGTH}, "
-            f"got {term_length}"
+            f"term length must be a power of two between {MIN_TERM_LENGTH} and {MAX_TERM_LENGTH}, got {term_length}"
         )
 
 
@@ -309,13 +308,19 @@ def detach_problem(
         return f"new start position {new_start_position} precedes the start position {start_position}"
     base = segment_base_position(start_position, new_start_position, term_length, segment_length)
     if base != new_start_position:
-        return (f"new start position {new_start_position} is not a segment boundary "
-                f"(the segment holding it starts at {base}; segments are {segment_length} bytes)")
+        return (
+            f"new start position {new_start_position} is not a segment boundary "
+            f"(the segment holding it starts at {base}; segments are {segment_length} bytes)"
+        )
     first_base = segment_base_position(start_position, start_position, term_length, segment_length)
     if new_start_position < first_base + segment_length:
-        return (f"new start position {new_start_position} leaves no segment to detach (the first segment "
-                f"starts at {first_base} and ends at {first_base + segment_length})")
+        return (
+            f"new start position {new_start_position} leaves no segment to detach (the first segment "
+            f"starts at {first_base} and ends at {first_base + segment_length})"
+        )
     if new_start_position > end_position:
-        return (f"new start position {new_start_position} is beyond the recorded position {end_position}: "
-                f"the segment holding the current position is in use")
+        return (
+            f"new start position {new_start_position} is beyond the recorded position {end_position}: "
+            f"the segment holding the current position is in use"
+        )
     return None

@@ -73,7 +73,9 @@ class ArchiveDamagedError(ArchiveStorageError):
     recording, the position or offset, and what the operator can do."""
 
 
-REBUILD_HINT = "with the node stopped, rebuild the catalog from the segment files: cluster-node archive rebuild --dir {dir}"
+REBUILD_HINT = (
+    "with the node stopped, rebuild the catalog from the segment files: cluster-node archive rebuild --dir {dir}"
+)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -139,9 +141,7 @@ def load_catalog(path: Path) -> Catalog:
     try:
         return Catalog.from_bytes(data)
     except CatalogError as e:
-        raise ArchiveDamagedError(
-            f"{path}: {e}: it is not used; " + REBUILD_HINT.format(dir=path.parent)
-        ) from None
+        raise ArchiveDamagedError(f"{path}: {e}: it is not used; " + REBUILD_HINT.format(dir=path.parent)) from None
 
 
 def free_space(directory: Path) -> tuple[int, int]:
@@ -195,7 +195,9 @@ class SegmentWriter:
         self.on_new_segment = on_new_segment
         """Called after a segment file is opened for writing: where the archive checks the free
         space of its filesystem (once a segment, not once a write)."""
-        self.checksums = descriptor.frame_checksums_from != NULL_POSITION and position >= descriptor.frame_checksums_from
+        self.checksums = (
+            descriptor.frame_checksums_from != NULL_POSITION and position >= descriptor.frame_checksums_from
+        )
         """Frames get their checksum (cluster_node.archive.checksums) in a copy of each block before it is
         written: the image's log buffer is read by others and is never changed."""
         self.recording_id = descriptor.recording_id
@@ -359,5 +361,3 @@ class SegmentReader:
             os.close(self._fd)
             self._fd = -1
             self._base = -1
-
-

@@ -39,4 +39,3 @@ main.add_command(client)
 main.add_command(tool)
 main.add_command(secret)
 main.add_command(backup)
-

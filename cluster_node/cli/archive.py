@@ -59,7 +59,9 @@ def _archive_dir(directory: Path) -> Path:
     for candidate in (directory, directory / "archive"):
         if (candidate / CATALOG_FILE_NAME).is_file():
             return candidate
-    raise click.ClickException(f"no archive catalog in {directory} (looked for {CATALOG_FILE_NAME} and archive/{CATALOG_FILE_NAME})")
+    raise click.ClickException(
+        f"no archive catalog in {directory} (looked for {CATALOG_FILE_NAME} and archive/{CATALOG_FILE_NAME})"
+    )
 
 
 def _catalog(directory: Path) -> Catalog:
@@ -107,12 +109,18 @@ def archive() -> None:
     """Inspect and repair an archive directory (recordings and segment files)."""
 
 
-_dir_option = click.option("--dir", "directory", required=True, type=click.Path(path_type=Path),
-                           help="archive directory, or node directory holding archive/")
+_dir_option = click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="archive directory, or node directory holding archive/",
+)
 
 
-_json_option = click.option("--json", "as_json", is_flag=True,
-                            help="One JSON object with the fields of the text (keys in docs/operations.md).")
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object with the fields of the text (keys in docs/operations.md)."
+)
 
 
 @archive.command("list")
@@ -127,14 +135,32 @@ def list_cmd(directory: Path, as_json: bool) -> None:
     for d in catalog:
         stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
         segments = len(list_segments(adir, d.recording_id))
-        rows.append((
-            str(d.recording_id), str(d.start_position), _stop_text(d), str(stop - d.start_position),
-            str(d.stream_id), str(d.session_id), str(segments), d.original_channel,
-        ))
-        recordings.append({"recording_id": d.recording_id, "start_position": d.start_position,
-                           "stop_position": d.stop_position, "active": d.stop_position == NULL_POSITION,
-                           "end_position": stop, "bytes": stop - d.start_position, "stream_id": d.stream_id,
-                           "session_id": d.session_id, "segment_files": segments, "channel": d.original_channel})
+        rows.append(
+            (
+                str(d.recording_id),
+                str(d.start_position),
+                _stop_text(d),
+                str(stop - d.start_position),
+                str(d.stream_id),
+                str(d.session_id),
+                str(segments),
+                d.original_channel,
+            )
+        )
+        recordings.append(
+            {
+                "recording_id": d.recording_id,
+                "start_position": d.start_position,
+                "stop_position": d.stop_position,
+                "active": d.stop_position == NULL_POSITION,
+                "end_position": stop,
+                "bytes": stop - d.start_position,
+                "stream_id": d.stream_id,
+                "session_id": d.session_id,
+                "segment_files": segments,
+                "channel": d.original_channel,
+            }
+        )
     if as_json:
         click.echo(json.dumps({"archive_dir": str(adir), "recordings": recordings}, indent=2))
         return
@@ -158,10 +184,18 @@ def describe(directory: Path, recording_id: int, as_json: bool) -> None:
         fields = {k: v if isinstance(v, (int, str, bool)) or v is None else str(v) for k, v in fields.items()}
         detached = set(detached_segments(adir, d))
         files = [f"{recording_id}-{b}.rec" for b in list_segments(adir, recording_id) if b not in detached]
-        click.echo(json.dumps({"archive_dir": str(adir), "descriptor": fields, "checks": checks_text(d),
-                               "segment_files": files,
-                               "detached_segment_files": [f"{recording_id}-{b}.rec" for b in sorted(detached)]},
-                              indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "archive_dir": str(adir),
+                    "descriptor": fields,
+                    "checks": checks_text(d),
+                    "segment_files": files,
+                    "detached_segment_files": [f"{recording_id}-{b}.rec" for b in sorted(detached)],
+                },
+                indent=2,
+            )
+        )
         return
     for name in d.__struct_fields__:
         click.echo(f"{name:20} {getattr(d, name)}")
@@ -170,9 +204,11 @@ def describe(directory: Path, recording_id: int, as_json: bool) -> None:
     bases = [b for b in list_segments(adir, recording_id) if b not in set(detached)]
     click.echo(f"{'segments':20} {len(bases)}: " + ", ".join(f"{recording_id}-{b}.rec" for b in bases))
     if detached:
-        click.echo(f"{'detached segments':20} {len(detached)}: "
-                   + ", ".join(f"{recording_id}-{b}.rec" for b in detached)
-                   + " (before the start position: removed by the next purge, or taken back by attach-segments)")
+        click.echo(
+            f"{'detached segments':20} {len(detached)}: "
+            + ", ".join(f"{recording_id}-{b}.rec" for b in detached)
+            + " (before the start position: removed by the next purge, or taken back by attach-segments)"
+        )
 
 
 def _decode_payload(payload: bytes) -> str:
@@ -182,8 +218,10 @@ def _decode_payload(payload: bytes) -> str:
         template_id = cc.peek_template_id(payload)
         if template_id == cc.SESSION_MESSAGE_TEMPLATE_ID:
             header, body = cc.decode_session_message(payload)
-            return (f"SessionMessage term={header.leadership_term_id} session={header.cluster_session_id} "
-                    f"ts={header.timestamp} payload={len(body)}B {bytes(body[:16]).hex()}")
+            return (
+                f"SessionMessage term={header.leadership_term_id} session={header.cluster_session_id} "
+                f"ts={header.timestamp} payload={len(body)}B {bytes(body[:16]).hex()}"
+            )
         return repr(cc.decode_log(payload))
     except Exception:  # noqa: BLE001 - not a cluster message: show raw bytes
         return payload[:24].hex() + ("..." if len(payload) > 24 else "")
@@ -196,8 +234,9 @@ def _decode_payload(payload: bytes) -> str:
 @click.option("--to", "to_position", type=int, default=None, help="position to stop before")
 @click.option("--limit", type=int, default=1000, show_default=True, help="most frames to print (0: all)")
 @click.option("--raw", is_flag=True, help="do not decode payloads")
-def dump(directory: Path, recording_id: int, from_position: int | None, to_position: int | None, limit: int,
-         raw: bool) -> None:
+def dump(
+    directory: Path, recording_id: int, from_position: int | None, to_position: int | None, limit: int, raw: bool
+) -> None:
     """Print frames: position, length, type, flags, session, and the decoded message where known."""
     adir = _archive_dir(directory)
     d = _descriptor(_catalog(adir), recording_id)
@@ -207,9 +246,13 @@ def dump(directory: Path, recording_id: int, from_position: int | None, to_posit
     try:
         for f in iter_frames(adir, d, from_position, to_position):
             kind = "DATA" if f.frame_type == FRAME_TYPE_DATA else "PAD"
-            text = "" if f.frame_type != FRAME_TYPE_DATA else (f.payload[:24].hex() if raw else _decode_payload(f.payload))
-            click.echo(f"{f.position:>12} {f.frame_length:>6} {kind:4} {f.flags:#04x} session={f.session_id} "
-                       f"term={f.term_id} {text}")
+            text = (
+                "" if f.frame_type != FRAME_TYPE_DATA else (f.payload[:24].hex() if raw else _decode_payload(f.payload))
+            )
+            click.echo(
+                f"{f.position:>12} {f.frame_length:>6} {kind:4} {f.flags:#04x} session={f.session_id} "
+                f"term={f.term_id} {text}"
+            )
             shown += 1
             if limit and shown >= limit:
                 break
@@ -228,8 +271,14 @@ def verify(directory: Path, recording_id: int | None) -> None:
     bad = 0
     # Recordings with segment files and no sound entry: a damaged entry whose id field itself
     # is damaged is theirs when there is only one.
-    orphans = sorted({name.split("-", 1)[0] for name in os.listdir(adir) if name.endswith(".rec")
-                      and name.split("-", 1)[0].isdigit()} - {str(d.recording_id) for d, _ in catalog.all_records()})
+    orphans = sorted(
+        {
+            name.split("-", 1)[0]
+            for name in os.listdir(adir)
+            if name.endswith(".rec") and name.split("-", 1)[0].isdigit()
+        }
+        - {str(d.recording_id) for d, _ in catalog.all_records()}
+    )
     for dr in catalog.damaged:
         rid = dr.recording_id
         if rid is not None and str(rid) not in orphans and len(orphans) == 1 and len(catalog.damaged) == 1:
@@ -238,8 +287,7 @@ def verify(directory: Path, recording_id: int | None) -> None:
             continue
         bad += 1
         who = f"recording {rid}" if rid is not None else "a recording (its id does not read)"
-        click.echo(f"{who}: BAD catalog entry at offset {dr.offset}: {dr.reason}; "
-                   + REBUILD_HINT.format(dir=adir))
+        click.echo(f"{who}: BAD catalog entry at offset {dr.offset}: {dr.reason}; " + REBUILD_HINT.format(dir=adir))
     if recording_id is not None and not bad:
         descriptors = [_descriptor(catalog, recording_id)]
     else:
@@ -247,12 +295,16 @@ def verify(directory: Path, recording_id: int | None) -> None:
     for d in descriptors:
         r = verify_recording(adir, d)
         if r.ok:
-            click.echo(f"recording {d.recording_id}: OK, {r.frames} frames, [{d.start_position}, {r.checked_to}), "
-                       f"checked: {r.checks}")
+            click.echo(
+                f"recording {d.recording_id}: OK, {r.frames} frames, [{d.start_position}, {r.checked_to}), "
+                f"checked: {r.checks}"
+            )
         else:
             bad += 1
-            click.echo(f"recording {d.recording_id}: BAD at position {r.bad_position} "
-                       f"(after {r.frames} good frames): {r.reason} (checked: {r.checks})")
+            click.echo(
+                f"recording {d.recording_id}: BAD at position {r.bad_position} "
+                f"(after {r.frames} good frames): {r.reason} (checked: {r.checks})"
+            )
     if bad:
         raise SystemExit(1)
 
@@ -263,9 +315,11 @@ def rebuild(directory: Path) -> None:
     """Rebuild damaged catalog entries from the segment files (the node must be stopped).
 
     Sound entries are kept; the old catalog is kept beside the new one. Run `verify` after it."""
-    adir = _archive_dir(directory) if (directory / CATALOG_FILE_NAME).exists() or (
-        directory / "archive" / CATALOG_FILE_NAME).exists() else (
-        directory / "archive" if (directory / "archive").is_dir() else directory)
+    adir = (
+        _archive_dir(directory)
+        if (directory / CATALOG_FILE_NAME).exists() or (directory / "archive" / CATALOG_FILE_NAME).exists()
+        else (directory / "archive" if (directory / "archive").is_dir() else directory)
+    )
     fd = _locked(adir, "rebuild its catalog")
     try:
         try:
@@ -279,9 +333,11 @@ def rebuild(directory: Path) -> None:
     if not result.rebuilt and result.old_catalog is None:
         return
     rebuilt = ", ".join(map(str, result.rebuilt)) or "none"
-    click.echo(f"catalog of {adir} rebuilt: recordings rebuilt from their segment files: {rebuilt}; "
-               f"kept: {', '.join(map(str, result.kept)) or 'none'}"
-               + (f"; the old catalog is {result.old_catalog.name}" if result.old_catalog else ""))
+    click.echo(
+        f"catalog of {adir} rebuilt: recordings rebuilt from their segment files: {rebuilt}; "
+        f"kept: {', '.join(map(str, result.kept)) or 'none'}"
+        + (f"; the old catalog is {result.old_catalog.name}" if result.old_catalog else "")
+    )
 
 
 @archive.command()
@@ -298,7 +354,8 @@ def truncate(directory: Path, recording_id: int, position: int) -> None:
         stop = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
         if not is_aligned(position) or not d.start_position <= position <= stop:
             raise click.ClickException(
-                f"position {position} must be 32-byte aligned and within [{d.start_position}, {stop}]")
+                f"position {position} must be 32-byte aligned and within [{d.start_position}, {stop}]"
+            )
         catalog.update_recording_stopped(recording_id, position, d.stop_timestamp if d.stop_timestamp >= 0 else 0)
         path = adir / CATALOG_FILE_NAME
         cfd = os.open(path, os.O_RDWR)
@@ -324,8 +381,13 @@ def _store(adir: Path) -> CatalogStore:
 @archive.command("purge-segments")
 @_dir_option
 @click.argument("recording_id", type=int)
-@click.option("--before", "before", type=int, required=True,
-              help="log position: every segment file wholly before it is removed (rounded down to a segment boundary)")
+@click.option(
+    "--before",
+    "before",
+    type=int,
+    required=True,
+    help="log position: every segment file wholly before it is removed (rounded down to a segment boundary)",
+)
 @_json_option
 def purge_segments(directory: Path, recording_id: int, before: int, as_json: bool) -> None:
     """Remove the segment files of a recording wholly before a position (the node must be stopped).
@@ -341,11 +403,16 @@ def purge_segments(directory: Path, recording_id: int, before: int, as_json: boo
             d = _descriptor(store.catalog, recording_id)
             end = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
             if before < d.start_position:
-                raise click.ClickException(f"--before {before} precedes the recording's start position {d.start_position}")
-            new_start = segment_base_position(d.start_position, min(before, end), d.term_buffer_length,
-                                              d.segment_file_length)
-            first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
-                                              d.segment_file_length) + d.segment_file_length
+                raise click.ClickException(
+                    f"--before {before} precedes the recording's start position {d.start_position}"
+                )
+            new_start = segment_base_position(
+                d.start_position, min(before, end), d.term_buffer_length, d.segment_file_length
+            )
+            first_end = (
+                segment_base_position(d.start_position, d.start_position, d.term_buffer_length, d.segment_file_length)
+                + d.segment_file_length
+            )
             deleted = 0
             if new_start >= first_end:
                 try:
@@ -360,14 +427,27 @@ def purge_segments(directory: Path, recording_id: int, before: int, as_json: boo
     finally:
         os.close(fd)
     if as_json:
-        click.echo(json.dumps({"recording_id": recording_id, "old_start_position": d.start_position,
-                               "start_position": new_start, "segment_files_removed": deleted}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "recording_id": recording_id,
+                    "old_start_position": d.start_position,
+                    "start_position": new_start,
+                    "segment_files_removed": deleted,
+                },
+                indent=2,
+            )
+        )
     elif new_start == d.start_position and not deleted:
-        click.echo(f"recording {recording_id}: nothing to purge before {before} (start position {d.start_position}, "
-                   f"segments of {d.segment_file_length} bytes)")
+        click.echo(
+            f"recording {recording_id}: nothing to purge before {before} (start position {d.start_position}, "
+            f"segments of {d.segment_file_length} bytes)"
+        )
     else:
-        click.echo(f"recording {recording_id}: start position {d.start_position} -> {new_start}, "
-                   f"{deleted} segment file(s) removed")
+        click.echo(
+            f"recording {recording_id}: start position {d.start_position} -> {new_start}, "
+            f"{deleted} segment file(s) removed"
+        )
 
 
 @archive.command("attach-segments")

@@ -11,11 +11,19 @@ from cluster_node.config import load_backup_config
 
 
 @click.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The backup's TOML config: [backup] dir and host, the cluster's [cluster] members "
-                   "(docs/configuration.md).")
-@click.option("--log-mode", type=click.Choice(["json", "console"]), default=None,
-              help="Override [logging] mode: json lines to the backup's log file, or console to stderr.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The backup's TOML config: [backup] dir and host, the cluster's [cluster] members (docs/configuration.md).",
+)
+@click.option(
+    "--log-mode",
+    type=click.Choice(["json", "console"]),
+    default=None,
+    help="Override [logging] mode: json lines to the backup's log file, or console to stderr.",
+)
 def backup(config_path: str, log_mode: str | None) -> None:
     """Copy a cluster's latest snapshots and follow its committed log into a directory a member
     can be started from, until SIGTERM/SIGINT. Its state and live log position are counters:

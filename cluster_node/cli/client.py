@@ -45,8 +45,9 @@ DEFAULT_CONFIG = Path("var/cluster/client.toml")
 
 
 class _Ctx:
-    def __init__(self, config_path: Path, timeout_s: float, verbose: bool,
-                 credentials_file: Path | None = None) -> None:
+    def __init__(
+        self, config_path: Path, timeout_s: float, verbose: bool, credentials_file: Path | None = None
+    ) -> None:
         import time
 
         self.config_path = config_path
@@ -95,7 +96,10 @@ def _connect(ctx: _Ctx, **kwargs):
         raise click.ClickException(str(e)) from None
     except Exception as e:  # noqa: BLE001 - e.g. the driver cannot bind the egress port
         raise click.ClickException(f"cannot connect: {type(e).__name__}: {e}") from None
-    _say(ctx, f"connected: session {c.cluster_session_id}, leader member {c.leader_member_id}, term {c.leadership_term_id}")
+    _say(
+        ctx,
+        f"connected: session {c.cluster_session_id}, leader member {c.leader_member_id}, term {c.leadership_term_id}",
+    )
     return c
 
 
@@ -156,22 +160,40 @@ def _interruptible(fn: Callable[..., None]) -> Callable[..., None]:
 
 
 @click.group("client")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=f"Client TOML config (default {DEFAULT_CONFIG}, written by `cluster-node up`; or configs/client.toml).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
-              help="Seconds for the whole call: the connect (through an election) and the reply.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Client TOML config (default {DEFAULT_CONFIG}, written by `cluster-node up`; or configs/client.toml).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.01),
+    default=10.0,
+    show_default=True,
+    help="Seconds for the whole call: the connect (through an election) and the reply.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Print the session (id, leader, term) on stderr.")
-@click.option("--credentials-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="This client's `client-id hexkey` line (mode 0600) for a cluster that authenticates clients"
-                   " (overrides client.credentials_file).")
+@click.option(
+    "--credentials-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="This client's `client-id hexkey` line (mode 0600) for a cluster that authenticates clients"
+    " (overrides client.credentials_file).",
+)
 @click.pass_context
-def client(ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool,
-           credentials_file: Path | None) -> None:
+def client(
+    ctx: click.Context, config_path: Path | None, timeout_s: float, verbose: bool, credentials_file: Path | None
+) -> None:
     """Send requests to a running cluster: kv put/get/delete/append, raw send, watch events."""
     if config_path is None:
         if not DEFAULT_CONFIG.is_file():
-            raise click.ClickException(f"no --config given and {DEFAULT_CONFIG} does not exist (start a cluster with"
-                                       " `cluster-node up`, or pass --config configs/client.toml)")
+            raise click.ClickException(
+                f"no --config given and {DEFAULT_CONFIG} does not exist (start a cluster with"
+                " `cluster-node up`, or pass --config configs/client.toml)"
+            )
         config_path = DEFAULT_CONFIG
     import signal
 
@@ -316,8 +338,10 @@ def watch(ctx: _Ctx) -> None:
     c = None
     try:
         c = _connect(ctx, on_new_leader=on_new_leader, on_reconnect=on_reconnect)
-        click.echo(f"{stamp()} connected: session {c.cluster_session_id}, leader member {c.leader_member_id},"
-                   f" term {c.leadership_term_id} (Ctrl-C to stop)")
+        click.echo(
+            f"{stamp()} connected: session {c.cluster_session_id}, leader member {c.leader_member_id},"
+            f" term {c.leadership_term_id} (Ctrl-C to stop)"
+        )
         while True:
             try:
                 got = c.receive(timeout=0.5)
@@ -329,8 +353,10 @@ def watch(ctx: _Ctx) -> None:
                 continue
             if got is not None:
                 payload, header = got
-                click.echo(f"{stamp()} message: term {header.leadership_term_id}, timestamp {header.timestamp}:"
-                           f" {_text(payload)}")
+                click.echo(
+                    f"{stamp()} message: term {header.leadership_term_id}, timestamp {header.timestamp}:"
+                    f" {_text(payload)}"
+                )
     except KeyboardInterrupt:
         click.echo(f"{stamp()} closed", err=True)
     finally:

@@ -20,8 +20,10 @@ from cluster_node.identifiers import StreamIds
 __all__ = ["pipeline"]
 
 _CORRUPT = re.compile(r"(corrupt (?:archive file|catalog) [^\n]*)")
-_NOT_ARCHIVE = re.compile(r"((?:not an archive|no such directory|not a directory|no recordings of [^\n]* in"
-                          r"|two archives (?:are named|claim)|unknown option|option \w+ must)[: ][^\n]*)")
+_NOT_ARCHIVE = re.compile(
+    r"((?:not an archive|no such directory|not a directory|no recordings of [^\n]* in"
+    r"|two archives (?:are named|claim)|unknown option|option \w+ must)[: ][^\n]*)"
+)
 
 
 class PipelineError(click.ClickException):
@@ -66,20 +68,44 @@ def _plan_each(locations, decoder):
 @click.command("pipeline")
 @click.argument("job", type=click.Choice(["audit", "stats", "export"]))
 @click.argument("inputs", nargs=-1, required=True, metavar="ARCHIVES...")
-@click.option("--out", "out", required=True, metavar="DIR|URI",
-              help="Where the results go: a directory or a pyarrow filesystem URI (file:///..., s3://...).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    metavar="DIR|URI",
+    help="Where the results go: a directory or a pyarrow filesystem URI (file:///..., s3://...).",
+)
 @click.option("--master", default=None, metavar="URL", help="Spark master (default local[*]).")
 @click.option("--conf", "conf_pairs", multiple=True, metavar="KEY=VALUE", help="Spark setting; repeatable.")
-@click.option("--cluster-size", type=click.IntRange(min=1), default=None,
-              help="Members in the cluster, for the majority (default: the number of archives given).")
-@click.option("--incremental", is_flag=True,
-              help="export: append only what lies past the high-water marks kept in OUT.")
-@click.option("--local", "local", is_flag=True,
-              help="export: read with the plain batch reader and write with pyarrow, in this process (no Spark).")
-@click.option("--from-parquet", is_flag=True,
-              help="audit/stats: the inputs are export outputs (Parquet), not archives.")
-def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, conf_pairs: tuple[str, ...],
-             cluster_size: int | None, incremental: bool, local: bool, from_parquet: bool) -> None:
+@click.option(
+    "--cluster-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Members in the cluster, for the majority (default: the number of archives given).",
+)
+@click.option(
+    "--incremental", is_flag=True, help="export: append only what lies past the high-water marks kept in OUT."
+)
+@click.option(
+    "--local",
+    "local",
+    is_flag=True,
+    help="export: read with the plain batch reader and write with pyarrow, in this process (no Spark).",
+)
+@click.option(
+    "--from-parquet", is_flag=True, help="audit/stats: the inputs are export outputs (Parquet), not archives."
+)
+def pipeline(
+    job: str,
+    inputs: tuple[str, ...],
+    out: str,
+    master: str | None,
+    conf_pairs: tuple[str, ...],
+    cluster_size: int | None,
+    incremental: bool,
+    local: bool,
+    from_parquet: bool,
+) -> None:
     """Audit, analyse or export the archived logs of nodes (node or archive directories or URIs,
     globs allowed), or audit/analyse exported Parquet (--from-parquet).
 
@@ -123,8 +149,10 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
         from cluster_node.archive.spark.layout import ArchiveCorruptError
         from cluster_node.pipeline.export import export_local
 
-        progress(f"exporting {len(locations)} archives with the plain batch reader: "
-                 + ", ".join(loc.node for loc in locations))
+        progress(
+            f"exporting {len(locations)} archives with the plain batch reader: "
+            + ", ".join(loc.node for loc in locations)
+        )
         try:
             exported = export_local(paths, out, incremental=incremental)
         except (ArchiveCorruptError, ArchiveNotFoundError, OSError, ValueError) as e:
@@ -145,8 +173,9 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
         from cluster_node.pipeline.decoder import ClusterLogDecoder
 
         reasons = _plan_each(locations, ClusterLogDecoder())
-        unreadable = [jobs.CorruptNode(loc.node, loc.member_id, reasons[loc.node]) for loc in locations
-                      if loc.node in reasons]
+        unreadable = [
+            jobs.CorruptNode(loc.node, loc.member_id, reasons[loc.node]) for loc in locations if loc.node in reasons
+        ]
         read_paths = [p for p, loc in zip(paths, locations) if loc.node not in reasons]
         for c in unreadable:
             progress(f"{c.node}: {c.error}")
@@ -168,8 +197,9 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
                 archives = {loc.node: loc.archive_dir for loc in locations}
                 result = jobs.audit(spark, df, cluster_size or (len(locations) or None), archives, unreadable)
             else:
-                result = jobs.AuditResult(False, cluster_size or len(locations), 0, [], 0, 0, 0,
-                                          corrupt_nodes=unreadable)
+                result = jobs.AuditResult(
+                    False, cluster_size or len(locations), 0, [], 0, 0, 0, corrupt_nodes=unreadable
+                )
             files = report.write_audit_report(result, out)
             click.echo(report.audit_markdown(result), nl=False)
         elif job == "stats":
@@ -178,8 +208,10 @@ def pipeline(job: str, inputs: tuple[str, ...], out: str, master: str | None, co
             stats_result = jobs.stats(spark, df, cluster_size, out)
             progress("writing the report")
             files = report.write_stats_report(stats_result, out)
-            click.echo(f"{stats_result.messages} messages in the committed log of {stats_result.node}, "
-                       f"{len(stats_result.terms)} leadership terms, {len(stats_result.sessions)} sessions")
+            click.echo(
+                f"{stats_result.messages} messages in the committed log of {stats_result.node}, "
+                f"{len(stats_result.terms)} leadership terms, {len(stats_result.sessions)} sessions"
+            )
         else:
             progress("exporting the decoded log" + (" (incremental)" if incremental else ""))
             from cluster_node.pipeline.export import export_spark

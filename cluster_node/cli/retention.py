@@ -91,8 +91,11 @@ def _purge_live(node, nth: int, service_count: int, log_stream_id: int, timeout_
     except CountersError as e:
         raise ToolRefusal(f"cannot open the counters of member {node.member_id}: {e}") from None
     try:
-        found = [c for c in reader.counters()
-                 if c.type_id == CounterTypes.LOG_PURGE_REQUEST and c.label.endswith(f"member {node.member_id}")]
+        found = [
+            c
+            for c in reader.counters()
+            if c.type_id == CounterTypes.LOG_PURGE_REQUEST and c.label.endswith(f"member {node.member_id}")
+        ]
         if not found:
             raise ToolRefusal(f"member {node.member_id} has no log purge counter (a node of an older version?)")
         cid = found[0].counter_id
@@ -109,36 +112,69 @@ def _purge_live(node, nth: int, service_count: int, log_stream_id: int, timeout_
     if result is None:
         raise ToolRefusal(f"purge-log: member {node.member_id} (pid {pid}) stopped before purging")
     if result == PURGE_REFUSED:
-        raise ToolRefusal(f"purge-log refused: member {node.member_id} is no longer a settled leader; "
-                          "run it against the leader of now")
+        raise ToolRefusal(
+            f"purge-log refused: member {node.member_id} is no longer a settled leader; "
+            "run it against the leader of now"
+        )
     if result == PURGE_NO_SNAPSHOT:
-        raise ToolRefusal(f"purge-log refused: member {node.member_id} holds fewer than {nth} complete "
-                          "snapshot set(s); take a snapshot first (tool snapshot)")
+        raise ToolRefusal(
+            f"purge-log refused: member {node.member_id} holds fewer than {nth} complete "
+            "snapshot set(s); take a snapshot first (tool snapshot)"
+        )
     if result != PURGE_DONE:
         raise ToolRefusal(f"purge-log: member {node.member_id} answered {result}")
     rid_after, after, sets = _log_start(node, service_count, log_stream_id)
-    doc = {"member_id": node.member_id, "running": True, "snapshot": nth, "snapshot_sets_kept": sets,
-           "log_recording_id": rid_after, "old_log_start_position": before, "log_start_position": after}
+    doc = {
+        "member_id": node.member_id,
+        "running": True,
+        "snapshot": nth,
+        "snapshot_sets_kept": sets,
+        "log_recording_id": rid_after,
+        "old_log_start_position": before,
+        "log_start_position": after,
+    }
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
-    click.echo(f"member {node.member_id} (leader): log purged to snapshot {nth}; {sets} snapshot set(s) kept; "
-               f"the followers purge when their log reaches the request")
+    click.echo(
+        f"member {node.member_id} (leader): log purged to snapshot {nth}; {sets} snapshot set(s) kept; "
+        f"the followers purge when their log reaches the request"
+    )
     click.echo(f"  log recording {rid_after}: start position {before} -> {after}")
 
 
 @tool.command("purge-log")
-@click.option("--snapshot", "nth", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Keep the log from the N-th latest snapshot set on (1: the latest).")
-@click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Services of the node (a snapshot set has one snapshot per service).")
-@click.option("--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=PURGE_TIMEOUT_S,
-              show_default=True, help="Running node: seconds to wait for the leader to purge.")
+@click.option(
+    "--snapshot",
+    "nth",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Keep the log from the N-th latest snapshot set on (1: the latest).",
+)
+@click.option(
+    "--service-count",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Services of the node (a snapshot set has one snapshot per service).",
+)
+@click.option(
+    "--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=PURGE_TIMEOUT_S,
+    show_default=True,
+    help="Running node: seconds to wait for the leader to purge.",
+)
 @JSON_OPTION
 @click.pass_context
-def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: int, timeout_s: float,
-              as_json: bool) -> None:
+def purge_log(
+    ctx: click.Context, nth: int, service_count: int, log_stream_id: int, timeout_s: float, as_json: bool
+) -> None:
     """Remove the log before the N-th latest snapshot set and the snapshot sets older than it.
 
     On the leader of a running cluster: the leader puts the request into the log and every
@@ -164,8 +200,10 @@ def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: i
                     sets = rl.snapshot_sets(service_count)
                     floor, writes, recordings = rl.retention(service_count, nth)
                     if floor == NULL_POSITION:
-                        _fail(f"{node.path / RECORDING_LOG_FILE_NAME} holds {len(sets)} complete snapshot set(s): "
-                              f"there is no snapshot {nth} to keep the log from")
+                        _fail(
+                            f"{node.path / RECORDING_LOG_FILE_NAME} holds {len(sets)} complete snapshot set(s): "
+                            f"there is no snapshot {nth} to keep the log from"
+                        )
                     rf.apply(writes)
             except RecordingLogError as e:
                 raise click.ClickException(f"{node.path / RECORDING_LOG_FILE_NAME}: {e}") from None
@@ -186,10 +224,18 @@ def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: i
                 if d is None:
                     raise click.ClickException(f"no log recording in {adir}")
                 end = d.stop_position if d.stop_position != NULL_POSITION else recovered_end(adir, d)
-                new_start = segment_base_position(d.start_position, max(d.start_position, min(floor, end)),
-                                                  d.term_buffer_length, d.segment_file_length)
-                first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
-                                                  d.segment_file_length) + d.segment_file_length
+                new_start = segment_base_position(
+                    d.start_position,
+                    max(d.start_position, min(floor, end)),
+                    d.term_buffer_length,
+                    d.segment_file_length,
+                )
+                first_end = (
+                    segment_base_position(
+                        d.start_position, d.start_position, d.term_buffer_length, d.segment_file_length
+                    )
+                    + d.segment_file_length
+                )
                 if new_start >= first_end:
                     try:
                         detach_front(store, d.recording_id, new_start, end)
@@ -202,18 +248,28 @@ def purge_log(ctx: click.Context, nth: int, service_count: int, log_stream_id: i
                 store.close()
         finally:
             os.close(afd)
-    doc = {"member_id": node.member_id, "kept_from_log_position": floor, "invalidated_entries": len(writes),
-           "removed_snapshot_recordings": removed, "log_recording_id": d.recording_id,
-           "old_log_start_position": d.start_position, "log_start_position": new_start,
-           "segment_files_removed": files}
+    doc = {
+        "member_id": node.member_id,
+        "kept_from_log_position": floor,
+        "invalidated_entries": len(writes),
+        "removed_snapshot_recordings": removed,
+        "log_recording_id": d.recording_id,
+        "old_log_start_position": d.start_position,
+        "log_start_position": new_start,
+        "segment_files_removed": files,
+    }
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo(f"member {node.member_id}: log kept from snapshot {nth} at log position {floor}")
-    click.echo(f"  recording.log: {len(writes)} older snapshot entr{'y' if len(writes) == 1 else 'ies'} invalidated; "
-               f"snapshot recordings removed: {', '.join(map(str, removed)) or 'none'}")
-    click.echo(f"  log recording {d.recording_id}: start position {d.start_position} -> {new_start}, "
-               f"{files} segment file(s) removed")
+    click.echo(
+        f"  recording.log: {len(writes)} older snapshot entr{'y' if len(writes) == 1 else 'ies'} invalidated; "
+        f"snapshot recordings removed: {', '.join(map(str, removed)) or 'none'}"
+    )
+    click.echo(
+        f"  log recording {d.recording_id}: start position {d.start_position} -> {new_start}, "
+        f"{files} segment file(s) removed"
+    )
 
 
 def _replace_recording_log(node_dir: Path, new: RecordingLog) -> Path:
@@ -253,14 +309,26 @@ def _read_log(node) -> RecordingLog:
 
 
 @tool.command("seed-recording-log-from-snapshot")
-@click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Services of the node (a snapshot set has one snapshot per service).")
-@click.option("--drop-log", is_flag=True,
-              help="Also remove the log recording: the node starts from the snapshot with a new, empty log "
-                   "(e.g. to change the log's term length or MTU) and catches up from the leader.")
-@click.option("--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log.")
+@click.option(
+    "--service-count",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Services of the node (a snapshot set has one snapshot per service).",
+)
+@click.option(
+    "--drop-log",
+    is_flag=True,
+    help="Also remove the log recording: the node starts from the snapshot with a new, empty log "
+    "(e.g. to change the log's term length or MTU) and catches up from the leader.",
+)
+@click.option(
+    "--log-stream-id", type=int, default=StreamIds.LOG, show_default=True, help="Stream id of the cluster log."
+)
 @click.pass_context
-def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int, drop_log: bool, log_stream_id: int) -> None:
+def seed_recording_log_from_snapshot(
+    ctx: click.Context, service_count: int, drop_log: bool, log_stream_id: int
+) -> None:
     """Offline: write a recording.log holding only the latest valid snapshot set and the TERM
     entries of the log from it on, so the node starts from that snapshot only; the old file is
     kept as recording.log.bak. The log recording is kept (`purge-log` removes what is before).
@@ -275,8 +343,11 @@ def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int, dro
     with directory_lock(node):
         rl = _read_log(node)
         try:
-            seeded = (rl.latest_snapshot_set_only(service_count) if drop_log
-                      else rl.seeded_from_latest_snapshot(service_count))
+            seeded = (
+                rl.latest_snapshot_set_only(service_count)
+                if drop_log
+                else rl.seeded_from_latest_snapshot(service_count)
+            )
         except RecordingLogError as e:
             _fail(f"{node.path / RECORDING_LOG_FILE_NAME}: {e}: nothing seeded")
         if drop_log:
@@ -289,12 +360,16 @@ def seed_recording_log_from_snapshot(ctx: click.Context, service_count: int, dro
         else:
             backup = _replace_recording_log(node.path, seeded)
     snap = next(e for e in reversed(seeded.entries) if e.entry_type != ENTRY_TYPE_TERM and e.service_id == -1)
-    click.echo(f"member {node.member_id}: recording.log seeded from the snapshot at log position {snap.log_position} "
-               f"(leadership term {snap.leadership_term_id}): {len(seeded.entries)} of {len(rl.entries)} entries kept; "
-               f"the old file is {backup.name}")
+    click.echo(
+        f"member {node.member_id}: recording.log seeded from the snapshot at log position {snap.log_position} "
+        f"(leadership term {snap.leadership_term_id}): {len(seeded.entries)} of {len(rl.entries)} entries kept; "
+        f"the old file is {backup.name}"
+    )
     if drop_log:
-        click.echo(f"  log recording(s) removed: {', '.join(map(str, removed)) or 'none'}; the next start creates "
-                   f"an empty one at log position {snap.log_position}")
+        click.echo(
+            f"  log recording(s) removed: {', '.join(map(str, removed)) or 'none'}; the next start creates "
+            f"an empty one at log position {snap.log_position}"
+        )
 
 
 def _drop_log_recordings(adir: Path, log_stream_id: int) -> list[int]:
@@ -331,5 +406,7 @@ def sort_recording_log(ctx: click.Context) -> None:
             click.echo(f"member {node.member_id}: {len(rl.entries)} entries of recording.log already in order")
             return
         backup = _replace_recording_log(node.path, ordered)
-    click.echo(f"member {node.member_id}: recording.log sorted, {moved} of {len(rl.entries)} entries moved; "
-               f"the old file is {backup.name}")
+    click.echo(
+        f"member {node.member_id}: recording.log sorted, {moved} of {len(rl.entries)} entries moved; "
+        f"the old file is {backup.name}"
+    )

@@ -12,10 +12,19 @@ from cluster_node.config import ConfigError, load_node_config
 
 
 @click.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-              help="The member's TOML config (see configs/node0.toml).")
-@click.option("--log-mode", type=click.Choice(["json", "console"]), default=None,
-              help="Override [logging] mode: json lines to the node's log file, or console to stderr.")
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The member's TOML config (see configs/node0.toml).",
+)
+@click.option(
+    "--log-mode",
+    type=click.Choice(["json", "console"]),
+    default=None,
+    help="Override [logging] mode: json lines to the node's log file, or console to stderr.",
+)
 def run(config_path: str, log_mode: str | None) -> None:
     """Run one cluster member until SIGTERM/SIGINT (graceful) or kill -9 (a crash it survives).
 
@@ -71,8 +80,9 @@ def _configure_logging(section, log_file, log_mode: str | None) -> None:
 
     mode = log_mode or section.mode
     if mode == "json":
-        logsetup.configure("json", section.level, log_file, max_file_bytes=section.max_file_bytes,
-                           max_files=section.max_files)
+        logsetup.configure(
+            "json", section.level, log_file, max_file_bytes=section.max_file_bytes, max_files=section.max_files
+        )
     else:
         logsetup.configure("console", section.level)
 
@@ -104,8 +114,11 @@ def _internal_error(error: BaseException) -> None:
     while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
         leaf = leaf.exceptions[0]
     structlog.get_logger("node").error("node failed", error=repr(leaf), exc_info=error)
-    click.echo(f"error: internal error: {type(leaf).__name__}: {leaf} (exit code {int(ExitCode.INTERNAL)}; "
-               f"the node log has the traceback)", err=True)
+    click.echo(
+        f"error: internal error: {type(leaf).__name__}: {leaf} (exit code {int(ExitCode.INTERNAL)}; "
+        f"the node log has the traceback)",
+        err=True,
+    )
     sys.exit(int(ExitCode.INTERNAL))
 
 

@@ -97,18 +97,40 @@ def render(path: Path, type_id: int | None, label_filter: str | None) -> str:
     help="Driver directory, or node directory holding driver/.",
 )
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between redraws.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between redraws."
+)
 @click.option("--type", "type_id", metavar="TYPE", callback=parse_type, help="Only this counter type (name or id).")
 @click.option("--filter", "label_filter", metavar="TEXT", help="Only counters whose label contains TEXT.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: the file's owner, every counter, "
-              "and the consensus counters by member (keys in docs/operations.md).")
-@click.option("--prometheus", is_flag=True, help="The counters in the Prometheus text format: printed once, "
-              "or served at /metrics with --listen.")
-@click.option("--listen", metavar="HOST:PORT", help="With --prometheus: serve /metrics here until Ctrl-C "
-              "(a separate process; the node is not touched).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: the file's owner, every counter, "
+    "and the consensus counters by member (keys in docs/operations.md).",
+)
+@click.option(
+    "--prometheus",
+    is_flag=True,
+    help="The counters in the Prometheus text format: printed once, or served at /metrics with --listen.",
+)
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    help="With --prometheus: serve /metrics here until Ctrl-C (a separate process; the node is not touched).",
+)
 @click.option("--node-label", default="", metavar="NAME", help="With --prometheus: a node=NAME label on every sample.")
-def stat(directory: Path, watch: bool, interval: float, type_id: int | None, label_filter: str | None,
-         as_json: bool, prometheus: bool, listen: str | None, node_label: str) -> None:
+def stat(
+    directory: Path,
+    watch: bool,
+    interval: float,
+    type_id: int | None,
+    label_filter: str | None,
+    as_json: bool,
+    prometheus: bool,
+    listen: str | None,
+    node_label: str,
+) -> None:
     """Show the counters of a media driver (and of the cluster node using it)."""
     if listen is not None and not prometheus:
         raise click.UsageError("--listen needs --prometheus")
@@ -122,9 +144,11 @@ def stat(directory: Path, watch: bool, interval: float, type_id: int | None, lab
             snapshot = counters_snapshot(path)
         except CountersError as e:
             raise click.ClickException(str(e)) from None
-        snapshot["counters"] = [c for c in snapshot["counters"]
-                                if (type_id is None or c["type_id"] == type_id)
-                                and (label_filter is None or label_filter in c["label"])]
+        snapshot["counters"] = [
+            c
+            for c in snapshot["counters"]
+            if (type_id is None or c["type_id"] == type_id) and (label_filter is None or label_filter in c["label"])
+        ]
         click.echo(json.dumps(snapshot, indent=2))
         return
     if prometheus:
@@ -158,8 +182,10 @@ def _prometheus(path: Path, listen: str | None, node_label: str) -> None:
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e.strerror or e}") from None
     bound_host, bound_port = server.server_address[:2]
-    click.echo(f"serving the counters of {path} at http://{listen.rpartition(':')[0] or bound_host}:{bound_port}/metrics",
-               err=True)
+    click.echo(
+        f"serving the counters of {path} at http://{listen.rpartition(':')[0] or bound_host}:{bound_port}/metrics",
+        err=True,
+    )
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:

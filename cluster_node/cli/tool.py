@@ -113,8 +113,13 @@ class _ToolGroup(click.Group):
 
 
 @click.group("tool", cls=_ToolGroup)
-@click.option("--dir", "node_dir", required=True, type=click.Path(path_type=Path),
-              help="The node directory (holding cluster-mark.dat, recording.log, archive/, driver/).")
+@click.option(
+    "--dir",
+    "node_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The node directory (holding cluster-mark.dat, recording.log, archive/, driver/).",
+)
 @click.pass_context
 def tool(ctx: click.Context, node_dir: Path) -> None:
     """Inspect one cluster node from its directory, and control the cluster through its leader.
@@ -165,23 +170,37 @@ def _echo_json(doc: dict[str, Any]) -> None:
     click.echo(json.dumps(doc, indent=2))
 
 
-JSON_OPTION = click.option("--json", "as_json", is_flag=True,
-                           help="One JSON object with the fields of the text (keys in docs/operations.md).")
+JSON_OPTION = click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object with the fields of the text (keys in docs/operations.md)."
+)
 
 
 def _entry_json(e: Entry | None) -> dict[str, Any] | None:
     if e is None:
         return None
-    return {"entry_index": e.entry_index, "type": ENTRY_TYPE_NAMES.get(e.entry_type, str(e.entry_type)),
-            "valid": e.is_valid, "recording_id": e.recording_id, "leadership_term_id": e.leadership_term_id,
-            "term_base_log_position": e.term_base_log_position, "log_position": e.log_position,
-            "open": e.entry_type == ENTRY_TYPE_TERM and e.log_position < 0, "timestamp": e.timestamp,
-            "service_id": e.service_id, "archive_endpoint": e.archive_endpoint}
+    return {
+        "entry_index": e.entry_index,
+        "type": ENTRY_TYPE_NAMES.get(e.entry_type, str(e.entry_type)),
+        "valid": e.is_valid,
+        "recording_id": e.recording_id,
+        "leadership_term_id": e.leadership_term_id,
+        "term_base_log_position": e.term_base_log_position,
+        "log_position": e.log_position,
+        "open": e.entry_type == ENTRY_TYPE_TERM and e.log_position < 0,
+        "timestamp": e.timestamp,
+        "service_id": e.service_id,
+        "archive_endpoint": e.archive_endpoint,
+    }
 
 
 @tool.command()
-@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
-              help="Stream id of the cluster log (finds the log recording before the first term).")
+@click.option(
+    "--log-stream-id",
+    type=int,
+    default=DEFAULT_LOG_STREAM_ID,
+    show_default=True,
+    help="Stream id of the cluster log (finds the log recording before the first term).",
+)
 @JSON_OPTION
 @click.pass_context
 def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
@@ -190,10 +209,16 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
     m = node.mark
     now = epoch_ms_now()
     doc: dict[str, Any] = {
-        "node_dir": str(node.path), "running": node.running, "status": node.status_line(),
-        "member_id": m.member_id, "cluster_id": m.cluster_id, "pid": m.pid,
-        "start_timestamp_ms": m.start_timestamp_ms, "activity_timestamp_ms": m.activity_timestamp_ms,
-        "activity_age_ms": m.age_ms(now), "details": dict(sorted(m.details.items())),
+        "node_dir": str(node.path),
+        "running": node.running,
+        "status": node.status_line(),
+        "member_id": m.member_id,
+        "cluster_id": m.cluster_id,
+        "pid": m.pid,
+        "start_timestamp_ms": m.start_timestamp_ms,
+        "activity_timestamp_ms": m.activity_timestamp_ms,
+        "activity_age_ms": m.age_ms(now),
+        "details": dict(sorted(m.details.items())),
     }
     out = [
         f"node directory    {node.path}",
@@ -208,10 +233,15 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
     state = read_node_state(node.path)
     if isinstance(state, tuple):
         ns, torn = state
-        doc["candidate_term"] = {"candidate_term_id": ns.candidate_term_id, "log_position": ns.log_position,
-                                 "torn_slot_seen": torn}
-        out.append(f"candidate term    {ns.candidate_term_id} (node-state.dat, at log position {ns.log_position}"
-                   + ("; a torn slot write was seen, the previous entry is used)" if torn else ")"))
+        doc["candidate_term"] = {
+            "candidate_term_id": ns.candidate_term_id,
+            "log_position": ns.log_position,
+            "torn_slot_seen": torn,
+        }
+        out.append(
+            f"candidate term    {ns.candidate_term_id} (node-state.dat, at log position {ns.log_position}"
+            + ("; a torn slot write was seen, the previous entry is used)" if torn else ")")
+        )
     else:
         doc["candidate_term"] = {"error": state}
         out.append(f"candidate term    ? ({state})")
@@ -220,8 +250,12 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
         doc["counters"] = {"path": str(node.counters_path), "current": False, "note": node.counters_note}
         out.append(f"counters          none ({node.counters_note})")
     else:
-        counters = {"path": str(node.counters_path), "current": node.counters_current, "note": node.counters_note,
-                    **{name: node.counter(name) for name in COUNTER_TYPES}}
+        counters = {
+            "path": str(node.counters_path),
+            "current": node.counters_current,
+            "note": node.counters_note,
+            **{name: node.counter(name) for name in COUNTER_TYPES},
+        }
         counters["role_name"] = role_name(node.counter("role"))
         counters["election_state_name"] = election_state_name(node.counter("election_state"))
         counters["cm_state_name"] = cm_state_name(node.counter("cm_state"))
@@ -249,8 +283,10 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
             out.append(f"  snapshot time   last {last_ns / 1e6:.1f} ms, max {(max_ns or 0) / 1e6:.1f} ms")
         cycle_ns = node.counter("max_cycle_time_ns")
         if cycle_ns is not None:
-            out.append(f"  max cycle time  {cycle_ns / 1e6:.1f} ms, {node.counter('cycle_time_threshold_exceeded')} "
-                       "pass(es) over the cycle threshold")
+            out.append(
+                f"  max cycle time  {cycle_ns / 1e6:.1f} ms, {node.counter('cycle_time_threshold_exceeded')} "
+                "pass(es) over the cycle threshold"
+            )
         timeouts = node.counter("client_session_timeouts")
         if timeouts is not None:
             out.append(f"  client timeouts {timeouts} session(s) closed for silence")
@@ -267,21 +303,39 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
         terms = [e for e in rl.entries if e.entry_type == ENTRY_TYPE_TERM]
         snaps = [e for e in rl.entries if e.entry_type != ENTRY_TYPE_TERM]
         invalid = sum(1 for e in rl.entries if not e.is_valid)
-        out.append(f"recording.log     {len(rl.entries)} entries: {len(terms)} TERM, {len(snaps)} SNAPSHOT, {invalid} invalid"
-                   + (f"; torn tail of {rl.torn_tail_length} bytes" if rl.torn_tail_length else ""))
+        out.append(
+            f"recording.log     {len(rl.entries)} entries: {len(terms)} TERM, {len(snaps)} SNAPSHOT, {invalid} invalid"
+            + (f"; torn tail of {rl.torn_tail_length} bytes" if rl.torn_tail_length else "")
+        )
         last = rl.last_term()
         if last is not None:
             end = "open" if last.log_position < 0 else f"to {last.log_position}"
-            out.append(f"  last term       {last.leadership_term_id} from position {last.term_base_log_position} ({end}), recording {last.recording_id}")
+            out.append(
+                f"  last term       {last.leadership_term_id} from position {last.term_base_log_position} ({end}), recording {last.recording_id}"
+            )
         snap = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
-        out.append("  latest snapshot " + ("none" if snap is None else
-                   f"term {snap.leadership_term_id} at position {snap.log_position}, recording {snap.recording_id}"))
+        out.append(
+            "  latest snapshot "
+            + (
+                "none"
+                if snap is None
+                else f"term {snap.leadership_term_id} at position {snap.log_position}, recording {snap.recording_id}"
+            )
+        )
         doc["recording_log"] = {
-            "entries": len(rl.entries), "terms": len(terms), "snapshots": len(snaps), "invalid": invalid,
-            "torn_tail_length": rl.torn_tail_length, "last_term": _entry_json(last),
-            "latest_snapshot": None if snap is None else {
-                "leadership_term_id": snap.leadership_term_id, "log_position": snap.log_position,
-                "recording_id": snap.recording_id},
+            "entries": len(rl.entries),
+            "terms": len(terms),
+            "snapshots": len(snaps),
+            "invalid": invalid,
+            "torn_tail_length": rl.torn_tail_length,
+            "last_term": _entry_json(last),
+            "latest_snapshot": None
+            if snap is None
+            else {
+                "leadership_term_id": snap.leadership_term_id,
+                "log_position": snap.log_position,
+                "recording_id": snap.recording_id,
+            },
         }
 
     catalog = read_catalog(node.archive_dir, required=False)
@@ -298,12 +352,23 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
             segments, size = segment_stats(node.archive_dir, d.recording_id)
             is_log = log_rec is not None and d.recording_id == log_rec.recording_id
             what = "log" if is_log else f"stream {d.stream_id}"
-            out.append(f"  recording {d.recording_id:<5} {what:<10} {d.start_position}..{stop} ({how}), "
-                       f"{segments} segment file(s), {size:,} bytes, {d.original_channel}")
-            doc["archive"]["recordings"].append({
-                "recording_id": d.recording_id, "log": is_log, "stream_id": d.stream_id,
-                "start_position": d.start_position, "stop_position": stop, "how": how,
-                "segment_files": segments, "bytes": size, "channel": d.original_channel})
+            out.append(
+                f"  recording {d.recording_id:<5} {what:<10} {d.start_position}..{stop} ({how}), "
+                f"{segments} segment file(s), {size:,} bytes, {d.original_channel}"
+            )
+            doc["archive"]["recordings"].append(
+                {
+                    "recording_id": d.recording_id,
+                    "log": is_log,
+                    "stream_id": d.stream_id,
+                    "start_position": d.start_position,
+                    "stop_position": stop,
+                    "how": how,
+                    "segment_files": segments,
+                    "bytes": size,
+                    "channel": d.original_channel,
+                }
+            )
     doc["disk"] = {}
     for what, where in (("node_dir", node.path), ("archive_dir", node.archive_dir)):
         try:
@@ -315,8 +380,10 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
         if what == "archive_dir" and doc["disk"].get("node_dir") == {"free_bytes": free, "total_bytes": total}:
             continue  # the same filesystem
         doc["disk"][what] = {"free_bytes": free, "total_bytes": total}
-        out.append(f"free space        {free:,} of {total:,} bytes ({100 * free / max(total, 1):.0f}%) on the "
-                   f"filesystem of {where}")
+        out.append(
+            f"free space        {free:,} of {total:,} bytes ({100 * free / max(total, 1):.0f}%) on the "
+            f"filesystem of {where}"
+        )
     if as_json:
         _echo_json(doc)
     else:
@@ -324,8 +391,12 @@ def describe(ctx: click.Context, log_stream_id: int, as_json: bool) -> None:
 
 
 @tool.command("list-members")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The node's TOML config: lists every member with its endpoints.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The node's TOML config: lists every member with its endpoints.",
+)
 @JSON_OPTION
 @click.pass_context
 def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
@@ -346,29 +417,42 @@ def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) ->
                 leader_how += "; the node is not running"
     lags = {lag["member_id"]: lag for lag in member_lags(node)}
     doc: dict[str, Any] = {
-        "this_node": {"member_id": node.member_id, "running": node.running, "status": node.status_line(),
-                      "role": role_name(node.counter("role")) if node.counters is not None else None,
-                      "leadership_term_id": term,
-                      "election_state": election_state_name(node.counter("election_state")) if node.counters is not None else None,
-                      "election_count": node.counter("election_count"),
-                      "counters_current": node.counters_current, "counters_note": node.counters_note},
+        "this_node": {
+            "member_id": node.member_id,
+            "running": node.running,
+            "status": node.status_line(),
+            "role": role_name(node.counter("role")) if node.counters is not None else None,
+            "leadership_term_id": term,
+            "election_state": election_state_name(node.counter("election_state"))
+            if node.counters is not None
+            else None,
+            "election_count": node.counter("election_count"),
+            "counters_current": node.counters_current,
+            "counters_note": node.counters_note,
+        },
         "leader": None if leader_id is None else {"member_id": leader_id, "how": leader_how},
     }
 
     me = f"member {node.member_id}: {node.status_line()}"
     if node.counters is not None:
-        me += (f", role {role_name(node.counter('role'))}, term {term}, "
-               f"election {election_state_name(node.counter('election_state'))}")
+        me += (
+            f", role {role_name(node.counter('role'))}, term {term}, "
+            f"election {election_state_name(node.counter('election_state'))}"
+        )
         if not node.counters_current:
             me += f" ({node.counters_note})"
-    lines = [f"this node   {me}",
-             "leader      " + (f"member {leader_id} ({leader_how})" if leader_id is not None else "unknown")]
+    lines = [
+        f"this node   {me}",
+        "leader      " + (f"member {leader_id} ({leader_how})" if leader_id is not None else "unknown"),
+    ]
 
     if config_path is None:
         peers = consensus_peers(node)
         doc["peers"] = peers
-        doc["members"] = [{"member_id": mid, **{k: v for k, v in lag.items() if k != "member_id"}}
-                          for mid, lag in sorted(lags.items())]
+        doc["members"] = [
+            {"member_id": mid, **{k: v for k, v in lag.items() if k != "member_id"}}
+            for mid, lag in sorted(lags.items())
+        ]
         if peers:
             lines.append("peers       consensus endpoints this node publishes to: " + ", ".join(peers))
         for mid, lag in sorted(lags.items()):
@@ -388,7 +472,8 @@ def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) ->
         raise click.ClickException(str(e)) from None
     if cfg.member_id != node.member_id:
         raise click.ClickException(
-            f"{config_path} is member {cfg.member_id}'s config, but {node.path} holds member {node.member_id}")
+            f"{config_path} is member {cfg.member_id}'s config, but {node.path} holds member {node.member_id}"
+        )
     headings = ("ID", "", "INGRESS", "CONSENSUS", "LOG", "CATCHUP", "ARCHIVE", "POSITION", "LAG")
     rows = []
     doc["members"] = []
@@ -401,13 +486,33 @@ def list_members(ctx: click.Context, config_path: Path | None, as_json: bool) ->
         lag = lags.get(mem.id)
         position = "" if lag is None else str(lag["append_position"])
         behind = "" if lag is None or lag["lag"] is None else str(lag["lag"])
-        rows.append((str(mem.id), ",".join(tags), mem.ingress, mem.consensus, mem.log, mem.catchup, mem.archive,
-                     position, behind))
-        doc["members"].append({"member_id": mem.id, "this": mem.id == node.member_id, "leader": mem.id == leader_id,
-                               "ingress": mem.ingress, "consensus": mem.consensus, "log": mem.log,
-                               "catchup": mem.catchup, "archive": mem.archive,
-                               "append_position": None if lag is None else lag["append_position"],
-                               "lag": None if lag is None else lag["lag"]})
+        rows.append(
+            (
+                str(mem.id),
+                ",".join(tags),
+                mem.ingress,
+                mem.consensus,
+                mem.log,
+                mem.catchup,
+                mem.archive,
+                position,
+                behind,
+            )
+        )
+        doc["members"].append(
+            {
+                "member_id": mem.id,
+                "this": mem.id == node.member_id,
+                "leader": mem.id == leader_id,
+                "ingress": mem.ingress,
+                "consensus": mem.consensus,
+                "log": mem.log,
+                "catchup": mem.catchup,
+                "archive": mem.archive,
+                "append_position": None if lag is None else lag["append_position"],
+                "lag": None if lag is None else lag["lag"],
+            }
+        )
     if as_json:
         _echo_json(doc)
         return
@@ -428,12 +533,31 @@ def recording_log(ctx: click.Context, as_json: bool) -> None:
     rl = read_recording_log(node.path, required=True)
     assert rl is not None
     if as_json:
-        _echo_json({"path": str(node.path / RECORDING_LOG_FILE_NAME), "length": rl.length,
-                    "torn_tail_length": rl.torn_tail_length, "entries": [_entry_json(e) for e in rl.entries]})
+        _echo_json(
+            {
+                "path": str(node.path / RECORDING_LOG_FILE_NAME),
+                "length": rl.length,
+                "torn_tail_length": rl.torn_tail_length,
+                "entries": [_entry_json(e) for e in rl.entries],
+            }
+        )
         return
-    click.echo(f"{node.path / RECORDING_LOG_FILE_NAME}: {len(rl.entries)} entries, {rl.length} bytes"
-               + (f", torn tail of {rl.torn_tail_length} bytes (cut on the next start)" if rl.torn_tail_length else ""))
-    headings = ("INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION", "TIMESTAMP", "SERVICE", "ENDPOINT")
+    click.echo(
+        f"{node.path / RECORDING_LOG_FILE_NAME}: {len(rl.entries)} entries, {rl.length} bytes"
+        + (f", torn tail of {rl.torn_tail_length} bytes (cut on the next start)" if rl.torn_tail_length else "")
+    )
+    headings = (
+        "INDEX",
+        "TYPE",
+        "VALID",
+        "RECORDING",
+        "TERM",
+        "TERM_BASE",
+        "LOG_POSITION",
+        "TIMESTAMP",
+        "SERVICE",
+        "ENDPOINT",
+    )
     rows = [_entry_row(e) for e in rl.entries]
     for line in format_table([headings, *rows], right=(0, 3, 4, 5, 6, 7, 8)):
         click.echo(line)
@@ -455,10 +579,20 @@ def _entry_row(e: Entry) -> tuple[str, ...]:
 
 
 @tool.command("recovery-plan")
-@click.option("--service-count", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Clustered services on the node (the plan needs one snapshot per service).")
-@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
-              help="Stream id of the cluster log (finds the log recording before the first term).")
+@click.option(
+    "--service-count",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Clustered services on the node (the plan needs one snapshot per service).",
+)
+@click.option(
+    "--log-stream-id",
+    type=int,
+    default=DEFAULT_LOG_STREAM_ID,
+    show_default=True,
+    help="Stream id of the cluster log (finds the log recording before the first term).",
+)
 @click.pass_context
 def recovery_plan(ctx: click.Context, service_count: int, log_stream_id: int) -> None:
     """The plan the node would start from: recording.log plus the archive's log recording."""
@@ -494,8 +628,10 @@ def _plan_lines(plan: RecoveryPlan, service_count: int, how: str) -> list[str]:
         lines.append(f"  snapshots                {len(plan.snapshots)}")
         for s in plan.snapshots:
             who = "consensus module" if s.service_id == CONSENSUS_MODULE_SERVICE_ID else f"service {s.service_id}"
-            lines.append(f"    {who:<18} recording {s.recording_id}, term {s.leadership_term_id}, "
-                         f"term base {s.term_base_log_position}, log position {s.log_position}, timestamp {s.timestamp}")
+            lines.append(
+                f"    {who:<18} recording {s.recording_id}, term {s.leadership_term_id}, "
+                f"term base {s.term_base_log_position}, log position {s.log_position}, timestamp {s.timestamp}"
+            )
         replay_from = plan.snapshots[0].log_position
     length = max(0, plan.appended_log_position - replay_from)
     lines.append(f"  log replay               {replay_from}..{plan.appended_log_position} ({length:,} bytes)")
@@ -503,8 +639,14 @@ def _plan_lines(plan: RecoveryPlan, service_count: int, how: str) -> list[str]:
 
 
 @tool.command()
-@click.option("-n", "--count", type=click.IntRange(min=1), default=20, show_default=True,
-              help="How many of the latest error and warning lines to show.")
+@click.option(
+    "-n",
+    "--count",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="How many of the latest error and warning lines to show.",
+)
 @JSON_OPTION
 @click.pass_context
 def errors(ctx: click.Context, count: int, as_json: bool) -> None:
@@ -515,8 +657,11 @@ def errors(ctx: click.Context, count: int, as_json: bool) -> None:
     doc: dict[str, Any] = {"log_file": str(path), "log_found": True, "events": []}
     try:
         found: deque[dict[str, Any]] = deque()
-        for event in log_events_backwards(path, lambda e: str(e.get("level", "")).lower() in ERROR_LEVELS,
-                                          tuple(f'"{level}"'.encode() for level in ERROR_LEVELS)):
+        for event in log_events_backwards(
+            path,
+            lambda e: str(e.get("level", "")).lower() in ERROR_LEVELS,
+            tuple(f'"{level}"'.encode() for level in ERROR_LEVELS),
+        ):
             found.appendleft(event)
             if len(found) >= count:
                 break
@@ -534,8 +679,11 @@ def errors(ctx: click.Context, count: int, as_json: bool) -> None:
         doc["distinct_errors"][component] = [dataclasses.asdict(e) for e in table]
         if table:
             out.append(f"distinct errors of the {component} (each logged once; {file_name}):")
-            out.extend(f"  {e.count:>8}x  first {format_epoch_ms(e.first_ms)}  last {format_epoch_ms(e.last_ms)}  "
-                       f"{e.key}: {e.message}" for e in table)
+            out.extend(
+                f"  {e.count:>8}x  first {format_epoch_ms(e.first_ms)}  last {format_epoch_ms(e.last_ms)}  "
+                f"{e.key}: {e.message}"
+                for e in table
+            )
     doc["counters_current"] = node.counters_current
     doc["counters_note"] = node.counters_note
     for name, title in (("errors", "errors counter"), ("service_errors", "service errors counter")):
@@ -559,4 +707,3 @@ def errors(ctx: click.Context, count: int, as_json: bool) -> None:
         _echo_json(doc)
     else:
         click.echo("\n".join(out))
-

@@ -37,8 +37,14 @@ def resume(ctx: click.Context) -> None:
 
 
 @tool.command()
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=SNAPSHOT_TIMEOUT_S,
-              show_default=True, help="Seconds to wait for the leader's snapshot set.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=SNAPSHOT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the leader's snapshot set.",
+)
 @click.pass_context
 def snapshot(ctx: click.Context, timeout_s: float) -> None:
     """Leader only, state ACTIVE: every member takes a snapshot at the same log position.
@@ -49,11 +55,17 @@ def snapshot(ctx: click.Context, timeout_s: float) -> None:
         click.echo(line)
 
 
-_WAIT_OPTION = click.option("--wait/--no-wait", default=True, show_default=True,
-                            help="Wait until the node's process has exited.")
-_TIMEOUT_OPTION = click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-                               default=TERMINATE_TIMEOUT_S, show_default=True,
-                               help="Seconds to wait for the request to be taken and the process to exit.")
+_WAIT_OPTION = click.option(
+    "--wait/--no-wait", default=True, show_default=True, help="Wait until the node's process has exited."
+)
+_TIMEOUT_OPTION = click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=TERMINATE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the request to be taken and the process to exit.",
+)
 
 
 @tool.command()

@@ -34,8 +34,9 @@ __all__ = ["invalidate_latest_snapshot", "skip_entry", "describe_latest_snapshot
 
 def _set_text(rl: RecordingLog, cm: Entry) -> str:
     parts = [f"consensus module (entry {cm.entry_index}, recording {cm.recording_id})"]
-    parts += [f"service {e.service_id} (entry {e.entry_index}, recording {e.recording_id})"
-              for e in snapshot_services(rl, cm)]
+    parts += [
+        f"service {e.service_id} (entry {e.entry_index}, recording {e.recording_id})" for e in snapshot_services(rl, cm)
+    ]
     return f"log position {cm.log_position}, leadership term {cm.leadership_term_id}: " + ", ".join(parts)
 
 
@@ -46,8 +47,10 @@ def invalidate_latest_snapshot(ctx: click.Context) -> None:
     the next start loads the previous one (or replays the whole log)."""
     node = _node(ctx)
     if node.running:
-        _fail(f"member {node.member_id} runs in {node.path} (pid {node.mark.pid}): stop it before "
-              f"invalidating its snapshot")
+        _fail(
+            f"member {node.member_id} runs in {node.path} (pid {node.mark.pid}): stop it before "
+            f"invalidating its snapshot"
+        )
     file = node.path / RECORDING_LOG_FILE_NAME
     if not file.exists():
         _fail(f"no {RECORDING_LOG_FILE_NAME} in {node.path}: no snapshot to invalidate")
@@ -68,9 +71,11 @@ def invalidate_latest_snapshot(ctx: click.Context) -> None:
         except OSError as e:
             raise click.ClickException(f"{file}: {e.strerror or e}") from None
     changed = [e for e, valid in zip(rl.entries, was_valid) if valid and not e.is_valid]
-    out = [f"invalidated the latest snapshot set of member {node.member_id} in {file}:",
-           f"  {described}",
-           f"  entries now INVALID: {', '.join(str(e.entry_index) for e in changed)}"]
+    out = [
+        f"invalidated the latest snapshot set of member {node.member_id} in {file}:",
+        f"  {described}",
+        f"  entries now INVALID: {', '.join(str(e.entry_index) for e in changed)}",
+    ]
     if repaired:
         out.append(f"  (a torn tail of {repaired} bytes was cut, as the node would on its next start)")
     previous = rl.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
@@ -82,13 +87,22 @@ def invalidate_latest_snapshot(ctx: click.Context) -> None:
 
 
 @tool.command("skip-entry")
-@click.option("--position", "log_position", type=click.IntRange(min=1), required=True,
-              help="The log position the node named when it stopped (the position after the entry).")
+@click.option(
+    "--position",
+    "log_position",
+    type=click.IntRange(min=1),
+    required=True,
+    help="The log position the node named when it stopped (the position after the entry).",
+)
 @click.option("--note", default="", help="Why, kept in the skip file for the next reader.")
-@click.option("--force", is_flag=True, help="Record it even if this node's recorded log has no entry ending there "
-                                            "(a member that never received it).")
-@click.option("--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True,
-              help="Stream id of the cluster log.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Record it even if this node's recorded log has no entry ending there (a member that never received it).",
+)
+@click.option(
+    "--log-stream-id", type=int, default=DEFAULT_LOG_STREAM_ID, show_default=True, help="Stream id of the cluster log."
+)
 @click.pass_context
 def skip_entry(ctx: click.Context, log_position: int, note: str, force: bool, log_stream_id: int) -> None:
     """Offline, the node stopped: have the service pass over the log entry that ends at POSITION.
@@ -110,8 +124,10 @@ def skip_entry(ctx: click.Context, log_position: int, note: str, force: bool, lo
             raise click.ClickException(str(e)) from None
     what = text if found else f"not checked: {text}"
     verb = "recorded" if new else "already recorded"
-    click.echo(f"{verb}: member {node.member_id} will not give the service the log entry ending at position "
-               f"{log_position} ({what})")
+    click.echo(
+        f"{verb}: member {node.member_id} will not give the service the log entry ending at position "
+        f"{log_position} ({what})"
+    )
     click.echo(f"skip list {node.path / SKIP_FILE_NAME}: {', '.join(str(e.log_position) for e in entries)}")
     click.echo("add the same skip to every other member's directory before starting any of them")
 
@@ -120,8 +136,10 @@ def _snapshot_recording(archive_dir: Path, catalog: Catalog, entry: Entry, who: 
     """The records of the snapshot recording ``entry`` names, and its length in bytes."""
     d = catalog.find(entry.recording_id)
     if d is None:
-        _fail(f"snapshot recording {entry.recording_id} ({who}) is not in the archive catalog "
-              f"{archive_dir / CATALOG_FILE_NAME}")
+        _fail(
+            f"snapshot recording {entry.recording_id} ({who}) is not in the archive catalog "
+            f"{archive_dir / CATALOG_FILE_NAME}"
+        )
     assert d is not None
     try:
         records = read_recording_messages(archive_dir, d)
@@ -140,8 +158,13 @@ def _more(shown: int, total: int) -> list[str]:
 
 
 @tool.command("describe-latest-snapshot")
-@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
-              help="How many sessions, timers and pending message ids to list (all are counted).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="How many sessions, timers and pending message ids to list (all are counted).",
+)
 @click.pass_context
 def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
     """The latest valid snapshot set in recording.log and what its recordings hold, read from the
@@ -161,17 +184,23 @@ def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
     try:
         snap = decode_cm_snapshot(records)
     except SnapshotError as e:
-        _fail(f"snapshot recording {cm.recording_id} (consensus module, log position {cm.log_position}) is damaged: {e}")
+        _fail(
+            f"snapshot recording {cm.recording_id} (consensus module, log position {cm.log_position}) is damaged: {e}"
+        )
     if (snap.log_position, snap.leadership_term_id) != (cm.log_position, cm.leadership_term_id):
-        _fail(f"snapshot recording {cm.recording_id} (consensus module) holds the snapshot at log position "
-              f"{snap.log_position}, term {snap.leadership_term_id}, but recording.log says "
-              f"{cm.log_position}, term {cm.leadership_term_id}")
+        _fail(
+            f"snapshot recording {cm.recording_id} (consensus module) holds the snapshot at log position "
+            f"{snap.log_position}, term {snap.leadership_term_id}, but recording.log says "
+            f"{cm.log_position}, term {cm.leadership_term_id}"
+        )
 
     out = [f"latest snapshot     log position {cm.log_position}, leadership term {cm.leadership_term_id}"]
     for e in [cm, *services]:
         who = "consensus module" if e.service_id == CONSENSUS_MODULE_SERVICE_ID else f"service {e.service_id}"
-        out.append(f"  {who:<17} entry {e.entry_index}, recording {e.recording_id}, term base "
-                   f"{e.term_base_log_position}, timestamp {e.timestamp}")
+        out.append(
+            f"  {who:<17} entry {e.entry_index}, recording {e.recording_id}, term base "
+            f"{e.term_base_log_position}, timestamp {e.timestamp}"
+        )
     out += [
         f"consensus module    recording {cm.recording_id}: {len(records)} records, {length:,} bytes",
         f"  marker            log position {snap.log_position}, leadership term {snap.leadership_term_id}, "
@@ -182,8 +211,10 @@ def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
         f"  sessions          {len(snap.sessions)}",
     ]
     for s in snap.sessions[:limit]:
-        out.append(f"    session {s.cluster_session_id}  correlation {s.correlation_id}  opened at "
-                   f"{s.opened_log_position}  response stream {s.response_stream_id}  {s.response_channel}")
+        out.append(
+            f"    session {s.cluster_session_id}  correlation {s.correlation_id}  opened at "
+            f"{s.opened_log_position}  response stream {s.response_stream_id}  {s.response_channel}"
+        )
     out += _more(min(limit, len(snap.sessions)), len(snap.sessions))
     out.append(f"  timers            {len(snap.timers)}")
     for correlation_id, deadline in snap.timers[:limit]:
@@ -214,6 +245,8 @@ def describe_latest_snapshot(ctx: click.Context, limit: int) -> None:
             f"  user records      {len(svc.user_records)} ({user_bytes:,} bytes)",
         ]
         if svc.skipped_positions:
-            out.append(f"  skipped entries   log position(s) {', '.join(map(str, svc.skipped_positions))}"
-                       " (the operator's skip list when it was taken)")
+            out.append(
+                f"  skipped entries   log position(s) {', '.join(map(str, svc.skipped_positions))}"
+                " (the operator's skip list when it was taken)"
+            )
     click.echo("\n".join(out))

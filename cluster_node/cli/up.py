@@ -74,40 +74,109 @@ _REFRESH_S = 0.5
 
 @click.command("up")
 @click.option("--nodes", type=int, default=None, help="Number of members (default 3; generated configs only).")
-@click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("var/cluster"),
-              show_default=True, help="Cluster directory: generated configs and node<N>/ directories.")
+@click.option(
+    "--dir",
+    "base_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("var/cluster"),
+    show_default=True,
+    help="Cluster directory: generated configs and node<N>/ directories.",
+)
 @click.option("--service", default=None, help="echo, kv (default) or package.module:ClassName (generated configs).")
-@click.option("--config-dir", type=click.Path(path_type=Path), default=None,
-              help="Start the node<N>.toml configs of DIR (e.g. configs/) instead of generating them.")
-@click.option("--fresh", is_flag=True, help="Remove the configs and node directories of --dir first (new ports, empty state).")
-@click.option("--no-pin", is_flag=True,
-              help="Generated configs leave the members' CPUs to the OS (default: the leader gets a CPU of its own, "
-                   "the followers the others; see leader_cpus in cluster_node/config.py).")
-@click.option("--keep-cpus-awake", is_flag=True,
-              help="Generated configs keep the members' CPUs out of the idle state while the log moves: lower "
-                   "latency on virtual machines, for CPU while traffic flows (see keep_cpus_awake in "
-                   "cluster_node/config.py).")
-@click.option("--once", is_flag=True,
-              help="For scripts: print the table once a leader is elected, then a line UP leader=... client=..., "
-                   "then only event lines; keep running until SIGTERM/SIGINT.")
-@click.option("--start-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds for every member to start.")
-@click.option("--leader-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="With --once: seconds for a leader to be elected before giving up.")
-@click.option("--stop-timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-              help="Seconds a member has to stop after SIGTERM before it is killed.")
-def up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, no_pin: bool,
-       keep_cpus_awake: bool, once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
+@click.option(
+    "--config-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Start the node<N>.toml configs of DIR (e.g. configs/) instead of generating them.",
+)
+@click.option(
+    "--fresh", is_flag=True, help="Remove the configs and node directories of --dir first (new ports, empty state)."
+)
+@click.option(
+    "--no-pin",
+    is_flag=True,
+    help="Generated configs leave the members' CPUs to the OS (default: the leader gets a CPU of its own, "
+    "the followers the others; see leader_cpus in cluster_node/config.py).",
+)
+@click.option(
+    "--keep-cpus-awake",
+    is_flag=True,
+    help="Generated configs keep the members' CPUs out of the idle state while the log moves: lower "
+    "latency on virtual machines, for CPU while traffic flows (see keep_cpus_awake in "
+    "cluster_node/config.py).",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="For scripts: print the table once a leader is elected, then a line UP leader=... client=..., "
+    "then only event lines; keep running until SIGTERM/SIGINT.",
+)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds for every member to start.",
+)
+@click.option(
+    "--leader-timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="With --once: seconds for a leader to be elected before giving up.",
+)
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds a member has to stop after SIGTERM before it is killed.",
+)
+def up(
+    nodes: int | None,
+    base_dir: Path,
+    service: str | None,
+    config_dir: Path | None,
+    fresh: bool,
+    no_pin: bool,
+    keep_cpus_awake: bool,
+    once: bool,
+    start_timeout: float,
+    leader_timeout: float,
+    stop_timeout: float,
+) -> None:
     """Start a local cluster (one process per member), show its members live, stop it on Ctrl-C."""
     try:
-        _up(nodes, base_dir, service, config_dir, fresh, no_pin, keep_cpus_awake, once, start_timeout, leader_timeout,
-            stop_timeout)
+        _up(
+            nodes,
+            base_dir,
+            service,
+            config_dir,
+            fresh,
+            no_pin,
+            keep_cpus_awake,
+            once,
+            start_timeout,
+            leader_timeout,
+            stop_timeout,
+        )
     except LocalClusterError as e:
         raise click.ClickException(str(e)) from None
 
 
-def _up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path | None, fresh: bool, no_pin: bool,
-        keep_cpus_awake: bool, once: bool, start_timeout: float, leader_timeout: float, stop_timeout: float) -> None:
+def _up(
+    nodes: int | None,
+    base_dir: Path,
+    service: str | None,
+    config_dir: Path | None,
+    fresh: bool,
+    no_pin: bool,
+    keep_cpus_awake: bool,
+    once: bool,
+    start_timeout: float,
+    leader_timeout: float,
+    stop_timeout: float,
+) -> None:
     os.umask(0o077)  # the members' consoles and directories are the user's alone, as the nodes' files
     plan = plan_cluster(nodes, base_dir, service, config_dir, fresh, pin=not no_pin, keep_cpus_awake=keep_cpus_awake)
     members = members_from(plan.node_config_paths)
@@ -158,16 +227,20 @@ def _up(nodes: int | None, base_dir: Path, service: str | None, config_dir: Path
                         echo(line)
                 if not announced:
                     announced = True
-                    echo_line = (f"UP leader={now_leader[0]} term={now_leader[1]} members={len(members)}"
-                                 f" client={client_path if client_path else '-'}")
+                    echo_line = (
+                        f"UP leader={now_leader[0]} term={now_leader[1]} members={len(members)}"
+                        f" client={client_path if client_path else '-'}"
+                    )
                     if not interactive:
                         echo(echo_line)
             leader = now_leader if now_leader is not None else leader
             shown_leader = now_leader
             if once and not announced and time.monotonic() > leader_deadline:
                 sup.event(f"no leader elected within {leader_timeout:g}s")
-                raise click.ClickException(f"no leader elected within {leader_timeout:g}s; node logs in "
-                                           + ", ".join(str(m.log_file) for m in members))
+                raise click.ClickException(
+                    f"no leader elected within {leader_timeout:g}s; node logs in "
+                    + ", ".join(str(m.log_file) for m in members)
+                )
             if screen is not None and time.monotonic() >= next_draw:
                 screen.draw(screen_lines(header, members, sup, client_path, shown_leader))
                 next_draw = time.monotonic() + _REFRESH_S

@@ -115,9 +115,7 @@ class BlockingClusterClient:
         the next in line is the service's error for one of our messages."""
         return self._async(self.client.receive, timeout)
 
-    def request(
-        self, payload: bytes, timeout: float = 5.0, match: Callable[[bytes], bool] | None = None
-    ) -> bytes:
+    def request(self, payload: bytes, timeout: float = 5.0, match: Callable[[bytes], bool] | None = None) -> bytes:
         """Send ``payload`` and return the first reply for which ``match`` is true (any reply
         without ``match``); raises ServiceRequestError when the service raised on it instead
         (an error event for a message that starts as ``payload`` does), TimeoutError when

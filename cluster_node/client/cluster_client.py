@@ -199,7 +199,9 @@ class ClusterClient(AsyncConnect):
         """The credentials supplier (see the module docstring)."""
         self._admin_responses: dict[int, AdminResponse | None] = {}
         self._admin_lot = trio.lowlevel.ParkingLot()
-        self.ingress_endpoints: dict[int, str] = parse_ingress_endpoints(c.ingress_endpoints, "client.ingress_endpoints")
+        self.ingress_endpoints: dict[int, str] = parse_ingress_endpoints(
+            c.ingress_endpoints, "client.ingress_endpoints"
+        )
         self._ingress_stream_id = c.ingress_stream_id
         self._egress_stream_id = c.egress_stream_id
         host, port = parse_endpoint(c.egress_endpoint)
@@ -387,14 +389,21 @@ class ClusterClient(AsyncConnect):
         if member_id is not None and (self._connecting or event.cluster_session_id != self.cluster_session_id):
             if self._connecting:
                 self._connect_replies.append((member_id, event))
-            elif (event.code == EventCode.OK and event.cluster_session_id != self.cluster_session_id
-                  and member_id == self.leader_member_id and self._ingress is not None):
+            elif (
+                event.code == EventCode.OK
+                and event.cluster_session_id != self.cluster_session_id
+                and member_id == self.leader_member_id
+                and self._ingress is not None
+            ):
                 # A second request of ours reached the leader (its first answer came late): one
                 # session is enough.
                 self._send_close(self._ingress, event.leadership_term_id, event.cluster_session_id)
             return
-        if (event.cluster_session_id != self.cluster_session_id or self.cluster_session_id == NULL_VALUE
-                or event.leadership_term_id < self.leadership_term_id):
+        if (
+            event.cluster_session_id != self.cluster_session_id
+            or self.cluster_session_id == NULL_VALUE
+            or event.leadership_term_id < self.leadership_term_id
+        ):
             self.foreign_messages += 1
             return
         self._answered()
@@ -405,8 +414,12 @@ class ClusterClient(AsyncConnect):
                 # TIMEOUT: the cluster stopped counting on us (we were silent too long, or a
                 # leader that restarted closed the sessions it inherited from the log). We are
                 # here, so we open a new session, as after a silent leader.
-                log.warning("the cluster closed the session, reconnecting", session=self.cluster_session_id,
-                            detail=event.detail, leader=event.leader_member_id)
+                log.warning(
+                    "the cluster closed the session, reconnecting",
+                    session=self.cluster_session_id,
+                    detail=event.detail,
+                    leader=event.leader_member_id,
+                )
                 if event.leader_member_id != NULL_VALUE and event.leader_member_id in self.ingress_endpoints:
                     self.leader_member_id = event.leader_member_id  # asked first
                 self._reconnect_wanted = True
@@ -427,8 +440,12 @@ class ClusterClient(AsyncConnect):
         elif self.on_service_error is not None:
             self.on_service_error(error)
         else:
-            log.warning("the service failed on a message of this session", session=self.cluster_session_id,
-                        log_position=event.log_position, error=event.error)
+            log.warning(
+                "the service failed on a message of this session",
+                session=self.cluster_session_id,
+                log_position=event.log_position,
+                error=event.error,
+            )
 
     def _enqueue(self, item) -> None:
         if len(self._inbox) == self._inbox.maxlen:
@@ -442,8 +459,11 @@ class ClusterClient(AsyncConnect):
             return
         if event.leadership_term_id < self.leadership_term_id:
             return  # a stale event from an earlier election
-        if (event.leadership_term_id == self.leadership_term_id and event.leader_member_id == self.leader_member_id
-                and self._ingress is not None):
+        if (
+            event.leadership_term_id == self.leadership_term_id
+            and event.leader_member_id == self.leader_member_id
+            and self._ingress is not None
+        ):
             self._answered()  # told again (a message of ours crossed the first one): nothing new
             return
         try:
@@ -463,8 +483,9 @@ class ClusterClient(AsyncConnect):
         self._last_leader_sign_ns = time.monotonic_ns()
         if old_leader != event.leader_member_id or self._ingress is None:
             self._replace_ingress(self._add_ingress(endpoints[event.leader_member_id]))
-        log.info("new leader", leader=event.leader_member_id, term=event.leadership_term_id,
-                 session=self.cluster_session_id)
+        log.info(
+            "new leader", leader=event.leader_member_id, term=event.leadership_term_id, session=self.cluster_session_id
+        )
         if self.on_new_leader is not None:
             self.on_new_leader(event.leadership_term_id, event.leader_member_id)
 
@@ -504,8 +525,9 @@ class ClusterClient(AsyncConnect):
         self._admin_responses[correlation_id] = None
         try:
             with trio.fail_after(timeout):
-                msg = encode_ingress(AdminRequest(self.leadership_term_id, self.cluster_session_id, correlation_id,
-                                                  request_type))
+                msg = encode_ingress(
+                    AdminRequest(self.leadership_term_id, self.cluster_session_id, correlation_id, request_type)
+                )
                 while True:
                     if self._closed:
                         raise ClientClosedError(f"client is closed{': ' + self.error if self.error else ''}")
@@ -552,10 +574,17 @@ class ClusterClient(AsyncConnect):
             return False
         if now_ns - self._last_leader_sign_ns >= self._silence_timeout_ns:
             return True
-        if (self._reconnect_when_unanswered and self._unanswered_since_ns
-                and now_ns - self._unanswered_since_ns >= self._silence_timeout_ns):
-            log.warning("requests unanswered, taking the session for dead", session=self.cluster_session_id,
-                        leader=self.leader_member_id, offers=self._offers_since_answer)
+        if (
+            self._reconnect_when_unanswered
+            and self._unanswered_since_ns
+            and now_ns - self._unanswered_since_ns >= self._silence_timeout_ns
+        ):
+            log.warning(
+                "requests unanswered, taking the session for dead",
+                session=self.cluster_session_id,
+                leader=self.leader_member_id,
+                offers=self._offers_since_answer,
+            )
             self.unanswered_reconnects += 1
             return True
         return False

@@ -128,8 +128,11 @@ class AsyncConnect:
                     code = reply.code
                     if code == EventCode.OK:
                         leader = reply.leader_member_id if reply.leader_member_id != NULL_VALUE else member_id
-                        if (newest_leader not in (NULL_VALUE, leader) and reply.leadership_term_id < newest_term
-                                and member_id in pubs):
+                        if (
+                            newest_leader not in (NULL_VALUE, leader)
+                            and reply.leadership_term_id < newest_term
+                            and member_id in pubs
+                        ):
                             self._send_close(pubs[member_id], reply.leadership_term_id, reply.cluster_session_id)
                             heard[member_id] = f"deposed leader of term {reply.leadership_term_id}"
                             continue
@@ -141,8 +144,12 @@ class AsyncConnect:
                         self._last_leader_sign_ns = time.monotonic_ns()
                         self._answered()
                         self._next_keep_alive_ns = time.monotonic_ns() + self._keep_alive_interval_ns
-                        log.info("connected", session=self.cluster_session_id, term=self.leadership_term_id,
-                                 leader=self.leader_member_id)
+                        log.info(
+                            "connected",
+                            session=self.cluster_session_id,
+                            term=self.leadership_term_id,
+                            leader=self.leader_member_id,
+                        )
                         return
                     if code == EventCode.REDIRECT:
                         self._redirect_endpoints(reply)
@@ -171,8 +178,9 @@ class AsyncConnect:
                             next_ask_ns[member_id] = now + int(_ASK_AGAIN_MAX_S * 1e9)
                         continue
                     if code == EventCode.AUTHENTICATION_REJECTED:
-                        raise AuthenticationError(f"authentication rejected: {reply.detail or 'no reason given'}",
-                                                  reply.detail)
+                        raise AuthenticationError(
+                            f"authentication rejected: {reply.detail or 'no reason given'}", reply.detail
+                        )
                     raise ClusterRejectedError(
                         f"the cluster refused the connection ({EventCode(code).name}): {reply.detail or 'no detail'}"
                     )
@@ -236,7 +244,10 @@ class AsyncConnect:
         correlation_id = next(self._correlation_ids)
         request = encode_ingress(
             SessionConnectRequest(
-                correlation_id, self._egress_stream_id, self._protocol_version, self.egress_channel,
+                correlation_id,
+                self._egress_stream_id,
+                self._protocol_version,
+                self.egress_channel,
                 bytes(self.credentials.encoded_credentials()),
             )
         )
@@ -279,8 +290,12 @@ class AsyncConnect:
         """A new session after the leader went silent or the cluster timed ours out; closes the
         client if it cannot."""
         old = self.cluster_session_id
-        log.warning("reconnecting", session=old, leader=self.leader_member_id,
-                    silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000)
+        log.warning(
+            "reconnecting",
+            session=old,
+            leader=self.leader_member_id,
+            silent_for_ms=(time.monotonic_ns() - self._last_leader_sign_ns) // 1_000_000,
+        )
         self._replace_ingress(None)
         self.cluster_session_id = NULL_VALUE
         self._answered()
@@ -311,4 +326,3 @@ class AsyncConnect:
             if self.on_reconnect is not None:
                 self.on_reconnect(self.cluster_session_id)
             return
-

@@ -20,8 +20,10 @@ class NullCredentialsSupplier:
         return b""
 
     def on_challenge(self, encoded_challenge: bytes) -> bytes:
-        raise AuthenticationError("the cluster asked for an authentication challenge and this client has no"
-                                  " credentials (give it a credentials file)")
+        raise AuthenticationError(
+            "the cluster asked for an authentication challenge and this client has no"
+            " credentials (give it a credentials file)"
+        )
 
 
 class SharedSecretCredentials:
@@ -64,4 +66,3 @@ class FixedCredentials:
 
     def on_challenge(self, encoded_challenge: bytes) -> bytes:
         return NullCredentialsSupplier().on_challenge(encoded_challenge)
-

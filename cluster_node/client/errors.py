@@ -64,4 +64,3 @@ class ServiceRequestError(ClusterClientError):
         """Whether ``payload`` may be the message that failed (it starts with the bytes the
         event carries back)."""
         return bytes(payload[: len(self.payload_prefix)]) == self.payload_prefix
-

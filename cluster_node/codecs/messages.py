@@ -64,9 +64,7 @@ MembersText = Annotated[str, msgspec.Meta(max_length=MAX_MEMBERS_TEXT_LENGTH)]
 Blob = Annotated[bytes, msgspec.Meta(max_length=MAX_BLOB_LENGTH)]
 
 
-class Message(
-    msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True
-):
+class Message(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """Base of every message: a msgpack array ``[template_id, field, ...]``.
 
     ``forbid_unknown_fields`` makes extra trailing elements an error: a message is canonical, and a
@@ -340,9 +338,7 @@ class BackupQuery(Message, tag=77):
     encoded_credentials: Blob = b""
 
 
-class BackupSnapshot(
-    msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True
-):
+class BackupSnapshot(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """One snapshot of a BackupResponse (an untagged group entry): a recording in the answering
     member's archive, as its recording.log lists it."""
 
@@ -459,9 +455,7 @@ class ServiceTerminationPosition(Message, tag=42):
     log_position: Position
 
 
-class ClusterMemberDetail(
-    msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True
-):
+class ClusterMemberDetail(msgspec.Struct, array_like=True, frozen=True, gc=False, forbid_unknown_fields=True):
     """One member in a ClusterMembersExtendedResponse (an untagged group entry)."""
 
     leadership_term_id: TermId
@@ -579,20 +573,10 @@ ConsensusMessage = (
 )
 ServiceToConsensus = CloseSession | ScheduleTimer | CancelTimer | ServiceAck | ClusterMembersQuery
 ConsensusToService = (
-    JoinLog
-    | ClusterMembersResponse
-    | ServiceTerminationPosition
-    | ClusterMembersExtendedResponse
-    | RequestServiceAck
+    JoinLog | ClusterMembersResponse | ServiceTerminationPosition | ClusterMembersExtendedResponse | RequestServiceAck
 )
 SnapshotRecord = (
-    SnapshotMarker
-    | ClientSession
-    | ClusterSession
-    | Timer
-    | ConsensusModule
-    | PendingMessageTracker
-    | SkippedLogEntry
+    SnapshotMarker | ClientSession | ClusterSession | Timer | ConsensusModule | PendingMessageTracker | SkippedLogEntry
 )
 
 
@@ -614,5 +598,3 @@ def _all_message_types() -> dict[int, type[Message]]:
 
 MESSAGE_TYPES: dict[int, type[Message]] = _all_message_types()
 """Every message class by template id (ids are unique across the whole schema)."""
-
-

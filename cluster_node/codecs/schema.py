@@ -89,10 +89,7 @@ def semantic_version_patch(version: int) -> int:
 
 
 def semantic_version_to_str(version: int) -> str:
-    return (
-        f"{semantic_version_major(version)}.{semantic_version_minor(version)}."
-        f"{semantic_version_patch(version)}"
-    )
+    return f"{semantic_version_major(version)}.{semantic_version_minor(version)}.{semantic_version_patch(version)}"
 
 
 CONSENSUS_PROTOCOL_VERSION = compose_semantic_version(1, 0, 0)
@@ -151,5 +148,3 @@ class AdminResponseCode(enum.IntEnum):
     OK = 0
     ERROR = 1
     UNAUTHORISED_ACCESS = 2
-
-

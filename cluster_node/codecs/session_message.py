@@ -76,9 +76,7 @@ def session_header(leadership_term_id: int, cluster_session_id: int, timestamp: 
     return _session_pack(SESSION_MESSAGE_TEMPLATE_ID, SCHEMA_ID, 0, leadership_term_id, cluster_session_id, timestamp)
 
 
-def encode_session_message(
-    leadership_term_id: int, cluster_session_id: int, timestamp: int, payload: bytes
-) -> bytes:
+def encode_session_message(leadership_term_id: int, cluster_session_id: int, timestamp: int, payload: bytes) -> bytes:
     """The 32-byte header followed by ``payload`` (any bytes-like object), as one bytes object."""
     try:
         if len(payload) > MAX_PAYLOAD_LENGTH:
@@ -146,15 +144,9 @@ def decode_session_message(buf: bytes | bytearray | memoryview) -> SessionMessag
         raise CodecError(f"invalid leadership term id {term_id}")
     if len(buf) > MAX_MESSAGE_LENGTH:
         raise CodecError(f"session message of {len(buf)} bytes exceeds {MAX_MESSAGE_LENGTH}")
-    payload = (
-        buf[SESSION_HEADER_LENGTH:]
-        if type(buf) is bytes
-        else memoryview(buf)[SESSION_HEADER_LENGTH:]
-    )
+    payload = buf[SESSION_HEADER_LENGTH:] if type(buf) is bytes else memoryview(buf)[SESSION_HEADER_LENGTH:]
     # tuple.__new__ skips the NamedTuple's Python-level __new__, a third of the cost of this call.
-    return _new_tuple(
-        SessionMessage, (SessionMessageHeader(term_id, session_id, timestamp), payload)
-    )
+    return _new_tuple(SessionMessage, (SessionMessageHeader(term_id, session_id, timestamp), payload))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,5 +177,3 @@ def peek_template_id(buf: bytes | bytearray | memoryview) -> int:
     except (IndexError, TypeError):
         pass
     raise CodecError("buffer does not start with a message template id")
-
-

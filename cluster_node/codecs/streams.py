@@ -100,8 +100,7 @@ class StreamCodec:
             raise CodecError(f"cannot encode {type(message).__name__}: {ex}") from None
         if len(data) > MAX_CONTROL_MESSAGE_LENGTH:
             raise CodecError(
-                f"{type(message).__name__} encodes to {len(data)} bytes, "
-                f"more than {MAX_CONTROL_MESSAGE_LENGTH}"
+                f"{type(message).__name__} encodes to {len(data)} bytes, more than {MAX_CONTROL_MESSAGE_LENGTH}"
             )
         return data
 
@@ -128,12 +127,8 @@ INGRESS_CODEC = StreamCodec("ingress", IngressMessage, carries_session_messages=
 EGRESS_CODEC = StreamCodec("egress", EgressMessage, carries_session_messages=True)
 LOG_CODEC = StreamCodec("log", LogMessage, carries_session_messages=True)
 CONSENSUS_CODEC = StreamCodec("consensus", ConsensusMessage, carries_session_messages=False)
-SERVICE_TO_CONSENSUS_CODEC = StreamCodec(
-    "service-to-consensus", ServiceToConsensus, carries_session_messages=True
-)
-CONSENSUS_TO_SERVICE_CODEC = StreamCodec(
-    "consensus-to-service", ConsensusToService, carries_session_messages=False
-)
+SERVICE_TO_CONSENSUS_CODEC = StreamCodec("service-to-consensus", ServiceToConsensus, carries_session_messages=True)
+CONSENSUS_TO_SERVICE_CODEC = StreamCodec("consensus-to-service", ConsensusToService, carries_session_messages=False)
 SNAPSHOT_CODEC = StreamCodec("snapshot", SnapshotRecord, carries_session_messages=True)
 """Both snapshot streams: the CM snapshot holds pending service messages as session messages;
 a service snapshot never contains one (its user section is raw bytes read by the user's code)."""

@@ -125,8 +125,17 @@ class ConsensusAgent(
 ):
     """The consensus duty cycle of one node (see the module docstring)."""
 
-    def __init__(self, config: NodeConfig, driver, archive: ArchiveClient, *, service_bell: bytes,
-                 service_count: int = 1, authenticator=None, authorisation=None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        driver,
+        archive: ArchiveClient,
+        *,
+        service_bell: bytes,
+        service_count: int = 1,
+        authenticator=None,
+        authorisation=None,
+    ) -> None:
         self.cfg = config
         self.driver = driver
         self.archive = archive
@@ -188,8 +197,11 @@ class ConsensusAgent(
         self.counters["leadership-term-id"].set(-1)
         self.counters["leader-member-id"].set(-1)
         self._peer_append_counters = {
-            mem.id: driver.counters.allocate(f"cluster peer {mem.id} append-pos: member {config.member_id}",
-                                             CounterTypes.PEER_APPEND_POSITION, mem.id)
+            mem.id: driver.counters.allocate(
+                f"cluster peer {mem.id} append-pos: member {config.member_id}",
+                CounterTypes.PEER_APPEND_POSITION,
+                mem.id,
+            )
             for mem in config.cluster.members
         }
         for counter in self._peer_append_counters.values():
@@ -199,7 +211,8 @@ class ConsensusAgent(
         self._operator_counters_due_ns = 0
         self.module: ConsensusModule | None = None
         self.sessions = ClusterSessions(
-            member_id=config.member_id, ingress_endpoints=config.ingress_endpoints_text,
+            member_id=config.member_id,
+            ingress_endpoints=config.ingress_endpoints_text,
             settings=SessionSettings(config.timeouts.session_timeout_ns, cl.max_sessions),
             authenticator=authenticator if authenticator is not None else NullAuthenticator(),
             authorisation=authorisation if authorisation is not None else DenyAllAuthorisation(),
@@ -309,9 +322,14 @@ class ConsensusAgent(
         start = await self.archive.get_start_position(self.recording_id)
         plan = rl.create_recovery_plan(self.service_count, start, stop, self.recording_id)
         self.log_start_position = start
-        log.info("recovery plan", recording_id=self.recording_id, appended=plan.appended_log_position,
-                 committed=plan.committed_log_position, last_term=plan.last_leadership_term_id,
-                 snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None)
+        log.info(
+            "recovery plan",
+            recording_id=self.recording_id,
+            appended=plan.appended_log_position,
+            committed=plan.committed_log_position,
+            last_term=plan.last_leadership_term_id,
+            snapshot_position=plan.snapshots[0].log_position if plan.snapshots else None,
+        )
         await self.remove_orphan_recordings()
         await self._load_snapshot(plan)
         # Cluster time had reached at least the time this member wrote into its latest term or
@@ -349,20 +367,33 @@ class ConsensusAgent(
         )
         # Consensus channels: a subscription on our endpoint, a publication to each other member.
         self._consensus_sub = self.driver.add_subscription(
-            f"aeron:udp?endpoint={me.consensus}{self._auth}", cfg.cluster.consensus_stream_id)
+            f"aeron:udp?endpoint={me.consensus}{self._auth}", cfg.cluster.consensus_stream_id
+        )
         for m in cfg.cluster.members:
             if m.id != me.id:
                 self._consensus_pubs[m.id] = self.driver.add_publication(
                     f"aeron:udp?endpoint={m.consensus}|term-length={cfg.cluster.consensus_term_length}{self._auth}",
-                    cfg.cluster.consensus_stream_id, exclusive=False)
-        self._ingress_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.ingress}", cfg.cluster.ingress_stream_id)
+                    cfg.cluster.consensus_stream_id,
+                    exclusive=False,
+                )
+        self._ingress_sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={me.ingress}", cfg.cluster.ingress_stream_id
+        )
         ipc_control = f"aeron:ipc?term-length={cfg.cluster.ipc_control_term_length}"
         self._to_service = self.driver.add_publication(ipc_control, cfg.cluster.service_stream_id)
         self._from_service = self.driver.add_subscription(ipc_control, cfg.cluster.consensus_module_stream_id)
         now = time.monotonic_ns()
         self.module = ConsensusModule(
-            cfg.member_id, members, settings, random.Random(), rl, self.node_state.candidate_term_id,
-            self.recording_id, plan.appended_log_position, now, commit_position=plan.committed_log_position,
+            cfg.member_id,
+            members,
+            settings,
+            random.Random(),
+            rl,
+            self.node_state.candidate_term_id,
+            self.recording_id,
+            plan.appended_log_position,
+            now,
+            commit_position=plan.committed_log_position,
             cluster_clock=lambda _monotonic_ns: self._clock.now(),
         )
         self.module.log_start_position = start
@@ -486,8 +517,7 @@ class ConsensusAgent(
                     driver.claim_receive(duties=True)
                 work += 1
             local = self.local
-            if (self.record_now is not None and local is not None
-                    and local.pub.position > self.last_recording_position):
+            if self.record_now is not None and local is not None and local.pub.position > self.last_recording_position:
                 self.record_now(self.recording_id)
             pos = self._recording_position()
             if pos is not None and pos != self.last_recording_position:
@@ -590,8 +620,12 @@ class ConsensusAgent(
             self._stall = None
             return
         image = self._follower_image
-        positions = (what, local.pub.position, self.last_recording_position,
-                     image.position if image is not None else NULL_POSITION)
+        positions = (
+            what,
+            local.pub.position,
+            self.last_recording_position,
+            image.position if image is not None else NULL_POSITION,
+        )
         stall = self._stall
         if stall is None or stall[0] != positions:
             self._stall = (positions, now, False)
@@ -599,8 +633,15 @@ class ConsensusAgent(
         if stall[2] or now - stall[1] < self.cfg.timeouts.leader_heartbeat_timeout_ns:
             return
         self._stall = (positions, stall[1], True)
-        log.warning("log stalled", what=what, local_log_position=positions[1], recorded_position=positions[2],
-                    image_position=positions[3], role=Role(m.role).name, stalled_ms=(now - stall[1]) // 1_000_000)
+        log.warning(
+            "log stalled",
+            what=what,
+            local_log_position=positions[1],
+            recorded_position=positions[2],
+            image_position=positions[3],
+            role=Role(m.role).name,
+            stalled_ms=(now - stall[1]) // 1_000_000,
+        )
         m.on_log_stalled(now, what)
 
     async def close(self) -> None:

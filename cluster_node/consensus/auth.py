@@ -86,8 +86,9 @@ class Authenticator(Protocol):
 
 @runtime_checkable
 class AuthorisationService(Protocol):
-    def is_authorised(self, protocol_id: int, action_id: int, request_type: object,
-                      encoded_principal: bytes) -> bool: ...
+    def is_authorised(
+        self, protocol_id: int, action_id: int, request_type: object, encoded_principal: bytes
+    ) -> bool: ...
 
 
 class NullAuthenticator:
@@ -194,8 +195,7 @@ class SharedSecretAuthenticator:
 class DenyAllAuthorisation:
     """No admin request is authorised."""
 
-    def is_authorised(self, protocol_id: int, action_id: int, request_type: object,
-                      encoded_principal: bytes) -> bool:
+    def is_authorised(self, protocol_id: int, action_id: int, request_type: object, encoded_principal: bytes) -> bool:
         return False
 
 
@@ -206,6 +206,5 @@ class AllowListAuthorisation:
 
     principals: frozenset[bytes] = frozenset()
 
-    def is_authorised(self, protocol_id: int, action_id: int, request_type: object,
-                      encoded_principal: bytes) -> bool:
+    def is_authorised(self, protocol_id: int, action_id: int, request_type: object, encoded_principal: bytes) -> bool:
         return bool(encoded_principal) and bytes(encoded_principal) in self.principals

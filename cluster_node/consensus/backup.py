@@ -185,8 +185,11 @@ def snapshot_set_is_complete(snapshots, service_count: int) -> bool:
     if len(cms) != 1:
         return False
     cm = cms[0]
-    ids = {s.service_id for s in snapshots
-           if s.log_position == cm.log_position and s.leadership_term_id == cm.leadership_term_id}
+    ids = {
+        s.service_id
+        for s in snapshots
+        if s.log_position == cm.log_position and s.leadership_term_id == cm.leadership_term_id
+    }
     return ids >= {CONSENSUS_MODULE_SERVICE_ID, *range(service_count)}
 
 
@@ -201,9 +204,18 @@ class _Round:
 class ClusterBackupCore:
     """See the module docstring."""
 
-    def __init__(self, member_ids: list[int], settings: BackupSettings, recording_log: RecordingLog,
-                 service_count: int, now_ns: int, rng: random.Random, *,
-                 live_log: tuple[int, int] | None = None, self_member_id: int = NULL_VALUE) -> None:
+    def __init__(
+        self,
+        member_ids: list[int],
+        settings: BackupSettings,
+        recording_log: RecordingLog,
+        service_count: int,
+        now_ns: int,
+        rng: random.Random,
+        *,
+        live_log: tuple[int, int] | None = None,
+        self_member_id: int = NULL_VALUE,
+    ) -> None:
         self.member_ids = [m for m in member_ids if m != self_member_id]
         if not self.member_ids:
             raise ValueError("no member to ask")
@@ -335,8 +347,11 @@ class ClusterBackupCore:
 
     def _have_snapshot(self, s: codecs.BackupSnapshot) -> bool:
         return any(
-            e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == s.service_id
-            and e.log_position == s.log_position and e.leadership_term_id == s.leadership_term_id
+            e.is_valid
+            and e.entry_type == ENTRY_TYPE_SNAPSHOT
+            and e.service_id == s.service_id
+            and e.log_position == s.log_position
+            and e.leadership_term_id == s.leadership_term_id
             for e in self.recording_log.entries
         )
 
@@ -386,8 +401,11 @@ class ClusterBackupCore:
         ordered.sort(key=lambda sr: sr[0].service_id == CONSENSUS_MODULE_SERVICE_ID)
         patches: list[tuple[int, bytes]] = []
         for s, dst in ordered:
-            patches.extend(self.recording_log.append_snapshot(
-                dst, s.leadership_term_id, s.term_base_log_position, s.log_position, s.timestamp, s.service_id))
+            patches.extend(
+                self.recording_log.append_snapshot(
+                    dst, s.leadership_term_id, s.term_base_log_position, s.log_position, s.timestamp, s.service_id
+                )
+            )
         self._retrieved = []
         return patches
 
@@ -398,8 +416,11 @@ class ClusterBackupCore:
         self._set_state(BackupState.LIVE_LOG_RECORD)
         start = resp.log_start_position
         end = resp.commit_position
-        if self.live_recording_id != NULL_VALUE and start <= self.live_stop_position and (
-                end == NULL_POSITION or self.live_stop_position <= end):
+        if (
+            self.live_recording_id != NULL_VALUE
+            and start <= self.live_stop_position
+            and (end == NULL_POSITION or self.live_stop_position <= end)
+        ):
             self._replay_from = self.live_stop_position
             self._emit(StartLogRecording(self.live_recording_id, self._replay_from))
             return
@@ -411,8 +432,11 @@ class ClusterBackupCore:
         elif start == 0:
             self._replay_from = 0
         else:
-            self.on_failure(f"member {resp.member_id}'s log starts at {start} and it has no snapshot at or "
-                            "after it: nothing a member could start from", now_ns)
+            self.on_failure(
+                f"member {resp.member_id}'s log starts at {start} and it has no snapshot at or "
+                "after it: nothing a member could start from",
+                now_ns,
+            )
             return
         self._emit(StartLogRecording(NULL_VALUE, self._replay_from))
 
@@ -420,8 +444,11 @@ class ClusterBackupCore:
         if self.state == BackupState.UPDATE_RECORDING_LOG and self.settings.seed:
             cm = self._latest_cm_snapshot()
             patches = self._snapshot_patches()
-            patches.extend(self.recording_log.append_term(
-                recording_id, cm.leadership_term_id, cm.term_base_log_position, cm.timestamp))
+            patches.extend(
+                self.recording_log.append_term(
+                    recording_id, cm.leadership_term_id, cm.term_base_log_position, cm.timestamp
+                )
+            )
             self._emit(WriteRecordingLog(tuple(patches)))
             self.live_recording_id = recording_id
             self._seed_done(now_ns, seeded=True)
@@ -435,8 +462,11 @@ class ClusterBackupCore:
         self._live_running = True
         self._source_heard_ns = now_ns
         self._next_probe_ns = now_ns + self.settings.progress_timeout_ns // 4
-        self._emit(StartLiveLogReplay(resp.member_id, resp.log_recording_id, self._replay_from,
-                                      resp.commit_position_counter_id))
+        self._emit(
+            StartLiveLogReplay(
+                resp.member_id, resp.log_recording_id, self._replay_from, resp.commit_position_counter_id
+            )
+        )
 
     def on_live_log_replay_started(self, recording_id: int, now_ns: int) -> None:
         """The member's replay arrived and ``recording_id`` records it (new, or the extended one)."""
@@ -452,11 +482,16 @@ class ClusterBackupCore:
             # The term the copy starts in: the snapshot's when it starts at one (later terms
             # are found in the log as it arrives); from 0, the log's first entry names it.
             cm = [s for s in self._used_response().snapshots if s.service_id == CONSENSUS_MODULE_SERVICE_ID]
-            if cm and cm[0].log_position == self._replay_from and (
-                    last is None or cm[0].leadership_term_id > last.leadership_term_id):
-                patches.extend(self.recording_log.append_term(
-                    self.live_recording_id, cm[0].leadership_term_id, cm[0].term_base_log_position,
-                    cm[0].timestamp))
+            if (
+                cm
+                and cm[0].log_position == self._replay_from
+                and (last is None or cm[0].leadership_term_id > last.leadership_term_id)
+            ):
+                patches.extend(
+                    self.recording_log.append_term(
+                        self.live_recording_id, cm[0].leadership_term_id, cm[0].term_base_log_position, cm[0].timestamp
+                    )
+                )
         if patches:
             self._emit(WriteRecordingLog(tuple(patches)))
         self._set_state(BackupState.BACKING_UP)
@@ -478,8 +513,10 @@ class ClusterBackupCore:
         if not self._live_running or self._stopping or timeout <= 0:
             return 0
         if now_ns - self._source_heard_ns > timeout:
-            self.failure = (f"member {self.source_member_id} silent for {(now_ns - self._source_heard_ns) // 1_000_000} ms "
-                            "while the live log was copied")
+            self.failure = (
+                f"member {self.source_member_id} silent for {(now_ns - self._source_heard_ns) // 1_000_000} ms "
+                "while the live log was copied"
+            )
             self._stop_live_log()  # then on_live_log_ended queries again
             return 1
         if now_ns >= self._next_probe_ns:
@@ -488,8 +525,7 @@ class ClusterBackupCore:
             return 1
         return 0
 
-    def on_new_term(self, leadership_term_id: int, term_base_log_position: int, timestamp_ms: int,
-                    now_ns: int) -> None:
+    def on_new_term(self, leadership_term_id: int, term_base_log_position: int, timestamp_ms: int, now_ns: int) -> None:
         """A NewLeadershipTermEvent found in our copy of the log; ``timestamp_ms`` its cluster
         time in milliseconds (recording.log's unit, as members write their TERM entries)."""
         self.highest_term_seen = max(self.highest_term_seen, leadership_term_id)
@@ -498,8 +534,13 @@ class ClusterBackupCore:
             return
         if last is not None and term_base_log_position < last.term_base_log_position:
             return
-        self._emit(WriteRecordingLog(self.recording_log.append_term(
-            self.live_recording_id, leadership_term_id, term_base_log_position, timestamp_ms)))
+        self._emit(
+            WriteRecordingLog(
+                self.recording_log.append_term(
+                    self.live_recording_id, leadership_term_id, term_base_log_position, timestamp_ms
+                )
+            )
+        )
         answered = self.response.last_leadership_term_id if self.response is not None else NULL_VALUE
         if self.state == BackupState.BACKING_UP and leadership_term_id > answered:
             # An election since the last answer: ask again, the answer names the new leader.
@@ -519,8 +560,10 @@ class ClusterBackupCore:
             return
         if stopping and self.state == BackupState.RESET_BACKUP:
             return  # the cool-down runs from the failure
-        if stopping or (was_running and self.state in (BackupState.BACKING_UP, BackupState.UPDATE_RECORDING_LOG,
-                                                       BackupState.LIVE_LOG_REPLAY)):
+        if stopping or (
+            was_running
+            and self.state in (BackupState.BACKING_UP, BackupState.UPDATE_RECORDING_LOG, BackupState.LIVE_LOG_REPLAY)
+        ):
             self._enter_query(now_ns)
 
     def _stop_live_log(self) -> bool:
@@ -557,8 +600,11 @@ class ClusterBackupCore:
         s = self.state
         if s == BackupState.BACKUP_QUERY:
             return self._query_work(now_ns)
-        if s in (BackupState.LIVE_LOG_REPLAY, BackupState.UPDATE_RECORDING_LOG, BackupState.BACKING_UP) \
-                and self._progress_work(now_ns):
+        if s in (
+            BackupState.LIVE_LOG_REPLAY,
+            BackupState.UPDATE_RECORDING_LOG,
+            BackupState.BACKING_UP,
+        ) and self._progress_work(now_ns):
             return 1
         if s == BackupState.BACKING_UP and (self._query_due or now_ns >= self._deadline_ns):
             self._query_due = False

@@ -31,8 +31,7 @@ DIGESTED = frozenset({codecs.CanvassPosition, codecs.RequestVote, codecs.NewLead
 
 
 _TERM_FIELDS = {
-    t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id"))
-    for t in typing.get_args(codecs.ConsensusMessage)
+    t: tuple(f for f in t.__struct_fields__ if f.endswith("term_id")) for t in typing.get_args(codecs.ConsensusMessage)
 }
 """The term fields of each consensus message, checked against the core's MAX_TERM_JUMP here, at
 the door, for every message (TerminationPosition and TerminationAck never reach the core)."""
@@ -54,7 +53,7 @@ class ConsensusAdapter:
 
     def _on_consensus(self, buf, offset, length, header) -> None:
         try:
-            msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+            msg = CONSENSUS_CODEC.decode(buf[offset : offset + length])
         except CodecError as e:
             self.counters["errors"].add(1)
             log.debug("bad consensus message dropped", error=str(e))
@@ -116,9 +115,13 @@ class ConsensusAdapter:
         if host == expected:
             return True
         self.counters["errors"].add(1)
-        self.input_errors.record(f"consensus message from another host: {type(msg).__name__}",
-                                 "consensus message from a host that is not the configured host of the member it "
-                                 "claims to be from: dropped", member=sender, source=host, expected=expected)
+        self.input_errors.record(
+            f"consensus message from another host: {type(msg).__name__}",
+            "consensus message from a host that is not the configured host of the member it claims to be from: dropped",
+            member=sender,
+            source=host,
+            expected=expected,
+        )
         return False
 
     def _from_leader_host(self, image) -> bool | None:
@@ -132,9 +135,13 @@ class ConsensusAdapter:
         if None in expected or image.source_host in expected:
             return True
         self.counters["errors"].add(1)
-        self.input_errors.record("log image from another host",
-                                 "log image from a host that is not the leader's: not used", leader=leader,
-                                 source=image.source_host, expected=sorted(expected))
+        self.input_errors.record(
+            "log image from another host",
+            "log image from a host that is not the leader's: not used",
+            leader=leader,
+            source=image.source_host,
+            expected=sorted(expected),
+        )
         return False
 
     def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
@@ -148,8 +155,9 @@ class ConsensusAdapter:
         refusal = reply_channel_refusal(msg.response_channel, source)
         if refusal is not None:
             self.counters["errors"].add(1)
-            self.input_errors.record(f"backup query refused: {refusal.split(':')[0]}",
-                                     "backup query refused (no answer sent): " + refusal)
+            self.input_errors.record(
+                f"backup query refused: {refusal.split(':')[0]}", "backup query refused (no answer sent): " + refusal
+            )
             return
         if not self._one_shot_reply_allowed():
             return
@@ -158,7 +166,9 @@ class ConsensusAdapter:
         except Exception as e:  # noqa: BLE001 - an asker's bad channel
             self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
             return
-        self._tasks.start_soon(self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id)))
+        self._tasks.start_soon(
+            self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id))
+        )
 
     def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
         """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
@@ -168,18 +178,31 @@ class ConsensusAdapter:
         first = terms[0] if terms else None
         last = rl.last_term()
         plan = rl.create_recovery_plan(self.service_count, 0, 0, self.recording_id)
-        snapshots = tuple(codecs.BackupSnapshot(s.recording_id, s.leadership_term_id, s.term_base_log_position,
-                                                s.log_position, s.timestamp, s.service_id) for s in plan.snapshots)
+        snapshots = tuple(
+            codecs.BackupSnapshot(
+                s.recording_id,
+                s.leadership_term_id,
+                s.term_base_log_position,
+                s.log_position,
+                s.timestamp,
+                s.service_id,
+            )
+            for s in plan.snapshots
+        )
         leader = m.known_leader_member_id if m is not None else NULL_VALUE
         return codecs.BackupResponse(
-            correlation_id=correlation_id, log_recording_id=self.recording_id,
+            correlation_id=correlation_id,
+            log_recording_id=self.recording_id,
             log_leadership_term_id=first.leadership_term_id if first else NULL_VALUE,
             log_term_base_log_position=first.term_base_log_position if first else 0,
             last_leadership_term_id=last.leadership_term_id if last else NULL_VALUE,
             last_term_base_log_position=last.term_base_log_position if last else 0,
             commit_position_counter_id=self.counters["commit-pos"].counter_id,
-            leader_member_id=leader, member_id=self.cfg.member_id, snapshots=snapshots,
-            cluster_members=self.cfg.members_text, commit_position=self.counters["commit-pos"].get(),
+            leader_member_id=leader,
+            member_id=self.cfg.member_id,
+            snapshots=snapshots,
+            cluster_members=self.cfg.members_text,
+            commit_position=self.counters["commit-pos"].get(),
             log_start_position=self.log_start_position,
         )
 
@@ -203,17 +226,23 @@ class ConsensusAdapter:
         if sender not in self.module.member_by_id:
             # Not a member with another view: a message naming a member id we have never had is
             # bad input (anyone who reaches the port can send it), said once per kind.
-            self.input_errors.record(f"consensus message from a non-member: {type(msg).__name__}",
-                                     "a consensus message naming a member id not in cluster.members was dropped",
-                                     member=sender)
+            self.input_errors.record(
+                f"consensus message from a non-member: {type(msg).__name__}",
+                "a consensus message naming a member id not in cluster.members was dropped",
+                member=sender,
+            )
             return
         key = (sender, msg.members_digest)
         if key not in self._mismatches_said and len(self._mismatches_said) < 64:
             self._mismatches_said.add(key)
-            log.error("a member's view of the cluster differs from ours: its election messages are dropped "
-                      "(check cluster.members and node.cluster_id in every member's config)",
-                      member=sender, their_digest=msg.members_digest, our_digest=self._members_digest,
-                      our_members=self.cfg.members_text)
+            log.error(
+                "a member's view of the cluster differs from ours: its election messages are dropped "
+                "(check cluster.members and node.cluster_id in every member's config)",
+                member=sender,
+                their_digest=msg.members_digest,
+                our_digest=self._members_digest,
+                our_members=self.cfg.members_text,
+            )
 
     def _poll_consensus(self) -> int:
         """Other members' messages, guarded as the ingress is (``IngressAdapter._poll_ingress``) (a member's bytes may be

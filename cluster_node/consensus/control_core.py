@@ -54,8 +54,9 @@ def _note(level: str, event: str, **fields) -> fx.ControlNote:
 class ClusterControlCore:
     """The module state, the toggle's decisions and the leader's actions (module docstring)."""
 
-    def __init__(self, module, snapshot_timeout_ns: int, termination_timeout_ns: int,
-                 snapshot_interval: int = 0) -> None:
+    def __init__(
+        self, module, snapshot_timeout_ns: int, termination_timeout_ns: int, snapshot_interval: int = 0
+    ) -> None:
         self.m = module
         self.state: int | None = ModuleState.ACTIVE
         """The module state last set (None: unknown, the next set writes the counter)."""
@@ -79,8 +80,12 @@ class ClusterControlCore:
     def leader_active(self) -> bool:
         """The leader takes client messages, fires timers and appends service messages only in
         state ACTIVE: not suspended, and no snapshot or termination under way."""
-        return (not self.suspended and self.leader_action is None and self.snapshots.pending is None
-                and self.termination.pending is None)
+        return (
+            not self.suspended
+            and self.leader_action is None
+            and self.snapshots.pending is None
+            and self.termination.pending is None
+        )
 
     @property
     def can_take_snapshot(self) -> bool:
@@ -91,8 +96,12 @@ class ClusterControlCore:
     def busy(self) -> bool:
         """Something here waits for the shell's next pass (a snapshot, an action, a termination
         or a queued service ack)."""
-        return (self.snapshots.pending is not None or self.termination.pending is not None
-                or self.leader_action is not None or bool(self.snapshots.acks))
+        return (
+            self.snapshots.pending is not None
+            or self.termination.pending is not None
+            or self.leader_action is not None
+            or bool(self.snapshots.acks)
+        )
 
     # ------------------------------------------------------------------------------ inputs
 
@@ -118,8 +127,11 @@ class ClusterControlCore:
             out.append(fx.ClusterResumed())
             self.set_state(out, ModuleState.ACTIVE)
             out.append(_note("info", "cluster resumed"))
-        elif (toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
-              and self.state == ModuleState.ACTIVE and self.leader_active):
+        elif (
+            toggle in (ToggleState.SNAPSHOT, ToggleState.SHUTDOWN, ToggleState.ABORT)
+            and self.state == ModuleState.ACTIVE
+            and self.leader_active
+        ):
             out += self.take_leader_action(toggle, "cluster control", now_ns, append_position, can_append)
             if toggle == ToggleState.SNAPSHOT:
                 return out  # NEUTRAL once the snapshot is done
@@ -146,21 +158,35 @@ class ClusterControlCore:
     def check_snapshot_interval(self, now_ns: int, append_position: int | None, can_append: bool) -> list:
         """Leader, idle: a snapshot when the log has grown by ``snapshot_interval`` since the
         latest one."""
-        if (self.snapshot_interval and self.m.is_leader and self.leader_active and append_position is not None
-                and append_position - self.snapshots.last_snapshot_position >= self.snapshot_interval):
-            return self.take_leader_action(ToggleState.SNAPSHOT, "snapshot interval reached", now_ns,
-                                           append_position, can_append)
+        if (
+            self.snapshot_interval
+            and self.m.is_leader
+            and self.leader_active
+            and append_position is not None
+            and append_position - self.snapshots.last_snapshot_position >= self.snapshot_interval
+        ):
+            return self.take_leader_action(
+                ToggleState.SNAPSHOT, "snapshot interval reached", now_ns, append_position, can_append
+            )
         return []
 
-    def take_leader_action(self, action: int, event: str, now_ns: int, append_position: int | None,
-                           can_append: bool) -> list:
+    def take_leader_action(
+        self, action: int, event: str, now_ns: int, append_position: int | None, can_append: bool
+    ) -> list:
         """Leader: stop taking input and put ``action`` into the log (now, or once what is queued
         before it is in)."""
         out: list = []
         self.leader_action = action
         self.set_state(out, ModuleState.TERMINATING if action == ToggleState.ABORT else ModuleState.SNAPSHOT)
-        out.append(_note("info", event, action=ACTION_NAMES[action], append_position=append_position,
-                         last_snapshot_position=self.snapshots.last_snapshot_position))
+        out.append(
+            _note(
+                "info",
+                event,
+                action=ACTION_NAMES[action],
+                append_position=append_position,
+                last_snapshot_position=self.snapshots.last_snapshot_position,
+            )
+        )
         out += self.append_leader_action(now_ns, append_position, can_append)
         return out
 
@@ -174,8 +200,13 @@ class ClusterControlCore:
         m = self.m
         if action == ToggleState.ABORT:
             return self._action_in_log(append_position, now_ns)
-        request = codecs.ClusterActionRequest(m.leadership_term_id, append_position, m.cluster_clock(now_ns),
-                                              codecs.ClusterAction.SNAPSHOT, codecs.CLUSTER_ACTION_FLAGS_DEFAULT)
+        request = codecs.ClusterActionRequest(
+            m.leadership_term_id,
+            append_position,
+            m.cluster_clock(now_ns),
+            codecs.ClusterAction.SNAPSHOT,
+            codecs.CLUSTER_ACTION_FLAGS_DEFAULT,
+        )
         return [fx.AppendClusterAction(request)]
 
     def on_cluster_action_appended(self, position: int, now_ns: int) -> list:
@@ -190,8 +221,9 @@ class ClusterControlCore:
         action = self.leader_action
         self.leader_action = None
         if action in (ToggleState.SHUTDOWN, ToggleState.ABORT):
-            return self.termination.start_leader(position, self.m.leadership_term_id, now_ns,
-                                                 snapshot=action == ToggleState.SHUTDOWN)
+            return self.termination.start_leader(
+                position, self.m.leadership_term_id, now_ns, snapshot=action == ToggleState.SHUTDOWN
+            )
         return []
 
     def begin_snapshot(self, position: int, leadership_term_id: int, now_ns: int) -> list:
@@ -233,8 +265,7 @@ class ClusterControlCore:
                 q.popleft()
                 work += 1 if acked else 0
                 continue
-            if (self.snapshots.pending is None and self.m.role != Role.LEADER
-                    and q[0].log_position > adapter_position):
+            if self.snapshots.pending is None and self.m.role != Role.LEADER and q[0].log_position > adapter_position:
                 break  # from ahead of our log adapter: a snapshot there will want it
             q.popleft()
         return work
@@ -245,8 +276,11 @@ class ClusterControlCore:
         snap = self.snapshots.timed_out(now_ns)
         if snap is None:
             return []
-        return self._snapshot_failed("snapshot failed: the service did not acknowledge it in time; nothing recorded",
-                                     log_position=snap.position, timeout_ms=self.snapshots.timeout_ns // 1_000_000)
+        return self._snapshot_failed(
+            "snapshot failed: the service did not acknowledge it in time; nothing recorded",
+            log_position=snap.position,
+            timeout_ms=self.snapshots.timeout_ns // 1_000_000,
+        )
 
     def take_acked_snapshot(self) -> list:
         """The service acked the snapshot: the module records its part (``RecordSnapshot``), or,
@@ -255,31 +289,46 @@ class ClusterControlCore:
         if snap is None:
             return []
         if self.snapshots.service_failed(snap):
-            return self._snapshot_failed("snapshot failed: the service could not take its snapshot; nothing recorded",
-                                         log_position=snap.position)
+            return self._snapshot_failed(
+                "snapshot failed: the service could not take its snapshot; nothing recorded", log_position=snap.position
+            )
         ack = snap.ack
         assert ack is not None  # take_acked returns acked snapshots only
-        return [fx.RecordSnapshot(snap.position, snap.leadership_term_id, snap.term_base_log_position,
-                                  ack.relevant_id, ack.timestamp, snap.started_ns)]
+        return [
+            fx.RecordSnapshot(
+                snap.position,
+                snap.leadership_term_id,
+                snap.term_base_log_position,
+                ack.relevant_id,
+                ack.timestamp,
+                snap.started_ns,
+            )
+        ]
 
     def on_snapshot_recorded(self, e: fx.RecordSnapshot, recording_id: int, now_ns: int) -> list:
         """The module's snapshot is recorded: both go into recording.log (service 0, then the
         consensus module's entry), and the snapshot is done."""
         rl = self.m.recording_log
         now_ms = self.m.cluster_clock(now_ns) // 1_000_000
-        writes = list(rl.append_snapshot(e.service_recording_id, e.leadership_term_id, e.term_base_log_position,
-                                         e.position, now_ms, 0))
-        writes += rl.append_snapshot(recording_id, e.leadership_term_id, e.term_base_log_position,
-                                     e.position, now_ms, -1)
+        writes = list(
+            rl.append_snapshot(
+                e.service_recording_id, e.leadership_term_id, e.term_base_log_position, e.position, now_ms, 0
+            )
+        )
+        writes += rl.append_snapshot(
+            recording_id, e.leadership_term_id, e.term_base_log_position, e.position, now_ms, -1
+        )
         self.snapshots.recorded(e.position)
-        out: list = [fx.WriteRecordingLog(tuple(writes)),
-                     fx.SnapshotTaken(e.position, e.leadership_term_id, recording_id, e.service_recording_id,
-                                      e.started_ns)]
+        out: list = [
+            fx.WriteRecordingLog(tuple(writes)),
+            fx.SnapshotTaken(e.position, e.leadership_term_id, recording_id, e.service_recording_id, e.started_ns),
+        ]
         return out + self.snapshot_finished()
 
     def on_snapshot_record_failed(self, e: fx.RecordSnapshot, error: str) -> list:
-        return self._snapshot_failed("snapshot failed: the consensus module snapshot was not recorded",
-                                     log_position=e.position, error=error)
+        return self._snapshot_failed(
+            "snapshot failed: the consensus module snapshot was not recorded", log_position=e.position, error=error
+        )
 
     def _snapshot_failed(self, message: str, **fields) -> list:
         return [fx.SnapshotFailed(message, tuple(fields.items()))] + self.snapshot_finished()
@@ -297,8 +346,11 @@ class ClusterControlCore:
         """Back to ACTIVE (or SUSPENDED; unless terminating), and the operator's toggle back to
         NEUTRAL if it still asks for the snapshot."""
         out: list = []
-        if (self.termination.pending is None and self.leader_action is None
-                and self.state in (ModuleState.SNAPSHOT, ModuleState.TERMINATING)):
+        if (
+            self.termination.pending is None
+            and self.leader_action is None
+            and self.state in (ModuleState.SNAPSHOT, ModuleState.TERMINATING)
+        ):
             self.set_state(out, ModuleState.SUSPENDED if self.suspended else ModuleState.ACTIVE)
         out.append(fx.ResetControlToggle(only_if=ToggleState.SNAPSHOT))
         return out
@@ -311,8 +363,9 @@ class ClusterControlCore:
     def on_election_started(self) -> list:
         """The log is being torn down for an election: a snapshot or termination agreed on it
         is abandoned."""
-        return (self.abandon_snapshot("the log is being torn down for an election")
-                + self.termination.abandon("an election started"))
+        return self.abandon_snapshot("the log is being torn down for an election") + self.termination.abandon(
+            "an election started"
+        )
 
     def on_election_complete(self) -> list:
         """A new leadership starts active (a suspend does not outlive its leader)."""

@@ -67,9 +67,11 @@ class EffectExecutor:
                         # Nothing after it runs: the effects that follow depend on it.
                         if decision.exit_code == ExitCode.PERSIST_FAILED:
                             raise self._persist_failed(e, ex) from ex
-                        raise NodeFailure(decision.exit_code,
-                                          f"could not stop log recording {self.recording_id} and learn where it "
-                                          f"ends: {ex}; an election cannot start without it, the node stops") from ex
+                        raise NodeFailure(
+                            decision.exit_code,
+                            f"could not stop log recording {self.recording_id} and learn where it "
+                            f"ends: {ex}; an election cannot start without it, the node stops",
+                        ) from ex
                     self.errors += 1
                     self.counters["errors"].add(1)
                     log.error("effect failed", effect=t.__name__, error=str(ex))
@@ -82,13 +84,17 @@ class EffectExecutor:
         could not be carried out: which file, what the system said, what was withheld."""
         t = type(e)
         if t is fx.PersistCandidateTerm:
-            what = (f"could not write {self.node_state.path} (candidate term {e.candidate_term_id})",
-                    "no vote or vote request for that term was sent")
+            what = (
+                f"could not write {self.node_state.path} (candidate term {e.candidate_term_id})",
+                "no vote or vote request for that term was sent",
+            )
         elif t is fx.WriteRecordingLog:
             what = (f"could not write {self.recording_log_file.path}", "nothing that depends on it was sent")
         else:
-            what = (f"could not truncate log recording {e.recording_id} to position {e.position}",
-                    "the log is not recorded again")
+            what = (
+                f"could not truncate log recording {e.recording_id} to position {e.position}",
+                "the log is not recorded again",
+            )
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         if isinstance(error, NodeStateError):
             reason = str(error).rpartition(": cannot write: ")[2] or reason
@@ -118,8 +124,7 @@ class EffectExecutor:
 
     def _persist_candidate_term(self, e: fx.PersistCandidateTerm) -> None:
         # (Wall clock, as the file documents: the effect's time is the monotonic clock.)
-        self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position,
-                                                      time.time_ns() // 1_000_000)
+        self.node_state.propose_max_candidate_term_id(e.candidate_term_id, e.log_position, time.time_ns() // 1_000_000)
 
     def _write_recording_log(self, e: fx.WriteRecordingLog) -> None:
         self.recording_log_file.apply(e.writes)
@@ -140,11 +145,16 @@ class EffectExecutor:
     def _election_state_changed(self, e: fx.ElectionStateChanged) -> None:
         m = self.module
         self.counters["election-state"].set(e.to_state)
-        log.info("election state", from_state=ElectionState(e.from_state).name,
-                 to_state=ElectionState(e.to_state).name, reason=e.reason,
-                 leadership_term_id=e.leadership_term_id, candidate_term_id=e.candidate_term_id,
-                 append_position=m.append_position if m else -1,
-                 commit_position=m.commit_position if m else -1)
+        log.info(
+            "election state",
+            from_state=ElectionState(e.from_state).name,
+            to_state=ElectionState(e.to_state).name,
+            reason=e.reason,
+            leadership_term_id=e.leadership_term_id,
+            candidate_term_id=e.candidate_term_id,
+            append_position=m.append_position if m else -1,
+            commit_position=m.commit_position if m else -1,
+        )
 
     def _new_leader(self, e: fx.NewLeader) -> None:
         self.counters["leadership-term-id"].set(e.leadership_term_id)
@@ -160,16 +170,28 @@ class EffectExecutor:
         # belong to clients of a cluster that has restarted; they are closed, not greeted.
         is_startup = self.elections_completed == 1
         self.sessions.on_new_leadership(
-            is_leader=e.role == Role.LEADER, is_startup=is_startup, leadership_term_id=e.leadership_term_id,
-            leader_member_id=e.leader_member_id, now_ns=self._clock.now())
+            is_leader=e.role == Role.LEADER,
+            is_startup=is_startup,
+            leadership_term_id=e.leadership_term_id,
+            leader_member_id=e.leader_member_id,
+            now_ns=self._clock.now(),
+        )
         await self._execute_sessions()
-        log.info("election complete", leadership_term_id=e.leadership_term_id, leader=e.leader_member_id,
-                 role=Role(e.role).name, log_position=e.log_position, sessions=len(self.sessions.sessions),
-                 adapter_position=self._adapter_position(), commit_position=m.commit_position)
+        log.info(
+            "election complete",
+            leadership_term_id=e.leadership_term_id,
+            leader=e.leader_member_id,
+            role=Role(e.role).name,
+            log_position=e.log_position,
+            sessions=len(self.sessions.sessions),
+            adapter_position=self._adapter_position(),
+            commit_position=m.commit_position,
+        )
 
     def _rollback_uncommitted(self, e: fx.RollbackUncommitted) -> None:
-        self.sessions.rollback(e.commit_position, leadership_term_id=self.module.leadership_term_id,
-                               now_ns=self._clock.now())
+        self.sessions.rollback(
+            e.commit_position, leadership_term_id=self.module.leadership_term_id, now_ns=self._clock.now()
+        )
         self.timers.rollback(e.commit_position)
         self.pending.rollback(e.commit_position)
         self._appends.clear()

@@ -50,9 +50,11 @@ class EgressPublisher:
                     continue
                 if pub is None:
                     try:
-                        pub = self.driver.add_publication(f"{e.response_channel}", self.cfg.cluster.egress_stream_id
-                                                          if e.response_stream_id <= 0 else e.response_stream_id,
-                                                          exclusive=False)
+                        pub = self.driver.add_publication(
+                            f"{e.response_channel}",
+                            self.cfg.cluster.egress_stream_id if e.response_stream_id <= 0 else e.response_stream_id,
+                            exclusive=False,
+                        )
                     except Exception as ex:  # noqa: BLE001 - a client's bad channel
                         log.warning("egress channel refused", channel=e.response_channel, error=str(ex))
                         continue
@@ -65,21 +67,29 @@ class EgressPublisher:
                     self._tasks.start_soon(self._close_later, pub)
             elif type(e) is ForeignMessage:
                 self.counters["errors"].add(1)
-                self.input_errors.record(f"foreign {e.kind}", f"a {e.kind} for a session from an ingress image "
-                                         "other than the session's own was dropped", session=e.cluster_session_id)
+                self.input_errors.record(
+                    f"foreign {e.kind}",
+                    f"a {e.kind} for a session from an ingress image other than the session's own was dropped",
+                    session=e.cluster_session_id,
+                )
             elif type(e) is TakeSnapshot:
                 position, can_append = self._leader_append_state()
                 effects = self._control.on_admin_snapshot(time.monotonic_ns(), position, can_append)
                 if effects is not None:
                     self._run_control(effects)
                 else:
-                    log.warning("admin request: snapshot not taken, the cluster is no longer ACTIVE",
-                                session=e.cluster_session_id)
+                    log.warning(
+                        "admin request: snapshot not taken, the cluster is no longer ACTIVE",
+                        session=e.cluster_session_id,
+                    )
             elif type(e) is AuthenticatorFailed:
                 self.counters["errors"].add(1)
-                self.input_errors.record(f"authenticator failed: {e.error.split(':')[0]}",
-                                         "the authenticator or authorisation service raised: the client is refused",
-                                         level="error", error=e.error)
+                self.input_errors.record(
+                    f"authenticator failed: {e.error.split(':')[0]}",
+                    "the authenticator or authorisation service raised: the client is refused",
+                    level="error",
+                    error=e.error,
+                )
         self._flush_appends()
 
     def _one_shot_reply_allowed(self) -> bool:
@@ -95,8 +105,11 @@ class EgressPublisher:
             self._reply_tokens -= 1.0
             return True
         self.counters["errors"].add(1)
-        self.input_errors.record("connect reply dropped: rate", "a reply to a connect request was not sent: "
-                                 f"more than {rate} a second or {ONE_SHOT_REPLIES_OPEN} under way")
+        self.input_errors.record(
+            "connect reply dropped: rate",
+            "a reply to a connect request was not sent: "
+            f"more than {rate} a second or {ONE_SHOT_REPLIES_OPEN} under way",
+        )
         return False
 
     async def _send_egress(self, pub, message, close_after: bool) -> None:
@@ -123,13 +136,20 @@ class EgressPublisher:
                 await trio.sleep(0.005)
             else:
                 sent = True
-        fields = dict(event_type=type(message).__name__, session=getattr(message, "cluster_session_id", None),
-                      code=getattr(getattr(message, "code", None), "name", None))
+        fields = dict(
+            event_type=type(message).__name__,
+            session=getattr(message, "cluster_session_id", None),
+            code=getattr(getattr(message, "code", None), "name", None),
+        )
         if sent:
             log.debug("session event sent", **fields)
         elif close_after:
-            self.input_errors.record("connect reply not delivered", "a reply to a connect request was not "
-                                     "delivered (nobody listened on its channel)", level="info", **fields)
+            self.input_errors.record(
+                "connect reply not delivered",
+                "a reply to a connect request was not delivered (nobody listened on its channel)",
+                level="info",
+                **fields,
+            )
         else:
             log.info("session event not delivered", **fields)
         if close_after:

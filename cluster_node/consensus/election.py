@@ -95,9 +95,7 @@ class ElectionState(IntEnum):
 
 
 S = ElectionState
-LEADER_STATES = frozenset(
-    {S.LEADER_LOG_REPLICATION, S.LEADER_REPLAY, S.LEADER_INIT, S.LEADER_READY}
-)
+LEADER_STATES = frozenset({S.LEADER_LOG_REPLICATION, S.LEADER_REPLAY, S.LEADER_INIT, S.LEADER_READY})
 FOLLOWER_STATES_AFTER_TERM = frozenset(
     {
         S.FOLLOWER_LOG_REPLICATION,
@@ -200,9 +198,7 @@ class Election:
         self.history.append((int(old), int(new_state), reason))
         m = self.m
         m.emit(
-            fx.ElectionStateChanged(
-                int(old), int(new_state), reason, m.leadership_term_id, m.candidate_term_id, now_ns
-            )
+            fx.ElectionStateChanged(int(old), int(new_state), reason, m.leadership_term_id, m.candidate_term_id, now_ns)
         )
 
     def handle_error(self, now_ns: int, reason: str, backoff: bool = True) -> None:
@@ -221,10 +217,7 @@ class Election:
         self.transition(S.INIT, now_ns, reason)
 
     def _status_due(self, now_ns: int, interval_ns: int) -> bool:
-        if (
-            self.time_of_last_update_ns == NULL_VALUE
-            or now_ns - self.time_of_last_update_ns >= interval_ns
-        ):
+        if self.time_of_last_update_ns == NULL_VALUE or now_ns - self.time_of_last_update_ns >= interval_ns:
             self.time_of_last_update_ns = now_ns
             return True
         return False
@@ -374,9 +367,7 @@ class Election:
         m = self.m
         if now_ns - self.time_of_state_change_ns < m.settings.leader_heartbeat_timeout_ns:
             return False
-        return not has_active_quorum(
-            m.members, m.member_id, now_ns, m.settings.leader_heartbeat_timeout_ns
-        )
+        return not has_active_quorum(m.members, m.member_id, now_ns, m.settings.leader_heartbeat_timeout_ns)
 
     def _leader_log_replication(self, now_ns: int) -> int:
         m = self.m
@@ -436,9 +427,7 @@ class Election:
     # ---------------------------------------------------------------------------- follower
 
     def _follower_timed_out(self, now_ns: int) -> bool:
-        return (
-            now_ns - self.time_of_last_leader_contact_ns > self.m.settings.leader_heartbeat_timeout_ns
-        )
+        return now_ns - self.time_of_last_leader_contact_ns > self.m.settings.leader_heartbeat_timeout_ns
 
     def _send_append_position(self, now_ns: int, flags: int = codecs.APPEND_POSITION_FLAG_NONE) -> int:
         m = self.m
@@ -696,11 +685,7 @@ class Election:
         leader = m.member_by_id.get(msg.leader_member_id)
         if leader is None:
             return
-        if (
-            term < m.candidate_term_id
-            or term < m.leadership_term_id
-            or term < m.log_leadership_term_id
-        ):
+        if term < m.candidate_term_id or term < m.leadership_term_id or term < m.log_leadership_term_id:
             return  # an older leader: following it could undo what a newer term committed
         if self.state == S.CANDIDATE_BALLOT and term == m.candidate_term_id:
             return
@@ -763,9 +748,7 @@ class Election:
         m.log_session_id = msg.log_session_id
         append_position = m.append_position
         if append_position < msg.term_base_log_position:
-            if msg.next_term_base_log_position == NULL_POSITION or (
-                msg.next_leadership_term_id == NULL_VALUE
-            ):
+            if msg.next_term_base_log_position == NULL_POSITION or (msg.next_leadership_term_id == NULL_VALUE):
                 self._enter_canvass(now_ns, "leader gave no next term")
                 return
             self.replication_stop_position = msg.next_term_base_log_position
@@ -779,9 +762,7 @@ class Election:
                 self._enter_canvass(now_ns, "position does not match the term base")
                 return
             m.adopt_term(msg.leadership_term_id, msg.term_base_log_position, now_ns)
-        self.catchup_join_position = (
-            msg.log_position if append_position < msg.log_position else NULL_POSITION
-        )
+        self.catchup_join_position = msg.log_position if append_position < msg.log_position else NULL_POSITION
         self.replay_id = NULL_VALUE
         self.replay_done = False
         m.emit(fx.NewLeader(msg.leadership_term_id, msg.leader_member_id, msg.log_session_id))
@@ -794,10 +775,7 @@ class Election:
     def on_commit_position(self, msg: codecs.CommitPosition, now_ns: int) -> None:
         m = self.m
         if self.state in FOLLOWER_STATES_AFTER_TERM:
-            if (
-                msg.leadership_term_id == m.leadership_term_id
-                and msg.leader_member_id == self.leader_member_id
-            ):
+            if msg.leadership_term_id == m.leadership_term_id and msg.leader_member_id == self.leader_member_id:
                 self.time_of_last_leader_contact_ns = now_ns
                 if msg.log_position > self.leader_commit_position:
                     self.leader_commit_position = msg.log_position
@@ -848,4 +826,3 @@ class Election:
     def on_replication_failed(self, replication_id: int, reason: str, now_ns: int) -> None:
         if replication_id == self.replication_id and self.state == S.FOLLOWER_LOG_REPLICATION:
             self.handle_error(now_ns, f"replication failed: {reason}")
-

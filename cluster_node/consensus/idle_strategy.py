@@ -32,10 +32,20 @@ class IdleStrategy:
         drops in ``scripts/cluster_cpu.py --rate 1000``); the round trip and the idle cluster's
         CPU are unchanged."""
         m = self.module
-        return (m.election is None and not unrecorded and not m.has_effects and not self.sessions.effects
-                and self._replay is None and self._replication is None and self._snapshot is None
-                and self._termination is None and self._leader_action is None
-                and self._join_unsent is None and not self._service_acks and not self.stopping)
+        return (
+            m.election is None
+            and not unrecorded
+            and not m.has_effects
+            and not self.sessions.effects
+            and self._replay is None
+            and self._replication is None
+            and self._snapshot is None
+            and self._termination is None
+            and self._leader_action is None
+            and self._join_unsent is None
+            and not self._service_acks
+            and not self.stopping
+        )
 
     async def _park(self, now: int) -> bool:
         """Nothing to do: wait for input or the next deadline. True if it yielded to the other
@@ -93,6 +103,7 @@ class IdleStrategy:
         if self._replay is not None:
             # Rare (elections only): the replay's doorbell needs a task of its own.
             async with trio.open_nursery() as nursery:
+
                 async def replay_waiter() -> None:
                     await self._replay[3].wait(timeout_s)
                     nursery.cancel_scope.cancel()
@@ -113,9 +124,15 @@ class IdleStrategy:
         than sleep: a settled leader with entries not yet committed, within ``commit_spin`` of
         the last one sent."""
         m = self.module
-        return (now < self._commit_spin_until and m.is_leader and m.election is None and self._reads_sockets
-                and self.driver.receive_claimed and self.local is not None
-                and self.local.pub.position > m.commit_position)
+        return (
+            now < self._commit_spin_until
+            and m.is_leader
+            and m.election is None
+            and self._reads_sockets
+            and self.driver.receive_claimed
+            and self.local is not None
+            and self.local.pub.position > m.commit_position
+        )
 
     def _spin_for_input(self) -> bool:
         """Poll the sockets until input for this agent arrives (True) or the commit spin ends

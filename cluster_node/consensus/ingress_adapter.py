@@ -49,13 +49,18 @@ class IngressAdapter:
                 return
             if not (m.election is None and m.role == Role.LEADER):
                 self.sessions.on_ingress_not_leading(
-                    term_id, session_id, leader_member_id=m.known_leader_member_id,
-                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
+                    term_id,
+                    session_id,
+                    leader_member_id=m.known_leader_member_id,
+                    current_term_id=m.leadership_term_id,
+                    now_ns=self._cluster_now,
+                )
                 return
-            if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
-                                            header.session_id):
+            if not self.sessions.on_ingress(
+                term_id, session_id, m.leadership_term_id, self._cluster_now, header.session_id
+            ):
                 return
-            data = bytearray(buf[offset: offset + length])
+            data = bytearray(buf[offset : offset + length])
             _TIMESTAMP_PACK(data, codecs.SESSION_TIMESTAMP_OFFSET, self._cluster_now)
             local = self.local
             if not self._appends and local is not None and local.joined:
@@ -64,7 +69,7 @@ class IngressAdapter:
                     return
             self._appends.append((data, None))
             return
-        view = buf[offset: offset + length]
+        view = buf[offset : offset + length]
         try:
             msg = INGRESS_CODEC.decode(view)
         except CodecError as e:
@@ -73,44 +78,75 @@ class IngressAdapter:
             return
         t = type(msg)
         if t is codecs.SessionConnectRequest:
-            refusal = response_channel_refusal(msg.response_channel, msg.response_stream_id,
-                                               self._ingress_source_host(header.session_id),
-                                               self.cfg.cluster.egress_stream_id)
+            refusal = response_channel_refusal(
+                msg.response_channel,
+                msg.response_stream_id,
+                self._ingress_source_host(header.session_id),
+                self.cfg.cluster.egress_stream_id,
+            )
             if refusal is not None:
                 # No answer at all: the channel it names is not one this member will send to.
                 self.counters["errors"].add(1)
-                self.input_errors.record(f"connect refused: {refusal.split(':')[0]}",
-                                         "connect request refused (no answer sent): " + refusal)
+                self.input_errors.record(
+                    f"connect refused: {refusal.split(':')[0]}", "connect request refused (no answer sent): " + refusal
+                )
                 return
             self.sessions.on_connect_request(
-                msg, is_leader=m.is_leader, leader_member_id=m.known_leader_member_id,
-                leadership_term_id=m.leadership_term_id, now_ns=self._cluster_now, image_session_id=header.session_id)
+                msg,
+                is_leader=m.is_leader,
+                leader_member_id=m.known_leader_member_id,
+                leadership_term_id=m.leadership_term_id,
+                now_ns=self._cluster_now,
+                image_session_id=header.session_id,
+            )
         elif t is codecs.SessionKeepAlive:
             if m.is_leader:
-                self.sessions.on_keep_alive(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                            self._cluster_now, header.session_id)
+                self.sessions.on_keep_alive(
+                    msg.leadership_term_id,
+                    msg.cluster_session_id,
+                    m.leadership_term_id,
+                    self._cluster_now,
+                    header.session_id,
+                )
             else:
                 self.sessions.on_ingress_not_leading(
-                    msg.leadership_term_id, msg.cluster_session_id, leader_member_id=m.known_leader_member_id,
-                    current_term_id=m.leadership_term_id, now_ns=self._cluster_now)
+                    msg.leadership_term_id,
+                    msg.cluster_session_id,
+                    leader_member_id=m.known_leader_member_id,
+                    current_term_id=m.leadership_term_id,
+                    now_ns=self._cluster_now,
+                )
         elif t is codecs.SessionCloseRequest:
             if m.is_leader:
-                self.sessions.on_close_request(msg.leadership_term_id, msg.cluster_session_id, m.leadership_term_id,
-                                               self._cluster_now, header.session_id)
+                self.sessions.on_close_request(
+                    msg.leadership_term_id,
+                    msg.cluster_session_id,
+                    m.leadership_term_id,
+                    self._cluster_now,
+                    header.session_id,
+                )
             else:
                 self.sessions.on_close_request_not_leading(msg.leadership_term_id, msg.cluster_session_id)
         elif t is codecs.ChallengeResponse:
             if m.election is None and m.role == Role.LEADER:
                 self.sessions.on_challenge_response(
-                    msg.correlation_id, msg.cluster_session_id, msg.encoded_credentials,
-                    leadership_term_id=m.leadership_term_id, leader_member_id=m.known_leader_member_id,
-                    now_ns=self._cluster_now, image_session_id=header.session_id)
+                    msg.correlation_id,
+                    msg.cluster_session_id,
+                    msg.encoded_credentials,
+                    leadership_term_id=m.leadership_term_id,
+                    leader_member_id=m.known_leader_member_id,
+                    now_ns=self._cluster_now,
+                    image_session_id=header.session_id,
+                )
         elif t is codecs.AdminRequest:
             if m.election is None and m.role == Role.LEADER:
                 self.sessions.on_admin_request(
-                    msg, current_term_id=m.leadership_term_id, now_ns=self._cluster_now,
+                    msg,
+                    current_term_id=m.leadership_term_id,
+                    now_ns=self._cluster_now,
                     image_session_id=header.session_id,
-                    can_snapshot=self._control.can_take_snapshot)
+                    can_snapshot=self._control.can_take_snapshot,
+                )
 
     def _ingress_source_host(self, image_session_id: int) -> str | None:
         """The address the ingress image of ``image_session_id`` receives from (its first
@@ -132,9 +168,13 @@ class IngressAdapter:
 
     def _input_failed(self, stream: str, error: Exception) -> None:
         self.counters["errors"].add(1)
-        self.input_errors.record(f"{stream} message failed: {type(error).__name__}",
-                                 f"handling a {stream} message failed: it is skipped", level="error",
-                                 error=repr(error), exc_info=error)
+        self.input_errors.record(
+            f"{stream} message failed: {type(error).__name__}",
+            f"handling a {stream} message failed: it is skipped",
+            level="error",
+            error=repr(error),
+            exc_info=error,
+        )
 
     def _poll_ingress_unguarded(self) -> int:
         """Clients' messages: runs of session messages go into the log a block at a time
@@ -142,8 +182,7 @@ class IngressAdapter:
         sub = self._ingress_sub
         m = self.module
         local = self.local
-        if (self._appends or m.election is not None or m.role != Role.LEADER
-                or local is None or not local.joined):
+        if self._appends or m.election is not None or m.role != Role.LEADER or local is None or not local.joined:
             return sub.poll(self._on_ingress, FRAGMENT_LIMIT)
         work = 0
         for image in sub.images:
@@ -168,8 +207,9 @@ class IngressAdapter:
         if count == 0:
             return 0
         m = self.module
-        if not self.sessions.on_ingress(term_id, session_id, m.leadership_term_id, self._cluster_now,
-                                        self._frames_image_session_id, count):
+        if not self.sessions.on_ingress(
+            term_id, session_id, m.leadership_term_id, self._cluster_now, self._frames_image_session_id, count
+        ):
             return end  # dropped, as one by one
         pub = self.local.pub
         count, end = message_runs.fit(starts, count, end, pub.block_room())
@@ -177,8 +217,8 @@ class IngressAdapter:
             return 0
         now = self._cluster_now
         position = pub.offer_frames(
-            buf, offset, starts[:count], end,
-            lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
+            buf, offset, starts[:count], end, lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now)
+        )
         if position < 0:
             return 0
         self._recording_progress_ns = self._now

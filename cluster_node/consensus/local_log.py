@@ -69,8 +69,16 @@ class LocalLogs:
         session_id = self._new_local_session()
         pub = self.driver.add_publication(self._local_channel(position, session_id), self.log_stream_id)
         role = int(self.module.role) if self.module else 0
-        join = codecs.JoinLog(position, replay_to, self.cfg.member_id, session_id, self.log_stream_id,
-                              replay_to != NULL_POSITION, role, f"aeron:ipc?session-id={session_id}")
+        join = codecs.JoinLog(
+            position,
+            replay_to,
+            self.cfg.member_id,
+            session_id,
+            self.log_stream_id,
+            replay_to != NULL_POSITION,
+            role,
+            f"aeron:ipc?session-id={session_id}",
+        )
         if not self._send_service(join):
             self._join_unsent = join
         return LocalLog(pub, session_id, readers)

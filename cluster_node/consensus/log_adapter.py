@@ -34,7 +34,8 @@ class LogAdapter:
     def _open_follower_log(self, e: fx.OpenLogSubscription) -> None:
         self._close_follower_log()
         self._follower_sub = self.driver.add_subscription(
-            f"aeron:udp?control-mode=manual|session-id={e.log_session_id}{self._auth}", self.log_stream_id)
+            f"aeron:udp?control-mode=manual|session-id={e.log_session_id}{self._auth}", self.log_stream_id
+        )
         self._follower_session = e.log_session_id
         self._follower_image = None
 
@@ -73,7 +74,7 @@ class LogAdapter:
                     if session_id < 0:
                         self.pending.on_log_service_message(session_id)
             return
-        view = buf[offset: offset + length]
+        view = buf[offset : offset + length]
         try:
             msg = LOG_CODEC.decode(view)
         except CodecError:
@@ -88,8 +89,12 @@ class LogAdapter:
             self.sessions.on_log_session_close(msg)
         elif t is codecs.TimerEvent:
             self.timers.on_log_timer_event(msg.correlation_id, header.position)
-        elif (t is codecs.ClusterActionRequest and msg.action == codecs.ClusterAction.SNAPSHOT
-              and msg.flags == codecs.CLUSTER_ACTION_FLAGS_DEFAULT and self._replay is None):
+        elif (
+            t is codecs.ClusterActionRequest
+            and msg.action == codecs.ClusterAction.SNAPSHOT
+            and msg.flags == codecs.CLUSTER_ACTION_FLAGS_DEFAULT
+            and self._replay is None
+        ):
             # A live snapshot request: our state must stay as of this entry until our service has
             # taken its snapshot here too (its ack carries the recording).
             self._begin_snapshot(header.position, msg.leadership_term_id)
@@ -125,8 +130,12 @@ class LogAdapter:
                     self._follower_image = None
                     self.module.on_log_end_of_stream(time.monotonic_ns())
         # Log adapter: committed entries of the local log update sessions, timers, pending.
-        if (self.local is not None and self.module.role != Role.LEADER and self._replay is None
-                and self._snapshot is None):
+        if (
+            self.local is not None
+            and self.module.role != Role.LEADER
+            and self._replay is None
+            and self._snapshot is None
+        ):
             self._adapt(self.local.session_id)
             work += self._adapter_poll(self.module.commit_position)
         return work
@@ -153,8 +162,9 @@ class LogAdapter:
         work = 0
         # A leading run of client messages (nothing for the module) is stepped over as one
         # (consensus.message_runs); the entries after it go one by one.
-        if (limit > image.position
-                and image.frames_poll(self._skip_client_messages, min(limit - image.position, INGRESS_BLOCK))):
+        if limit > image.position and image.frames_poll(
+            self._skip_client_messages, min(limit - image.position, INGRESS_BLOCK)
+        ):
             work = 1
         return work + image.bounded_poll(self._on_local_log_entry, limit, FRAGMENT_LIMIT)
 

@@ -24,7 +24,9 @@ class LogPublisher:
         pos = e.initial_position
         channel = self._log_channel(
             f"aeron:udp?control={host}:0|control-mode=manual|session-id={e.log_session_id}|mtu={cfg.driver.mtu}"
-            f"{self._auth}", pos)
+            f"{self._auth}",
+            pos,
+        )
         self._mdc = self.driver.add_publication(channel, self.log_stream_id)
         for m in cfg.cluster.members:
             if m.id != me.id:
@@ -32,7 +34,8 @@ class LogPublisher:
         # The local log: read by the service, the archive and our MDC copier.
         self.local = self._open_local_log(pos, readers=3)
         self._local_reader = self.driver.add_subscription(
-            f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id)
+            f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id
+        )
         self._local_reader_image = None
 
     def _close_leader_log(self) -> None:
@@ -50,14 +53,19 @@ class LogPublisher:
             pending = self.pending
             for sid, payload in pending.to_append(32):
                 header = codecs.SessionMessageHeader(m.leadership_term_id, sid, self._cluster_now)
-                self._appends.append((codecs.SessionMessage(header, payload),
-                                      lambda pos, sid=sid: pending.on_appended(sid, pos)))
+                self._appends.append(
+                    (codecs.SessionMessage(header, payload), lambda pos, sid=sid: pending.on_appended(sid, pos))
+                )
                 pending.on_appended(sid, 2**62)  # queued: not offered again meanwhile
                 work += 1
             timers = self.timers
             for correlation_id, _deadline in timers.expired(self._cluster_now, 32):
-                self._appends.append((codecs.TimerEvent(m.leadership_term_id, correlation_id, self._cluster_now),
-                                      lambda pos, cid=correlation_id: timers.on_fired(cid, pos)))
+                self._appends.append(
+                    (
+                        codecs.TimerEvent(m.leadership_term_id, correlation_id, self._cluster_now),
+                        lambda pos, cid=correlation_id: timers.on_fired(cid, pos),
+                    )
+                )
                 work += 1
             if work:
                 self._flush_appends()
@@ -68,8 +76,9 @@ class LogPublisher:
         if self._local_reader is None or self._mdc is None:
             return 0
         if self._local_reader_image is None:
-            self._local_reader_image = self._local_reader.image_by_session_id(self.local.session_id) \
-                if self.local else None
+            self._local_reader_image = (
+                self._local_reader.image_by_session_id(self.local.session_id) if self.local else None
+            )
             if self._local_reader_image is None:
                 return 0
         copied = self._copy(self._local_reader_image, self._mdc)

@@ -33,8 +33,9 @@ class LogRecording:
             # before the first byte is copied in: an IPC reader joins at the tail).
             self.local = self._open_local_log(e.position, readers=3)
             self._adapt(self.local.session_id)
-        await self.archive.extend_recording(self.recording_id, f"aeron:ipc?session-id={self.local.session_id}",
-                                            self.log_stream_id)
+        await self.archive.extend_recording(
+            self.recording_id, f"aeron:ipc?session-id={self.local.session_id}", self.log_stream_id
+        )
         self._rec_counter_id = None
 
     async def _stop_recording(self) -> None:
@@ -64,8 +65,9 @@ class LogRecording:
             self.module.on_replay_done(e.replay_id, time.monotonic_ns())
             return
         sub = self.driver.add_subscription("aeron:ipc", self.replay_stream_id)
-        sid = await self.archive.start_replay(e.recording_id, e.from_position, e.to_position - e.from_position,
-                                              "aeron:ipc", self.replay_stream_id)
+        sid = await self.archive.start_replay(
+            e.recording_id, e.from_position, e.to_position - e.from_position, "aeron:ipc", self.replay_stream_id
+        )
         local = self._open_local_log(e.from_position, readers=2, replay_to=e.to_position)
         self._replay = [e.replay_id, sid, e.to_position, sub, None, local]
         self._adapt(local.session_id)
@@ -113,7 +115,9 @@ class LogRecording:
     async def _start_replication(self, e: fx.StartReplication) -> None:
         leader = next(m for m in self.cfg.cluster.members if m.id == e.leader_member_id)
         rid = await self.archive.replicate(
-            e.leader_recording_id, self.recording_id, f"aeron:udp?endpoint={leader.archive}{self._auth}",
+            e.leader_recording_id,
+            self.recording_id,
+            f"aeron:udp?endpoint={leader.archive}{self._auth}",
             src_control_stream_id=self.cfg.archive.control_request_stream_id,
             stop_position=e.stop_position,
         )
@@ -126,7 +130,10 @@ class LogRecording:
             return 0
         replication_id, rid, stop = self._replication
         for s in list(self.archive.signals):
-            if s.recording_id == self.recording_id and s.signal in (RecordingSignal.REPLICATE_END, RecordingSignal.STOP):
+            if s.recording_id == self.recording_id and s.signal in (
+                RecordingSignal.REPLICATE_END,
+                RecordingSignal.STOP,
+            ):
                 self.archive.signals.remove(s)
                 if s.signal == RecordingSignal.REPLICATE_END or s.position >= stop:
                     self._replication = None
@@ -137,7 +144,9 @@ class LogRecording:
         for r in list(self.archive.async_responses):
             self.archive.async_responses.remove(r)
             self._replication = None
-            self.module.on_replication_failed(replication_id, r.error_message or "replication failed", time.monotonic_ns())
+            self.module.on_replication_failed(
+                replication_id, r.error_message or "replication failed", time.monotonic_ns()
+            )
             return 1
         return 0
 

@@ -57,16 +57,22 @@ class LogRetention:
             log.warning("log purge request refused: not a settled leader", snapshot=nth)
             return 1
         local = self.local
-        if (self._leader_action is not None or self._snapshot is not None or self._appends or local is None
-                or not self._joined(local)):
+        if (
+            self._leader_action is not None
+            or self._snapshot is not None
+            or self._appends
+            or local is None
+            or not self._joined(local)
+        ):
             return 0  # after what is under way
         sets = self.recording_log_file.log.snapshot_sets(self.service_count)
         if len(sets) < nth:
             counter.set(PURGE_NO_SNAPSHOT)
             log.warning("log purge request refused: no such snapshot set", snapshot=nth, snapshot_sets=len(sets))
             return 1
-        request = codecs.ClusterActionRequest(m.leadership_term_id, local.pub.position, self._cluster_now,
-                                              codecs.ClusterAction.PURGE_LOG, nth)
+        request = codecs.ClusterActionRequest(
+            m.leadership_term_id, local.pub.position, self._cluster_now, codecs.ClusterAction.PURGE_LOG, nth
+        )
         position = local.pub.offer(LOG_CODEC.encode(request))
         if position < 0:
             return 0  # back-pressure: again next duty cycle
@@ -122,19 +128,24 @@ class LogRetention:
             listed, page = [], await self.archive.list_recordings(0, 1000)
             while page:  # the archive answers at most 1000 a time
                 listed += page
-                page = await self.archive.list_recordings(page[-1].recording_id + 1, 1000) \
-                    if len(page) == 1000 else []
-            candidates = [d for d in listed
-                          if d.stream_id in streams and d.recording_id < newest_named
-                          and d.recording_id not in named and d.recording_id != self.recording_id]
+                page = await self.archive.list_recordings(page[-1].recording_id + 1, 1000) if len(page) == 1000 else []
+            candidates = [
+                d
+                for d in listed
+                if d.stream_id in streams
+                and d.recording_id < newest_named
+                and d.recording_id not in named
+                and d.recording_id != self.recording_id
+            ]
             for d in candidates:
                 if await self.archive.get_recording_position(d.recording_id) != NULL_POSITION:
                     continue  # still recording
                 await self.archive.purge_recording(d.recording_id)
                 removed.append(d.recording_id)
         except ArchiveError as e:
-            log.warning("orphan recordings not all removed; tried again after the next snapshot",
-                        removed=removed, error=str(e))
+            log.warning(
+                "orphan recordings not all removed; tried again after the next snapshot", removed=removed, error=str(e)
+            )
         if removed:
             log.info("orphan recordings removed", recording_ids=removed)
         return removed
@@ -167,33 +178,48 @@ class LogRetention:
                     removed.append(rid)
                 self._removed_snapshot_recordings.add(rid)
             except ArchiveError as e:
-                log.warning("snapshot recording not removed; tried again after the next snapshot",
-                            recording_id=rid, error=str(e))
-        done = {"invalidated_entries": len(writes), "removed_snapshot_recordings": removed,
-                "retained_from": floor, "log_start_position": None, "segment_files_removed": 0}
+                log.warning(
+                    "snapshot recording not removed; tried again after the next snapshot",
+                    recording_id=rid,
+                    error=str(e),
+                )
+        done = {
+            "invalidated_entries": len(writes),
+            "removed_snapshot_recordings": removed,
+            "retained_from": floor,
+            "log_start_position": None,
+            "segment_files_removed": 0,
+        }
         if purge and floor != NULL_POSITION and self.recording_id != NULL_VALUE:
             target = min(floor, self.module.log_retention_floor(time.monotonic_ns()))
             try:
                 d = await self.archive.list_recording(self.recording_id)
                 if d is not None:
-                    new_start = segment_base_position(d.start_position, max(target, d.start_position),
-                                                      d.term_buffer_length, d.segment_file_length)
-                    first_end = segment_base_position(d.start_position, d.start_position, d.term_buffer_length,
-                                                      d.segment_file_length) + d.segment_file_length
+                    new_start = segment_base_position(
+                        d.start_position, max(target, d.start_position), d.term_buffer_length, d.segment_file_length
+                    )
+                    first_end = (
+                        segment_base_position(
+                            d.start_position, d.start_position, d.term_buffer_length, d.segment_file_length
+                        )
+                        + d.segment_file_length
+                    )
                     if new_start >= first_end:
-                        done["segment_files_removed"] = await self.archive.purge_segments(self.recording_id,
-                                                                                          new_start)
+                        done["segment_files_removed"] = await self.archive.purge_segments(self.recording_id, new_start)
                         done["log_start_position"] = new_start
                         # Named in NewLeadershipTerm: a member whose log ends before it cannot be
                         # caught up from the log and takes a snapshot instead (SnapshotNeeded).
                         self.log_start_position = self.module.log_start_position = new_start
                     else:
                         # Nothing new to detach; files a crash left detached still go.
-                        done["segment_files_removed"] = await self.archive.delete_detached_segments(
-                            self.recording_id)
+                        done["segment_files_removed"] = await self.archive.delete_detached_segments(self.recording_id)
             except ArchiveError as e:
-                log.warning("log segments not purged; tried again after the next snapshot",
-                            recording_id=self.recording_id, target=target, error=str(e))
+                log.warning(
+                    "log segments not purged; tried again after the next snapshot",
+                    recording_id=self.recording_id,
+                    target=target,
+                    error=str(e),
+                )
         done["orphan_recordings_removed"] = await self.remove_orphan_recordings()
         if writes or removed or done["segment_files_removed"]:
             log.info("retention applied", **done)

@@ -132,9 +132,7 @@ def parse_members(text: str) -> list[ClusterMember]:
             continue
         fields = part.split(",")
         if len(fields) < 6:
-            raise MemberConfigError(
-                f"cluster member {part!r} needs id,ingress,consensus,log,catchup,archive"
-            )
+            raise MemberConfigError(f"cluster member {part!r} needs id,ingress,consensus,log,catchup,archive")
         try:
             member_id = int(fields[0])
         except ValueError:
@@ -160,8 +158,7 @@ def quorum_position(members: Sequence[ClusterMember], leadership_term_id: int) -
     """Highest position held by a quorum of members whose reported log term is
     ``leadership_term_id``; NULL_POSITION when no quorum has reported in that term."""
     positions = sorted(
-        (m.log_position if m.log_leadership_term_id == leadership_term_id else NULL_POSITION)
-        for m in members
+        (m.log_position if m.log_leadership_term_id == leadership_term_id else NULL_POSITION) for m in members
     )
     return positions[len(positions) - quorum_threshold(len(positions))]
 
@@ -186,12 +183,15 @@ def is_unanimous_candidate(
             continue
         if m.log_position == NULL_POSITION:
             return False
-        if compare_log(
-            candidate.log_leadership_term_id,
-            candidate.log_position,
-            m.log_leadership_term_id,
-            m.log_position,
-        ) < 0:
+        if (
+            compare_log(
+                candidate.log_leadership_term_id,
+                candidate.log_position,
+                m.log_leadership_term_id,
+                m.log_position,
+            )
+            < 0
+        ):
             return False
         count += 1
     return count >= quorum_threshold(len(members))
@@ -203,12 +203,15 @@ def is_quorum_candidate(members: Sequence[ClusterMember], candidate: ClusterMemb
     for m in members:
         if m.log_position == NULL_POSITION:
             continue
-        if compare_log(
-            candidate.log_leadership_term_id,
-            candidate.log_position,
-            m.log_leadership_term_id,
-            m.log_position,
-        ) >= 0:
+        if (
+            compare_log(
+                candidate.log_leadership_term_id,
+                candidate.log_position,
+                m.log_leadership_term_id,
+                m.log_position,
+            )
+            >= 0
+        ):
             count += 1
     return count >= quorum_threshold(len(members))
 
@@ -242,29 +245,22 @@ def is_quorum_leader(members: Sequence[ClusterMember], candidate_term_id: int) -
     return yes >= quorum_threshold(len(members))
 
 
-def has_active_quorum(
-    members: Sequence[ClusterMember], self_id: int, now_ns: int, timeout_ns: int
-) -> bool:
+def has_active_quorum(members: Sequence[ClusterMember], self_id: int, now_ns: int, timeout_ns: int) -> bool:
     """The leader (always active) plus others that reported within ``timeout_ns`` form a quorum."""
     active = 0
     for m in members:
         if m.member_id == self_id or (
-            m.time_of_last_append_position_ns != NULL_VALUE
-            and now_ns - m.time_of_last_append_position_ns <= timeout_ns
+            m.time_of_last_append_position_ns != NULL_VALUE and now_ns - m.time_of_last_append_position_ns <= timeout_ns
         ):
             active += 1
     return active >= quorum_threshold(len(members))
 
 
-def has_quorum_at_position(
-    members: Sequence[ClusterMember], leadership_term_id: int, position: int
-) -> bool:
+def has_quorum_at_position(members: Sequence[ClusterMember], leadership_term_id: int, position: int) -> bool:
     return quorum_position(members, leadership_term_id) >= position
 
 
-def have_voters_reached_position(
-    members: Sequence[ClusterMember], leadership_term_id: int, position: int
-) -> bool:
+def have_voters_reached_position(members: Sequence[ClusterMember], leadership_term_id: int, position: int) -> bool:
     """Every member that voted YES for this term (the candidate votes for itself) reports
     ``position`` or beyond in the term."""
     for m in members:

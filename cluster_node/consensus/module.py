@@ -195,8 +195,9 @@ class ConsensusModule(ModuleInputs):
         """Messages dropped because they name a member other than their sender, or come from a
         member not in the cluster (counted here, logged by the shell)."""
         self._effects: list[fx.Effect] = []
-        self.control = ClusterControlCore(self, settings.snapshot_timeout_ns, settings.termination_timeout_ns,
-                                          settings.snapshot_interval)
+        self.control = ClusterControlCore(
+            self, settings.snapshot_timeout_ns, settings.termination_timeout_ns, settings.snapshot_interval
+        )
         """The operator's toggle, snapshots and termination (``control_core``)."""
         self.refresh_this_member()
         self.election: Election | None = Election(self, True, now_ns)
@@ -309,7 +310,9 @@ class ConsensusModule(ModuleInputs):
         # The entry's timestamp is the cluster's (wall-clock) time in ms, as recording.log
         # documents and operators read it; ``now_ns`` is this process's monotonic clock.
         writes = self.recording_log.append_term(
-            self.log_recording_id, leadership_term_id, term_base_log_position,
+            self.log_recording_id,
+            leadership_term_id,
+            term_base_log_position,
             self.cluster_clock(now_ns) // 1_000_000,
         )
         self.emit(fx.WriteRecordingLog(writes))
@@ -317,9 +320,7 @@ class ConsensusModule(ModuleInputs):
         self.term_base_log_position = term_base_log_position
         self.refresh_this_member()
 
-    def truncate_log(
-        self, position: int, now_ns: int, reason: str, drop_terms_from: int = NULL_VALUE
-    ) -> bool:
+    def truncate_log(self, position: int, now_ns: int, reason: str, drop_terms_from: int = NULL_VALUE) -> bool:
         """Cut the (stopped) log recording back to ``position``, and forget the TERMs from
         ``drop_terms_from`` on when given; False if that would remove committed entries
         (refused, and recorded in ``safety_alerts``)."""
@@ -352,9 +353,7 @@ class ConsensusModule(ModuleInputs):
         self.emit(fx.StartReplay(replay_id, self.log_recording_id, from_position, to_position))
         return replay_id
 
-    def start_replication(
-        self, leader_member_id: int, leader_recording_id: int, stop_position: int
-    ) -> int:
+    def start_replication(self, leader_member_id: int, leader_recording_id: int, stop_position: int) -> int:
         replication_id = self._next_id
         self._next_id += 1
         self.active_replication_id = replication_id
@@ -425,15 +424,9 @@ class ConsensusModule(ModuleInputs):
         self.emit(fx.NewLeader(self.leadership_term_id, self.member_id, self.log_session_id))
 
     def open_leader_log(self, now_ns: int) -> None:
-        self.emit(
-            fx.OpenLogPublication(self.leadership_term_id, self.log_session_id, self.append_position)
-        )
+        self.emit(fx.OpenLogPublication(self.leadership_term_id, self.log_session_id, self.append_position))
         self.log_publication_open = True
-        self.emit(
-            fx.StartLogRecording(
-                self.log_recording_id, self.log_session_id, self.append_position, True
-            )
-        )
+        self.emit(fx.StartLogRecording(self.log_recording_id, self.log_session_id, self.append_position, True))
         self.recording_active = True
         self._recording_stop_requested = False
 
@@ -444,9 +437,7 @@ class ConsensusModule(ModuleInputs):
         else:
             self.emit(fx.AddLiveDestination(log_session_id))
         self.log_subscription_open = True
-        self.emit(
-            fx.StartLogRecording(self.log_recording_id, log_session_id, self.append_position, False)
-        )
+        self.emit(fx.StartLogRecording(self.log_recording_id, log_session_id, self.append_position, False))
         self.recording_active = True
         self._recording_stop_requested = False
 
@@ -460,9 +451,7 @@ class ConsensusModule(ModuleInputs):
         if nxt is not None and nxt.leadership_term_id <= self.leadership_term_id:
             next_term_id = nxt.leadership_term_id
             next_base = nxt.term_base_log_position
-            next_log_position = (
-                nxt.log_position if nxt.log_position != NULL_POSITION else self.append_position
-            )
+            next_log_position = nxt.log_position if nxt.log_position != NULL_POSITION else self.append_position
         else:
             next_term_id = NULL_VALUE
             next_base = NULL_POSITION
@@ -550,11 +539,7 @@ class ConsensusModule(ModuleInputs):
         if member.catchup_replay_from_position != NULL_POSITION:
             self.emit(fx.StopCatchupReplay(member.member_id))
         member.catchup_replay_from_position = msg.log_position
-        self.emit(
-            fx.StartCatchupReplay(
-                member.member_id, self.log_recording_id, msg.log_position, self.log_session_id
-            )
-        )
+        self.emit(fx.StartCatchupReplay(member.member_id, self.log_recording_id, msg.log_position, self.log_session_id))
 
     def append_new_leadership_term_event(self, now_ns: int) -> None:
         self.emit(
@@ -626,14 +611,10 @@ class ConsensusModule(ModuleInputs):
             for m in self.members:
                 m.time_of_last_append_position_ns = now_ns
         else:
-            self.leader_commit_position = max(
-                self.leader_commit_position, election.leader_commit_position
-            )
+            self.leader_commit_position = max(self.leader_commit_position, election.leader_commit_position)
         self._effects += self.control.on_election_complete()
         self.emit(
-            fx.ElectionComplete(
-                self.leadership_term_id, self.leader_member_id, int(self.role), self.append_position
-            )
+            fx.ElectionComplete(self.leadership_term_id, self.leader_member_id, int(self.role), self.append_position)
         )
 
     def _leader_work(self, now_ns: int) -> int:
@@ -648,12 +629,9 @@ class ConsensusModule(ModuleInputs):
         if (
             last == NULL_VALUE
             or since >= self.settings.leader_heartbeat_interval_ns - self.settings.heartbeat_slack_ns
-            or (self.commit_position > self._last_commit_sent
-                and since >= self.settings.commit_broadcast_interval_ns)
+            or (self.commit_position > self._last_commit_sent and since >= self.settings.commit_broadcast_interval_ns)
         ):
-            self.broadcast(
-                codecs.CommitPosition(self.leadership_term_id, self.commit_position, self.member_id)
-            )
+            self.broadcast(codecs.CommitPosition(self.leadership_term_id, self.commit_position, self.member_id))
             self._time_of_last_commit_sent_ns = now_ns
             self._last_commit_sent = self.commit_position
             work += 1
@@ -675,15 +653,15 @@ class ConsensusModule(ModuleInputs):
         ):
             self.send(
                 self.leader_member_id,
-                codecs.AppendPosition(
-                    self.log_leadership_term_id, self.append_position, self.member_id
-                ),
+                codecs.AppendPosition(self.log_leadership_term_id, self.append_position, self.member_id),
             )
             self._last_append_sent_position = self.append_position
             self._time_of_last_append_sent_ns = now_ns
             work += 1
-        if (now_ns - self.time_of_last_leader_message_ns > self.settings.leader_heartbeat_timeout_ns
-                and not self.stopping_with_all_it_needs):
+        if (
+            now_ns - self.time_of_last_leader_message_ns > self.settings.leader_heartbeat_timeout_ns
+            and not self.stopping_with_all_it_needs
+        ):
             self.graceful_closed_leader_id = self.leader_member_id  # gone: see the module docstring
             self.enter_election(now_ns, "leader heartbeat timeout")
             work += 1

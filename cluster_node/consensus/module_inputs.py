@@ -44,9 +44,7 @@ class ModuleInputs:
         """A consensus message from ``from_member_id``. Messages naming a member other than the
         sender, or members unknown to us, are dropped."""
         member = self.member_by_id.get(from_member_id)
-        if member is None or from_member_id == self.member_id or not self._sender_matches(
-            from_member_id, msg
-        ):
+        if member is None or from_member_id == self.member_id or not self._sender_matches(from_member_id, msg):
             self.dropped_message_count += 1
             return
         if self._term_too_far(msg):
@@ -78,10 +76,7 @@ class ModuleInputs:
                 election.on_new_leadership_term(msg, now_ns)
             elif msg.leadership_term_id > self.leadership_term_id:
                 self.enter_election(now_ns, "newer leadership term")
-            elif (
-                msg.leadership_term_id == self.leadership_term_id
-                and from_member_id == self.leader_member_id
-            ):
+            elif msg.leadership_term_id == self.leadership_term_id and from_member_id == self.leader_member_id:
                 self.time_of_last_leader_message_ns = now_ns
         elif t is codecs.AppendPosition:
             if election is not None:
@@ -192,9 +187,12 @@ class ModuleInputs:
         leader's last CommitPosition lost before it stopped): its state, bounded by the commit
         position, could never reach the position, so it could neither stop nor, not electing,
         ever serve again (the simulator's control model found such a member hanging)."""
-        return (self.role != Role.LEADER and self.termination_position != NULL_POSITION
-                and self.append_position >= self.termination_position
-                and self.commit_position >= self.termination_position)
+        return (
+            self.role != Role.LEADER
+            and self.termination_position != NULL_POSITION
+            and self.append_position >= self.termination_position
+            and self.commit_position >= self.termination_position
+        )
 
     def on_log_stalled(self, now_ns: int, reason: str) -> None:
         """The shell found this member's log stuck while settled (ConsensusAgent's stall check:

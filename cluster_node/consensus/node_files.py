@@ -197,8 +197,9 @@ def _decode_mark(data: bytes) -> MarkFileInfo | None:
     """The header of a mark file, or None when it is not a whole, valid one."""
     if len(data) < _MARK_HEADER_LENGTH:
         return None
-    (magic, version, activity, start, pid, member_id, cluster_id, component, header_length,
-     details_length, crc) = _MARK_HEAD.unpack_from(data)
+    (magic, version, activity, start, pid, member_id, cluster_id, component, header_length, details_length, crc) = (
+        _MARK_HEAD.unpack_from(data)
+    )
     if magic != _MARK_MAGIC or header_length != _MARK_HEADER_LENGTH or crc != _mark_crc(data):
         return None
     if not 0 <= details_length <= _MARK_MAX_DETAILS or len(data) < _MARK_HEADER_LENGTH + details_length:
@@ -233,10 +234,7 @@ def _in_use_message(node_dir: Path, info: MarkFileInfo | None, now_ms: int) -> s
         who = "another process"
     else:
         who = f"member {info.member_id} (pid {info.pid}, last active {max(0, info.age_ms(now_ms)) / 1000:.1f}s ago)"
-    return (
-        f"node directory {node_dir} is in use by {who}: stop that node first, "
-        f"or give this one another directory"
-    )
+    return f"node directory {node_dir} is in use by {who}: stop that node first, or give this one another directory"
 
 
 class MarkFile:
@@ -245,8 +243,9 @@ class MarkFile:
     Call :meth:`update_activity` every ``mark_file_update_interval`` (1 s); :meth:`close` on stop.
     """
 
-    def __init__(self, path: Path, fd: int, info: MarkFileInfo, takeover_reason: str | None,
-                 previous: MarkFileInfo | None) -> None:
+    def __init__(
+        self, path: Path, fd: int, info: MarkFileInfo, takeover_reason: str | None, previous: MarkFileInfo | None
+    ) -> None:
         self.path = path
         self._fd = fd
         self.info = info
@@ -308,8 +307,19 @@ class MarkFile:
                 raise MarkFileError(f"{path}: details of {len(text)} bytes exceed {_MARK_MAX_DETAILS}")
             header = bytearray(_MARK_FILE_LENGTH)
             _MARK_HEAD.pack_into(
-                header, 0, _MARK_MAGIC, _MARK_VERSION, now, now, os.getpid(), member_id, cluster_id,
-                component_type, _MARK_HEADER_LENGTH, len(text), 0,
+                header,
+                0,
+                _MARK_MAGIC,
+                _MARK_VERSION,
+                now,
+                now,
+                os.getpid(),
+                member_id,
+                cluster_id,
+                component_type,
+                _MARK_HEADER_LENGTH,
+                len(text),
+                0,
             )
             header[_MARK_HEADER_LENGTH : _MARK_HEADER_LENGTH + len(text)] = text
             struct.pack_into("<I", header, 52, _mark_crc(header))
@@ -322,8 +332,9 @@ class MarkFile:
         info = _decode_mark(bytes(header))
         assert info is not None
         if reason is not None:
-            log.info("mark file taken over", path=str(path), reason=reason,
-                     previous_pid=previous.pid if previous else None)
+            log.info(
+                "mark file taken over", path=str(path), reason=reason, previous_pid=previous.pid if previous else None
+            )
         return cls(path, fd, info, reason, previous)
 
     def update_activity(self, now_ms: int | None = None) -> None:
@@ -444,8 +455,12 @@ class NodeStateFile:
             os.close(fd)
             raise
         if torn:
-            log.warning("node-state torn write detected", path=str(path),
-                        candidate_term_id=state.candidate_term_id, sequence=state.sequence)
+            log.warning(
+                "node-state torn write detected",
+                path=str(path),
+                candidate_term_id=state.candidate_term_id,
+                sequence=state.sequence,
+            )
         return cls(path, fd, state, newest, torn, sync)
 
     @staticmethod

@@ -249,11 +249,7 @@ class RecordingLog:
 
     def find_term(self, leadership_term_id: int) -> Entry | None:
         for e in reversed(self.entries):
-            if (
-                e.is_valid
-                and e.entry_type == ENTRY_TYPE_TERM
-                and e.leadership_term_id == leadership_term_id
-            ):
+            if e.is_valid and e.entry_type == ENTRY_TYPE_TERM and e.leadership_term_id == leadership_term_id:
                 return e
         return None
 
@@ -326,11 +322,7 @@ class RecordingLog:
                     f" {last.leadership_term_id}'s base {last.term_base_log_position}"
                 )
             if last.log_position != term_base_log_position:
-                writes.append(
-                    self._rewrite(
-                        last.entry_index, replace(last, log_position=term_base_log_position)
-                    )
-                )
+                writes.append(self._rewrite(last.entry_index, replace(last, log_position=term_base_log_position)))
         writes.append(
             self._append(
                 Entry(
@@ -346,9 +338,7 @@ class RecordingLog:
         )
         return tuple(writes)
 
-    def commit_log_position(
-        self, leadership_term_id: int, log_position: int
-    ) -> tuple[tuple[int, bytes], ...]:
+    def commit_log_position(self, leadership_term_id: int, log_position: int) -> tuple[tuple[int, bytes], ...]:
         """Set the end of a term (orderly termination, or a truncation inside it)."""
         e = self.find_term(leadership_term_id)
         if e is None:
@@ -370,9 +360,9 @@ class RecordingLog:
 
     def invalidate_terms_from(self, leadership_term_id: int) -> tuple[tuple[int, bytes], ...]:
         """Drop the TERMs from ``leadership_term_id`` on (a tail of terms the leader lacks)."""
-        return tuple(self._invalidate(
-            lambda e: e.entry_type == ENTRY_TYPE_TERM and e.leadership_term_id >= leadership_term_id
-        ))
+        return tuple(
+            self._invalidate(lambda e: e.entry_type == ENTRY_TYPE_TERM and e.leadership_term_id >= leadership_term_id)
+        )
 
     def append_snapshot(
         self,
@@ -403,11 +393,15 @@ class RecordingLog:
         cm = self.latest_snapshot(CONSENSUS_MODULE_SERVICE_ID)
         if cm is None:
             return ()
-        return tuple(self._invalidate(
-            lambda e: e.entry_type in (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
-            and e.log_position == cm.log_position
-            and e.leadership_term_id == cm.leadership_term_id
-        ))
+        return tuple(
+            self._invalidate(
+                lambda e: (
+                    e.entry_type in (ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_STANDBY_SNAPSHOT)
+                    and e.log_position == cm.log_position
+                    and e.leadership_term_id == cm.leadership_term_id
+                )
+            )
+        )
 
     # ------------------------------------------------------------------------------ retention
 
@@ -416,15 +410,24 @@ class RecordingLog:
         followed by one entry per service at the same term and log position."""
         sets = []
         for cm in reversed(self.entries):
-            if not (cm.is_valid and cm.entry_type == ENTRY_TYPE_SNAPSHOT
-                    and cm.service_id == CONSENSUS_MODULE_SERVICE_ID):
+            if not (
+                cm.is_valid and cm.entry_type == ENTRY_TYPE_SNAPSHOT and cm.service_id == CONSENSUS_MODULE_SERVICE_ID
+            ):
                 continue
             found = [cm]
             for service_id in range(service_count):
-                s = next((e for e in reversed(self.entries)
-                          if e.is_valid and e.entry_type == ENTRY_TYPE_SNAPSHOT and e.service_id == service_id
-                          and e.log_position == cm.log_position
-                          and e.leadership_term_id == cm.leadership_term_id), None)
+                s = next(
+                    (
+                        e
+                        for e in reversed(self.entries)
+                        if e.is_valid
+                        and e.entry_type == ENTRY_TYPE_SNAPSHOT
+                        and e.service_id == service_id
+                        and e.log_position == cm.log_position
+                        and e.leadership_term_id == cm.leadership_term_id
+                    ),
+                    None,
+                )
                 if s is None:
                     break
                 found.append(s)
@@ -490,7 +493,8 @@ class RecordingLog:
         if not terms or terms[0].leadership_term_id != cm.leadership_term_id:
             raise RecordingLogError(
                 f"no valid TERM entry for leadership term {cm.leadership_term_id}, in which the latest snapshot "
-                f"(log position {cm.log_position}) was taken")
+                f"(log position {cm.log_position}) was taken"
+            )
         services = sorted(latest[1:], key=lambda e: -e.service_id)
         return RecordingLog._of(sorted([*terms, *services, cm], key=RecordingLog._order))
 
@@ -524,9 +528,7 @@ class RecordingLog:
         snapshots: list[Snapshot] = []
         for cm in reversed(self.entries):
             if not (
-                cm.is_valid
-                and cm.entry_type == ENTRY_TYPE_SNAPSHOT
-                and cm.service_id == CONSENSUS_MODULE_SERVICE_ID
+                cm.is_valid and cm.entry_type == ENTRY_TYPE_SNAPSHOT and cm.service_id == CONSENSUS_MODULE_SERVICE_ID
             ):
                 continue
             found = [cm]

@@ -39,9 +39,13 @@ class RecordingLogFile:
         if self.repaired_tail_length:
             # Said once, with what is cut: an entry torn by a crash mid-append is expected, but
             # the operator of a file damaged otherwise must be able to tell what was dropped.
-            log.warning("recording.log: a torn last entry cut off", path=str(self.path),
-                        bytes=self.repaired_tail_length, entries_kept=len(self.log.entries),
-                        cut_from_offset=self.log.length)
+            log.warning(
+                "recording.log: a torn last entry cut off",
+                path=str(self.path),
+                bytes=self.repaired_tail_length,
+                entries_kept=len(self.log.entries),
+                cut_from_offset=self.log.length,
+            )
             os.ftruncate(self._fd, self.log.length)
             self._sync()
 

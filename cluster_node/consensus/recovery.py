@@ -71,25 +71,38 @@ class Recovery:
         # The answers' endpoint is bound at once (the link subscribes to it now): a port from the
         # kernel's ephemeral range, never one below it, where the other members' configured
         # ports lie, unbound until they start (a whole cluster starts empty at once).
-        link = BackupLink(self.driver, others, consensus_stream_id=cfg.cluster.consensus_stream_id,
-                          consensus_term_length=cfg.cluster.consensus_term_length,
-                          response_endpoint=f"{host}:{free_udp_ports(1, host)[0]}",
-                          auth=cfg.cluster.member_auth)
-        self._consensus_sub = self.driver.add_subscription(f"aeron:udp?endpoint={me.consensus}{self._auth}",
-                                                           cfg.cluster.consensus_stream_id)
+        link = BackupLink(
+            self.driver,
+            others,
+            consensus_stream_id=cfg.cluster.consensus_stream_id,
+            consensus_term_length=cfg.cluster.consensus_term_length,
+            response_endpoint=f"{host}:{free_udp_ports(1, host)[0]}",
+            auth=cfg.cluster.member_auth,
+        )
+        self._consensus_sub = self.driver.add_subscription(
+            f"aeron:udp?endpoint={me.consensus}{self._auth}", cfg.cluster.consensus_stream_id
+        )
         t = cfg.timeouts
         core = ClusterBackupCore(
             [m.id for m in cfg.cluster.members],
-            BackupSettings(seed=True, response_timeout_ns=t.election_status_interval_ns,
-                           seed_query_timeout_ns=t.startup_canvass_timeout_ns),
-            rl, self.service_count, time.monotonic_ns(), self.rng, self_member_id=me.id)
+            BackupSettings(
+                seed=True,
+                response_timeout_ns=t.election_status_interval_ns,
+                seed_query_timeout_ns=t.startup_canvass_timeout_ns,
+            ),
+            rl,
+            self.service_count,
+            time.monotonic_ns(),
+            self.rng,
+            self_member_id=me.id,
+        )
         by_id = {m.id: m for m in others}
         started = time.monotonic_ns()
         log.info("empty node directory: asking the other members for a snapshot")
 
         def on_query(buf, offset, length, header) -> None:
             try:
-                msg = CONSENSUS_CODEC.decode(buf[offset: offset + length])
+                msg = CONSENSUS_CODEC.decode(buf[offset : offset + length])
             except CodecError:
                 return
             if type(msg) is codecs.BackupQuery:
@@ -104,18 +117,24 @@ class Recovery:
                     elif t_e is RetrieveSnapshot:
                         try:
                             rid = await retrieve_snapshot(
-                                self.archive, by_id[e.member_id], e.snapshot,
+                                self.archive,
+                                by_id[e.member_id],
+                                e.snapshot,
                                 control_stream_id=cfg.archive.control_request_stream_id,
                                 timeout_s=max(60.0, t.replication_progress_timeout_ns / 1e9),
-                                auth=cfg.cluster.member_auth)
+                                auth=cfg.cluster.member_auth,
+                            )
                         except ArchiveError as ex:
                             core.on_failure(str(ex), time.monotonic_ns())
                         else:
                             core.on_snapshot_retrieved(e.snapshot, rid, time.monotonic_ns())
                     elif t_e is StartLogRecording:
                         rid = await create_empty_recording(
-                            self.archive, self.driver, self._local_channel(e.position, self._new_local_session()),
-                            self.log_stream_id)
+                            self.archive,
+                            self.driver,
+                            self._local_channel(e.position, self._new_local_session()),
+                            self.log_stream_id,
+                        )
                         core.on_log_recording(rid, time.monotonic_ns())
                     elif t_e is fx.WriteRecordingLog:
                         self.recording_log_file.apply(e.writes)
@@ -137,12 +156,19 @@ class Recovery:
             # it does not take part in any term it has heard of, so it cannot vote twice in one.
             self.node_state.propose_max_candidate_term_id(core.highest_term_seen, 0, time.time_ns() // 1_000_000)
             self.counters["snapshot-transfers"].set(1)
-            log.info("seeded from a member's snapshot", member=core.source_member_id,
-                     log_position=core.response.snapshots[0].log_position if core.response else None,
-                     recording_id=core.live_recording_id, elapsed_ms=elapsed_ms)
+            log.info(
+                "seeded from a member's snapshot",
+                member=core.source_member_id,
+                log_position=core.response.snapshots[0].log_position if core.response else None,
+                recording_id=core.live_recording_id,
+                elapsed_ms=elapsed_ms,
+            )
         else:
-            log.info("starting with an empty log", reason=core.failure or "no member has a snapshot set",
-                     elapsed_ms=elapsed_ms)
+            log.info(
+                "starting with an empty log",
+                reason=core.failure or "no member has a snapshot set",
+                elapsed_ms=elapsed_ms,
+            )
 
     _BELOW_LOG_START = "recording.log.below-log-start-"
     """recording.log moved aside by ``_snapshot_needed``: the next start seeds from a snapshot."""
@@ -158,10 +184,12 @@ class Recovery:
             os.replace(path, aside)
         except OSError as ex:
             fail(ExitCode.PERSIST_FAILED, f"cannot move {path} aside for a snapshot transfer: {ex.strerror or ex}")
-        fail(ExitCode.SNAPSHOT_NEEDED,
-             f"this member's log ends at {e.append_position}, before leader {e.leader_member_id}'s log starts "
-             f"({e.leader_log_start_position}): {path.name} was moved aside as {aside.name}; start the member "
-             "again and it copies the leader's latest snapshot")
+        fail(
+            ExitCode.SNAPSHOT_NEEDED,
+            f"this member's log ends at {e.append_position}, before leader {e.leader_member_id}'s log starts "
+            f"({e.leader_log_start_position}): {path.name} was moved aside as {aside.name}; start the member "
+            "again and it copies the leader's latest snapshot",
+        )
 
     async def _load_snapshot(self, plan) -> None:
         """Restore sessions, timers and pending service messages from the plan's consensus module
@@ -177,20 +205,31 @@ class Recovery:
                 raise damaged(
                     f"cannot load the consensus module snapshot (recording {cm.recording_id}) at log position "
                     f"{cm.log_position}: {e}; `cluster-node tool --dir {self.cfg.node_dir} "
-                    "invalidate-latest-snapshot` makes the next start use the previous one") from None
+                    "invalidate-latest-snapshot` makes the next start use the previous one"
+                ) from None
             if snap.log_position != cm.log_position:
-                raise damaged(f"consensus module snapshot recording {cm.recording_id} is at log position "
-                              f"{snap.log_position}, recording.log says {cm.log_position}: `cluster-node tool --dir "
-                              f"{self.cfg.node_dir} invalidate-latest-snapshot` makes the next start use the previous one")
+                raise damaged(
+                    f"consensus module snapshot recording {cm.recording_id} is at log position "
+                    f"{snap.log_position}, recording.log says {cm.log_position}: `cluster-node tool --dir "
+                    f"{self.cfg.node_dir} invalidate-latest-snapshot` makes the next start use the previous one"
+                )
             restore_cm_snapshot(snap, self.sessions, self.timers, self.pending)
             service_recording_id = plan.snapshots[1].recording_id if len(plan.snapshots) > 1 else NULL_VALUE
             position = cm.log_position
             self._last_snapshot_position = position
-            log.info("snapshot loaded", log_position=position, leadership_term_id=cm.leadership_term_id,
-                     recording_id=cm.recording_id, service_recording_id=service_recording_id,
-                     sessions=len(snap.sessions), timers=len(snap.timers), pending=len(snap.pending))
-        counter = self.driver.counters.allocate(recovery_state_label(self.cfg.member_id),
-                                                CounterTypes.RECOVERY_STATE, position)
+            log.info(
+                "snapshot loaded",
+                log_position=position,
+                leadership_term_id=cm.leadership_term_id,
+                recording_id=cm.recording_id,
+                service_recording_id=service_recording_id,
+                sessions=len(snap.sessions),
+                timers=len(snap.timers),
+                pending=len(snap.pending),
+            )
+        counter = self.driver.counters.allocate(
+            recovery_state_label(self.cfg.member_id), CounterTypes.RECOVERY_STATE, position
+        )
         counter.set(service_recording_id)
         self._recovery_counter = counter
         self._recovery_state = (position, service_recording_id)
@@ -218,18 +257,26 @@ class Recovery:
             # gets: the log is caught up from there.
             cm = sets[0][0]
             self.recording_id = await create_empty_recording(
-                self.archive, self.driver, self._local_channel(cm.log_position, self._new_local_session()),
-                self.log_stream_id)
-            self.recording_log_file.apply(rl.append_term(self.recording_id, cm.leadership_term_id,
-                                                         cm.term_base_log_position, cm.timestamp))
-            log.info("log recording created at the snapshot", recording_id=self.recording_id,
-                     log_position=cm.log_position)
+                self.archive,
+                self.driver,
+                self._local_channel(cm.log_position, self._new_local_session()),
+                self.log_stream_id,
+            )
+            self.recording_log_file.apply(
+                rl.append_term(self.recording_id, cm.leadership_term_id, cm.term_base_log_position, cm.timestamp)
+            )
+            log.info(
+                "log recording created at the snapshot", recording_id=self.recording_id, log_position=cm.log_position
+            )
         else:
             for d in await self.archive.list_recordings():
                 # Only a log from 0 is of use without recording.log: one starting later (a
                 # seeding cut short) needs the snapshot recording.log would have named.
-                if (d.stream_id == self.log_stream_id and d.original_channel.startswith("aeron:ipc")
-                        and d.start_position == 0):
+                if (
+                    d.stream_id == self.log_stream_id
+                    and d.original_channel.startswith("aeron:ipc")
+                    and d.start_position == 0
+                ):
                     self.recording_id = d.recording_id
         if self.recording_id == NULL_VALUE:
             # An empty recording: the archive records a publication nobody writes to, then stops.
@@ -243,12 +290,17 @@ class Recovery:
             log.info("log recording created", recording_id=self.recording_id)
         d = await self.archive.list_recording(self.recording_id)
         if d is None:
-            raise damaged(f"log recording {self.recording_id} named by {self.recording_log_file.path} is not in the "
-                          f"archive: restore the node directory from one backup, or {rebuild_hint(self.cfg.node_dir)}")
+            raise damaged(
+                f"log recording {self.recording_id} named by {self.recording_log_file.path} is not in the "
+                f"archive: restore the node directory from one backup, or {rebuild_hint(self.cfg.node_dir)}"
+            )
         self.initial_term_id = d.initial_term_id
         if d.term_buffer_length != self.term_length:
-            log.warning("log term length differs from the recording's; using the recording's",
-                        config=self.term_length, recording=d.term_buffer_length)
+            log.warning(
+                "log term length differs from the recording's; using the recording's",
+                config=self.term_length,
+                recording=d.term_buffer_length,
+            )
             self.term_length = d.term_buffer_length
         if d.stop_position == NULL_POSITION:
             await self.archive.stop_recording_by_identity(self.recording_id)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from cluster_node.media.channel import ChannelError, parse, reply_channel_refusal
 
 
-def response_channel_refusal(channel: str, stream_id: int, source_host: str | None,
-                             egress_stream_id: int) -> str | None:
+def response_channel_refusal(
+    channel: str, stream_id: int, source_host: str | None, egress_stream_id: int
+) -> str | None:
     """Why a connect request's response channel is refused, or None when it may be used:
     ``cluster_node.media.channel.reply_channel_refusal`` (a plain UDP endpoint of the request's own source),
     and the cluster's egress stream. The kind of refusal is the text before the first colon."""

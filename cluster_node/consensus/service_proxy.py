@@ -50,8 +50,13 @@ class ServiceProxy:
         m = self.module
         commit = m.commit_position
         local = self.local
-        if (m.role == Role.LEADER or self._replay is not None or local is None
-                or self._log_adapter_sub is None or self._log_adapter_session != local.session_id):
+        if (
+            m.role == Role.LEADER
+            or self._replay is not None
+            or local is None
+            or self._log_adapter_sub is None
+            or self._log_adapter_session != local.session_id
+        ):
             return commit
         image = self._log_adapter_image
         if image is None:
@@ -64,9 +69,15 @@ class ServiceProxy:
         m = self.module
         local = self.local
         work = 0
-        if (m.role != Role.LEADER and self._replay is None and self._snapshot is None and local is not None
-                and self._log_adapter_sub is not None and self._log_adapter_session == local.session_id
-                and self._adapter_position() < m.commit_position):
+        if (
+            m.role != Role.LEADER
+            and self._replay is None
+            and self._snapshot is None
+            and local is not None
+            and self._log_adapter_sub is not None
+            and self._log_adapter_session == local.session_id
+            and self._adapter_position() < m.commit_position
+        ):
             # Apply what was just committed now rather than in the next pass: the service waits
             # for it.
             work = self._adapter_poll(m.commit_position)
@@ -107,7 +118,7 @@ class ServiceProxy:
 
     def _on_service(self, buf, offset, length, header) -> None:
         m = self.module
-        view = buf[offset: offset + length]
+        view = buf[offset : offset + length]
         try:
             msg = SERVICE_TO_CONSENSUS_CODEC.decode(bytes(view))
         except CodecError as e:

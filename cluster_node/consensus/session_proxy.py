@@ -24,8 +24,9 @@ class _Proxy:
 
     __slots__ = ("_sessions", "session", "_term_id", "_leader_member_id", "_now_ns")
 
-    def __init__(self, sessions: ClusterSessions, session: ClusterSession, term_id: int, leader_member_id: int,
-                 now_ns: int) -> None:
+    def __init__(
+        self, sessions: ClusterSessions, session: ClusterSession, term_id: int, leader_member_id: int, now_ns: int
+    ) -> None:
         self._sessions = sessions
         self.session: ClusterSession | None = session
         self._term_id = term_id
@@ -41,9 +42,11 @@ class _Proxy:
 
     def authenticate(self, encoded_principal: bytes | None) -> bool:
         return self.session is not None and self._sessions._open(
-            self.session, encoded_principal or b"", self._term_id, self._leader_member_id, self._now_ns)
+            self.session, encoded_principal or b"", self._term_id, self._leader_member_id, self._now_ns
+        )
 
     def reject(self, reason: str = "") -> None:
         if self.session is not None and self.session.state in (SessionState.CONNECTED, SessionState.CHALLENGED):
-            self._sessions._reject(self.session, reason or "authentication rejected", self._term_id,
-                                   self._leader_member_id)
+            self._sessions._reject(
+                self.session, reason or "authentication rejected", self._term_id, self._leader_member_id
+            )

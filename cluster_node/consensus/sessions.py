@@ -192,11 +192,22 @@ class ClusterSessions:
         :meth:`process_pending`)."""
 
         def answer(code: EventCode, detail: str, session_id: int = NULL_VALUE) -> None:
-            self.effects.append(SendEgress(
-                session_id, req.response_channel, req.response_stream_id,
-                SessionEvent(session_id, req.correlation_id, leadership_term_id, leader_member_id,
-                             code, CLIENT_PROTOCOL_VERSION, detail),
-            ))
+            self.effects.append(
+                SendEgress(
+                    session_id,
+                    req.response_channel,
+                    req.response_stream_id,
+                    SessionEvent(
+                        session_id,
+                        req.correlation_id,
+                        leadership_term_id,
+                        leader_member_id,
+                        code,
+                        CLIENT_PROTOCOL_VERSION,
+                        detail,
+                    ),
+                )
+            )
 
         if not is_leader:
             answer(EventCode.REDIRECT, self.ingress_endpoints)
@@ -210,8 +221,14 @@ class ClusterSessions:
             answer(EventCode.ERROR, "concurrent session limit")
             return None
         session = ClusterSession(
-            self.next_session_id, req.correlation_id, req.response_stream_id, req.response_channel,
-            SessionState.CONNECTED, now_ns, opened_log_position=NOT_IN_LOG, opened_term_id=leadership_term_id,
+            self.next_session_id,
+            req.correlation_id,
+            req.response_stream_id,
+            req.response_channel,
+            SessionState.CONNECTED,
+            now_ns,
+            opened_log_position=NOT_IN_LOG,
+            opened_term_id=leadership_term_id,
             bound_image=image_session_id,
         )
         self.next_session_id += 1
@@ -226,9 +243,17 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ authentication (leader)
 
-    def on_challenge_response(self, correlation_id: int, cluster_session_id: int, encoded_credentials: bytes, *,
-                              leadership_term_id: int, leader_member_id: int, now_ns: int,
-                              image_session_id: int) -> bool:
+    def on_challenge_response(
+        self,
+        correlation_id: int,
+        cluster_session_id: int,
+        encoded_credentials: bytes,
+        *,
+        leadership_term_id: int,
+        leader_member_id: int,
+        now_ns: int,
+        image_session_id: int,
+    ) -> bool:
         """A client answers its challenge. Only a CHALLENGED session's own ingress image may
         answer, with the connect's correlation id; anything else is dropped. True when taken."""
         session = self.pending.get(cluster_session_id)
@@ -272,8 +297,9 @@ class ClusterSessions:
         finally:
             proxy.session = None  # a proxy kept by the authenticator can do nothing more
 
-    def _authenticator_failed(self, session: ClusterSession, error: Exception, term_id: int,
-                              leader_member_id: int) -> None:
+    def _authenticator_failed(
+        self, session: ClusterSession, error: Exception, term_id: int, leader_member_id: int
+    ) -> None:
         self.effects.append(AuthenticatorFailed(f"{type(error).__name__}: {error}"))
         self._forget_authenticating(session.id)
         self._reject(session, "authenticator error", term_id, leader_member_id)
@@ -287,14 +313,19 @@ class ClusterSessions:
         if session.state not in (SessionState.CONNECTED, SessionState.CHALLENGED):
             return False
         session.state = SessionState.CHALLENGED
-        self.effects.append(SendEgress(
-            session.id, session.response_channel, session.response_stream_id,
-            Challenge(session.correlation_id, session.id, bytes(encoded_challenge)),
-        ))
+        self.effects.append(
+            SendEgress(
+                session.id,
+                session.response_channel,
+                session.response_stream_id,
+                Challenge(session.correlation_id, session.id, bytes(encoded_challenge)),
+            )
+        )
         return True
 
-    def _open(self, session: ClusterSession, principal: bytes, term_id: int, leader_member_id: int,
-              now_ns: int) -> bool:
+    def _open(
+        self, session: ClusterSession, principal: bytes, term_id: int, leader_member_id: int, now_ns: int
+    ) -> bool:
         if session.state not in (SessionState.CONNECTED, SessionState.CHALLENGED):
             return False
         del self.pending[session.id]
@@ -302,15 +333,36 @@ class ClusterSessions:
         session.encoded_principal = bytes(principal)
         session.time_of_last_activity_ns = now_ns
         self.sessions[session.id] = session
-        self.effects.append(AppendSessionEvent(SessionOpenEvent(
-            term_id, session.correlation_id, session.id, now_ns,
-            session.response_stream_id, session.response_channel, session.encoded_principal,
-        ), session))
-        self.effects.append(SendEgress(
-            session.id, session.response_channel, session.response_stream_id,
-            SessionEvent(session.id, session.correlation_id, term_id, leader_member_id, EventCode.OK,
-                         CLIENT_PROTOCOL_VERSION, ""),
-        ))
+        self.effects.append(
+            AppendSessionEvent(
+                SessionOpenEvent(
+                    term_id,
+                    session.correlation_id,
+                    session.id,
+                    now_ns,
+                    session.response_stream_id,
+                    session.response_channel,
+                    session.encoded_principal,
+                ),
+                session,
+            )
+        )
+        self.effects.append(
+            SendEgress(
+                session.id,
+                session.response_channel,
+                session.response_stream_id,
+                SessionEvent(
+                    session.id,
+                    session.correlation_id,
+                    term_id,
+                    leader_member_id,
+                    EventCode.OK,
+                    CLIENT_PROTOCOL_VERSION,
+                    "",
+                ),
+            )
+        )
         return True
 
     def _reject(self, session: ClusterSession, reason: str, term_id: int, leader_member_id: int) -> None:
@@ -323,11 +375,22 @@ class ClusterSessions:
         session.state = SessionState.REJECTED
         self.rejected += 1
         self.auth_rejected += 1
-        self.effects.append(SendEgress(
-            egress_id, session.response_channel, session.response_stream_id,
-            SessionEvent(session.id, session.correlation_id, term_id, leader_member_id,
-                         EventCode.AUTHENTICATION_REJECTED, CLIENT_PROTOCOL_VERSION, reason[:200]),
-        ))
+        self.effects.append(
+            SendEgress(
+                egress_id,
+                session.response_channel,
+                session.response_stream_id,
+                SessionEvent(
+                    session.id,
+                    session.correlation_id,
+                    term_id,
+                    leader_member_id,
+                    EventCode.AUTHENTICATION_REJECTED,
+                    CLIENT_PROTOCOL_VERSION,
+                    reason[:200],
+                ),
+            )
+        )
         self.effects.append(CloseEgress(session.id))
 
     def _drop_pending(self) -> None:
@@ -362,8 +425,9 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ admin requests (leader)
 
-    def on_admin_request(self, req: AdminRequest, *, current_term_id: int, now_ns: int, image_session_id: int,
-                         can_snapshot: bool) -> bool:
+    def on_admin_request(
+        self, req: AdminRequest, *, current_term_id: int, now_ns: int, image_session_id: int, can_snapshot: bool
+    ) -> bool:
         """An admin request of an open session (reference ``ConsensusModuleAgent.onAdminRequest``),
         answered with an AdminResponse on the session's egress: OK (and :class:`TakeSnapshot`),
         UNAUTHORISED_ACCESS, or ERROR (an unknown type; ``can_snapshot`` False: the leader is
@@ -377,17 +441,22 @@ class ClusterSessions:
         request_type = req.request_type
 
         def respond(code: AdminResponseCode, message: str) -> None:
-            self.effects.append(SendEgress(
-                session.id, session.response_channel, session.response_stream_id,
-                AdminResponse(session.id, req.correlation_id, request_type, code, message),
-            ))
+            self.effects.append(
+                SendEgress(
+                    session.id,
+                    session.response_channel,
+                    session.response_stream_id,
+                    AdminResponse(session.id, req.correlation_id, request_type, code, message),
+                )
+            )
 
         if request_type != AdminRequestType.SNAPSHOT:
             respond(AdminResponseCode.ERROR, f"unknown request type {request_type}")
             return True
         try:
-            allowed = self.authorisation.is_authorised(SCHEMA_ID, AdminRequest.TEMPLATE_ID,
-                                                       AdminRequestType.SNAPSHOT, session.encoded_principal)
+            allowed = self.authorisation.is_authorised(
+                SCHEMA_ID, AdminRequest.TEMPLATE_ID, AdminRequestType.SNAPSHOT, session.encoded_principal
+            )
         except Exception as e:  # noqa: BLE001 - the operator's code
             self.effects.append(AuthenticatorFailed(f"authorisation service: {type(e).__name__}: {e}"))
             allowed = False
@@ -404,8 +473,16 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ activity (leader)
 
-    def on_ingress(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int,
-                   image_session_id: int, count: int = 1, kind: str = "session message") -> bool:
+    def on_ingress(
+        self,
+        leadership_term_id: int,
+        cluster_session_id: int,
+        current_term_id: int,
+        now_ns: int,
+        image_session_id: int,
+        count: int = 1,
+        kind: str = "session message",
+    ) -> bool:
         """A session message arrived (``count`` of them, all of that session and term, on the
         ingress image ``image_session_id``): True when they may be appended (open session,
         current term, the session's own image)."""
@@ -416,10 +493,14 @@ class ClusterSessions:
             self.stale_term_dropped += count
             if leadership_term_id < current_term_id and self._answer_due(session, now_ns):
                 # The client missed this leader's NewLeaderEvent (or has yet to read it): again.
-                self.effects.append(SendEgress(
-                    session.id, session.response_channel, session.response_stream_id,
-                    NewLeaderEvent(current_term_id, session.id, self.member_id, self.ingress_endpoints),
-                ))
+                self.effects.append(
+                    SendEgress(
+                        session.id,
+                        session.response_channel,
+                        session.response_stream_id,
+                        NewLeaderEvent(current_term_id, session.id, self.member_id, self.ingress_endpoints),
+                    )
+                )
             return False
         if session.bound_image != image_session_id and not self._bound(session, image_session_id, kind):
             if count > 1:
@@ -428,13 +509,16 @@ class ClusterSessions:
         session.time_of_last_activity_ns = now_ns
         return True
 
-    def on_keep_alive(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int,
-                      image_session_id: int) -> bool:
-        return self.on_ingress(leadership_term_id, cluster_session_id, current_term_id, now_ns, image_session_id,
-                               kind="keep-alive")
+    def on_keep_alive(
+        self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int, image_session_id: int
+    ) -> bool:
+        return self.on_ingress(
+            leadership_term_id, cluster_session_id, current_term_id, now_ns, image_session_id, kind="keep-alive"
+        )
 
-    def on_close_request(self, leadership_term_id: int, cluster_session_id: int, current_term_id: int,
-                         now_ns: int, image_session_id: int) -> bool:
+    def on_close_request(
+        self, leadership_term_id: int, cluster_session_id: int, current_term_id: int, now_ns: int, image_session_id: int
+    ) -> bool:
         session = self.sessions.get(cluster_session_id)
         if session is None or session.state != SessionState.OPEN or leadership_term_id != current_term_id:
             return False
@@ -466,35 +550,61 @@ class ClusterSessions:
         caller sends it about once per leader heartbeat interval while suspended."""
         for session in self.sessions.values():
             if session.state == SessionState.OPEN:
-                self.effects.append(SendEgress(
-                    session.id, session.response_channel, session.response_stream_id,
-                    SessionEvent(session.id, NULL_VALUE, leadership_term_id, self.member_id, EventCode.OK,
-                                 CLIENT_PROTOCOL_VERSION, SUSPENDED_DETAIL),
-                ))
+                self.effects.append(
+                    SendEgress(
+                        session.id,
+                        session.response_channel,
+                        session.response_stream_id,
+                        SessionEvent(
+                            session.id,
+                            NULL_VALUE,
+                            leadership_term_id,
+                            self.member_id,
+                            EventCode.OK,
+                            CLIENT_PROTOCOL_VERSION,
+                            SUSPENDED_DETAIL,
+                        ),
+                    )
+                )
         return len(self.sessions)
 
     def check_timeouts(self, current_term_id: int, now_ns: int) -> int:
         """Leader: close sessions silent for longer than the session timeout."""
         timeout = self.settings.session_timeout_ns
-        expired = [s for s in self.sessions.values()
-                   if s.state == SessionState.OPEN and now_ns - s.time_of_last_activity_ns > timeout]
+        expired = [
+            s
+            for s in self.sessions.values()
+            if s.state == SessionState.OPEN and now_ns - s.time_of_last_activity_ns > timeout
+        ]
         for session in expired:
             self.timed_out += 1
             self._close(session, CloseReason.TIMEOUT, current_term_id, now_ns, tell_client=True)
         return len(expired)
 
-    def _close(self, session: ClusterSession, reason: CloseReason, term_id: int, now_ns: int, *,
-               tell_client: bool) -> None:
+    def _close(
+        self, session: ClusterSession, reason: CloseReason, term_id: int, now_ns: int, *, tell_client: bool
+    ) -> None:
         session.state = SessionState.CLOSING
         session.close_reason = reason
         session.closed_log_position = NOT_IN_LOG
         self.effects.append(AppendSessionEvent(SessionCloseEvent(term_id, session.id, now_ns, reason), session))
         if tell_client:
-            self.effects.append(SendEgress(
-                session.id, session.response_channel, session.response_stream_id,
-                SessionEvent(session.id, session.correlation_id, term_id, self.member_id, EventCode.CLOSED,
-                             CLIENT_PROTOCOL_VERSION, reason.name),
-            ))
+            self.effects.append(
+                SendEgress(
+                    session.id,
+                    session.response_channel,
+                    session.response_stream_id,
+                    SessionEvent(
+                        session.id,
+                        session.correlation_id,
+                        term_id,
+                        self.member_id,
+                        EventCode.CLOSED,
+                        CLIENT_PROTOCOL_VERSION,
+                        reason.name,
+                    ),
+                )
+            )
         self.effects.append(CloseEgress(session.id))
         del self.sessions[session.id]
         self.closed_uncommitted[session.id] = session
@@ -505,9 +615,15 @@ class ClusterSessions:
         """A SessionOpenEvent applied from the log (follower, or leader replay)."""
         if event.cluster_session_id not in self.sessions:
             self.sessions[event.cluster_session_id] = ClusterSession(
-                event.cluster_session_id, event.correlation_id, event.response_stream_id,
-                event.response_channel, SessionState.OPEN, 0, opened_log_position=log_position,
-                encoded_principal=event.encoded_principal, opened_term_id=event.leadership_term_id,
+                event.cluster_session_id,
+                event.correlation_id,
+                event.response_stream_id,
+                event.response_channel,
+                SessionState.OPEN,
+                0,
+                opened_log_position=log_position,
+                encoded_principal=event.encoded_principal,
+                opened_term_id=event.leadership_term_id,
             )
         if event.cluster_session_id >= self.next_session_id:
             self.next_session_id = event.cluster_session_id + 1
@@ -553,10 +669,14 @@ class ClusterSessions:
             if session.opened_term_id == NULL_VALUE:
                 session.opened_term_id = leadership_term_id
             session.time_of_last_answer_ns = now_ns  # told now: the next answer waits its interval
-            self.effects.append(SendEgress(
-                session.id, session.response_channel, session.response_stream_id,
-                self._closed_event(session, NULL_VALUE),
-            ))
+            self.effects.append(
+                SendEgress(
+                    session.id,
+                    session.response_channel,
+                    session.response_stream_id,
+                    self._closed_event(session, NULL_VALUE),
+                )
+            )
             self.effects.append(CloseEgress(session.id))
             self._remember_gone(session, now_ns)
         for sid, s in list(self.closed_uncommitted.items()):
@@ -570,8 +690,15 @@ class ClusterSessions:
 
     @staticmethod
     def _closed_event(session: ClusterSession, leader_member_id: int) -> SessionEvent:
-        return SessionEvent(session.id, session.correlation_id, session.opened_term_id, leader_member_id,
-                            EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, ELECTION_CLOSE_DETAIL)
+        return SessionEvent(
+            session.id,
+            session.correlation_id,
+            session.opened_term_id,
+            leader_member_id,
+            EventCode.CLOSED,
+            CLIENT_PROTOCOL_VERSION,
+            ELECTION_CLOSE_DETAIL,
+        )
 
     def _remember_gone(self, session: ClusterSession, now_ns: int) -> None:
         self.gone[(session.opened_term_id, session.id)] = GoneSession(session, now_ns)
@@ -588,8 +715,15 @@ class ClusterSessions:
 
     # ------------------------------------------------------------------ ingress while not leading
 
-    def on_ingress_not_leading(self, leadership_term_id: int, cluster_session_id: int, *, leader_member_id: int,
-                               current_term_id: int, now_ns: int) -> bool:
+    def on_ingress_not_leading(
+        self,
+        leadership_term_id: int,
+        cluster_session_id: int,
+        *,
+        leader_member_id: int,
+        current_term_id: int,
+        now_ns: int,
+    ) -> bool:
         """A session message or keep-alive reached this member while it does not lead (a
         follower, a candidate, a leader still in its election). ``leader_member_id`` is the
         leader it knows of (NULL_VALUE in an election that has not found one). The client
@@ -603,20 +737,33 @@ class ClusterSessions:
             closed = gone.session
             if not self._answer_due(closed, now_ns):
                 return False
-            self.effects.append(SendEgress(
-                NULL_VALUE, closed.response_channel, closed.response_stream_id,
-                self._closed_event(closed, leader_member_id),
-            ))
+            self.effects.append(
+                SendEgress(
+                    NULL_VALUE,
+                    closed.response_channel,
+                    closed.response_stream_id,
+                    self._closed_event(closed, leader_member_id),
+                )
+            )
             return True
         session = self.sessions.get(cluster_session_id)
-        if (session is None or session.state != SessionState.OPEN or leader_member_id == NULL_VALUE
-                or leader_member_id == self.member_id or leadership_term_id > current_term_id
-                or not self._answer_due(session, now_ns)):
+        if (
+            session is None
+            or session.state != SessionState.OPEN
+            or leader_member_id == NULL_VALUE
+            or leader_member_id == self.member_id
+            or leadership_term_id > current_term_id
+            or not self._answer_due(session, now_ns)
+        ):
             return False
-        self.effects.append(SendEgress(
-            NULL_VALUE, session.response_channel, session.response_stream_id,
-            NewLeaderEvent(current_term_id, session.id, leader_member_id, self.ingress_endpoints),
-        ))
+        self.effects.append(
+            SendEgress(
+                NULL_VALUE,
+                session.response_channel,
+                session.response_stream_id,
+                NewLeaderEvent(current_term_id, session.id, leader_member_id, self.ingress_endpoints),
+            )
+        )
         return True
 
     def on_close_request_not_leading(self, leadership_term_id: int, cluster_session_id: int) -> None:
@@ -630,8 +777,9 @@ class ClusterSessions:
         self.answered_not_leading += 1
         return True
 
-    def on_new_leadership(self, *, is_leader: bool, is_startup: bool, leadership_term_id: int,
-                          leader_member_id: int, now_ns: int) -> None:
+    def on_new_leadership(
+        self, *, is_leader: bool, is_startup: bool, leadership_term_id: int, leader_member_id: int, now_ns: int
+    ) -> None:
         """The election closed. The leader greets the sessions it inherited (or closes them after
         a full restart); every member restarts session timeouts."""
         for session in self.sessions.values():
@@ -649,10 +797,14 @@ class ClusterSessions:
                 self._close(session, CloseReason.TIMEOUT, leadership_term_id, now_ns, tell_client=True)
             return
         for session in self.sessions.values():
-            self.effects.append(SendEgress(
-                session.id, session.response_channel, session.response_stream_id,
-                NewLeaderEvent(leadership_term_id, session.id, leader_member_id, self.ingress_endpoints),
-            ))
+            self.effects.append(
+                SendEgress(
+                    session.id,
+                    session.response_channel,
+                    session.response_stream_id,
+                    NewLeaderEvent(leadership_term_id, session.id, leader_member_id, self.ingress_endpoints),
+                )
+            )
 
     def drain_effects(self) -> list:
         effects = self.effects

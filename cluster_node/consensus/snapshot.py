@@ -117,8 +117,9 @@ def _marker(type_id: int, log_position: int, term: int, mark: SnapshotMark, time
 # ---------------------------------------------------------------------------- consensus module
 
 
-def take_cm_snapshot(log_position: int, leadership_term_id: int, sessions, timers, pending, *,
-                     timestamp: int = 0, app_version: int = 0) -> ConsensusModuleSnapshot:
+def take_cm_snapshot(
+    log_position: int, leadership_term_id: int, sessions, timers, pending, *, timestamp: int = 0, app_version: int = 0
+) -> ConsensusModuleSnapshot:
     """The consensus module's state (``sessions.ClusterSessions``, ``timers.Timers``,
     ``pending.PendingServiceMessages``) as of ``log_position``; the caller guarantees nothing
     after that position has been applied to them."""
@@ -130,8 +131,16 @@ def take_cm_snapshot(log_position: int, leadership_term_id: int, sessions, timer
         log_service_session_id=pending.log_service_session_id,
         pending_message_capacity=pending.capacity,
         sessions=[
-            codecs.ClusterSession(s.id, s.correlation_id, s.opened_log_position, NULL_VALUE,
-                                  s.close_reason, s.response_stream_id, s.response_channel, s.encoded_principal)
+            codecs.ClusterSession(
+                s.id,
+                s.correlation_id,
+                s.opened_log_position,
+                NULL_VALUE,
+                s.close_reason,
+                s.response_stream_id,
+                s.response_channel,
+                s.encoded_principal,
+            )
             for s in sorted(_open_at(sessions, log_position), key=lambda s: s.id)
         ],
         timers=timers.snapshot(),
@@ -146,8 +155,11 @@ def _open_at(sessions, log_position: int) -> list:
     after it (a leader's service may close a session while the snapshot waits for its ack; the
     close event then lies after the snapshot and is replayed from the log)."""
     out = [s for s in sessions.sessions.values() if s.opened_log_position <= log_position]
-    out += [s for s in sessions.closed_uncommitted.values()
-            if s.closed_log_position > log_position and s.opened_log_position <= log_position]
+    out += [
+        s
+        for s in sessions.closed_uncommitted.values()
+        if s.closed_log_position > log_position and s.opened_log_position <= log_position
+    ]
     return out
 
 
@@ -159,8 +171,13 @@ def restore_cm_snapshot(snap: ConsensusModuleSnapshot, sessions, timers, pending
     sessions.next_session_id = max(sessions.next_session_id, snap.next_session_id)
     for s in snap.sessions:
         sessions.sessions[s.cluster_session_id] = ClusterSession(
-            s.cluster_session_id, s.correlation_id, s.response_stream_id, s.response_channel,
-            SessionState.OPEN, 0, opened_log_position=s.opened_log_position,
+            s.cluster_session_id,
+            s.correlation_id,
+            s.response_stream_id,
+            s.response_channel,
+            SessionState.OPEN,
+            0,
+            opened_log_position=s.opened_log_position,
             encoded_principal=s.encoded_principal,
         )
     for correlation_id, deadline in snap.timers:
@@ -176,18 +193,47 @@ def restore_cm_snapshot(snap: ConsensusModuleSnapshot, sessions, timers, pending
 def encode_cm_snapshot(snap: ConsensusModuleSnapshot) -> list[bytes]:
     """The records of a consensus module snapshot, in recording order."""
     enc = SNAPSHOT_CODEC.encode
-    begin = _marker(CM_SNAPSHOT_TYPE_ID, snap.log_position, snap.leadership_term_id, SnapshotMark.BEGIN,
-                    snap.time_unit, snap.app_version)
-    out = [begin, enc(codecs.ConsensusModule(snap.next_session_id, snap.next_service_session_id,
-                                             snap.log_service_session_id, snap.pending_message_capacity))]
+    begin = _marker(
+        CM_SNAPSHOT_TYPE_ID,
+        snap.log_position,
+        snap.leadership_term_id,
+        SnapshotMark.BEGIN,
+        snap.time_unit,
+        snap.app_version,
+    )
+    out = [
+        begin,
+        enc(
+            codecs.ConsensusModule(
+                snap.next_session_id,
+                snap.next_service_session_id,
+                snap.log_service_session_id,
+                snap.pending_message_capacity,
+            )
+        ),
+    ]
     out.extend(enc(s) for s in snap.sessions)
     out.extend(enc(codecs.Timer(cid, deadline)) for cid, deadline in snap.timers)
-    out.append(enc(codecs.PendingMessageTracker(snap.next_service_session_id, snap.log_service_session_id,
-                                                snap.pending_message_capacity, 0)))
-    out.extend(encode_session_message(snap.leadership_term_id, sid, snap.timestamp, payload)
-               for sid, payload in snap.pending)
-    out.append(_marker(CM_SNAPSHOT_TYPE_ID, snap.log_position, snap.leadership_term_id, SnapshotMark.END,
-                       snap.time_unit, snap.app_version))
+    out.append(
+        enc(
+            codecs.PendingMessageTracker(
+                snap.next_service_session_id, snap.log_service_session_id, snap.pending_message_capacity, 0
+            )
+        )
+    )
+    out.extend(
+        encode_session_message(snap.leadership_term_id, sid, snap.timestamp, payload) for sid, payload in snap.pending
+    )
+    out.append(
+        _marker(
+            CM_SNAPSHOT_TYPE_ID,
+            snap.log_position,
+            snap.leadership_term_id,
+            SnapshotMark.END,
+            snap.time_unit,
+            snap.app_version,
+        )
+    )
     return out
 
 
@@ -216,8 +262,10 @@ def _framed(records: Iterable[bytes], type_id: int, minimum: int, what: str) -> 
     begin = _expect_marker(recs[0], type_id, SnapshotMark.BEGIN, what)
     end = _expect_marker(recs[-1], type_id, SnapshotMark.END, what)
     if (end.log_position, end.leadership_term_id) != (begin.log_position, begin.leadership_term_id):
-        raise SnapshotError(f"{what}: END marker {end.log_position}/{end.leadership_term_id} differs from "
-                            f"BEGIN {begin.log_position}/{begin.leadership_term_id}")
+        raise SnapshotError(
+            f"{what}: END marker {end.log_position}/{end.leadership_term_id} differs from "
+            f"BEGIN {begin.log_position}/{begin.leadership_term_id}"
+        )
     return recs, begin
 
 
@@ -229,9 +277,14 @@ def decode_cm_snapshot(records: Iterable[bytes]) -> ConsensusModuleSnapshot:
     if type(state) is not codecs.ConsensusModule:
         raise SnapshotError(f"{what}: expected ConsensusModule, found {type(state).__name__}")
     snap = ConsensusModuleSnapshot(
-        begin.log_position, begin.leadership_term_id, state.next_session_id, state.next_service_session_id,
-        state.log_service_session_id, state.pending_message_capacity,
-        time_unit=begin.time_unit, app_version=begin.app_version,
+        begin.log_position,
+        begin.leadership_term_id,
+        state.next_session_id,
+        state.next_service_session_id,
+        state.log_service_session_id,
+        state.pending_message_capacity,
+        time_unit=begin.time_unit,
+        app_version=begin.app_version,
     )
     tracker_seen = False
     for record in recs[2:-1]:
@@ -279,8 +332,9 @@ def encode_service_snapshot(snap: ServiceSnapshot) -> list[bytes]:
 def decode_service_snapshot(records: Iterable[bytes]) -> ServiceSnapshot:
     what = "service snapshot"
     recs, begin = _framed(records, SERVICE_SNAPSHOT_TYPE_ID, 3, what)
-    snap = ServiceSnapshot(begin.log_position, begin.leadership_term_id,
-                           time_unit=begin.time_unit, app_version=begin.app_version)
+    snap = ServiceSnapshot(
+        begin.log_position, begin.leadership_term_id, time_unit=begin.time_unit, app_version=begin.app_version
+    )
     i = 1
     while True:
         if i >= len(recs) - 1:

@@ -66,11 +66,22 @@ class SnapshotTaker:
 
     async def _record_snapshot(self, e: fx.RecordSnapshot) -> None:
         m = self.module
-        state = take_cm_snapshot(e.position, e.leadership_term_id, self.sessions, self.timers, self.pending,
-                                 timestamp=e.timestamp, app_version=m.settings.app_version)
+        state = take_cm_snapshot(
+            e.position,
+            e.leadership_term_id,
+            self.sessions,
+            self.timers,
+            self.pending,
+            timestamp=e.timestamp,
+            app_version=m.settings.app_version,
+        )
         try:
-            recording_id = await record_snapshot(self.archive, self.driver, encode_cm_snapshot(state),
-                                                 self.cfg.cluster.consensus_module_snapshot_stream_id)
+            recording_id = await record_snapshot(
+                self.archive,
+                self.driver,
+                encode_cm_snapshot(state),
+                self.cfg.cluster.consensus_module_snapshot_stream_id,
+            )
         except (SnapshotIOError, ArchiveError) as ex:
             self._run_control(self._control.on_snapshot_record_failed(e, str(ex)))
             return
@@ -85,7 +96,14 @@ class SnapshotTaker:
         if duration_ns > self.counters["max-snapshot-duration-ns"].get():
             self.counters["max-snapshot-duration-ns"].set(duration_ns)
         state = self._snapshot_state
-        log.info("snapshot taken", log_position=e.position, leadership_term_id=e.leadership_term_id,
-                 recording_id=e.recording_id, service_recording_id=e.service_recording_id,
-                 sessions=len(state.sessions) if state else None, timers=len(state.timers) if state else None,
-                 pending=len(state.pending) if state else None, ms=round(duration_ns / 1e6, 1))
+        log.info(
+            "snapshot taken",
+            log_position=e.position,
+            leadership_term_id=e.leadership_term_id,
+            recording_id=e.recording_id,
+            service_recording_id=e.service_recording_id,
+            sessions=len(state.sessions) if state else None,
+            timers=len(state.timers) if state else None,
+            pending=len(state.pending) if state else None,
+            ms=round(duration_ns / 1e6, 1),
+        )

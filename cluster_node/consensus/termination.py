@@ -39,13 +39,18 @@ class Termination:
         its last consensus message (a follower's TerminationAck) leaves before the driver closes."""
         await self.terminated.wait()
         with trio.move_on_after(1.0):
-            while any(pub.sender_position() < pub.position for pub in self._consensus_pubs.values()
-                      if pub.is_connected):
+            while any(
+                pub.sender_position() < pub.position for pub in self._consensus_pubs.values() if pub.is_connected
+            ):
                 await trio.sleep(0.01)
 
     def _terminate(self, e: fx.Terminate) -> None:
         self.counters["cm-state"].set(ModuleState.CLOSED)
-        log.info("terminated", log_position=e.position, leadership_term_id=e.leadership_term_id,
-                 commit_position=self.module.commit_position)
+        log.info(
+            "terminated",
+            log_position=e.position,
+            leadership_term_id=e.leadership_term_id,
+            commit_position=self.module.commit_position,
+        )
         self.stopping = True
         self.terminated.set()

@@ -62,9 +62,18 @@ class TerminationCore:
         """Leader: the SHUTDOWN/ABORT is in the log; every member stops at ``position``."""
         self.pending = PendingTermination(position, leadership_term_id, now_ns + self.timeout_ns)
         self.m.terminating = True
-        return [fx.ControlNote("info", "termination position set", (
-            ("log_position", position), ("leadership_term_id", leadership_term_id), ("snapshot", snapshot),
-            ("timeout_ms", self.timeout_ns // 1_000_000)))]
+        return [
+            fx.ControlNote(
+                "info",
+                "termination position set",
+                (
+                    ("log_position", position),
+                    ("leadership_term_id", leadership_term_id),
+                    ("snapshot", snapshot),
+                    ("timeout_ms", self.timeout_ns // 1_000_000),
+                ),
+            )
+        ]
 
     def on_message(self, msg, now_ns: int) -> list:
         """A TerminationPosition (from the leader) or TerminationAck (from a follower)."""
@@ -75,18 +84,32 @@ class TerminationCore:
             if m.role != Role.LEADER and msg.leadership_term_id == m.leadership_term_id and self.pending is None:
                 self.pending = PendingTermination(msg.log_position, msg.leadership_term_id, now_ns + self.timeout_ns)
                 m.termination_position = msg.log_position
-                self.control.set_state(out, ModuleState.TERMINATING if self.control.snapshots.pending is None
-                                       else ModuleState.SNAPSHOT)
-                out.append(fx.ControlNote("info", "termination position received", (
-                    ("log_position", msg.log_position), ("leadership_term_id", msg.leadership_term_id))))
+                self.control.set_state(
+                    out, ModuleState.TERMINATING if self.control.snapshots.pending is None else ModuleState.SNAPSHOT
+                )
+                out.append(
+                    fx.ControlNote(
+                        "info",
+                        "termination position received",
+                        (("log_position", msg.log_position), ("leadership_term_id", msg.leadership_term_id)),
+                    )
+                )
             return out
         term = self.pending
-        if (m.is_leader and term is not None and msg.leadership_term_id == term.leadership_term_id
-                and msg.log_position >= term.position and msg.member_id in m.member_by_id
-                and msg.member_id not in term.acks):
+        if (
+            m.is_leader
+            and term is not None
+            and msg.leadership_term_id == term.leadership_term_id
+            and msg.log_position >= term.position
+            and msg.member_id in m.member_by_id
+            and msg.member_id not in term.acks
+        ):
             term.acks.add(msg.member_id)
-            out.append(fx.ControlNote("info", "termination ack", (
-                ("member", msg.member_id), ("log_position", msg.log_position))))
+            out.append(
+                fx.ControlNote(
+                    "info", "termination ack", (("member", msg.member_id), ("log_position", msg.log_position))
+                )
+            )
         return out
 
     def on_service_notified(self) -> None:
@@ -107,7 +130,9 @@ class TerminationCore:
         term = self.pending
         if term is None or term.terminated:
             return []
-        out = [fx.ControlNote("warning", "termination abandoned", (("reason", reason), ("log_position", term.position)))]
+        out = [
+            fx.ControlNote("warning", "termination abandoned", (("reason", reason), ("log_position", term.position)))
+        ]
         self.pending = None
         self.m.terminating = False
         self.m.termination_position = NULL_POSITION
@@ -124,13 +149,17 @@ class TerminationCore:
         out: list = []
         if term is None or term.terminated:
             return out
-        if m.is_leader and (term.last_sent_ns is None
-                            or now_ns - term.last_sent_ns >= m.settings.leader_heartbeat_interval_ns):
+        if m.is_leader and (
+            term.last_sent_ns is None or now_ns - term.last_sent_ns >= m.settings.leader_heartbeat_interval_ns
+        ):
             term.last_sent_ns = now_ns
             for member in m.members:
                 if member.member_id != m.member_id and member.member_id not in term.acks:
-                    out.append(fx.SendToMember(member.member_id,
-                                               codecs.TerminationPosition(term.leadership_term_id, term.position)))
+                    out.append(
+                        fx.SendToMember(
+                            member.member_id, codecs.TerminationPosition(term.leadership_term_id, term.position)
+                        )
+                    )
         control = self.control
         if control.snapshots.pending is not None or control.leader_action is not None:
             return out  # the snapshot at (or before) the position comes first
@@ -148,11 +177,19 @@ class TerminationCore:
             if not others <= term.acks:
                 if now_ns < term.deadline_ns:
                     return out
-                out.append(fx.ControlNote("warning", "termination timeout: stopping without every member's ack",
-                                          (("missing", sorted(others - term.acks)),)))
+                out.append(
+                    fx.ControlNote(
+                        "warning",
+                        "termination timeout: stopping without every member's ack",
+                        (("missing", sorted(others - term.acks)),),
+                    )
+                )
         elif m.leader_member_id != NULL_VALUE:
-            out.append(fx.SendToMember(m.leader_member_id,
-                                       codecs.TerminationAck(term.leadership_term_id, term.position, m.member_id)))
+            out.append(
+                fx.SendToMember(
+                    m.leader_member_id, codecs.TerminationAck(term.leadership_term_id, term.position, m.member_id)
+                )
+            )
         out += self._terminate(term)
         return out
 

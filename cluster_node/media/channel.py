@@ -57,9 +57,26 @@ _PREFIX = "aeron:"
 _INT_KEYS = {"session-id", "init-term-id", "term-id", "term-offset", "mtu", "term-length"}
 # Keys of the reference system that we accept and keep but do not act on.
 _PASSIVE_KEYS = {
-    "linger", "eos", "sparse", "tether", "rejoin", "reliable", "ttl", "group",
-    "tags", "spies-simulate-connection", "ssc", "flow-control", "fc", "gtag", "cc",
-    "socket-sndbuf", "socket-rcvbuf", "receiver-window", "nak-delay", "untethered-window-limit-timeout",
+    "linger",
+    "eos",
+    "sparse",
+    "tether",
+    "rejoin",
+    "reliable",
+    "ttl",
+    "group",
+    "tags",
+    "spies-simulate-connection",
+    "ssc",
+    "flow-control",
+    "fc",
+    "gtag",
+    "cc",
+    "socket-sndbuf",
+    "socket-rcvbuf",
+    "receiver-window",
+    "nak-delay",
+    "untethered-window-limit-timeout",
 }
 _KNOWN_KEYS = {"endpoint", "control", "control-mode", "alias", "interface", "auth"} | _INT_KEYS | _PASSIVE_KEYS
 
@@ -157,7 +174,9 @@ class ChannelUri:
         replay or a new leader's log continues a recording at the same positions."""
         term_id = (initial_term_id + position // term_length + 2**31) % 2**32 - 2**31  # term ids wrap
         return self.with_params(
-            term_length=term_length, initial_term_id=initial_term_id, term_id=term_id,
+            term_length=term_length,
+            initial_term_id=initial_term_id,
+            term_id=term_id,
             term_offset=position % term_length,
         )
 
@@ -187,7 +206,9 @@ class ChannelUri:
             params.append(f"alias={self.alias}")
         if self.interface is not None:
             host, port = self.interface
-            params.append(f"interface={_format_endpoint(self.interface) if port else (f'[{host}]' if ':' in host else host)}")
+            params.append(
+                f"interface={_format_endpoint(self.interface) if port else (f'[{host}]' if ':' in host else host)}"
+            )
         if self.auth is not None:
             params.append(f"auth={self.auth}")
         params.extend(f"{k}={v}" for k, v in self.extra)
@@ -333,8 +354,23 @@ def reply_channel_refusal(channel: str, source_host: str | None) -> str | None:
         return None
     if not uri.is_udp or uri.endpoint is None:
         return f"not udp: the response channel must be aeron:udp?endpoint=H:P, not {channel[:80]!r}"
-    others = [name for name in ("control", "control_mode", "term_length", "mtu", "session_id", "initial_term_id",
-                                "term_id", "term_offset", "alias", "interface", "auth") if getattr(uri, name) is not None]
+    others = [
+        name
+        for name in (
+            "control",
+            "control_mode",
+            "term_length",
+            "mtu",
+            "session_id",
+            "initial_term_id",
+            "term_id",
+            "term_offset",
+            "alias",
+            "interface",
+            "auth",
+        )
+        if getattr(uri, name) is not None
+    ]
     if others or uri.extra:
         return f"parameters: the response channel may name its endpoint only, not {', '.join(others) or 'more'}"
     host, port = uri.endpoint

@@ -270,7 +270,9 @@ class CountersManager:
         # The owner check and the replace under one lock: two processes starting on the same
         # directory at once would otherwise both find no owner and both take the file (the
         # first then writing counters nobody sees).
-        lock_fd = os.open(path.parent / ".counters.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        lock_fd = os.open(
+            path.parent / ".counters.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
+        )
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             owner = _read_owner_pid(path)

@@ -25,8 +25,11 @@ import structlog
 
 __all__ = ["DistinctErrors", "ErrorEntry", "read_error_table", "ERROR_TABLE_FILES"]
 
-ERROR_TABLE_FILES = {"driver": "errors-driver.json", "archive": "errors-archive.json",
-                     "consensus": "errors-consensus.json"}
+ERROR_TABLE_FILES = {
+    "driver": "errors-driver.json",
+    "archive": "errors-archive.json",
+    "consensus": "errors-consensus.json",
+}
 """The error tables a node keeps in its directory, by component."""
 
 _OVERFLOW = "(other errors: too many distinct kinds to keep each)"

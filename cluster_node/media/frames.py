@@ -290,8 +290,16 @@ def encode_status(
     send_setup: bool = False,
 ) -> bytes:
     return _SM.pack(
-        SM_LENGTH, VERSION, FLAG_SEND_SETUP if send_setup else 0, TYPE_SM, session_id, stream_id,
-        consumption_term_id, consumption_term_offset, receiver_window, receiver_id,
+        SM_LENGTH,
+        VERSION,
+        FLAG_SEND_SETUP if send_setup else 0,
+        TYPE_SM,
+        session_id,
+        stream_id,
+        consumption_term_id,
+        consumption_term_offset,
+        receiver_window,
+        receiver_id,
     )
 
 
@@ -303,8 +311,15 @@ def encode_rttm(
     session_id: int, stream_id: int, echo_timestamp_ns: int, reception_delta_ns: int, receiver_id: int, reply: bool
 ) -> bytes:
     return _RTTM.pack(
-        RTTM_LENGTH, VERSION, FLAG_RTTM_REPLY if reply else 0, TYPE_RTTM, session_id, stream_id,
-        echo_timestamp_ns, reception_delta_ns, receiver_id,
+        RTTM_LENGTH,
+        VERSION,
+        FLAG_RTTM_REPLY if reply else 0,
+        TYPE_RTTM,
+        session_id,
+        stream_id,
+        echo_timestamp_ns,
+        reception_delta_ns,
+        receiver_id,
     )
 
 

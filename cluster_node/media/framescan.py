@@ -203,7 +203,7 @@ def _header_rows(np, buffer, offset: int, starts):
     first = int(starts[0])
     step = int(starts[1]) - first if n > 1 else 32
     if int(starts[-1]) - first == step * (n - 1) and (n < 3 or bool((np.diff(starts) == step).all())):
-        return words, np.lib.stride_tricks.as_strided(words[first >> 2:], shape=(n, 8), strides=(step, 4)), True
+        return words, np.lib.stride_tricks.as_strided(words[first >> 2 :], shape=(n, 8), strides=(step, 4)), True
     return words, words.reshape(-1, 8)[starts >> 5], False
 
 
@@ -237,4 +237,3 @@ def _ends_at_edge(buffer, offset: int) -> bool:
     """Is the chain's next slot empty (the writer's edge), rather than a frame cut by the region?"""
     np = _numpy()
     return int(np.frombuffer(buffer, dtype="<i4", count=1, offset=offset)[0]) <= 0
-

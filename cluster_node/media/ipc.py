@@ -60,6 +60,7 @@ def _peer_gone(pid: int, my_pid: int, heartbeat_ns: int, now_ns: int, liveness_n
         return heartbeat_ns < _PROCESS_START_NS
     return (now_ns - heartbeat_ns > liveness_ns and judgeable) or not pid_alive(pid)
 
+
 log = library_logger("media.ipc")
 _PREFIX = struct.Struct("<iBBH").unpack_from
 
@@ -88,8 +89,9 @@ class _IpcImageState:
 class _IpcSub:
     __slots__ = ("sub", "doorbell", "marker", "dir", "images", "rescan", "own_doorbell", "waiting")
 
-    def __init__(self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path,
-                 own_doorbell: bool = True) -> None:
+    def __init__(
+        self, sub: Subscription, doorbell: Doorbell, marker: Path, directory: Path, own_doorbell: bool = True
+    ) -> None:
         self.sub = sub
         self.doorbell = doorbell
         self.marker = marker
@@ -221,7 +223,9 @@ class IpcTransport:
                 owner = 0
             if pid_alive(owner):
                 raise ValueError(f"IPC session {session_id} on stream {stream_id} is already published by pid {owner}")
-        lb = LogBuffer.create(path, term_length, channel.mtu or DEFAULT_MTU, initial_term_id, session_id, stream_id, start)
+        lb = LogBuffer.create(
+            path, term_length, channel.mtu or DEFAULT_MTU, initial_term_id, session_id, stream_id, start
+        )
         lb.publisher_heartbeat_ns = time.monotonic_ns()
         window = term_window(term_length)
         liveness = self.liveness_ns
@@ -253,8 +257,14 @@ class IpcTransport:
 
         cls = ExclusivePublication if exclusive else Publication
         pub = cls(
-            log=lb, channel=channel, stream_id=stream_id, session_id=session_id, start_position=start,
-            limit_fn=limit_fn, ring_fn=ring_fn, on_close=on_close,
+            log=lb,
+            channel=channel,
+            stream_id=stream_id,
+            session_id=session_id,
+            start_position=start,
+            limit_fn=limit_fn,
+            ring_fn=ring_fn,
+            on_close=on_close,
         )
 
         async def wait_impl(timeout: float) -> None:
@@ -304,8 +314,14 @@ class IpcTransport:
 
     # ------------------------------------------------------------------ subscriptions
 
-    def add_subscription(self, channel: ChannelUri, stream_id: int, doorbell: Doorbell | None = None,
-                         max_wait_s: float | None = 0.5, **callbacks) -> Subscription:
+    def add_subscription(
+        self,
+        channel: ChannelUri,
+        stream_id: int,
+        doorbell: Doorbell | None = None,
+        max_wait_s: float | None = 0.5,
+        **callbacks,
+    ) -> Subscription:
         """A subscription of ``stream_id`` (``session-id`` in the channel: that publication only).
 
         ``doorbell``: a doorbell shared with other subscriptions (and anything else the owner
@@ -390,9 +406,12 @@ class IpcTransport:
             # The publisher may have appended between the scan and the claim: catch up to the end
             # again so we start exactly where our slot holds it.
             image = Image(
-                log=lb, subscription=state.sub, join_position=join, source_identity=f"ipc:pid={lb.publisher_pid}",
+                log=lb,
+                subscription=state.sub,
+                join_position=join,
+                source_identity=f"ipc:pid={lb.publisher_pid}",
                 position_offset=lb.slot_position_offset(slot),
-                eos_fn=lambda lb=lb: (None if (e := lb.end_of_stream_position) == MAX_POSITION else e),
+                eos_fn=lambda lb=lb: None if (e := lb.end_of_stream_position) == MAX_POSITION else e,
                 ring_publisher=lambda lb=lb: ring(lb.take_parked_publisher()),
             )
             ring(lb.take_parked_publisher())  # a publisher waiting to be connected
@@ -449,8 +468,10 @@ class IpcTransport:
             return 0
         if self._last_heartbeat_ns and now_ns - self._last_heartbeat_ns > self.liveness_ns // 2:
             self._grace_until_ns = now_ns + self.liveness_ns  # we stalled: peers get time to beat
-            log.info("ipc transport stalled, liveness judgements deferred",
-                     late_ms=(now_ns - self._last_heartbeat_ns) // 1_000_000)
+            log.info(
+                "ipc transport stalled, liveness judgements deferred",
+                late_ms=(now_ns - self._last_heartbeat_ns) // 1_000_000,
+            )
         self._last_heartbeat_ns = now_ns
         work = 0
         for pub in self._pubs:
@@ -468,8 +489,14 @@ class IpcTransport:
                     self._drop_image(state, key, st, unlink=False)
                     work += 1
                     continue
-                if _peer_gone(lb.publisher_pid, self._pid, lb.publisher_heartbeat_ns, now_ns, self.liveness_ns,
-                              self.peers_judgeable(now_ns)):
+                if _peer_gone(
+                    lb.publisher_pid,
+                    self._pid,
+                    lb.publisher_heartbeat_ns,
+                    now_ns,
+                    self.liveness_ns,
+                    self.peers_judgeable(now_ns),
+                ):
                     if not image.has_data():
                         self._drop_image(state, key, st, unlink=True)
                         work += 1

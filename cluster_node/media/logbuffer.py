@@ -102,8 +102,19 @@ class LogBuffer:
     ``capacity`` and the term fields directly and do their own arithmetic."""
 
     __slots__ = (
-        "buffer", "path", "term_length", "mtu", "initial_term_id", "session_id", "stream_id",
-        "capacity", "position_bits", "term_mask", "_file", "_closed", "_address",
+        "buffer",
+        "path",
+        "term_length",
+        "mtu",
+        "initial_term_id",
+        "session_id",
+        "stream_id",
+        "capacity",
+        "position_bits",
+        "term_mask",
+        "_file",
+        "_closed",
+        "_address",
     )
 
     def __init__(self, buffer: mmap.mmap, path: Path | None, file_obj=None) -> None:
@@ -234,8 +245,17 @@ class LogBuffer:
         length = self.term_length - term_offset
         off = META_LENGTH + position % self.capacity
         DATA_HEADER.pack_into(
-            self.buffer, off, 0, VERSION, FLAG_UNFRAGMENTED, TYPE_PAD, term_offset, session_id, stream_id,
-            self.term_id_of(position), 0,
+            self.buffer,
+            off,
+            0,
+            VERSION,
+            FLAG_UNFRAGMENTED,
+            TYPE_PAD,
+            term_offset,
+            session_id,
+            stream_id,
+            self.term_id_of(position),
+            0,
         )
         _I32.pack_into(self.buffer, off, length)
         return position + length
@@ -355,5 +375,3 @@ class LogBuffer:
                 _I32.pack_into(self.buffer, base + 24, 0)
                 bells.append(bell.rstrip(b"\0"))
         return bells
-
-

@@ -64,8 +64,9 @@ class MacKeys:
         if previous is not None and not 16 <= len(previous) <= 64:
             raise ValueError(f"a previous MAC key has 16 to 64 bytes, not {len(previous)}")
         self._current = hashlib.blake2b(key=key, digest_size=MAC_LENGTH)
-        self._previous = (hashlib.blake2b(key=previous, digest_size=MAC_LENGTH)
-                          if previous is not None and previous != key else None)
+        self._previous = (
+            hashlib.blake2b(key=previous, digest_size=MAC_LENGTH) if previous is not None and previous != key else None
+        )
 
     def __repr__(self) -> str:
         return f"<MacKeys previous={'yes' if self._previous is not None else 'no'}>"  # never the key

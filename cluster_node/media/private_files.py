@@ -23,7 +23,12 @@ import stat
 from pathlib import Path
 
 __all__ = [
-    "FILE_MODE", "DIR_MODE", "UnsafeDirectoryError", "make_private_dir", "create_new", "check_private_dir",
+    "FILE_MODE",
+    "DIR_MODE",
+    "UnsafeDirectoryError",
+    "make_private_dir",
+    "create_new",
+    "check_private_dir",
     "tighten_own_dir",
 ]
 
@@ -78,11 +83,12 @@ def check_private_dir(path: str | os.PathLike[str], what_to_do: str) -> None:
     if st.st_uid != uid:
         raise UnsafeDirectoryError(
             f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid}), who could then read and "
-            f"replace the node's files: {what_to_do}")
+            f"replace the node's files: {what_to_do}"
+        )
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o022:
         raise UnsafeDirectoryError(
-            f"{path} is writable by other users (mode {mode:04o}), who could replace the node's files: "
-            f"{what_to_do}")
+            f"{path} is writable by other users (mode {mode:04o}), who could replace the node's files: {what_to_do}"
+        )
     if mode & 0o077:
         os.chmod(path, DIR_MODE)

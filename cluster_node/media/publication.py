@@ -165,12 +165,30 @@ class ExclusivePublication:
         if n <= _SMALL_MAX and type(payload) is bytes:
             # Header (without its length) and payload in one pack.
             _SMALL_FRAME[n](
-                buf, off + 4, 0, 0xC0, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
-                reserved_value, payload,
+                buf,
+                off + 4,
+                0,
+                0xC0,
+                1,
+                pos - self._term_base,
+                self.session_id,
+                self.stream_id,
+                self._term_id,
+                reserved_value,
+                payload,
             )
         else:
             _PACK_HEADER(
-                buf, off, 0, 0, 0xC0, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
+                buf,
+                off,
+                0,
+                0,
+                0xC0,
+                1,
+                pos - self._term_base,
+                self.session_id,
+                self.stream_id,
+                self._term_id,
                 reserved_value,
             )
             buf[off + 32 : off + 32 + n] = payload
@@ -202,7 +220,9 @@ class ExclusivePublication:
             term_offset = 0
         buf = self._buffer
         off = META_LENGTH + pos % self._capacity
-        _PACK_HEADER(buf, off, 0, 0, 0xC0, 1, term_offset, self.session_id, self.stream_id, self._term_id, reserved_value)
+        _PACK_HEADER(
+            buf, off, 0, 0, 0xC0, 1, term_offset, self.session_id, self.stream_id, self._term_id, reserved_value
+        )
         buf[off + 32 : off + 32 + n] = payload
         _I32_PACK(buf, off, n + 32)
         pos += aligned
@@ -298,7 +318,16 @@ class ExclusivePublication:
                 flags |= FLAG_END
             off = META_LENGTH + pos % self._capacity
             _PACK_HEADER(
-                buf, off, 0, 0, flags, 1, pos - self._term_base, self.session_id, self.stream_id, self._term_id,
+                buf,
+                off,
+                0,
+                0,
+                flags,
+                1,
+                pos - self._term_base,
+                self.session_id,
+                self.stream_id,
+                self._term_id,
                 reserved_value,
             )
             buf[off + 32 : off + 32 + chunk] = view[sent : sent + chunk]
@@ -372,8 +401,10 @@ class ExclusivePublication:
         beyond what is committed must be left zero: readers stop at a zero length.
         """
         if length > self.max_block_length:
-            raise ValueError(f"block of {length} bytes is longer than the flow-control window"
-                             f" ({self.max_block_length} bytes) can ever admit")
+            raise ValueError(
+                f"block of {length} bytes is longer than the flow-control window"
+                f" ({self.max_block_length} bytes) can ever admit"
+            )
         pos = self._position
         if pos - self._term_base == self.term_length:
             if pos + length > self._limit:
@@ -428,9 +459,10 @@ class ExclusivePublication:
         if off < 0:
             return off
         buf = self._buffer
-        buf[off + 4: off + length] = block[offset + 4: offset + length]
-        framescan.restamp(buf, off, starts, self._position - self._term_base, self.session_id, self.stream_id,
-                          self._term_id)
+        buf[off + 4 : off + length] = block[offset + 4 : offset + length]
+        framescan.restamp(
+            buf, off, starts, self._position - self._term_base, self.session_id, self.stream_id, self._term_id
+        )
         if fill is not None:
             fill(buf, off, starts)
         return self.commit_block(length, _I32_UNPACK(block, offset)[0])

@@ -33,8 +33,9 @@ class RateLimitedLog:
 
     other_key = ("(other)",)
 
-    def __init__(self, logger, interval_ns: int = 60 * _S, max_keys: int = 256,
-                 clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(
+        self, logger, interval_ns: int = 60 * _S, max_keys: int = 256, clock_ns: Callable[[], int] = time.monotonic_ns
+    ) -> None:
         self.logger = logger
         self.interval_ns = interval_ns
         self.max_keys = max_keys
@@ -64,7 +65,8 @@ class RateLimitedLog:
                 self._summary(held, now)
 
     def _summary(self, held: _Held, now: int) -> None:
-        self.logger.warning(held.event, **held.fields, repeated=held.repeated,
-                            over_s=round((now - held.last_line_ns) / _S, 1))
+        self.logger.warning(
+            held.event, **held.fields, repeated=held.repeated, over_s=round((now - held.last_line_ns) / _S, 1)
+        )
         held.repeated = 0
         held.last_line_ns = now

@@ -275,10 +275,15 @@ class ImageReceiverCore:
         """Append due control frames (bytes) to ``out``."""
         if self.gap_start >= 0 and now_ns >= self.nak_due_ns:
             start = self.gap_start
-            out.append(encode_nak(
-                self.session_id, self.stream_id, self.term_id_of(start),
-                start & (self.term_length - 1), self.gap_length,
-            ))
+            out.append(
+                encode_nak(
+                    self.session_id,
+                    self.stream_id,
+                    self.term_id_of(start),
+                    start & (self.term_length - 1),
+                    self.gap_length,
+                )
+            )
             self.stats.naks += 1
             self.nak_due_ns = now_ns + self.config.nak_retry_ns
         if send_setup or self.status_due(now_ns):
@@ -290,6 +295,11 @@ class ImageReceiverCore:
         self.stats.status_messages += 1
         p = self.consumption_position
         return encode_status(
-            self.session_id, self.stream_id, self.term_id_of(p), p & (self.term_length - 1),
-            self.window, self.receiver_id, send_setup,
+            self.session_id,
+            self.stream_id,
+            self.term_id_of(p),
+            p & (self.term_length - 1),
+            self.window,
+            self.receiver_id,
+            send_setup,
         )

@@ -305,10 +305,23 @@ class SenderCore:
         self._expire(now_ns)
         if self.needs_setup and now_ns - self.last_setup_ns >= cfg.setup_interval_ns:
             term_offset = self.sender_position & (self.term_length - 1)
-            sends.append((encode_setup(Setup(
-                term_offset, self.session_id, self.stream_id, self.initial_term_id,
-                self.term_id_of(self.sender_position), self.term_length, self.mtu, 0,
-            )), 0))
+            sends.append(
+                (
+                    encode_setup(
+                        Setup(
+                            term_offset,
+                            self.session_id,
+                            self.stream_id,
+                            self.initial_term_id,
+                            self.term_id_of(self.sender_position),
+                            self.term_length,
+                            self.mtu,
+                            0,
+                        )
+                    ),
+                    0,
+                )
+            )
             self.last_setup_ns = now_ns
             self.stats.setups += 1
             added += 1
@@ -317,11 +330,7 @@ class SenderCore:
                 added += self._send_data(buffer, publisher_position, sends, now_ns)
             if self._retransmits:
                 added += self._send_retransmits(now_ns, buffer, sends)
-        if (
-            self.end_position is not None
-            and not self.eos_sent
-            and self.sender_position >= self.end_position
-        ):
+        if self.end_position is not None and not self.eos_sent and self.sender_position >= self.end_position:
             sends.append((self._heartbeat(eos=True), 0))
             self.eos_sent = True
             self.last_send_ns = now_ns
@@ -342,8 +351,11 @@ class SenderCore:
         """Is there data :meth:`do_work` may send now: connected, not held by a stall, inside
         flow control with room for the next frame (as far as the last try showed)?"""
         limit = self.flow_limit
-        return (self.sending_data and limit != self.short_limit
-                and self.sender_position < (publisher_position if publisher_position < limit else limit))
+        return (
+            self.sending_data
+            and limit != self.short_limit
+            and self.sender_position < (publisher_position if publisher_position < limit else limit)
+        )
 
     @property
     def sending_data(self) -> bool:

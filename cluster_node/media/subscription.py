@@ -340,9 +340,17 @@ class Image:
                     break
                 i = j
                 steps += 1
-                if steps == 32 and (end_i - i) << 2 >= framescan.MIN_BLOCK and (i << 2) - base < 32 * _NUMPY_FRAME_LIMIT:
+                if (
+                    steps == 32
+                    and (end_i - i) << 2 >= framescan.MIN_BLOCK
+                    and (i << 2) - base < 32 * _NUMPY_FRAME_LIMIT
+                ):
                     at, done = framescan.extend(
-                        buf, i << 2, end_i << 2, (i << 2) - base + (pos & (self.term_length - 1)), (i << 2) - base,
+                        buf,
+                        i << 2,
+                        end_i << 2,
+                        (i << 2) - base + (pos & (self.term_length - 1)),
+                        (i << 2) - base,
                     )
                     i = at >> 2
                     if done:

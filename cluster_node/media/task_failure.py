@@ -37,8 +37,9 @@ class _HasFailureHook(Protocol):
     on_task_failure: Callable[[TaskFailure], None] | None
 
 
-async def run_guarded(owner: _HasFailureHook, component: str, task: str,
-                      fn: Callable[..., Awaitable[None]], *args) -> None:
+async def run_guarded(
+    owner: _HasFailureHook, component: str, task: str, fn: Callable[..., Awaitable[None]], *args
+) -> None:
     """Run ``fn(*args)``; an exception from it is logged, given to ``owner.on_task_failure``
     (read at the time of the failure) and raised as a :class:`TaskFailure`. Cancellation is
     not a failure."""

@@ -137,8 +137,16 @@ class ClusterLogDecoder(MessageDecoder):
         if type(decoded) is SessionMessage:
             h = decoded.header
             return (
-                (h.leadership_term_id, SESSION_MESSAGE_TEMPLATE_ID, SESSION_MESSAGE_TYPE, h.cluster_session_id,
-                 None, *_times(h.timestamp, factor), None, None),
+                (
+                    h.leadership_term_id,
+                    SESSION_MESSAGE_TEMPLATE_ID,
+                    SESSION_MESSAGE_TYPE,
+                    h.cluster_session_id,
+                    None,
+                    *_times(h.timestamp, factor),
+                    None,
+                    None,
+                ),
                 bytes(decoded.payload),
             )
         fields = {name: _plain(getattr(decoded, name)) for name in decoded.__struct_fields__}

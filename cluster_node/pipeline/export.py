@@ -43,8 +43,16 @@ from cluster_node.archive.spark.layout import ArchiveLocation, filesystem, join
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DATA_DIR", "HIGH_WATER_DIR", "PARTITION_COLUMNS", "ExportResult", "export_local", "export_spark",
-           "member_key", "read_high_water"]
+__all__ = [
+    "DATA_DIR",
+    "HIGH_WATER_DIR",
+    "PARTITION_COLUMNS",
+    "ExportResult",
+    "export_local",
+    "export_spark",
+    "member_key",
+    "read_high_water",
+]
 
 DATA_DIR = "log.parquet"
 HIGH_WATER_DIR = "_high_water"
@@ -211,8 +219,14 @@ def _staging_location(out: str) -> str:
     return join(out, STAGING_DIR, uuid.uuid4().hex)
 
 
-def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental: bool = False,
-                 locations: list[ArchiveLocation] | None = None) -> ExportResult:
+def export_spark(
+    spark: SparkSession,
+    paths: list[str],
+    out: str,
+    *,
+    incremental: bool = False,
+    locations: list[ArchiveLocation] | None = None,
+) -> ExportResult:
     """Export with Spark (the archives are read by the ``cluster_log`` source)."""
     from pyspark.sql import functions as F
 
@@ -232,13 +246,18 @@ def export_spark(spark: SparkSession, paths: list[str], out: str, *, incremental
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     staging = _staging_location(out)
     df.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
-    ends = [] if not _has_parquet(staging) else (
-        spark.read.parquet(staging).groupBy("cluster_id", "member_id", "recording_id")
-        .agg(
-            F.max(F.col("position") + F.expr("CAST(((frame_length + 31) DIV 32) * 32 AS BIGINT)")).alias("end"),
-            F.count(F.lit(1)).alias("rows"),
+    ends = (
+        []
+        if not _has_parquet(staging)
+        else (
+            spark.read.parquet(staging)
+            .groupBy("cluster_id", "member_id", "recording_id")
+            .agg(
+                F.max(F.col("position") + F.expr("CAST(((frame_length + 31) DIV 32) * 32 AS BIGINT)")).alias("end"),
+                F.count(F.lit(1)).alias("rows"),
+            )
+            .collect()
         )
-        .collect()
     )
     new: dict[str, dict[str, int]] = {}
     for r in ends:
@@ -265,8 +284,9 @@ def export_local(paths: list[str], out: str, *, incremental: bool = False) -> Ex
     marks = read_high_water(out) if incremental else {}
     locations = locate(paths, decoder)
     _require_member_ids(locations)
-    starts = {(node, int(rec)): pos for node, recs in start_positions(locations, marks).items()
-              for rec, pos in recs.items()}
+    starts = {
+        (node, int(rec)): pos for node, recs in start_positions(locations, marks).items() for rec, pos in recs.items()
+    }
     archives = ArchiveSet(paths, decoder=decoder, start_positions=starts)
     schema = arrow_schema(decoder).append(pa.field("date", pa.date32()))
     ends: dict[tuple[str, int], int] = {}

@@ -70,8 +70,9 @@ def load_log(spark: SparkSession, paths: list[str], *, mode: str = "failfast", p
         from cluster_node.pipeline.export import DATA_DIR
 
         roots = [p if p.rstrip("/").endswith(DATA_DIR) else join(p, DATA_DIR) for p in paths]
-        return spark.read.option("basePath", roots[0]).parquet(*roots) if len(roots) == 1 else (
-            spark.read.parquet(*roots))
+        return (
+            spark.read.option("basePath", roots[0]).parquet(*roots) if len(roots) == 1 else (spark.read.parquet(*roots))
+        )
     return spark.read.format("cluster_log").option("mode", mode).load(paths)
 
 
@@ -107,7 +108,9 @@ def node_lengths(df: DataFrame, cluster_size: int | None = None) -> tuple[list[N
     committed = helds[majority - 1] if len(helds) >= majority else 0
     return (
         [
-            NodeLength(r["node"], r["member_id"], r["recording_id"], r["held"], min(r["held"], committed), r["messages"])
+            NodeLength(
+                r["node"], r["member_id"], r["recording_id"], r["held"], min(r["held"], committed), r["messages"]
+            )
             for r in nodes
         ],
         committed,
@@ -259,8 +262,18 @@ def audit(
     # narrow columns the audit needs; payload bytes of divergent frames are read from the files.
     has_errors = "read_error" in df.columns
     narrow = df.select(
-        "node", "member_id", "recording_id", "position", "frame_length", "frame_hash",
-        "leadership_term_id", "message_type", "cluster_session_id", "timestamp", "fragments", "decode_error",
+        "node",
+        "member_id",
+        "recording_id",
+        "position",
+        "frame_length",
+        "frame_hash",
+        "leadership_term_id",
+        "message_type",
+        "cluster_session_id",
+        "timestamp",
+        "fragments",
+        "decode_error",
         F.col("read_error") if has_errors else F.lit(None).cast("string").alias("read_error"),
     ).persist()
     try:
@@ -301,8 +314,14 @@ def _dissenters(
         for node in expected:
             if node not in majority[0] and node not in first:
                 r = by_position.get(p, {}).get(node)
-                first[node] = Dissent(node, members.get(node), p, None if r is None else r["leadership_term_id"],
-                                      len(majority[0]), len(expected))
+                first[node] = Dissent(
+                    node,
+                    members.get(node),
+                    p,
+                    None if r is None else r["leadership_term_id"],
+                    len(majority[0]),
+                    len(expected),
+                )
     return sorted(first.values(), key=lambda d: (d.position, d.node))
 
 
@@ -362,8 +381,15 @@ def _audit(spark: SparkSession, df: DataFrame, cluster_size: int | None, archive
                     if not same:
                         term = (ra or rb)["leadership_term_id"]
                         divergences.append(
-                            Divergence(a, b, p, term, _side(a, ra, archives.get(a)), _side(b, rb, archives.get(b)),
-                                       _first_differing_byte(p, ra, rb, archives.get(a), archives.get(b)))
+                            Divergence(
+                                a,
+                                b,
+                                p,
+                                term,
+                                _side(a, ra, archives.get(a)),
+                                _side(b, rb, archives.get(b)),
+                                _first_differing_byte(p, ra, rb, archives.get(a), archives.get(b)),
+                            )
                         )
                         break
         dissenters = _dissenters(bad_positions, by_position, lengths)
@@ -399,7 +425,9 @@ class StatsResult:
     message_types: list[dict]
 
 
-def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, out_dir: str | None = None) -> StatsResult:
+def stats(
+    spark: SparkSession, df: DataFrame, cluster_size: int | None = None, out_dir: str | None = None
+) -> StatsResult:
     """``out_dir`` (a local path or a URI Spark can write) receives the full tables as Parquet."""
     from cluster_node.archive.spark.layout import join
 
@@ -438,12 +466,18 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
             session_rows.groupBy("cluster_session_id")
             .agg(
                 F.sum(F.when(F.col("message_type") == "SessionMessage", 1).otherwise(0)).alias("messages"),
-                F.sum(F.when(F.col("message_type") == "SessionMessage", F.col("frame_length")).otherwise(0)).alias("bytes"),
+                F.sum(F.when(F.col("message_type") == "SessionMessage", F.col("frame_length")).otherwise(0)).alias(
+                    "bytes"
+                ),
                 F.min(F.when(F.col("message_type") == "SessionOpenEvent", F.col("time_ns"))).alias("open_time_ns"),
-                F.min(F.when(F.col("message_type") == "SessionOpenEvent", F.col("leadership_term_id"))).alias("open_term"),
+                F.min(F.when(F.col("message_type") == "SessionOpenEvent", F.col("leadership_term_id"))).alias(
+                    "open_term"
+                ),
                 F.min(F.when(F.col("message_type") == "SessionOpenEvent", F.col("position"))).alias("open_position"),
                 F.max(F.when(F.col("message_type") == "SessionCloseEvent", F.col("time_ns"))).alias("close_time_ns"),
-                F.max(F.when(F.col("message_type") == "SessionCloseEvent", F.get_json_object("detail", "$.close_reason"))).alias("close_reason"),
+                F.max(
+                    F.when(F.col("message_type") == "SessionCloseEvent", F.get_json_object("detail", "$.close_reason"))
+                ).alias("close_reason"),
                 F.min("time_ns").alias("first_time_ns"),
                 F.max("time_ns").alias("last_time_ns"),
             )
@@ -465,7 +499,9 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
             )
             .join(last_of_term, "leadership_term_id", "left")
             .withColumn("previous_term_last_time_ns", F.lag("term_last_time_ns").over(w))
-            .withColumn("gap_since_previous_term_s", (F.col("time_ns") - F.col("previous_term_last_time_ns")) / F.lit(1e9))
+            .withColumn(
+                "gap_since_previous_term_s", (F.col("time_ns") - F.col("previous_term_last_time_ns")) / F.lit(1e9)
+            )
             .drop("term_last_time_ns")
             .orderBy("leadership_term_id")
         )
@@ -486,15 +522,21 @@ def stats(spark: SparkSession, df: DataFrame, cluster_size: int | None = None, o
             throughput = per_second
         else:
             throughput = (
-                spark.range(low, high + 1).withColumnRenamed("id", "second")
+                spark.range(low, high + 1)
+                .withColumnRenamed("id", "second")
                 .join(per_second, "second", "left")
                 .fillna(0, ["messages", "bytes"])
                 .orderBy("second")
             )
         types = log.groupBy("leadership_term_id", "message_type").count().orderBy("leadership_term_id", "message_type")
         if out_dir:
-            for name, frame in (("terms", terms), ("sessions", sessions), ("elections", elections),
-                                ("throughput", throughput), ("message_types", types)):
+            for name, frame in (
+                ("terms", terms),
+                ("sessions", sessions),
+                ("elections", elections),
+                ("throughput", throughput),
+                ("message_types", types),
+            ):
                 frame.write.mode("overwrite").parquet(join(out_dir, f"{name}.parquet"))
         as_dicts = lambda frame: [r.asDict() for r in frame.collect()]  # noqa: E731
         return StatsResult(

@@ -61,7 +61,10 @@ def audit_markdown(result: AuditResult) -> str:
         "",
         _table(
             ["node", "member", "log recording", "held position", "committed length", "messages"],
-            [[n.node, n.member_id, n.recording_id, n.held_position, n.committed_length, n.messages] for n in result.nodes],
+            [
+                [n.node, n.member_id, n.recording_id, n.held_position, n.committed_length, n.messages]
+                for n in result.nodes
+            ],
         ),
     ]
     if result.corrupt_nodes:
@@ -69,9 +72,11 @@ def audit_markdown(result: AuditResult) -> str:
         lines += [f"- **{c.node}** (member {c.member_id}): {c.error}" for c in result.corrupt_nodes]
     if result.dissenters:
         lines += ["", "## Members disagreeing with the majority", ""]
-        lines += [f"- **{d.node}** (member {d.member_id}) from position {d.position} (leadership term "
-                  f"{d.leadership_term_id}): {d.majority} of {d.expected} members agree with each other there"
-                  for d in result.dissenters]
+        lines += [
+            f"- **{d.node}** (member {d.member_id}) from position {d.position} (leadership term "
+            f"{d.leadership_term_id}): {d.majority} of {d.expected} members agree with each other there"
+            for d in result.dissenters
+        ]
     if result.divergences:
         lines += ["", "## First divergence per node pair", ""]
         for d in result.divergences:
@@ -85,11 +90,35 @@ def audit_markdown(result: AuditResult) -> str:
                 if not side.present:
                     rows.append([side.node, "no message starts here"] + [None] * 7)
                 else:
-                    rows.append([side.node, side.message_type, side.leadership_term_id, side.cluster_session_id,
-                                 side.timestamp, side.frame_length, side.fragments, side.frame_hash,
-                                 side.payload_prefix_hex])
-            lines.append(_table(["node", "type", "term", "session", "timestamp", "length", "fragments", "hash",
-                                 "message bytes (hex, first 64)"], rows))
+                    rows.append(
+                        [
+                            side.node,
+                            side.message_type,
+                            side.leadership_term_id,
+                            side.cluster_session_id,
+                            side.timestamp,
+                            side.frame_length,
+                            side.fragments,
+                            side.frame_hash,
+                            side.payload_prefix_hex,
+                        ]
+                    )
+            lines.append(
+                _table(
+                    [
+                        "node",
+                        "type",
+                        "term",
+                        "session",
+                        "timestamp",
+                        "length",
+                        "fragments",
+                        "hash",
+                        "message bytes (hex, first 64)",
+                    ],
+                    rows,
+                )
+            )
             lines.append("")
     if result.incomplete:
         lines.append("(More positions disagree than were examined; the first divergences above are still exact.)")
@@ -97,7 +126,10 @@ def audit_markdown(result: AuditResult) -> str:
 
 
 def write_audit_report(result: AuditResult, out_dir: str) -> list[str]:
-    return [write_file(out_dir, "audit.md", audit_markdown(result)), write_file(out_dir, "audit.json", result.to_json())]
+    return [
+        write_file(out_dir, "audit.md", audit_markdown(result)),
+        write_file(out_dir, "audit.json", result.to_json()),
+    ]
 
 
 def _png(fig) -> bytes:
@@ -120,12 +152,19 @@ def _plots(result: StatsResult, out_dir: str) -> list[str]:
         t0 = seconds[0]
         fig, ax = plt.subplots(figsize=(9, 3.5))
         xs = [s - t0 for s in seconds]
-        ax.plot(xs, [r["messages"] for r in result.throughput], drawstyle="steps-post", color="tab:blue",
-                label="messages/s")
+        ax.plot(
+            xs, [r["messages"] for r in result.throughput], drawstyle="steps-post", color="tab:blue", label="messages/s"
+        )
         ax.set_ylim(bottom=0)
         right = ax.twinx()
-        right.plot(xs, [r["bytes"] for r in result.throughput], drawstyle="steps-post", color="tab:green",
-                   linewidth=0.8, label="bytes/s")
+        right.plot(
+            xs,
+            [r["bytes"] for r in result.throughput],
+            drawstyle="steps-post",
+            color="tab:green",
+            linewidth=0.8,
+            label="bytes/s",
+        )
         right.set_ylim(bottom=0)
         right.set_ylabel("bytes / s", color="tab:green")
         for e in result.elections:
@@ -133,8 +172,14 @@ def _plots(result: StatsResult, out_dir: str) -> list[str]:
             if e.get("previous_term_last_time_ns") is not None:
                 ax.axvspan(e["previous_term_last_time_ns"] / 1e9 - t0, x, color="tab:red", alpha=0.15, linewidth=0)
             ax.axvline(x, color="tab:red", linestyle="--", linewidth=1)
-            ax.text(x, ax.get_ylim()[1] * 0.95, f" term {e['leadership_term_id']}\n leader {e['leader_member_id']}",
-                    color="tab:red", fontsize=8, va="top")
+            ax.text(
+                x,
+                ax.get_ylim()[1] * 0.95,
+                f" term {e['leadership_term_id']}\n leader {e['leader_member_id']}",
+                color="tab:red",
+                fontsize=8,
+                va="top",
+            )
         ax.set_xlabel(f"seconds since {_time(t0 * 1_000_000_000)}")
         ax.set_ylabel("messages / s", color="tab:blue")
         ax.set_title("Log throughput (shaded: election gaps; dashed: new leadership terms)")
@@ -167,30 +212,63 @@ def stats_markdown(result: StatsResult, plots: list[str]) -> str:
         "",
         _table(
             ["term", "messages", "session msgs", "bytes", "positions", "first", "last", "msgs/s", "bytes/s"],
-            [[t["leadership_term_id"], t["messages"], t["session_messages"], t["bytes"],
-              f"{t['first_position']}..{t['end_position']}", _time(t["first_time_ns"]), _time(t["last_time_ns"]),
-              _fmt(t["messages_per_s"]), _fmt(t["bytes_per_s"], 0)] for t in result.terms],
+            [
+                [
+                    t["leadership_term_id"],
+                    t["messages"],
+                    t["session_messages"],
+                    t["bytes"],
+                    f"{t['first_position']}..{t['end_position']}",
+                    _time(t["first_time_ns"]),
+                    _time(t["last_time_ns"]),
+                    _fmt(t["messages_per_s"]),
+                    _fmt(t["bytes_per_s"], 0),
+                ]
+                for t in result.terms
+            ],
         ),
         "",
         "## Elections",
         "",
         _table(
             ["term", "leader", "base position", "started", "gap since previous term (s)"],
-            [[e["leadership_term_id"], e["leader_member_id"], e["term_base_log_position"], _time(e["time_ns"]),
-              _fmt(e["gap_since_previous_term_s"], 3)] for e in result.elections],
+            [
+                [
+                    e["leadership_term_id"],
+                    e["leader_member_id"],
+                    e["term_base_log_position"],
+                    _time(e["time_ns"]),
+                    _fmt(e["gap_since_previous_term_s"], 3),
+                ]
+                for e in result.elections
+            ],
         ),
         "",
         "## Sessions",
         "",
         _table(
             ["session", "kind", "messages", "bytes", "opened", "term", "closed", "reason", "duration (s)"],
-            [[s["cluster_session_id"], s["kind"], s["messages"], s["bytes"], _time(s["open_time_ns"]), s["open_term"],
-              _time(s["close_time_ns"]), s["close_reason"], _fmt(s["duration_s"], 3)]
-             for s in result.sessions[:MAX_REPORT_SESSIONS]],
+            [
+                [
+                    s["cluster_session_id"],
+                    s["kind"],
+                    s["messages"],
+                    s["bytes"],
+                    _time(s["open_time_ns"]),
+                    s["open_term"],
+                    _time(s["close_time_ns"]),
+                    s["close_reason"],
+                    _fmt(s["duration_s"], 3),
+                ]
+                for s in result.sessions[:MAX_REPORT_SESSIONS]
+            ],
         ),
         "",
-        *([f"The first {MAX_REPORT_SESSIONS} of {len(result.sessions)} sessions; all are in sessions.parquet.", ""]
-          if len(result.sessions) > MAX_REPORT_SESSIONS else []),
+        *(
+            [f"The first {MAX_REPORT_SESSIONS} of {len(result.sessions)} sessions; all are in sessions.parquet.", ""]
+            if len(result.sessions) > MAX_REPORT_SESSIONS
+            else []
+        ),
         "## Plots",
         "",
     ]
@@ -223,12 +301,24 @@ def write_stats_report(result: StatsResult, out_dir: str) -> list[str]:
     # Wrap consecutive rows into tables.
     text = text.replace("</p>\n<tr>", "</p>\n<table border=1 cellspacing=0 cellpadding=3><tr>")
     text = text.replace("</tr>\n<h2>", "</tr></table>\n<h2>").replace("</tr>\n<p>", "</tr></table>\n<p>")
-    page = write_file(out_dir, "report.html",
-                      f"<!doctype html><meta charset=utf-8><title>Log statistics</title>\n{text}\n")
-    summary = write_file(out_dir, "stats.json", json.dumps(
-        {"node": result.node, "committed_length": result.committed_length, "messages": result.messages,
-         "terms": result.terms, "elections": result.elections,
-         "sessions": result.sessions[:MAX_REPORT_SESSIONS], "sessions_total": len(result.sessions)},
-        indent=2, default=str,
-    ))
+    page = write_file(
+        out_dir, "report.html", f"<!doctype html><meta charset=utf-8><title>Log statistics</title>\n{text}\n"
+    )
+    summary = write_file(
+        out_dir,
+        "stats.json",
+        json.dumps(
+            {
+                "node": result.node,
+                "committed_length": result.committed_length,
+                "messages": result.messages,
+                "terms": result.terms,
+                "elections": result.elections,
+                "sessions": result.sessions[:MAX_REPORT_SESSIONS],
+                "sessions_total": len(result.sessions),
+            },
+            indent=2,
+            default=str,
+        ),
+    )
     return [md, page, summary, *plots]

@@ -190,9 +190,17 @@ class ServiceAgent:
 
     # ------------------------------------------------------------------ life cycle
 
-    def start(self, snapshot=None, log_position: int = 0, *, sessions=(), leadership_term_id: int = NULL_VALUE,
-              time_unit: ClusterTimeUnit | None = None, skipped_positions: Collection[int] = (),
-              role: Role | int | None = None) -> None:
+    def start(
+        self,
+        snapshot=None,
+        log_position: int = 0,
+        *,
+        sessions=(),
+        leadership_term_id: int = NULL_VALUE,
+        time_unit: ClusterTimeUnit | None = None,
+        skipped_positions: Collection[int] = (),
+        role: Role | int | None = None,
+    ) -> None:
         """Start the service (with its snapshot records, if any); the ack to the consensus
         module goes out with the next :meth:`check_positions` that finds it reachable.
 
@@ -208,8 +216,13 @@ class ServiceAgent:
             self._time_unit = ClusterTimeUnit(time_unit)
         self.skip_positions.update(skipped_positions)
         for rec in sessions:
-            session = ClientSession(rec.cluster_session_id, rec.response_stream_id, rec.response_channel,
-                                    rec.encoded_principal, self._offer_to_client)
+            session = ClientSession(
+                rec.cluster_session_id,
+                rec.response_stream_id,
+                rec.response_channel,
+                rec.encoded_principal,
+                self._offer_to_client,
+            )
             self._sessions[session.id] = session
             if self._on_session_change is not None:
                 self._on_session_change(session, True)
@@ -329,8 +342,11 @@ class ServiceAgent:
         if isinstance(msg, SessionOpenEvent):
             self._time = msg.timestamp
             session = ClientSession(
-                msg.cluster_session_id, msg.response_stream_id, msg.response_channel,
-                msg.encoded_principal, self._offer_to_client,
+                msg.cluster_session_id,
+                msg.response_stream_id,
+                msg.response_channel,
+                msg.encoded_principal,
+                self._offer_to_client,
             )
             self._sessions[session.id] = session
             if self._on_session_change is not None:
@@ -340,8 +356,14 @@ class ServiceAgent:
             self._time = msg.timestamp
             session = self._sessions.pop(msg.cluster_session_id, None)
             if session is not None:
-                self._call("on_session_close", session, service.on_session_close, session, msg.timestamp,
-                           CloseReason(msg.close_reason))
+                self._call(
+                    "on_session_close",
+                    session,
+                    service.on_session_close,
+                    session,
+                    msg.timestamp,
+                    CloseReason(msg.close_reason),
+                )
                 if self._on_session_change is not None:
                     self._on_session_change(session, False)
         elif isinstance(msg, TimerEvent):
@@ -352,14 +374,25 @@ class ServiceAgent:
             self._leadership_term_id = msg.leadership_term_id
             self._time_unit = ClusterTimeUnit(msg.time_unit)
             self._call(
-                "on_new_leadership_term_event", None, service.on_new_leadership_term_event,
-                msg.leadership_term_id, msg.log_position, msg.timestamp, msg.term_base_log_position,
-                msg.leader_member_id, msg.log_session_id, ClusterTimeUnit(msg.time_unit), msg.app_version,
+                "on_new_leadership_term_event",
+                None,
+                service.on_new_leadership_term_event,
+                msg.leadership_term_id,
+                msg.log_position,
+                msg.timestamp,
+                msg.term_base_log_position,
+                msg.leader_member_id,
+                msg.log_session_id,
+                ClusterTimeUnit(msg.time_unit),
+                msg.app_version,
             )
         elif isinstance(msg, ClusterActionRequest):
             self._time = msg.timestamp
-            if (msg.action == ClusterAction.SNAPSHOT and msg.flags == CLUSTER_ACTION_FLAGS_DEFAULT
-                    and not self.replaying):
+            if (
+                msg.action == ClusterAction.SNAPSHOT
+                and msg.flags == CLUSTER_ACTION_FLAGS_DEFAULT
+                and not self.replaying
+            ):
                 self.snapshot_request = (self._log_position, msg.leadership_term_id, msg.timestamp)
                 raise StopPolling
 
@@ -384,8 +417,9 @@ class ServiceAgent:
     def _failed(self, callback: str, error: Exception, session: ClientSession | None, payload) -> None:
         """A callback raised applying the entry at :attr:`log_position` (the same on every
         member): stop (ServiceErrorStop out of the agent) or record and answer the client."""
-        failure = ServiceCallbackFailure(callback, self._log_position, None if session is None else session.id,
-                                         payload_prefix(payload), error)
+        failure = ServiceCallbackFailure(
+            callback, self._log_position, None if session is None else session.id, payload_prefix(payload), error
+        )
         if self.service_errors_policy is ServiceErrorPolicy.STOP:
             raise ServiceErrorStop(failure) from error
         self.service_errors += 1
@@ -397,10 +431,16 @@ class ServiceAgent:
         except Exception as e:  # noqa: BLE001 - the hook's own failure: the client gets the event
             answered = False
             self._on_error(f"on_callback_error raised {type(e).__name__}: {e} at log position {self._log_position}")
-        if (not answered and session is not None and payload is not None and self._role == Role.LEADER
-                and self._egress_send is not None):
-            event = ServiceErrorEvent(session.id, self._leadership_term_id, self._log_position,
-                                      failure.error_text, failure.payload_prefix)
+        if (
+            not answered
+            and session is not None
+            and payload is not None
+            and self._role == Role.LEADER
+            and self._egress_send is not None
+        ):
+            event = ServiceErrorEvent(
+                session.id, self._leadership_term_id, self._log_position, failure.error_text, failure.payload_prefix
+            )
             self._egress_send(session, EGRESS_CODEC.encode(event))
 
     def _offer_to_client(self, session: ClientSession, payload) -> int:
@@ -463,8 +503,9 @@ class ServiceAgent:
 
     def schedule_timer(self, correlation_id: int, deadline: int) -> bool:
         """Always True: the request waits for room like :meth:`offer` (never "try again")."""
-        self._send_accepted(SERVICE_TO_CONSENSUS_CODEC.encode(
-            ScheduleTimer(correlation_id, deadline, self._log_position)))
+        self._send_accepted(
+            SERVICE_TO_CONSENSUS_CODEC.encode(ScheduleTimer(correlation_id, deadline, self._log_position))
+        )
         return True
 
     def cancel_timer(self, correlation_id: int) -> bool:
@@ -506,7 +547,9 @@ class ServiceAgent:
             pause_s = min(_SEND_PAUSE_MAX_S, pause_s * 2 or _SEND_PAUSE_MIN_S)
             if waited_s >= warned_s:
                 warned_s += 5.0
-                self._on_error(f"the consensus module has not taken a request for {waited_s:.0f} s "
-                               f"({OfferResult(result).name}); still waiting")
+                self._on_error(
+                    f"the consensus module has not taken a request for {waited_s:.0f} s "
+                    f"({OfferResult(result).name}); still waiting"
+                )
             result = self._send(data)
         return result

@@ -219,9 +219,7 @@ class ClusteredService:
     def on_session_close(self, session: ClientSession, timestamp: int, close_reason: CloseReason) -> None:
         pass
 
-    def on_session_message(
-        self, session: ClientSession | None, timestamp: int, payload: bytes | memoryview
-    ) -> None:
+    def on_session_message(self, session: ClientSession | None, timestamp: int, payload: bytes | memoryview) -> None:
         """A committed message. ``session`` is None for a service message (``Cluster.offer``).
         ``payload`` may be a view into the log buffer, valid only during this call."""
 
@@ -251,8 +249,9 @@ class ClusteredService:
     ) -> None:
         pass
 
-    def on_callback_error(self, session: ClientSession | None, log_position: int, callback: str,
-                          error: Exception) -> bool:
+    def on_callback_error(
+        self, session: ClientSession | None, log_position: int, callback: str, error: Exception
+    ) -> bool:
         """A callback that applied the entry ending at ``log_position`` raised ``error`` and the
         node's ``service_errors`` policy is ``record``: called on every member, right after,
         like a log callback (deterministic; it may change state). ``session`` is the client
@@ -283,8 +282,12 @@ class ServiceLoadError(ValueError):
 def load_service(name: str) -> ClusteredService:
     """A new service instance from a short name (``echo``, ``kv``) or ``package.module:ClassName``."""
     spec = SERVICES.get(name, name)
-    cls = find_class(spec, f"service {name!r}", f"use one of {', '.join(sorted(SERVICES))} or package.module:ClassName",
-                     ServiceLoadError)
+    cls = find_class(
+        spec,
+        f"service {name!r}",
+        f"use one of {', '.join(sorted(SERVICES))} or package.module:ClassName",
+        ServiceLoadError,
+    )
     class_name = spec.partition(":")[2]
     try:
         service = cls()

@@ -77,8 +77,14 @@ from cluster_node.service.api import (
 from cluster_node.service.errors import ErrorDeduper, ServiceCallbackFailure, ServiceErrorPolicy, ServiceErrorStop
 from cluster_node.snapshot_io import MAX_SNAPSHOT_RECORD_LENGTH, IpcDriver, read_recording, record_snapshot
 
-__all__ = ["ServiceContainer", "ServiceStartError", "CONSENSUS_TO_SERVICE_STREAM_ID", "SERVICE_TO_CONSENSUS_STREAM_ID",
-           "RECOVERY_STATE_TYPE_ID", "recovery_state_label"]
+__all__ = [
+    "ServiceContainer",
+    "ServiceStartError",
+    "CONSENSUS_TO_SERVICE_STREAM_ID",
+    "SERVICE_TO_CONSENSUS_STREAM_ID",
+    "RECOVERY_STATE_TYPE_ID",
+    "recovery_state_label",
+]
 
 log = structlog.get_logger("service")
 
@@ -232,9 +238,15 @@ class ServiceContainer:
                 return
             self.error = stop  # service_errors = "stop": the node exits with its own code
             f = stop.failure
-            log.error("service callback raised: stopping (service_errors = stop)", callback=f.callback,
-                      log_position=f.log_position, session=f.session_id, payload_prefix=repr(f.payload_prefix),
-                      error=f.error_text, exc_info=f.error)
+            log.error(
+                "service callback raised: stopping (service_errors = stop)",
+                callback=f.callback,
+                log_position=f.log_position,
+                session=f.session_id,
+                payload_prefix=repr(f.payload_prefix),
+                error=f.error_text,
+                exc_info=f.error,
+            )
         finally:
             self.commit_doorbell.close()
             if self.on_exit is not None:
@@ -271,8 +283,9 @@ class ServiceContainer:
         """A reply to a client: sent on its egress channel, which is made at the first reply
         (:meth:`_egress_publish`)."""
         agent = self.agent
-        return self._egress_publish(session, encode_session_message(agent.leadership_term_id, session.id,
-                                                                    agent.time, payload))
+        return self._egress_publish(
+            session, encode_session_message(agent.leadership_term_id, session.id, agent.time, payload)
+        )
 
     def _egress_publish(self, session: ClientSession, data: bytes) -> int:
         """Offer one encoded egress message to the session's client (replies and
@@ -301,24 +314,35 @@ class ServiceContainer:
     # ------------------------------------------------------------------ duty cycle
 
     async def _run(self) -> None:
-        ipc = IpcTransport(self.driver_dir, image_liveness_timeout_ns=self.liveness_timeout_ns,
-                           rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS)
+        ipc = IpcTransport(
+            self.driver_dir,
+            image_liveness_timeout_ns=self.liveness_timeout_ns,
+            rescan_interval_ns=_IPC_RESCAN_INTERVAL_NS,
+        )
         to_cm = ipc.add_publication(parse(CONTROL_CHANNEL), SERVICE_TO_CONSENSUS_STREAM_ID)
         self._ipc = ipc
-        from_cm = ipc.add_subscription(parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID,
-                                       doorbell=self.commit_doorbell)
+        from_cm = ipc.add_subscription(
+            parse(CONTROL_CHANNEL), CONSENSUS_TO_SERVICE_STREAM_ID, doorbell=self.commit_doorbell
+        )
 
         def send(data: bytes) -> int:
             return to_cm.offer(data)
 
         agent = self.agent = ServiceAgent(
-            self.service, member_id=self.member_id, service_id=self.service_id,
-            send_to_consensus=send, egress_offer=self._egress_offer,
+            self.service,
+            member_id=self.member_id,
+            service_id=self.service_id,
+            send_to_consensus=send,
+            egress_offer=self._egress_offer,
             on_session_change=self._on_session_change,
             on_error=lambda msg: log.warning("service input dropped", reason=msg),
-            service_errors=self.service_errors, on_service_error=self._on_service_error,
-            egress_send=self._egress_publish, skip_positions=self.skip_positions, on_skip=self._on_skip,
-            stopping=self._stop.is_set, pause=time.sleep,
+            service_errors=self.service_errors,
+            on_service_error=self._on_service_error,
+            egress_send=self._egress_publish,
+            skip_positions=self.skip_positions,
+            on_skip=self._on_skip,
+            stopping=self._stop.is_set,
+            pause=time.sleep,
         )
         self._ipc_driver = IpcDriver(ipc)
         await self._start_agent(agent)
@@ -344,13 +368,19 @@ class ServiceContainer:
                             log_sub.close()
                             log_sub = None
                         if log_sub is None:
-                            log_sub = ipc.add_subscription(parse(join.log_channel), join.log_stream_id,
-                                                           doorbell=self.commit_doorbell)
+                            log_sub = ipc.add_subscription(
+                                parse(join.log_channel), join.log_stream_id, doorbell=self.commit_doorbell
+                            )
                         log_key = (join.log_channel, join.log_stream_id, join.log_session_id)
                         log_is_replay = join.max_log_position != NULL_POSITION
                         image = None
-                if image is not None and (image.closed or image.is_end_of_stream) and log_key is not None \
-                        and image.session_id == log_key[2] and not image.has_data():
+                if (
+                    image is not None
+                    and (image.closed or image.is_end_of_stream)
+                    and log_key is not None
+                    and image.session_id == log_key[2]
+                    and not image.has_data()
+                ):
                     image = None  # that log ended (an election): wait for the next JoinLog's
                 if log_sub is not None and image is None:
                     image = log_sub.image_by_session_id(join.log_session_id)
@@ -412,13 +442,22 @@ class ServiceContainer:
             self._error_counter.add(1)
         first = self.error_log.first(failure)
         if first:
-            log.error("service callback raised (service_errors = record: recorded, the cluster goes on)",
-                      callback=failure.callback, log_position=failure.log_position, session=failure.session_id,
-                      payload_prefix=repr(failure.payload_prefix), error=failure.error_text, exc_info=failure.error)
+            log.error(
+                "service callback raised (service_errors = record: recorded, the cluster goes on)",
+                callback=failure.callback,
+                log_position=failure.log_position,
+                session=failure.session_id,
+                payload_prefix=repr(failure.payload_prefix),
+                error=failure.error_text,
+                exc_info=failure.error,
+            )
         elif first is None:
-            log.error("service callback errors: too many distinct ones to log each; they are still counted",
-                      distinct_logged=self.error_log.max_distinct, log_position=failure.log_position,
-                      error=failure.error_text)
+            log.error(
+                "service callback errors: too many distinct ones to log each; they are still counted",
+                distinct_logged=self.error_log.max_distinct,
+                log_position=failure.log_position,
+                error=failure.error_text,
+            )
 
     def _on_skip(self, log_position: int, callback: str) -> None:
         log.warning("log entry skipped (the operator's skip list)", log_position=log_position, callback=callback)
@@ -429,7 +468,9 @@ class ServiceContainer:
         if self._archive is None:
             from cluster_node.archive.client import ArchiveClient
 
-            self._archive = await ArchiveClient.connect(self._ipc_driver, response_timeout_s=self.archive_connect_timeout_s)
+            self._archive = await ArchiveClient.connect(
+                self._ipc_driver, response_timeout_s=self.archive_connect_timeout_s
+            )
         return self._archive
 
     def _recovery_state(self) -> tuple[int, int]:
@@ -459,8 +500,9 @@ class ServiceContainer:
         role = self._role() if self._role is not None else None
         if recording_id == NULL_VALUE:
             if position != 0:
-                raise ServiceStartError(f"the recovery state names a snapshot at log position {position} "
-                                        "but no service snapshot recording")
+                raise ServiceStartError(
+                    f"the recovery state names a snapshot at log position {position} but no service snapshot recording"
+                )
             agent.start(None, 0, role=role)
             return
         try:
@@ -470,13 +512,26 @@ class ServiceContainer:
         except Exception as e:  # noqa: BLE001 - archive, recording or format: one line for the operator
             raise ServiceStartError(f"cannot load the service snapshot (recording {recording_id}): {e}") from None
         if snap.log_position != position:
-            raise ServiceStartError(f"service snapshot recording {recording_id} is at log position "
-                                    f"{snap.log_position}, the recovery plan says {position}")
-        agent.start(BytesSnapshotReader(snap.user_records), snap.log_position, sessions=snap.sessions,
-                    leadership_term_id=snap.leadership_term_id, time_unit=snap.time_unit,
-                    skipped_positions=snap.skipped_positions, role=role)
-        log.info("service snapshot loaded", recording_id=recording_id, log_position=snap.log_position,
-                 sessions=len(snap.sessions), records=len(snap.user_records))
+            raise ServiceStartError(
+                f"service snapshot recording {recording_id} is at log position "
+                f"{snap.log_position}, the recovery plan says {position}"
+            )
+        agent.start(
+            BytesSnapshotReader(snap.user_records),
+            snap.log_position,
+            sessions=snap.sessions,
+            leadership_term_id=snap.leadership_term_id,
+            time_unit=snap.time_unit,
+            skipped_positions=snap.skipped_positions,
+            role=role,
+        )
+        log.info(
+            "service snapshot loaded",
+            recording_id=recording_id,
+            log_position=snap.log_position,
+            sessions=len(snap.sessions),
+            records=len(snap.user_records),
+        )
 
     async def _take_snapshot(self, agent: ServiceAgent) -> None:
         """The log asked for a snapshot at the agent's position: write it and ack (-1 on failure)."""
@@ -487,17 +542,31 @@ class ServiceContainer:
         try:
             writer = BytesSnapshotWriter(max_record_length=MAX_SNAPSHOT_RECORD_LENGTH)
             self.service.on_take_snapshot(writer)
-            sessions = [ClientSessionRecord(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
-                        for s in sorted(agent.client_sessions, key=lambda s: s.id)]
-            records = encode_service_snapshot(ServiceSnapshot(position, term_id, sessions, writer.records,
-                                                              time_unit=agent.time_unit,
-                                                              skipped_positions=sorted(agent.skip_positions)))
+            sessions = [
+                ClientSessionRecord(s.id, s.response_stream_id, s.response_channel, s.encoded_principal)
+                for s in sorted(agent.client_sessions, key=lambda s: s.id)
+            ]
+            records = encode_service_snapshot(
+                ServiceSnapshot(
+                    position,
+                    term_id,
+                    sessions,
+                    writer.records,
+                    time_unit=agent.time_unit,
+                    skipped_positions=sorted(agent.skip_positions),
+                )
+            )
             at_archive = True
             archive = await self._archive_client()
             recording_id = await record_snapshot(archive, self._ipc_driver, records, self.snapshot_stream_id)
-            log.info("service snapshot taken", log_position=position, recording_id=recording_id,
-                     records=len(writer.records), bytes=sum(len(r) for r in records),
-                     ms=round((time.monotonic() - started) * 1000, 1))
+            log.info(
+                "service snapshot taken",
+                log_position=position,
+                recording_id=recording_id,
+                records=len(writer.records),
+                bytes=sum(len(r) for r in records),
+                ms=round((time.monotonic() - started) * 1000, 1),
+            )
         except Exception as e:  # noqa: BLE001 - a failed snapshot is reported, the cluster goes on
             log.error("service snapshot failed", log_position=position, error=str(e) or repr(e))
             recording_id = NULL_VALUE
@@ -518,10 +587,17 @@ class ServiceContainer:
         """Nothing but new input would give a next pass work: the log being read is the one
         the last JoinLog named, and no snapshot or termination is pending."""
         join = agent.join_log
-        return (image is not None and join is not None and log_key is not None
-                and log_key[2] == join.log_session_id and image.session_id == join.log_session_id
-                and not image.closed and agent.snapshot_request is None and not agent.terminated
-                and not self._stop.is_set())
+        return (
+            image is not None
+            and join is not None
+            and log_key is not None
+            and log_key[2] == join.log_session_id
+            and image.session_id == join.log_session_id
+            and not image.closed
+            and agent.snapshot_request is None
+            and not agent.terminated
+            and not self._stop.is_set()
+        )
 
     async def _park(self, from_cm, log_sub, image) -> bool:
         """Wait for any of: consensus module messages, log data, commit advance. True if it

@@ -98,8 +98,9 @@ def add_skip(node_dir: str | Path, log_position: int, note: str = "") -> tuple[l
     if any(e.log_position == log_position for e in entries):
         return entries, False
     recorded = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    entries = sorted([*entries, SkipEntry(log_position, recorded, note[:_MAX_NOTE_CHARS])],
-                     key=lambda e: e.log_position)
+    entries = sorted(
+        [*entries, SkipEntry(log_position, recorded, note[:_MAX_NOTE_CHARS])], key=lambda e: e.log_position
+    )
     path = _path(node_dir)
     tmp = path.with_name(path.name + ".tmp")
     data = msgspec.json.format(msgspec.json.encode(_SkipFile(_FORMAT, entries)), indent=2) + b"\n"

@@ -45,8 +45,9 @@ def cluster(tmp_path):
     # The fuzzer forges member messages from a member's own host with random members digests:
     # the member they name is then said, loudly, to see the cluster differently (once per
     # member and digest, bounded), as a real misconfigured member would be.
-    with TestCluster(tmp_path, expect_counted_errors=True,
-                     expected_errors=[r"a member's view of the cluster differs from ours"]) as c:
+    with TestCluster(
+        tmp_path, expect_counted_errors=True, expected_errors=[r"a member's view of the cluster differs from ours"]
+    ) as c:
         yield c
 
 

@@ -50,7 +50,8 @@ def _refused(cluster: TestCluster, node) -> str:
 
 
 async def test_a_follower_with_a_flipped_bit_in_its_log_or_catalog_refuses_to_start_then_rebuilt_catches_up(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     # The damaged follower's own ERROR lines (exit code 9, each time it refuses to start).
     with TestCluster(tmp_path, expected_errors=[r'"exit_code": 9, "reason": ']) as cluster:
         leader = cluster.start()
@@ -86,12 +87,22 @@ async def test_a_follower_with_a_flipped_bit_in_its_log_or_catalog_refuses_to_st
             assert f"damaged catalog entry of recording {d.recording_id} " in line, line
             assert "cluster-node archive rebuild --dir" in line
             assert segment.read_bytes() == clean_segment  # nothing cut
-            described = subprocess.run([sys.executable, "-m", "cluster_node.cli", "tool", "--dir", str(follower.dir),
-                                        "describe"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            described = subprocess.run(
+                [sys.executable, "-m", "cluster_node.cli", "tool", "--dir", str(follower.dir), "describe"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert described.returncode == 1, described.stdout
             assert f"damaged catalog entry of recording {d.recording_id} " in described.stderr, described.stderr
-            out = subprocess.run([sys.executable, "-m", "cluster_node.cli", "archive", "rebuild", "--dir",
-                                  str(follower.dir)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "cluster_node.cli", "archive", "rebuild", "--dir", str(follower.dir)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0, out.stderr + out.stdout
             assert f"rebuilt from their segment files: {d.recording_id}" in out.stdout
             rebuilt = Catalog.from_bytes(catalog_path.read_bytes()).get(d.recording_id)

@@ -45,8 +45,10 @@ def expected_positions(sizes, count: int, term_length: int, start: int = 0) -> l
 def ipc_at(position: int, initial_term_id: int, term_length: int, mtu: int = 1408) -> str:
     """An IPC channel whose publication starts at ``position`` of a stream."""
     term_id = initial_term_id + position // term_length
-    return (f"aeron:ipc?term-length={term_length}|mtu={mtu}|init-term-id={initial_term_id}"
-            f"|term-id={term_id}|term-offset={position % term_length}")
+    return (
+        f"aeron:ipc?term-length={term_length}|mtu={mtu}|init-term-id={initial_term_id}"
+        f"|term-id={term_id}|term-offset={position % term_length}"
+    )
 
 
 async def offer_all(pub, messages, timeout: float = 60.0) -> int:
@@ -106,8 +108,22 @@ async def test_record_100k_udp_messages_from_another_process_and_replay_a_range_
         async with open_media_driver(dir=node / "driver") as driver:
             client = await ArchiveClient.connect(driver)
             await client.start_recording(channel, 1001)
-            with Peer(["pub", "--dir", str(tmp_path / "pub"), "--channel", channel, "--count", str(count),
-                       "--sizes", spec, "--term-length", str(TERM)], "pub") as pub:
+            with Peer(
+                [
+                    "pub",
+                    "--dir",
+                    str(tmp_path / "pub"),
+                    "--channel",
+                    channel,
+                    "--count",
+                    str(count),
+                    "--sizes",
+                    spec,
+                    "--term-length",
+                    str(TERM),
+                ],
+                "pub",
+            ) as pub:
                 pub.expect("READY", 30)
                 start = await client.wait_for_signal(signal_is(RecordingSignal.START), 30)
                 recording_id = start.recording_id
@@ -186,8 +202,9 @@ async def _record_ipc(client, driver, stream_id: int, messages, channel="aeron:i
 async def _replay_all(client, driver, recording_id: int, stream_id: int, count: int):
     d = await client.list_recording(recording_id)
     sub = driver.add_subscription("aeron:ipc", stream_id)
-    replay_id = await client.start_replay(recording_id, d.start_position, d.stop_position - d.start_position,
-                                          "aeron:ipc", stream_id)
+    replay_id = await client.start_replay(
+        recording_id, d.start_position, d.stop_position - d.start_position, "aeron:ipc", stream_id
+    )
     got = await receive(sub, _sid(replay_id), count)
     sub.close()
     return d, got
@@ -205,7 +222,9 @@ async def test_extend_joins_at_the_stop_position_and_a_wrong_position_is_refused
             # A publication at the wrong position is refused.
             await client.extend_recording(recording_id, "aeron:ipc", 1003)
             wrong = driver.add_publication(ipc_at(stop + 64 * 32, d.initial_term_id, TERM), 1003)
-            refused = await client.wait_for_async_response(lambda r: r.relevant_id == ArchiveErrorCode.INVALID_EXTENSION, 30)
+            refused = await client.wait_for_async_response(
+                lambda r: r.relevant_id == ArchiveErrorCode.INVALID_EXTENSION, 30
+            )
             assert "joins at position" in refused.error_message
             wrong.close()
             await client.stop_recording("aeron:ipc", 1003)
@@ -297,8 +316,24 @@ async def test_kill_9_while_recording_at_full_rate_then_recover_and_extend(node,
         async with open_media_driver(dir=node / "driver", ipc_term_length=TERM) as driver:
             client = await ArchiveClient.connect(driver)
             await client.start_recording(channel, 1005)
-            with Peer(["pub", "--dir", str(tmp_path / "pub"), "--channel", channel, "--count", "5000000",
-                       "--stream", "1005", "--sizes", spec, "--term-length", str(TERM)], "pub") as pub:
+            with Peer(
+                [
+                    "pub",
+                    "--dir",
+                    str(tmp_path / "pub"),
+                    "--channel",
+                    channel,
+                    "--count",
+                    "5000000",
+                    "--stream",
+                    "1005",
+                    "--sizes",
+                    spec,
+                    "--term-length",
+                    str(TERM),
+                ],
+                "pub",
+            ) as pub:
                 pub.expect("READY", 30)
                 start = await client.wait_for_signal(signal_is(RecordingSignal.START), 30)
                 recording_id = start.recording_id
@@ -372,12 +407,25 @@ async def test_replication_between_two_archive_processes_over_udp_with_5_percent
     src_port, dst_port, repl_port, resp_port = (free_udp_port() for _ in range(4))
     lossy = ["--drop", "0.05"]
     src = start_archive(src_node, "--control-port", str(src_port), *lossy, "--seed", "3", name="src")
-    dst = start_archive(dst_node, "--control-port", str(dst_port), "--replication-port", str(repl_port),
-                        "--response-port", str(resp_port), *lossy, "--seed", "4", name="dst")
+    dst = start_archive(
+        dst_node,
+        "--control-port",
+        str(dst_port),
+        "--replication-port",
+        str(repl_port),
+        "--response-port",
+        str(resp_port),
+        *lossy,
+        "--seed",
+        "4",
+        name="dst",
+    )
     src_control = f"aeron:udp?endpoint=127.0.0.1:{src_port}"
     try:
-        async with open_media_driver(dir=src_node / "driver", ipc_term_length=TERM) as src_driver, \
-                   open_media_driver(dir=dst_node / "driver", ipc_term_length=TERM) as dst_driver:
+        async with (
+            open_media_driver(dir=src_node / "driver", ipc_term_length=TERM) as src_driver,
+            open_media_driver(dir=dst_node / "driver", ipc_term_length=TERM) as dst_driver,
+        ):
             src_client = await ArchiveClient.connect(src_driver)
             dst_client = await ArchiveClient.connect(dst_driver)
             messages = [make_message(i, 40 + i % 900) for i in range(10_000)]
@@ -394,7 +442,9 @@ async def test_replication_between_two_archive_processes_over_udp_with_5_percent
             assert not [r for r in dst_client.async_responses if r.code != 0]
             copy = await dst_client.list_recording(dst_id)
             assert copy.stop_position == mid and copy.start_position == 0
-            assert _read_range(dst_node / "archive", dst_id, 0, mid) == _read_range(src_node / "archive", src_id, 0, mid)
+            assert _read_range(dst_node / "archive", dst_id, 0, mid) == _read_range(
+                src_node / "archive", src_id, 0, mid
+            )
 
             # Then only the missing tail, into the same recording.
             await dst_client.replicate(src_id, dst_id, src_control)
@@ -408,7 +458,11 @@ async def test_replication_between_two_archive_processes_over_udp_with_5_percent
             assert _read_range(dst_node / "archive", dst_id, 0, src_stop) == src_bytes
             descriptor = Catalog.from_bytes((dst_node / "archive" / "archive.catalog").read_bytes()).get(dst_id)
             assert verify_recording(dst_node / "archive", descriptor).ok
-            assert (copy.session_id, copy.stream_id, copy.initial_term_id) == (_d.session_id, _d.stream_id, _d.initial_term_id)
+            assert (copy.session_id, copy.stream_id, copy.initial_term_id) == (
+                _d.session_id,
+                _d.stream_id,
+                _d.initial_term_id,
+            )
 
             # Errors come back as errors: an unknown source recording.
             await dst_client.replicate(999, NULL_VALUE, src_control)
@@ -437,8 +491,10 @@ async def test_a_replication_whose_channel_cannot_be_opened_fails_and_the_archiv
     try:
         taken.bind(("127.0.0.1", 0))
         busy_channel = f"aeron:udp?endpoint=127.0.0.1:{taken.getsockname()[1]}"
-        async with open_media_driver(dir=src_node / "driver", ipc_term_length=TERM) as src_driver, \
-                   open_media_driver(dir=dst_node / "driver", ipc_term_length=TERM) as dst_driver:
+        async with (
+            open_media_driver(dir=src_node / "driver", ipc_term_length=TERM) as src_driver,
+            open_media_driver(dir=dst_node / "driver", ipc_term_length=TERM) as dst_driver,
+        ):
             src_client = await ArchiveClient.connect(src_driver)
             dst_client = await ArchiveClient.connect(dst_driver)
             src_id, _stop = await _record_ipc(src_client, src_driver, 1020, [make_message(i, 64) for i in range(100)])

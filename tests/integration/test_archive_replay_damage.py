@@ -46,7 +46,8 @@ async def test_a_replay_stops_before_a_damaged_frame_and_reports_it(tmp_path, te
                 while not damaged:
                     image = sub.image_by_session_id(_sid(replay_id))
                     if image is None or not image.poll(
-                            lambda b, o, n, h: got.append((h.position, bytes(b[o:o + n]))), 100):
+                        lambda b, o, n, h: got.append((h.position, bytes(b[o : o + n]))), 100
+                    ):
                         await sub.wait(0.02)
             assert f"recording {rid} in {adir} is damaged at position {victim.position}" in damaged[0]
             # Everything before the damaged frame, intact; nothing from it on.
@@ -68,8 +69,9 @@ async def test_a_recording_written_without_checksums_has_them_from_where_it_is_e
     term_length = 64 * 1024
     adir = tmp_path / "archive"
     async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=term_length) as driver:
-        async with open_archive(driver, ArchiveConfig(dir=adir, segment_file_length=4 * term_length,
-                                                      frame_checksums=False)):
+        async with open_archive(
+            driver, ArchiveConfig(dir=adir, segment_file_length=4 * term_length, frame_checksums=False)
+        ):
             client = await ArchiveClient.connect(driver)
             rid, pub = await _record(client, driver, 1, 500)
             await client.stop_recording_by_identity(rid)

@@ -15,7 +15,9 @@ FLOOD = 2000
 async def test_a_flood_of_undecodable_requests_is_logged_once_and_summarised(tmp_path):
     with structlog.testing.capture_logs() as logs:
         async with open_media_driver(dir=tmp_path / "driver", ipc_term_length=TERM) as driver:
-            async with open_archive(driver, ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)) as archive:
+            async with open_archive(
+                driver, ArchiveConfig(dir=tmp_path / "archive", segment_file_length=TERM)
+            ) as archive:
                 raw = driver.add_publication("aeron:ipc", 10)
                 with trio.fail_after(30):
                     sent = 0

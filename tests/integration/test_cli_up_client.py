@@ -36,8 +36,13 @@ class Up:
     def __init__(self, *args: str, cwd: Path) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
-            [str(CLI), "up", "--once", *args], cwd=cwd, env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [str(CLI), "up", "--once", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
@@ -63,7 +68,9 @@ class Up:
             if line is None:
                 self.proc.wait(timeout=10)
                 err = self.proc.stderr.read()
-                raise AssertionError(f"up exited ({self.proc.returncode}) before {pattern!r}; saw {self.seen[-20:]}; stderr {err}")
+                raise AssertionError(
+                    f"up exited ({self.proc.returncode}) before {pattern!r}; saw {self.seen[-20:]}; stderr {err}"
+                )
             self.seen.append(line)
             m = re.search(pattern, line)
             if m:
@@ -105,8 +112,9 @@ def pid_exists(pid: int) -> bool:
 
 
 def client(config: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CLI), "client", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(CLI), "client", "--config", str(config), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
@@ -120,11 +128,14 @@ def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_
         assert sorted(pids) == [0, 1, 2], up.seen
         assert client_config == (tmp_path / "cluster" / "client.toml").resolve()
         # The table printed before the UP line shows the leader's row.
-        assert any(re.match(rf"^\s*{leader_id}\s+{pids[leader_id]}\s+yes\s+LEADER\s+{term}\s+CLOSED\b", line)
-                   for line in up.seen), up.seen
+        assert any(
+            re.match(rf"^\s*{leader_id}\s+{pids[leader_id]}\s+yes\s+LEADER\s+{term}\s+CLOSED\b", line)
+            for line in up.seen
+        ), up.seen
         # ... and the counters file says the same.
         view = read_member_view(
-            default_driver_dir(tmp_path / "cluster" / f"node{leader_id}") / "counters.dat", leader_id)
+            default_driver_dir(tmp_path / "cluster" / f"node{leader_id}") / "counters.dat", leader_id
+        )
         assert view.owner_pid == pids[leader_id] and view.owner_alive
         assert view.get("role") == LEADER_ROLE
 
@@ -136,8 +147,12 @@ def test_up_elects_a_leader_client_round_trip_and_sigint_stops_every_member(tmp_
         assert missing.returncode == 1 and missing.stdout == ""
         assert missing.stderr.strip() == "Error: not found: no-such-key"
         # Given only the node directory, `stat` finds the counters in shared memory.
-        stat = subprocess.run([str(CLI), "stat", "--dir", str(tmp_path / "cluster" / f"node{leader_id}")],
-                              capture_output=True, text=True, timeout=30)
+        stat = subprocess.run(
+            [str(CLI), "stat", "--dir", str(tmp_path / "cluster" / f"node{leader_id}")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert stat.returncode == 0, stat.stderr
         assert str(default_driver_dir(tmp_path / "cluster" / f"node{leader_id}")) in stat.stdout.splitlines()[0]
 
@@ -198,9 +213,21 @@ def test_up_reports_a_port_in_use_in_one_line(tmp_path):
 
 def test_up_reports_a_member_that_exits_at_start_with_its_last_lines(tmp_path):
     r = subprocess.run(
-        [str(CLI), "up", "--once", "--dir", str(tmp_path / "c"), "--nodes", "1",
-         "--service", "no_such_package.mod:Service"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        [
+            str(CLI),
+            "up",
+            "--once",
+            "--dir",
+            str(tmp_path / "c"),
+            "--nodes",
+            "1",
+            "--service",
+            "no_such_package.mod:Service",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
     )
     assert r.returncode == 1, (r.stdout, r.stderr)
     first = r.stderr.splitlines()[0]
@@ -210,12 +237,18 @@ def test_up_reports_a_member_that_exits_at_start_with_its_last_lines(tmp_path):
 
 
 def test_up_config_mistakes_are_one_line_errors(tmp_path):
-    r = subprocess.run([str(CLI), "up", "--config-dir", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(CLI), "up", "--config-dir", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and r.stderr.strip() == f"Error: --config-dir: no such directory: {tmp_path / 'nope'}"
     write_cluster_configs(tmp_path / "c", 3, "kv")
-    r = subprocess.run([str(CLI), "up", "--dir", str(tmp_path / "c"), "--nodes", "5"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(CLI), "up", "--dir", str(tmp_path / "c"), "--nodes", "5"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "holds a 3-node cluster" in r.stderr, r.stderr
-    r = subprocess.run([str(CLI), "up", "--dir", str(tmp_path / "c"), "--service", "echo"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(CLI), "up", "--dir", str(tmp_path / "c"), "--service", "echo"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 1 and "'kv' service" in r.stderr and "--fresh" in r.stderr, r.stderr
 
 
@@ -231,8 +264,12 @@ def test_up_pins_generated_members_by_role_unless_told_not_to(tmp_path):
     cfg = load_node_config(paths[0])
     assert (cfg.node.leader_cpus, cfg.node.follower_cpus) == ((), ())
     if leader_cpus:
-        r = subprocess.run([str(CLI), "up", "--once", "--no-pin", "--dir", str(tmp_path / "pinned")],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [str(CLI), "up", "--once", "--no-pin", "--dir", str(tmp_path / "pinned")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
         assert "--no-pin applies to generated configs" in r.stderr and "--fresh" in r.stderr, r.stderr
         assert not (tmp_path / "pinned" / "node0" / "logs" / "console.log").exists()  # nothing was started
@@ -247,8 +284,12 @@ def test_up_keep_cpus_awake_goes_into_generated_configs_and_is_refused_for_other
     plan = plan_cluster(None, tmp_path / "awake", None, None, False, keep_cpus_awake=True)  # kept configs say so
     assert plan.generated is False
     write_cluster_configs(tmp_path / "plain", 3, "kv")
-    r = subprocess.run([str(CLI), "up", "--once", "--keep-cpus-awake", "--dir", str(tmp_path / "plain")],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(CLI), "up", "--once", "--keep-cpus-awake", "--dir", str(tmp_path / "plain")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "--keep-cpus-awake applies to generated configs" in r.stderr and "--fresh" in r.stderr, r.stderr
     assert not (tmp_path / "plain" / "node0" / "logs" / "console.log").exists()  # nothing was started
@@ -256,9 +297,11 @@ def test_up_keep_cpus_awake_goes_into_generated_configs_and_is_refused_for_other
 
 def test_client_without_a_cluster_says_no_leader(tmp_path):
     ports = free_fixed_udp_ports(3, "127.0.0.1")
-    cfg = ClientConfig(client=ClientSection(
-        ingress_endpoints=",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(ports)),
-    ))
+    cfg = ClientConfig(
+        client=ClientSection(
+            ingress_endpoints=",".join(f"{i}=127.0.0.1:{p}" for i, p in enumerate(ports)),
+        )
+    )
     path = tmp_path / "client.toml"
     path.write_text(client_config_to_toml(cfg))
     start = time.monotonic()
@@ -266,8 +309,12 @@ def test_client_without_a_cluster_says_no_leader(tmp_path):
     assert r.returncode == 1 and 1.5 <= time.monotonic() - start < 10
     assert r.stderr.startswith("Error: no leader within 1.5s (0=127.0.0.1:") and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.count("unreachable") == 3, r.stderr
-    r = subprocess.run([str(CLI), "client", "--config", str(tmp_path / "missing.toml"), "get", "k"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [str(CLI), "client", "--config", str(tmp_path / "missing.toml"), "get", "k"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stderr.strip() == f"Error: {tmp_path / 'missing.toml'}: no such config file"
 
 
@@ -278,8 +325,12 @@ def test_tool_shutdown_stops_every_member_and_up_ends(tmp_path):
         m = up.expect(r"^UP leader=(\d+) term=(\d+) members=3 client=(\S+)$", timeout=60)
         leader_id, client_config = int(m.group(1)), Path(m.group(3))
         assert client(client_config, "put", "k", "v").returncode == 0
-        r = subprocess.run([str(CLI), "tool", "--dir", str(tmp_path / "cluster" / f"node{leader_id}"), "shutdown"],
-                           capture_output=True, text=True, timeout=90)
+        r = subprocess.run(
+            [str(CLI), "tool", "--dir", str(tmp_path / "cluster" / f"node{leader_id}"), "shutdown"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert r.returncode == 0 and "SHUTDOWN applied successfully" in r.stdout, (r.stdout, r.stderr)
         up.expect(r"every member stopped \(cluster shutdown or abort\): up ends$", timeout=30)
         assert up.proc.wait(timeout=30) == 0

@@ -28,15 +28,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start_cli(config: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([str(CLI), "client", "--config", str(config), *args],
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [str(CLI), "client", "--config", str(config), *args],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _kv_call(client: BlockingClusterClient, make, timeout: float):
     request_id = int.from_bytes(os.urandom(7), "little")
-    raw = client.request(encode_request(make(request_id)), timeout=timeout,
-                         match=lambda p: decode_reply(p).request_id == request_id)
+    raw = client.request(
+        encode_request(make(request_id)), timeout=timeout, match=lambda p: decode_reply(p).request_id == request_id
+    )
     return decode_reply(raw)
 
 
@@ -85,12 +91,19 @@ def test_with_two_members_down_the_client_fails_after_its_timeout_with_one_line(
         others = [m for m in range(3) if m != leader]
         for m in others:
             cluster.nodes[m].kill()
-        cluster.wait_for(lambda: not (cluster.counters().get(leader) and cluster.counters()[leader].is_leader),
-                         20, "the lone leader steps down")
+        cluster.wait_for(
+            lambda: not (cluster.counters().get(leader) and cluster.counters()[leader].is_leader),
+            20,
+            "the lone leader steps down",
+        )
         start = time.monotonic()
-        r = subprocess.run([str(CLI), "client", "--config", str(cluster.client_config_path), "--timeout", "3",
-                            "get", "k"], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        r = subprocess.run(
+            [str(CLI), "client", "--config", str(cluster.client_config_path), "--timeout", "3", "get", "k"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         elapsed = time.monotonic() - start
         assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
         assert r.stderr.startswith("Error: no leader within 3s (") and r.stderr.count("\n") == 1, r.stderr

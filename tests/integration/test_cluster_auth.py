@@ -50,8 +50,9 @@ class Keys:
     def __init__(self, base: Path) -> None:
         base.mkdir(parents=True, exist_ok=True)
         self.alice, self.bob = secrets.token_bytes(32), secrets.token_bytes(32)
-        self.cluster_file = write_private(base / "clients.keys",
-                                          f"# the cluster's clients\nalice {self.alice.hex()}\nbob {self.bob.hex()}\n")
+        self.cluster_file = write_private(
+            base / "clients.keys", f"# the cluster's clients\nalice {self.alice.hex()}\nbob {self.bob.hex()}\n"
+        )
         self.alice_file = write_private(base / "alice.cred", f"alice {self.alice.hex()}\n")
         self.bob_file = write_private(base / "bob.cred", f"bob {self.bob.hex()}\n")
         self.wrong_file = write_private(base / "wrong.cred", f"alice {secrets.token_bytes(32).hex()}\n")
@@ -59,21 +60,29 @@ class Keys:
 
 def start_cluster(tmp_path: Path) -> tuple[TestCluster, Keys]:
     keys = Keys(tmp_path / "keys")
-    auth = AuthSection(authenticator="shared-secret", credentials_file=str(keys.cluster_file),
-                       admin_principals=("alice",))
+    auth = AuthSection(
+        authenticator="shared-secret", credentials_file=str(keys.cluster_file), admin_principals=("alice",)
+    )
     cluster = TestCluster(tmp_path, service=SERVICE, auth=auth)
     return cluster, keys
 
 
 def snapshots(cluster: TestCluster, member_id: int) -> list:
     data = (cluster.nodes[member_id].dir / "recording.log").read_bytes()
-    return [e for e in RecordingLog.decode(data).entries
-            if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.is_valid and e.service_id == CONSENSUS_MODULE_SERVICE_ID]
+    return [
+        e
+        for e in RecordingLog.decode(data).entries
+        if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.is_valid and e.service_id == CONSENSUS_MODULE_SERVICE_ID
+    ]
 
 
 def cli(cluster: TestCluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*_node_command(), "client", "--config", str(cluster.client_config_path),
-                           "--timeout", "20", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*_node_command(), "client", "--config", str(cluster.client_config_path), "--timeout", "20", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 async def acli(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess:
@@ -87,8 +96,11 @@ async def whoami(cluster: TestCluster, kv, tag: str, members) -> dict[int, str]:
     reply = await kv.call(Get(kv.next_id(), WHOAMI_PREFIX + tag), timeout=20, resend_s=3)
     assert reply.status in (Status.OK, Status.NOT_FOUND)
     files = {m: whoami_file(cluster.digest_dir, m, tag) for m in members}
-    await cluster.await_for(lambda: all(f.exists() and f.read_text().endswith("\n") for f in files.values()),
-                            30, f"whoami {tag} on members {list(members)}")
+    await cluster.await_for(
+        lambda: all(f.exists() and f.read_text().endswith("\n") for f in files.values()),
+        30,
+        f"whoami {tag} on members {list(members)}",
+    )
     return {m: f.read_text().strip() for m, f in files.items()}
 
 
@@ -154,19 +166,27 @@ async def test_clients_authenticate_with_their_key_and_others_are_rejected(tmp_p
         # The command line: one line, exit 1, no traceback; the right key works.
         r = await acli(cluster, "--credentials-file", str(keys.wrong_file), "put", "a", "b")
         assert r.returncode == 1, r.stdout + r.stderr
-        assert r.stderr.strip().splitlines() == ["Error: authentication rejected: unknown client id or wrong key"], \
+        assert r.stderr.strip().splitlines() == ["Error: authentication rejected: unknown client id or wrong key"], (
             r.stderr
+        )
         r = await acli(cluster, "--credentials-file", str(keys.alice_file), "put", "a", "b")
         assert (r.returncode, r.stdout.strip()) == (0, "OK"), r.stdout + r.stderr
         # Or named in the client config.
         config = msgspec.structs.replace(
             cluster.client_config,
-            client=msgspec.structs.replace(cluster.client_config.client, credentials_file=str(keys.alice_file)))
+            client=msgspec.structs.replace(cluster.client_config.client, credentials_file=str(keys.alice_file)),
+        )
         config_path = tmp_path / "alice-client.toml"
         config_path.write_text(client_config_to_toml(config))
-        r = await trio.to_thread.run_sync(functools.partial(
-            subprocess.run, [*_node_command(), "client", "--config", str(config_path), "--timeout", "20", "get", "a"],
-            capture_output=True, text=True, timeout=60))
+        r = await trio.to_thread.run_sync(
+            functools.partial(
+                subprocess.run,
+                [*_node_command(), "client", "--config", str(config_path), "--timeout", "20", "get", "a"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        )
         assert (r.returncode, r.stdout.strip()) == (0, "b"), r.stdout + r.stderr
 
 
@@ -178,7 +198,8 @@ async def test_admin_requests_are_authorised_by_principal(tmp_path) -> None:
         r = await acli(cluster, "--credentials-file", str(keys.bob_file), "snapshot")
         assert r.returncode == 1, r.stdout + r.stderr
         assert r.stderr.strip().splitlines() == [
-            "Error: UNAUTHORISED_ACCESS: execution of the SNAPSHOT request was not authorised"], r.stderr
+            "Error: UNAUTHORISED_ACCESS: execution of the SNAPSHOT request was not authorised"
+        ], r.stderr
         async with open_kv_client(cluster.client_config, credentials=SharedSecretCredentials(ALICE, keys.alice)) as kv:
             response = await kv.client.admin_request(7, timeout=20)
             assert response.response_code == AdminResponseCode.ERROR, response
@@ -189,8 +210,9 @@ async def test_admin_requests_are_authorised_by_principal(tmp_path) -> None:
         # alice may: the same snapshot `cluster-node tool snapshot` takes, on every member.
         r = await acli(cluster, "--credentials-file", str(keys.alice_file), "snapshot")
         assert (r.returncode, r.stdout.strip()) == (0, "OK"), r.stdout + r.stderr
-        await cluster.await_for(lambda: all(len(snapshots(cluster, m)) == 1 for m in range(3)), 60,
-                                "a snapshot on every member")
+        await cluster.await_for(
+            lambda: all(len(snapshots(cluster, m)) == 1 for m in range(3)), 60, "a snapshot on every member"
+        )
 
 
 async def test_a_session_takes_messages_only_from_its_own_client(tmp_path) -> None:
@@ -209,7 +231,8 @@ async def test_a_session_takes_messages_only_from_its_own_client(tmp_path) -> No
             for host in ("127.0.0.2", "127.0.0.1"):
                 config = msgspec.structs.replace(
                     cluster.client_config,
-                    client=msgspec.structs.replace(cluster.client_config.client, egress_endpoint=f"{host}:0"))
+                    client=msgspec.structs.replace(cluster.client_config.client, egress_endpoint=f"{host}:0"),
+                )
                 own_dir = Path(tempfile.mkdtemp(prefix="hijacker-"))
                 try:
                     async with open_media_driver(**config.driver_kwargs(own_dir)) as driver:
@@ -219,9 +242,13 @@ async def test_a_session_takes_messages_only_from_its_own_client(tmp_path) -> No
                             while pub.offer(message) < 0:
                                 await trio.sleep(0.01)
                         await cluster.await_for(
-                            lambda: {"foreign session message", "foreign close request"} <= {
-                                e.get("kind") for e in cluster.nodes[leader].log_events()}, 20,
-                            "the leader's report of the foreign messages")
+                            lambda: (
+                                {"foreign session message", "foreign close request"}
+                                <= {e.get("kind") for e in cluster.nodes[leader].log_events()}
+                            ),
+                            20,
+                            "the leader's report of the foreign messages",
+                        )
                         pub.close()
                 finally:
                     shutil.rmtree(own_dir, ignore_errors=True)
@@ -241,8 +268,9 @@ async def test_every_member_sees_the_principal_through_failover_and_restarts_fro
             assert set((await whoami(cluster, kv, "a", range(3))).values()) == {expected}
             response = await kv.client.request_snapshot(timeout=20)
             assert response.response_code == AdminResponseCode.OK, response
-            await cluster.await_for(lambda: all(len(snapshots(cluster, m)) == 1 for m in range(3)), 60,
-                                    "the snapshot on every member")
+            await cluster.await_for(
+                lambda: all(len(snapshots(cluster, m)) == 1 for m in range(3)), 60, "the snapshot on every member"
+            )
             # Each follower restarts from the snapshot: the session (opened before it) comes from
             # the snapshots alone, the service's and the consensus module's.
             for m in [m for m in range(3) if m != leader]:
@@ -261,8 +289,11 @@ async def test_every_member_sees_the_principal_through_failover_and_restarts_fro
             before = {m: len(snapshots(cluster, m)) for m in live}
             response = await kv.client.request_snapshot(timeout=30)
             assert response.response_code == AdminResponseCode.OK, (response, cluster.diagnostics())
-            await cluster.await_for(lambda: all(len(snapshots(cluster, m)) == before[m] + 1 for m in live), 60,
-                                    f"a second snapshot on {live} (leader {new_leader})")
+            await cluster.await_for(
+                lambda: all(len(snapshots(cluster, m)) == before[m] + 1 for m in live),
+                60,
+                f"a second snapshot on {live} (leader {new_leader})",
+            )
             # The old leader restarts from its snapshot and replays the log after it.
             cluster.restart(leader, timeout=60)
             assert set((await whoami(cluster, kv, "c", range(3))).values()) == {expected}

@@ -30,13 +30,15 @@ def commit_of(cluster: TestCluster, member_id: int) -> int:
 
 
 async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_starts_from_it(
-        cluster: TestCluster, tmp_path: Path) -> None:
+    cluster: TestCluster, tmp_path: Path
+) -> None:
     leader = cluster.start()
     backup = Backup(cluster, tmp_path)
     backup.start()
     try:
-        await cluster.await_for(lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60,
-                                "the backup BACKING_UP")
+        await cluster.await_for(
+            lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60, "the backup BACKING_UP"
+        )
         acked: dict[str, bytes] = {}
         async with open_kv_client(cluster.client_config) as kv:
             first = {f"a{i}": b"%d" % i for i in range(300)}
@@ -47,8 +49,11 @@ async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_
             await put_all(kv, second)
             acked.update(second)
             commit = commit_of(cluster, leader)
-            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
-                                    f"the backup's live log at the commit position {commit}")
+            await cluster.await_for(
+                lambda: backup.stat().get("live_log_position", -1) >= commit,
+                60,
+                f"the backup's live log at the commit position {commit}",
+            )
 
             # A leader change: the backup goes on without a gap.
             term = cluster.counters()[leader].term
@@ -60,8 +65,11 @@ async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_
                 assert r.status == Status.OK
                 acked[k] = v
             commit = commit_of(cluster, new_leader)
-            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
-                                    f"the backup's live log at the new leader's commit position {commit}")
+            await cluster.await_for(
+                lambda: backup.stat().get("live_log_position", -1) >= commit,
+                60,
+                f"the backup's live log at the new leader's commit position {commit}",
+            )
             live = backup.stat()["live_log_position"]
             assert backup.stat()["last_backup_time_ms"] > 0
         assert backup.stop() == 0, backup.describe()
@@ -97,7 +105,8 @@ async def test_backup_follows_the_log_through_a_leader_change_and_a_new_cluster_
 
 
 async def test_a_dead_source_is_left_after_the_progress_timeout_not_the_image_liveness_timeout(
-        cluster: TestCluster, tmp_path: Path) -> None:
+    cluster: TestCluster, tmp_path: Path
+) -> None:
     """The backup's driver keeps silent images for a minute; its progress timeout is 1 s. The
     member it copies the log from is killed: the backup queries again and follows another
     member well within that minute, so the progress timeout noticed it (the deadline below is
@@ -106,8 +115,9 @@ async def test_a_dead_source_is_left_after_the_progress_timeout_not_the_image_li
     backup = Backup(cluster, tmp_path, image_liveness_timeout="60s", progress_timeout="1s")
     backup.start()
     try:
-        await cluster.await_for(lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60,
-                                "the backup BACKING_UP")
+        await cluster.await_for(
+            lambda: backup.stat().get("state") == BackupState.BACKING_UP, 60, "the backup BACKING_UP"
+        )
         async with open_kv_client(cluster.client_config) as kv:
             await put_all(kv, {f"a{i}": b"%d" % i for i in range(100)})
             source = backup.events("live log replay started")[-1]["member"]
@@ -119,8 +129,11 @@ async def test_a_dead_source_is_left_after_the_progress_timeout_not_the_image_li
                 r = await kv.call(Put(kv.next_id(), f"b{i}", b"x"), timeout=10, resend_s=2)
                 assert r.status == Status.OK
             commit = commit_of(cluster, leader)
-            await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 40,
-                                    f"the backup's live log at {commit}, from a member other than {source}")
+            await cluster.await_for(
+                lambda: backup.stat().get("live_log_position", -1) >= commit,
+                40,
+                f"the backup's live log at {commit}, from a member other than {source}",
+            )
             started = backup.events("live log replay started")
             assert started[-1]["member"] != source, started
         assert backup.stop() == 0, backup.describe()

@@ -26,8 +26,10 @@ async def test_a_follower_restarted_under_load_catches_up(tmp_path) -> None:
     with TestCluster(tmp_path, log_term_length=64 * 1024) as cluster:
         leader = cluster.start()
         target = (leader + 1) % 3
-        async with open_kv_client(cluster.client_config) as kv, \
-                open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
+        async with (
+            open_kv_client(cluster.client_config) as kv,
+            open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk,
+        ):
             writer = AppendWriter(kv, cluster, window=8, give_up_s=5.0)
             load = BulkLoad(bulk, writer.stop.is_set, value_length=VALUE, keys=32)
 

@@ -57,8 +57,10 @@ def cluster(tmp_path, lan):
 async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: TestCluster, lan) -> None:
     seed = int(os.environ.get("CLUSTER_CHAOS_SEED", str(random.randrange(1 << 30))))
     rng = random.Random(seed)
-    print(f"chaos seed {seed} (CLUSTER_CHAOS_SEED={seed} replays the schedule), {SECONDS:g} s"
-          + (", with network faults" if lan is not None else ""))
+    print(
+        f"chaos seed {seed} (CLUSTER_CHAOS_SEED={seed} replays the schedule), {SECONDS:g} s"
+        + (", with network faults" if lan is not None else "")
+    )
     faults = ["kill", "kill", "stop", "term"] + (["cut", "oneway"] if lan is not None else [])
     cluster.start()
     history: list[str] = []
@@ -78,7 +80,9 @@ async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: Te
                 others = [m for m in range(3) if m != target]
                 outgoing = fault == "oneway" and rng.random() < 0.5
                 what = f"{fault} ({'from' if outgoing else 'to'} it)" if fault == "oneway" else fault
-                history.append(f"{time.monotonic() - end + SECONDS:7.1f}s {what} member {target} ({role}) for {hold:.1f}s")
+                history.append(
+                    f"{time.monotonic() - end + SECONDS:7.1f}s {what} member {target} ({role}) for {hold:.1f}s"
+                )
                 # The fault is held for ``hold`` seconds: that duration is the fault under test.
                 if fault == "cut":
                     lan.isolate(target)
@@ -106,10 +110,15 @@ async def test_acknowledged_appends_survive_kills_stops_and_restarts(cluster: Te
                 # into a lost quorum (that case has its own test in test_cluster_e2e).
                 before = len(writer.acked)
                 try:
-                    await cluster.await_for(lambda: cluster.leader() is not None and len(writer.acked) > before + 20,
-                                            30, "a leader and 20 more acknowledged appends")
+                    await cluster.await_for(
+                        lambda: cluster.leader() is not None and len(writer.acked) > before + 20,
+                        30,
+                        "a leader and 20 more acknowledged appends",
+                    )
                 except AssertionError as e:
-                    raise AssertionError(f"chaos seed {seed}; faults so far:\n" + "\n".join(history) + f"\n{e}") from None
+                    raise AssertionError(
+                        f"chaos seed {seed}; faults so far:\n" + "\n".join(history) + f"\n{e}"
+                    ) from None
             writer.stop.set()
         try:
             await writer.verify()

@@ -131,31 +131,48 @@ class FakeCluster:
                 return
             if isinstance(msg, SessionMessage):
                 h = msg.header
-                if member != self.leader or h.leadership_term_id != self.term or h.cluster_session_id not in self.sessions:
+                if (
+                    member != self.leader
+                    or h.leadership_term_id != self.term
+                    or h.cluster_session_id not in self.sessions
+                ):
                     self.dropped += 1
                     return
                 payload = bytes(msg.payload)
                 self.received.append((member, h.leadership_term_id, h.cluster_session_id, payload))
                 if self.echo:
-                    self.send(member, self.sessions[h.cluster_session_id],
-                              encode_session_message(self.term, h.cluster_session_id, 42, payload))
+                    self.send(
+                        member,
+                        self.sessions[h.cluster_session_id],
+                        encode_session_message(self.term, h.cluster_session_id, 42, payload),
+                    )
             elif isinstance(msg, SessionConnectRequest):
                 self.events.append(("connect", member, msg.correlation_id))
                 if self.ignore_connects.get(member, 0) > 0:
                     self.ignore_connects[member] -= 1
                     return
+
                 def event(code, session_id=NULL_VALUE, detail=""):
-                    term, leader = self.behind.get(member, (
-                        self.term,
-                        NULL_VALUE if self.leader is None or member in self.knows_no_leader else self.leader))
-                    data = encode_egress(SessionEvent(
-                        session_id, msg.correlation_id, term, leader, code, CLIENT_PROTOCOL_VERSION, detail))
+                    term, leader = self.behind.get(
+                        member,
+                        (
+                            self.term,
+                            NULL_VALUE if self.leader is None or member in self.knows_no_leader else self.leader,
+                        ),
+                    )
+                    data = encode_egress(
+                        SessionEvent(
+                            session_id, msg.correlation_id, term, leader, code, CLIENT_PROTOCOL_VERSION, detail
+                        )
+                    )
                     if code == EventCode.OK and self.defer_first_ok_s:
-                        self.deferred.append((trio.current_time() + self.defer_first_ok_s, member,
-                                              msg.response_channel, data))
+                        self.deferred.append(
+                            (trio.current_time() + self.defer_first_ok_s, member, msg.response_channel, data)
+                        )
                         self.defer_first_ok_s = 0.0
                         return
                     self.send(member, msg.response_channel, data)
+
                 if member != self.leader:
                     event(EventCode.REDIRECT, detail=self.endpoints_text)
                 elif semantic_version_major(msg.version) != CLIENT_PROTOCOL_MAJOR_VERSION:
@@ -194,8 +211,11 @@ class FakeCluster:
         if notify:
             for sid, channel in self.sessions.items():
                 if sid not in self.closed_sessions:
-                    self.send(new_leader, channel, encode_egress(
-                        NewLeaderEvent(self.term, sid, new_leader, self.endpoints_text)))
+                    self.send(
+                        new_leader,
+                        channel,
+                        encode_egress(NewLeaderEvent(self.term, sid, new_leader, self.endpoints_text)),
+                    )
 
     def kill(self, member: int) -> None:
         """The member's process is gone: no ingress subscription, no egress publications."""
@@ -209,9 +229,21 @@ class FakeCluster:
     def close_session(self, sid: int, detail: str, term: int | None = None, leader: int | None = None) -> None:
         self.closed_sessions.add(sid)
         # The session's connect correlation id, as the cluster's sessions keep and send it.
-        self.send(self.leader, self.sessions[sid], encode_egress(
-            SessionEvent(sid, self.session_correlation_ids.get(sid, 0), self.term if term is None else term, self.leader if leader is None else leader,
-                         EventCode.CLOSED, CLIENT_PROTOCOL_VERSION, detail)))
+        self.send(
+            self.leader,
+            self.sessions[sid],
+            encode_egress(
+                SessionEvent(
+                    sid,
+                    self.session_correlation_ids.get(sid, 0),
+                    self.term if term is None else term,
+                    self.leader if leader is None else leader,
+                    EventCode.CLOSED,
+                    CLIENT_PROTOCOL_VERSION,
+                    detail,
+                )
+            ),
+        )
 
 
 def client_config(endpoints: dict[int, str], **overrides) -> ClientConfig:
@@ -227,8 +259,11 @@ def client_config(endpoints: dict[int, str], **overrides) -> ClientConfig:
     return ClientConfig(
         client=ClientSection(**section),
         driver=DriverSection(
-            term_length=1024 * 1024, ipc_term_length=1024 * 1024, status_message_timeout_ns=20 * MS,
-            heartbeat_interval_ns=20 * MS, image_liveness_timeout_ns=500 * MS,
+            term_length=1024 * 1024,
+            ipc_term_length=1024 * 1024,
+            status_message_timeout_ns=20 * MS,
+            heartbeat_interval_ns=20 * MS,
+            image_liveness_timeout_ns=500 * MS,
             publication_connection_timeout_ns=300 * MS,
         ),
     ).validate()
@@ -260,7 +295,9 @@ async def test_follower_redirects_then_messages_echo_in_order(fake) -> None:
     got: list[tuple[bytes, int, int]] = []
     # The client only knows member 0, a follower: it must be redirected to member 1.
     cfg = client_config({0: fake.endpoints[0]})
-    async with open_cluster_client(cfg, on_message=lambda p, h: got.append((bytes(p), h.leadership_term_id, h.cluster_session_id))) as client:
+    async with open_cluster_client(
+        cfg, on_message=lambda p, h: got.append((bytes(p), h.leadership_term_id, h.cluster_session_id))
+    ) as client:
         assert client.is_connected
         assert client.leader_member_id == 1 and client.leadership_term_id == 5
         assert client.cluster_session_id in fake.sessions
@@ -289,8 +326,11 @@ async def test_keep_alives_while_idle(fake) -> None:
 async def test_new_leader_event_moves_the_session_to_the_new_leader(fake) -> None:
     got: list[bytes] = []
     leaders: list[tuple[int, int]] = []
-    async with open_cluster_client(client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p)),
-                                   on_new_leader=lambda term, leader: leaders.append((term, leader))) as client:
+    async with open_cluster_client(
+        client_config(fake.endpoints),
+        on_message=lambda p, h: got.append(bytes(p)),
+        on_new_leader=lambda term, leader: leaders.append((term, leader)),
+    ) as client:
         sid = client.cluster_session_id
         await _send_all(client, [b"before"])
         await _until(lambda: got == [b"before"])
@@ -309,8 +349,9 @@ async def test_silent_leader_is_replaced_by_a_new_session(fake) -> None:
     got: list[bytes] = []
     reconnected: list[int] = []
     cfg = client_config(fake.endpoints)
-    async with open_cluster_client(cfg, on_message=lambda p, h: got.append(bytes(p)),
-                                   on_reconnect=reconnected.append) as client:
+    async with open_cluster_client(
+        cfg, on_message=lambda p, h: got.append(bytes(p)), on_reconnect=reconnected.append
+    ) as client:
         old = client.cluster_session_id
         await _send_all(client, [b"one"])
         await _until(lambda: got == [b"one"])
@@ -340,7 +381,9 @@ async def test_offer_is_refused_while_the_leader_changes(fake) -> None:
 
 async def test_protocol_version_mismatch_is_an_error(fake) -> None:
     with pytest.raises(ClusterRejectedError, match="invalid client version"):
-        async with open_cluster_client(client_config(fake.endpoints), protocol_version=compose_semantic_version(1, 0, 0)):
+        async with open_cluster_client(
+            client_config(fake.endpoints), protocol_version=compose_semantic_version(1, 0, 0)
+        ):
             pass
 
 
@@ -478,8 +521,9 @@ async def test_unanswered_requests_to_a_member_that_stopped_leading_make_a_new_s
     session is not sent again."""
     got: list[bytes] = []
     reconnected: list[int] = []
-    async with open_cluster_client(client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p)),
-                                   on_reconnect=reconnected.append) as client:
+    async with open_cluster_client(
+        client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p)), on_reconnect=reconnected.append
+    ) as client:
         old = client.cluster_session_id
         fake.knows_no_leader = {1, 0}
         fake.elect(2, notify=False)  # member 1 keeps its ingress and drops our messages
@@ -500,8 +544,9 @@ async def test_a_session_closed_for_an_election_reconnects_at_once(fake) -> None
     """CLOSED "election": the leader stepped down before the session was committed; the client
     connects again without waiting for any timeout."""
     reconnected: list[int] = []
-    async with open_cluster_client(client_config(fake.endpoints, leader_silence_timeout_ns=5000 * MS),
-                                   on_reconnect=reconnected.append) as client:
+    async with open_cluster_client(
+        client_config(fake.endpoints, leader_silence_timeout_ns=5000 * MS), on_reconnect=reconnected.append
+    ) as client:
         old = client.cluster_session_id
         start = trio.current_time()
         fake.close_session(old, "election")
@@ -514,7 +559,9 @@ async def test_an_event_of_an_older_term_is_for_an_older_session_with_the_same_i
     """Session ids start again with each leader: a CLOSED for a rolled-back session of an
     earlier term, repeated by the member that rolled it back, must not close ours."""
     got: list[bytes] = []
-    async with open_cluster_client(client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p))) as client:
+    async with open_cluster_client(
+        client_config(fake.endpoints), on_message=lambda p, h: got.append(bytes(p))
+    ) as client:
         sid = client.cluster_session_id
         fake.close_session(sid, "election", term=fake.term - 1)
         fake.closed_sessions.discard(sid)

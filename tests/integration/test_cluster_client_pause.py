@@ -51,9 +51,11 @@ def _child(config_path: str) -> None:
 
             def state() -> str:
                 c = kv.client
-                return (f"STATE session={c.cluster_session_id} leader={c.leader_member_id}"
-                        f" ingress_session={c._ingress.session_id} reconnects={c.reconnects}"
-                        f" new_leader_events={c.new_leader_events} connected={int(c.is_connected)}")
+                return (
+                    f"STATE session={c.cluster_session_id} leader={c.leader_member_id}"
+                    f" ingress_session={c._ingress.session_id} reconnects={c.reconnects}"
+                    f" new_leader_events={c.new_leader_events} connected={int(c.is_connected)}"
+                )
 
             print("READY " + state()[6:], flush=True)
             while True:
@@ -103,8 +105,13 @@ class _ChildClient:
         self.stderr_path = log_dir / "client.stderr"
         self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - the child writes it until close()
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, str(config_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True, env=env, cwd=ROOT,
+            [sys.executable, __file__, str(config_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+            cwd=ROOT,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
@@ -126,14 +133,17 @@ class _ChildClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"client: no {prefix!r} within {timeout}s; saw {self.seen[-5:]}\n{self.stderr_tail()}")
+                raise AssertionError(
+                    f"client: no {prefix!r} within {timeout}s; saw {self.seen[-5:]}\n{self.stderr_tail()}"
+                )
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:
                 continue
             if line is None:
-                raise AssertionError(f"client exited ({self.proc.wait(5)}) before {prefix!r}; saw {self.seen[-5:]}\n"
-                                     f"{self.stderr_tail()}")
+                raise AssertionError(
+                    f"client exited ({self.proc.wait(5)}) before {prefix!r}; saw {self.seen[-5:]}\n{self.stderr_tail()}"
+                )
             self.seen.append(line)
             if line.startswith("FAIL"):
                 raise AssertionError(f"client: {line}\n{self.stderr_tail()}")
@@ -222,8 +232,11 @@ def test_client_stopped_longer_than_image_liveness_keeps_its_session_and_loses_n
                 token = f"a{round_}."
                 assert client.command(f"append log {token}", "REPLY")["status"] == "OK"
                 value += token
-                cluster.wait_for(lambda: _ingress_image_present(counters_path, ingress), 10,
-                                 "the leader has the client's ingress image")
+                cluster.wait_for(
+                    lambda: _ingress_image_present(counters_path, ingress),
+                    10,
+                    "the leader has the client's ingress image",
+                )
                 pending = f"b{round_}0."
                 if spec["stop"] == "self":
                     client.command(f"append-and-stop log {pending}", "STOPPING")
@@ -232,8 +245,11 @@ def test_client_stopped_longer_than_image_liveness_keeps_its_session_and_loses_n
                     os.kill(client.proc.pid, signal.SIGSTOP)  # the fault under test
                 stopped = time.monotonic()
                 try:
-                    cluster.wait_for(lambda: _ingress_image_present(counters_path, ingress) is False,
-                                     silence_s - 0.5, "the leader drops the stopped client's ingress image")
+                    cluster.wait_for(
+                        lambda: _ingress_image_present(counters_path, ingress) is False,
+                        silence_s - 0.5,
+                        "the leader drops the stopped client's ingress image",
+                    )
                     # The length of the stop is the fault's, not a wait for a condition.
                     time.sleep(max(0.0, stopped + spec["at_least_s"] - time.monotonic()))
                     if spec["stop"] == "parent":

@@ -81,7 +81,9 @@ async def await_step_seen(cluster: TestCluster, kv: KvClient, member_id: int, wh
         ts = session_timestamps(cluster, member_id)
         if len(ts) >= 2 and seen(ts[-2], ts[-1]):
             return
-        assert time.monotonic() < deadline, f"{what}: not seen in the log's timestamps {ts[-4:]}\n{cluster.diagnostics()}"
+        assert time.monotonic() < deadline, (
+            f"{what}: not seen in the log's timestamps {ts[-4:]}\n{cluster.diagnostics()}"
+        )
 
 
 async def test_stepped_clocks_never_move_cluster_time_back_and_timers_fire_once(tmp_path) -> None:

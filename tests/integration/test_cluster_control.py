@@ -23,9 +23,12 @@ _S = 1_000_000_000
 
 @pytest.fixture
 def quick_snapshot_timeout(tmp_path):
-    with TestCluster(tmp_path, timeouts=msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1 * _S),
-                     expected_errors=[r'"event": "snapshot failed: the service did not acknowledge it in time'],
-                     expect_counted_errors=True) as c:
+    with TestCluster(
+        tmp_path,
+        timeouts=msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1 * _S),
+        expected_errors=[r'"event": "snapshot failed: the service did not acknowledge it in time'],
+        expect_counted_errors=True,
+    ) as c:
         yield c
 
 
@@ -36,7 +39,8 @@ def cluster(tmp_path):
 
 
 async def test_a_snapshot_the_service_does_not_acknowledge_in_time_fails_and_the_leader_serves_again(
-        quick_snapshot_timeout: TestCluster) -> None:
+    quick_snapshot_timeout: TestCluster,
+) -> None:
     cluster = quick_snapshot_timeout
     leader = cluster.start()
     errors_before = cluster.counters()[leader].errors
@@ -44,7 +48,9 @@ async def test_a_snapshot_the_service_does_not_acknowledge_in_time_fails_and_the
         await put_all(kv, {SLOW_SNAPSHOT_KEY: b"4", "a": b"1"})
         r = await atool(cluster.nodes[leader].dir, "snapshot", "--timeout", "30")
         assert r.returncode == 1 and "snapshot failed" in r.stderr, (r.stdout, r.stderr)
-        (failed,) = events(cluster, leader, "snapshot failed: the service did not acknowledge it in time; nothing recorded")
+        (failed,) = events(
+            cluster, leader, "snapshot failed: the service did not acknowledge it in time; nothing recorded"
+        )
         assert failed["timeout_ms"] == 1000
         assert cluster.counters()[leader].errors > errors_before
         # ACTIVE again: it takes requests (answered once the slow service is done) and control.
@@ -98,7 +104,8 @@ def short_session_timeout(tmp_path):
 
 
 async def test_a_request_that_waited_through_a_suspend_longer_than_the_session_timeout_is_applied(
-        short_session_timeout: TestCluster) -> None:
+    short_session_timeout: TestCluster,
+) -> None:
     cluster = short_session_timeout
     leader = cluster.start()
     node = cluster.nodes[leader]
@@ -116,4 +123,5 @@ async def test_a_request_that_waited_through_a_suspend_longer_than_the_session_t
         assert reply is not None and reply.status == Status.OK, reply
         assert await get_all(kv, ["waited"]) == {"waited": b"through the suspend"}
     assert not events(cluster, leader, "session closed") or all(
-        e.get("reason") != "TIMEOUT" for e in events(cluster, leader, "session closed"))
+        e.get("reason") != "TIMEOUT" for e in events(cluster, leader, "session closed")
+    )

@@ -27,8 +27,9 @@ def small_disk(tmp_path):
     """The full member's node directory, on a tmpfs of 8 MiB (unmounted at the end)."""
     node_dir = tmp_path / "cluster" / f"node{FULL_MEMBER}"
     node_dir.mkdir(parents=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(node_dir)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(node_dir)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs for the full disk (needs root): {r.stderr.strip()}")
     try:
@@ -54,8 +55,12 @@ def fill(directory, name="filler") -> int:
 
 async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_freed(tmp_path, small_disk) -> None:
     # The full disk is the member's ERROR lines and exit line, and its counted failure.
-    with TestCluster(tmp_path, appointed_leader_id=0, expect_counted_errors=True,
-                     expected_errors=[r"No space left on device", r"archive cannot write"]) as cluster:
+    with TestCluster(
+        tmp_path,
+        appointed_leader_id=0,
+        expect_counted_errors=True,
+        expected_errors=[r"No space left on device", r"archive cannot write"],
+    ) as cluster:
         node = cluster.nodes[FULL_MEMBER]
         text = node.config_path.read_text()
         assert "[archive]" in text
@@ -63,8 +68,10 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
         cluster.start()
         # Load once every member follows, so that each member's archive is measured from the start.
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
-        async with open_kv_client(cluster.client_config) as kv, \
-                open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
+        async with (
+            open_kv_client(cluster.client_config) as kv,
+            open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk,
+        ):
             writer = AppendWriter(kv, cluster, window=8)
             # The writer's stop event is replaced for the second round: the load looks it up anew.
             load = BulkLoad(bulk, lambda: writer.stop.is_set(), value_length=1500, keys=16, batch=16)
@@ -80,15 +87,20 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
                 with open(small_disk / "filler", "wb") as f:
                     f.write(bytes(3 * 1024 * 1024))
                 await cluster.await_for(
-                    lambda: any(e.get("event", "").startswith("archive storage space is low")
-                                for e in node.log_events()), 60, "the low-space warning")
+                    lambda: any(
+                        e.get("event", "").startswith("archive storage space is low") for e in node.log_events()
+                    ),
+                    60,
+                    "the low-space warning",
+                )
                 load.paused = False
                 fill(small_disk)
                 await cluster.await_for(lambda: not node.running, 60, f"member {FULL_MEMBER} exits on the full disk")
                 first_process = node.proc
                 acked_at_exit = len(writer.acked)
-                await cluster.await_for(lambda: len(writer.acked) >= acked_at_exit + 200, 60,
-                                        "the other two go on committing")
+                await cluster.await_for(
+                    lambda: len(writer.acked) >= acked_at_exit + 200, 60, "the other two go on committing"
+                )
                 writer.stop.set()
             await writer.verify()
             # The member restarts with the load stopped (a restart under load is
@@ -114,6 +126,8 @@ async def test_a_full_disk_takes_the_member_out_and_it_catches_up_once_space_is_
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "after"), timeout=10)
             assert reply.status in (Status.OK, Status.NOT_FOUND)
             digests = await cluster.await_for(
-                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "after")), 30,
-                "digests of every member")
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "after")),
+                30,
+                "digests of every member",
+            )
             assert len(set(digests.values())) == 1, digests

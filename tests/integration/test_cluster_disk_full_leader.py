@@ -28,8 +28,11 @@ def small_disks(tmp_path):
         for member in range(3):
             node_dir = tmp_path / "cluster" / f"node{member}"
             node_dir.mkdir(parents=True)
-            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(node_dir)],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(node_dir)],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
                 pytest.skip(f"cannot mount a tmpfs for the full disk (needs root): {r.stderr.strip()}")
             dirs.append(node_dir)
@@ -40,20 +43,25 @@ def small_disks(tmp_path):
 
 
 async def test_a_full_disk_on_the_leader_takes_it_out_the_others_go_on_and_it_catches_up(tmp_path, small_disks) -> None:
-    with TestCluster(tmp_path, expect_counted_errors=True,
-                     expected_errors=[r"No space left on device", r"archive cannot write"]) as cluster:
+    with TestCluster(
+        tmp_path, expect_counted_errors=True, expected_errors=[r"No space left on device", r"archive cannot write"]
+    ) as cluster:
         leader = cluster.start()
         node = cluster.nodes[leader]
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
-        async with open_kv_client(cluster.client_config) as kv, \
-                open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
+        async with (
+            open_kv_client(cluster.client_config) as kv,
+            open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk,
+        ):
             writer = AppendWriter(kv, cluster, window=8)
             i = 0
 
             async def bulk_load() -> None:
                 nonlocal i
                 while not writer.stop.is_set():
-                    batch = [Put(bulk.next_id(), f"bulk{(i + j) % 16}", bytes([(i + j) % 251]) * 1500) for j in range(16)]
+                    batch = [
+                        Put(bulk.next_id(), f"bulk{(i + j) % 16}", bytes([(i + j) % 251]) * 1500) for j in range(16)
+                    ]
                     i += 16
                     # Puts are idempotent: resent when the leader they went to died with them.
                     replies = await bulk.pipeline(batch, timeout=120, resend_s=5)
@@ -67,10 +75,12 @@ async def test_a_full_disk_on_the_leader_takes_it_out_the_others_go_on_and_it_ca
                 await cluster.await_for(lambda: not node.running, 60, f"leader {leader} exits on the full disk")
                 first_process = node.proc
                 acked_at_exit = len(writer.acked)
-                new_leader = await trio.to_thread.run_sync(
-                    lambda: cluster.wait_for_leader(60, exclude=[leader]))
-                await cluster.await_for(lambda: len(writer.acked) >= acked_at_exit + 200, 60,
-                                        f"the other two go on committing under leader {new_leader}")
+                new_leader = await trio.to_thread.run_sync(lambda: cluster.wait_for_leader(60, exclude=[leader]))
+                await cluster.await_for(
+                    lambda: len(writer.acked) >= acked_at_exit + 200,
+                    60,
+                    f"the other two go on committing under leader {new_leader}",
+                )
                 writer.stop.set()
             await writer.verify()
             (small_disks[leader] / "filler").unlink()
@@ -94,6 +104,8 @@ async def test_a_full_disk_on_the_leader_takes_it_out_the_others_go_on_and_it_ca
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "after"), timeout=10, resend_s=2)
             assert reply.status in (Status.OK, Status.NOT_FOUND)
             digests = await cluster.await_for(
-                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "after")), 30,
-                "digests of every member")
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "after")),
+                30,
+                "digests of every member",
+            )
             assert len(set(digests.values())) == 1, digests

@@ -60,16 +60,21 @@ def cluster(tmp_path):
 
 def client_state(kv: KvClient) -> str:
     c = kv.client
-    return (f"client {c!r} connected={c.is_connected} error={c.error} new_leader_events={c.new_leader_events}"
-            f" reconnects={c.reconnects} received={c.messages_received} egress_errors={c.egress_errors}"
-            f" foreign={c.foreign_messages}")
+    return (
+        f"client {c!r} connected={c.is_connected} error={c.error} new_leader_events={c.new_leader_events}"
+        f" reconnects={c.reconnects} received={c.messages_received} egress_errors={c.egress_errors}"
+        f" foreign={c.foreign_messages}"
+    )
 
 
 async def await_client_on(kv: KvClient, cluster: TestCluster, leader: int, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Wait until the client has moved its session to ``leader`` by itself (NewLeaderEvent or
     reconnect): writes offered before that went to the dead leader and are lost, unacknowledged."""
-    await cluster.await_for(lambda: kv.client.is_connected and kv.client.leader_member_id == leader, timeout,
-                            f"the client follows leader {leader} ({client_state(kv)})")
+    await cluster.await_for(
+        lambda: kv.client.is_connected and kv.client.leader_member_id == leader,
+        timeout,
+        f"the client follows leader {leader} ({client_state(kv)})",
+    )
 
 
 def assert_same_session(kv: KvClient, session_id: int, cluster: TestCluster) -> None:
@@ -77,7 +82,8 @@ def assert_same_session(kv: KvClient, session_id: int, cluster: TestCluster) -> 
     reconnecting (a new session would hide the loss of the old one's state)."""
     c = kv.client
     assert c.cluster_session_id == session_id and c.new_leader_events >= 1 and c.reconnects == 0, (
-        f"session {session_id} not carried over: {client_state(kv)}\n{cluster.diagnostics()}")
+        f"session {session_id} not carried over: {client_state(kv)}\n{cluster.diagnostics()}"
+    )
 
 
 async def in_thread(fn, *args):
@@ -96,8 +102,9 @@ async def put_keys(kv: KvClient, cluster: TestCluster, keys: dict[str, bytes], t
     assert not bad, f"puts refused: {bad[:5]}"
 
 
-async def read_keys(kv: KvClient, cluster: TestCluster, keys: list[str], timeout: float = 30.0,
-                    window: int = 256) -> dict[str, bytes | None]:
+async def read_keys(
+    kv: KvClient, cluster: TestCluster, keys: list[str], timeout: float = 30.0, window: int = 256
+) -> dict[str, bytes | None]:
     """The values of ``keys``, ``window`` GETs in flight (fewer for large values: the service
     drops a reply its egress has no room for)."""
     requests = [Get(kv.next_id(), k) for k in keys]
@@ -131,14 +138,16 @@ async def assert_same_state(kv: KvClient, cluster: TestCluster, tag: str, member
     assert reply.status in (Status.OK, Status.NOT_FOUND)
     digests = await cluster.await_for(
         lambda: (lambda d: d if all(m in d for m in members) else None)(read_digests(cluster, tag)),
-        20, f"digest {tag!r} written by members {members}",
+        20,
+        f"digest {tag!r} written by members {members}",
     )
     if len({digests[m] for m in members}) != 1:
         keys = {m: set(read_digest_keys(cluster, tag, m)) for m in members}
         union = set().union(*keys.values())
         missing = {m: sorted(union - k)[:8] + (["..."] if len(union - k) > 8 else []) for m, k in keys.items()}
-        raise AssertionError(f"service states differ: {digests}; keys missing per member: {missing}\n"
-                             + cluster.diagnostics())
+        raise AssertionError(
+            f"service states differ: {digests}; keys missing per member: {missing}\n" + cluster.diagnostics()
+        )
     await cluster.await_for(lambda: cluster.caught_up(members), 20, f"members {members} caught up")
     counters = cluster.counters()
     commit = min(counters[m].commit for m in members)
@@ -147,9 +156,7 @@ async def assert_same_state(kv: KvClient, cluster: TestCluster, tag: str, member
     assert first, f"member {members[0]} recorded no log below {commit}"
     for m in members[1:]:
         if logs[m] != first:
-            diff = next(
-                (i for i, (a, b) in enumerate(zip(first, logs[m])) if a != b), min(len(first), len(logs[m]))
-            )
+            diff = next((i for i, (a, b) in enumerate(zip(first, logs[m])) if a != b), min(len(first), len(logs[m])))
             raise AssertionError(
                 f"recorded logs differ below commit position {commit}: member {members[0]} has"
                 f" {len(first)} frames, member {m} {len(logs[m])}; first difference at frame {diff}:"
@@ -265,7 +272,9 @@ async def test_three_nodes_elect_one_leader_and_serve_1000_keys(cluster: TestClu
     term = counters[leader].term
     followers = [m for m in counters if m != leader]
     assert len(followers) == 2, cluster.diagnostics()
-    await cluster.await_for(lambda: cluster.followers_settled(followers, term), 10, "two followers of the leader's term")
+    await cluster.await_for(
+        lambda: cluster.followers_settled(followers, term), 10, "two followers of the leader's term"
+    )
     keys = {f"key-{i:04d}": f"value-{i}".encode() * 3 for i in range(1000)}
     async with open_kv_client(cluster.client_config) as kv:
         assert kv.client.leader_member_id == leader
@@ -296,9 +305,9 @@ async def test_client_closing_its_session_leaves_the_cluster_running(cluster: Te
         commit = cluster.counters()[leader].commit
     # The close request is appended to the log (SessionCloseEvent) and applied by every service.
     await cluster.await_for(
-        lambda: cluster.caught_up([n.member_id for n in cluster.nodes])
-        and cluster.counters()[leader].commit > commit,
-        10, "the session close committed on every member",
+        lambda: cluster.caught_up([n.member_id for n in cluster.nodes]) and cluster.counters()[leader].commit > commit,
+        10,
+        "the session close committed on every member",
     )
     async with open_kv_client(cluster.client_config) as kv:
         assert (await kv.get("first")).value == b"1"
@@ -325,13 +334,17 @@ async def test_kill_leader_while_writing_loses_no_acknowledged_write(cluster: Te
                 lambda: writer.acked_since(killed_at) >= 300, 30, "300 writes acknowledged after the failover"
             )
             writer.stop.set()
-            print(f"new leader after {elected_at - killed_at:.2f}s; writes flowing again"
-                  f" {min(t for t in writer.acked.values() if t >= elected_at) - killed_at:.2f}s after the kill")
+            print(
+                f"new leader after {elected_at - killed_at:.2f}s; writes flowing again"
+                f" {min(t for t in writer.acked.values() if t >= elected_at) - killed_at:.2f}s after the kill"
+            )
         assert not kv.client.is_closed, f"client closed: {kv.client.error}"
         assert kv.client.leader_member_id == new_leader
         assert_same_session(kv, session_id, cluster)
         await writer.verify()
-        await assert_same_state(kv, cluster, "after-failover", members=[n.member_id for n in cluster.nodes if n.member_id != old_leader])
+        await assert_same_state(
+            kv, cluster, "after-failover", members=[n.member_id for n in cluster.nodes if n.member_id != old_leader]
+        )
 
 
 @pytest.mark.slow
@@ -352,8 +365,11 @@ async def test_restarted_node_catches_up_and_has_the_same_state(cluster: TestClu
         keys.update(more)
         # Back as a follower of the current term, missing the new term's entries: catchup.
         await in_thread(cluster.restart, old_leader)
-        await cluster.await_for(lambda: cluster.followers_settled([old_leader], new_term), 20,
-                                f"member {old_leader} follows in term {new_term}")
+        await cluster.await_for(
+            lambda: cluster.followers_settled([old_leader], new_term),
+            20,
+            f"member {old_leader} follows in term {new_term}",
+        )
         states = cluster.nodes[old_leader].election_states()
         assert "FOLLOWER_CATCHUP" in states, f"no catchup: {states}\n{cluster.diagnostics()}"
         assert cluster.leader() == new_leader
@@ -388,8 +404,9 @@ async def test_node_down_for_two_terms_replicates_them_then_catches_up(cluster: 
         expected.update(final)
         assert term >= 2
         await in_thread(cluster.restart, away)
-        await cluster.await_for(lambda: cluster.followers_settled([away], term), 30,
-                                f"member {away} follows in term {term}")
+        await cluster.await_for(
+            lambda: cluster.followers_settled([away], term), 30, f"member {away} follows in term {term}"
+        )
         states = cluster.nodes[away].election_states()
         assert "FOLLOWER_LOG_REPLICATION" in states, f"no log replication: {states}\n{cluster.diagnostics()}"
         await assert_keys(kv, cluster, expected)
@@ -467,9 +484,14 @@ async def test_sigterm_on_leader_ends_its_log_and_the_followers_elect_on_that(cl
         new_leader = await cluster.await_leader(20, min_term=old_term + 1, exclude=[old_leader])
         # A crash is noticed by the heartbeat timeout; a graceful stop ends the log stream, and
         # that is why the followers elect: the reason their elections started.
-        starts = {n.member_id: [e.get("reason") for e in n.log_events()[seen[n.member_id]:]
-                                if e.get("event") == "election state" and e.get("from_state") == "CLOSED"][:1]
-                  for n in followers}
+        starts = {
+            n.member_id: [
+                e.get("reason")
+                for e in n.log_events()[seen[n.member_id] :]
+                if e.get("event") == "election state" and e.get("from_state") == "CLOSED"
+            ][:1]
+            for n in followers
+        }
         assert all(starts.values()), f"a follower logged no election: {starts}\n{cluster.diagnostics()}"
         assert "leader closed the log" in [r for rs in starts.values() for r in rs], starts
         assert "leader heartbeat timeout" not in [r for rs in starts.values() for r in rs], starts
@@ -522,10 +544,15 @@ async def test_members_run_on_the_cpus_of_their_role_and_move_when_the_leader_ch
         leader = cluster.start()
 
         def placed(expected_leader: int) -> bool:
-            return all(_thread_masks(n.pid) == {leader_cpus if n.member_id == expected_leader else follower_cpus}
-                       for n in cluster.nodes if n.running)
+            return all(
+                _thread_masks(n.pid) == {leader_cpus if n.member_id == expected_leader else follower_cpus}
+                for n in cluster.nodes
+                if n.running
+            )
 
-        await cluster.await_for(lambda: placed(leader), 10, f"leader {leader} on CPUs {leader_cpus}, followers on {follower_cpus}")
+        await cluster.await_for(
+            lambda: placed(leader), 10, f"leader {leader} on CPUs {leader_cpus}, followers on {follower_cpus}"
+        )
         term = cluster.counters()[leader].term
         cluster.nodes[leader].kill()
         new_leader = await cluster.await_leader(20, min_term=term + 1, exclude=[leader])
@@ -541,8 +568,7 @@ async def test_keep_cpus_awake_helpers_spin_while_the_log_moves_and_die_with_the
     member, by kill -9 or SIGTERM."""
     cpus = sorted(os.sched_getaffinity(0))
     leader_cpus, follower_cpus = (cpus[0],), tuple(cpus[1:]) or (cpus[0],)
-    with TestCluster(tmp_path, leader_cpus=leader_cpus, follower_cpus=follower_cpus,
-                     keep_cpus_awake=True) as cluster:
+    with TestCluster(tmp_path, leader_cpus=leader_cpus, follower_cpus=follower_cpus, keep_cpus_awake=True) as cluster:
         leader = cluster.start()
         helpers = {n.member_id: child_pids(n.pid) for n in cluster.nodes}
         assert all(len(h) == len(set(leader_cpus) | set(follower_cpus)) for h in helpers.values()), helpers
@@ -553,20 +579,24 @@ async def test_keep_cpus_awake_helpers_spin_while_the_log_moves_and_die_with_the
         async with open_kv_client(cluster.client_config) as kv:
             await put_keys(kv, cluster, {f"k{i}": b"v" for i in range(300)})
         # One helper per CPU spins (the members' helpers share a lock per CPU), whichever's it is.
-        await cluster.await_for(lambda: sum(state_and_ticks(h)[1] for h in every) >= ticks + 2, 5,
-                                "the helpers spinning while the log moved")
+        await cluster.await_for(
+            lambda: sum(state_and_ticks(h)[1] for h in every) >= ticks + 2,
+            5,
+            "the helpers spinning while the log moved",
+        )
 
         def asleep(pids: list[int]) -> bool:
             return all((state_and_ticks(h) or ("S",))[0] == "S" for h in pids)
 
-        await cluster.await_for(lambda: asleep(every), 10,
-                                "the helpers asleep once the writes stopped")
+        await cluster.await_for(lambda: asleep(every), 10, "the helpers asleep once the writes stopped")
         cluster.nodes[leader].kill()
-        await cluster.await_for(lambda: all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in helpers[leader]),
-                                10, "the killed member's helpers gone")
+        await cluster.await_for(
+            lambda: all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in helpers[leader]),
+            10,
+            "the killed member's helpers gone",
+        )
         others = [h for m, hs in helpers.items() if m != leader for h in hs]
-    assert all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in others), \
-        "helpers outlived their members' SIGTERM"
+    assert all((state_and_ticks(h) or ("Z",))[0] == "Z" for h in others), "helpers outlived their members' SIGTERM"
 
 
 async def test_many_short_terms_of_mixed_traffic_keep_every_member_in_step(tmp_path) -> None:
@@ -579,8 +609,9 @@ async def test_many_short_terms_of_mixed_traffic_keep_every_member_in_step(tmp_p
         cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             for r in range(8):
-                replies = await kv.pipeline([Append(kv.next_id(), f"k{r}", f"{i};".encode()) for i in range(200)],
-                                            timeout=30)
+                replies = await kv.pipeline(
+                    [Append(kv.next_id(), f"k{r}", f"{i};".encode()) for i in range(200)], timeout=30
+                )
                 assert all(reply.status == Status.OK for reply in replies.values())
                 await put_keys(kv, cluster, {f"s{r}_{i}": b"" for i in range(300)})
                 await put_keys(kv, cluster, {f"p{r}_{i}": b"p" * 1024 for i in range(200)})
@@ -605,8 +636,9 @@ async def test_follower_replay_cut_short_by_an_election_applies_nothing_twice(tm
         follower = next(n.member_id for n in cluster.nodes if n.member_id != leader)
         tokens = {f"t{i}": f"tok{i % 4}" for i in range(400)}
         async with open_kv_client(cluster.client_config) as kv:
-            replies = await kv.pipeline([Append(kv.next_id(), key, f"{t};".encode()) for t, key in tokens.items()],
-                                        timeout=30)
+            replies = await kv.pipeline(
+                [Append(kv.next_id(), key, f"{t};".encode()) for t, key in tokens.items()], timeout=30
+            )
             assert all(r.status == Status.OK for r in replies.values())
             await put_keys(kv, cluster, {f"{SLOW_PREFIX}{i}": b"" for i in range(1500)})
             await put_keys(kv, cluster, {f"pad{i}": b"p" * 1024 for i in range(600)})
@@ -615,15 +647,22 @@ async def test_follower_replay_cut_short_by_an_election_applies_nothing_twice(tm
             await in_thread(cluster.nodes[follower].kill)
             slow_flag(cluster.digest_dir, follower).touch()
             await in_thread(cluster.restart, follower)
-            await cluster.await_for(lambda: slow_seen(cluster.digest_dir, follower).exists(), 30,
-                                    f"member {follower} replaying its log slowly")
+            await cluster.await_for(
+                lambda: slow_seen(cluster.digest_dir, follower).exists(),
+                30,
+                f"member {follower} replaying its log slowly",
+            )
             paused = cluster.nodes[leader].pid
             os.kill(paused, signal.SIGSTOP)
             try:
                 await cluster.await_for(
-                    lambda: any(e.get("reason") == "leader silent during follower replay"
-                                for e in cluster.nodes[follower].log_events()),
-                    15, f"member {follower}'s replay cut short by the silent leader")
+                    lambda: any(
+                        e.get("reason") == "leader silent during follower replay"
+                        for e in cluster.nodes[follower].log_events()
+                    ),
+                    15,
+                    f"member {follower}'s replay cut short by the silent leader",
+                )
             finally:
                 slow_flag(cluster.digest_dir, follower).unlink()
                 os.kill(paused, signal.SIGCONT)

@@ -59,8 +59,15 @@ def _sizes(cluster: TestCluster, prefix: str) -> dict[str, int]:
     members' log (their MTUs may differ), a few datagrams, and the longest message every
     publication on the way takes (the client's ingress, the members' log, local log and egress)."""
     member, client = cluster.nodes[0].cfg, cluster.client_config
-    limit = min(max_message_length(t) for t in (client.driver.term_length, member.driver.term_length,
-                                                  member.driver.ipc_term_length, member.cluster.log_term_length))
+    limit = min(
+        max_message_length(t)
+        for t in (
+            client.driver.term_length,
+            member.driver.term_length,
+            member.driver.ipc_term_length,
+            member.cluster.log_term_length,
+        )
+    )
     edges = {}
     for who, mtu in (("client", client.driver.mtu), ("member", member.driver.mtu)):
         one_frame = mtu - HEADER_LENGTH  # the payload of one full datagram
@@ -92,8 +99,10 @@ async def _put_each(kv, cluster: TestCluster, sizes: dict[str, int]) -> dict[str
 async def _assert_values(kv, cluster: TestCluster, expected: dict[str, bytes]) -> None:
     for key, value in expected.items():
         got = (await kv.get(key, timeout=30)).value
-        assert got == value, (f"{key}: {len(value)} bytes written, {None if got is None else len(got)} read"
-                              f"{'' if got is None or len(got) != len(value) else ' (same length, other bytes)'}")
+        assert got == value, (
+            f"{key}: {len(value)} bytes written, {None if got is None else len(got)} read"
+            f"{'' if got is None or len(got) != len(value) else ' (same length, other bytes)'}"
+        )
 
 
 @pytest.mark.slow
@@ -137,6 +146,9 @@ async def take_snapshot_of(cluster: TestCluster, leader: int, members: list[int]
     r = await atool(cluster.nodes[leader].dir, "snapshot")
     assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{cluster.diagnostics()}"
     position = snapshots(cluster, leader)[-1].log_position
-    await cluster.await_for(lambda: all(position in {e.log_position for e in snapshots(cluster, m)} for m in members),
-                            30, f"a snapshot at {position} on members {members}")
+    await cluster.await_for(
+        lambda: all(position in {e.log_position for e in snapshots(cluster, m)} for m in members),
+        30,
+        f"a snapshot at {position} on members {members}",
+    )
     return position

@@ -37,8 +37,9 @@ async def test_five_members_lose_two_keep_committing_then_lose_the_leader_and_on
 
             async def acknowledged(more: int, what: str) -> None:
                 before = len(writer.acked)
-                await cluster.await_for(lambda: len(writer.acked) >= before + more, 40,
-                                        f"{more} more appends acknowledged {what}")
+                await cluster.await_for(
+                    lambda: len(writer.acked) >= before + more, 40, f"{more} more appends acknowledged {what}"
+                )
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
@@ -51,7 +52,8 @@ async def test_five_members_lose_two_keep_committing_then_lose_the_leader_and_on
                 await acknowledged(200, f"with members {first_two} down")
                 c = cluster.counters()
                 assert c[leader].is_leader and c[leader].term == term, (
-                    "the leader changed though a quorum was left\n" + cluster.diagnostics())
+                    "the leader changed though a quorum was left\n" + cluster.diagnostics()
+                )
 
                 # 2. They come back and catch up.
                 for m in first_two:

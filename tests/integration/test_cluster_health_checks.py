@@ -32,8 +32,10 @@ def _fake_members(cluster: TestCluster) -> dict[int, dict[str, object]]:
     for n in cluster.nodes:
         m = CountersManager.create(n.counters_path, max_counters=16)
         managers.append(m)
-        counters[n.member_id] = {name: m.allocate(f"cluster {name}: member {n.member_id}", type_id)
-                                 for name, type_id in _COUNTER_TYPES.items()}
+        counters[n.member_id] = {
+            name: m.allocate(f"cluster {name}: member {n.member_id}", type_id)
+            for name, type_id in _COUNTER_TYPES.items()
+        }
         n.proc = _ThisProcess()
     return counters, managers
 

@@ -67,8 +67,9 @@ def budget_s(cluster: TestCluster) -> float:
     """The leader-silence timeout plus one election: the followers notice the silent leader
     (heartbeat timeout) and elect (within an election timeout)."""
     t = cluster.timeouts
-    return (cluster.client_config.client.leader_silence_timeout_ns + t.leader_heartbeat_timeout_ns
-            + t.election_timeout_ns) / S
+    return (
+        cluster.client_config.client.leader_silence_timeout_ns + t.leader_heartbeat_timeout_ns + t.election_timeout_ns
+    ) / S
 
 
 def writer_for(kv, cluster: TestCluster, j: int, give_up_s: float) -> AppendWriter:
@@ -81,7 +82,9 @@ def writer_for(kv, cluster: TestCluster, j: int, give_up_s: float) -> AppendWrit
 def describe_clients(kvs) -> str:
     return "; ".join(
         f"client {j}: {kv.client!r} connected={kv.client.is_connected} reconnects={kv.client.reconnects}"
-        f" unanswered_reconnects={getattr(kv.client, 'unanswered_reconnects', None)}" for j, kv in enumerate(kvs))
+        f" unanswered_reconnects={getattr(kv.client, 'unanswered_reconnects', None)}"
+        for j, kv in enumerate(kvs)
+    )
 
 
 async def connect_clients(cluster: TestCluster, stack: contextlib.AsyncExitStack, count: int) -> list:
@@ -95,10 +98,13 @@ async def await_clients_on(cluster: TestCluster, kvs, leader: int, term: int, de
     """Every client has a live session with ``leader`` in ``term`` and its next request (a PUT
     of a key of its own) is answered, before ``deadline`` (time.monotonic)."""
     await cluster.await_for(
-        lambda: all(kv.client.is_connected and kv.client.leader_member_id == leader
-                    and kv.client.leadership_term_id == term for kv in kvs),
+        lambda: all(
+            kv.client.is_connected and kv.client.leader_member_id == leader and kv.client.leadership_term_id == term
+            for kv in kvs
+        ),
         max(0.1, deadline - time.monotonic()),
-        f"every client in a session with member {leader} in term {term} ({describe_clients(kvs)})")
+        f"every client in a session with member {leader} in term {term} ({describe_clients(kvs)})",
+    )
     for j, kv in enumerate(kvs):
         try:
             reply = await kv.put(f"after-cut-{j}", b"x", timeout=max(0.1, deadline - time.monotonic()))
@@ -109,7 +115,8 @@ async def await_clients_on(cluster: TestCluster, kvs, leader: int, term: int, de
 
 @pytest.mark.parametrize("leader_side_first", [True, False], ids=["unreplicated", "all-at-once"])
 async def test_clients_of_a_leader_cut_off_before_their_sessions_commit_move_to_the_new_leader(
-        lan, tmp_path, leader_side_first: bool) -> None:
+    lan, tmp_path, leader_side_first: bool
+) -> None:
     """``all-at-once``: the whole cut within 100 ms after the connects, as an operator would make
     it; the sessions may have been committed by then (the new leader greets them) or not (the old
     one must tell them), and either way the clients end up with the new leader."""
@@ -135,7 +142,8 @@ async def test_clients_of_a_leader_cut_off_before_their_sessions_commit_move_to_
             print(f"the cut came {cut_at - connected_at:.3f} s after the connects")
             assert all(kv.client.leader_member_id == old for kv in kvs), (
                 f"the clients connected to another leader than member {old}: {describe_clients(kvs)}\n"
-                + cluster.diagnostics())
+                + cluster.diagnostics()
+            )
             deadline = cut_at + budget_s(cluster)
             new = await cluster.await_leader(max(0.1, deadline - time.monotonic()), min_term=term + 1, exclude=[old])
             new_term = cluster.counters()[new].term
@@ -143,10 +151,12 @@ async def test_clients_of_a_leader_cut_off_before_their_sessions_commit_move_to_
             if leader_side_first:
                 assert all(rid not in kv.replies for rid, kv in zip(early, kvs))
             heal(lan, old, others)
-            await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
-                                    f"member {old} follows in term {new_term} again")
-            got = await read_keys(kvs[0], cluster, [f"early-{j}" for j in range(len(kvs))]
-                                  + [f"after-cut-{j}" for j in range(len(kvs))])
+            await cluster.await_for(
+                lambda: cluster.followers_settled([old], new_term), 30, f"member {old} follows in term {new_term} again"
+            )
+            got = await read_keys(
+                kvs[0], cluster, [f"early-{j}" for j in range(len(kvs))] + [f"after-cut-{j}" for j in range(len(kvs))]
+            )
             assert all(got[f"after-cut-{j}"] == b"x" for j in range(len(kvs))), got
             assert all(got[f"early-{j}"] in (None, b"e;") for j in range(len(kvs))), got  # never twice
             await assert_same_state(kvs[0], cluster, "after-cut-before-commit")
@@ -172,19 +182,26 @@ async def test_clients_writing_when_their_leader_is_cut_off_move_and_nothing_is_
                 # checked below must hold however long it took on a loaded machine.
                 print(f"the cut came {cut_at - connected_at:.3f} s after the connects")
                 deadline = cut_at + budget_s(cluster)
-                new = await cluster.await_leader(max(0.1, deadline - time.monotonic()), min_term=term + 1,
-                                                 exclude=[old])
+                new = await cluster.await_leader(
+                    max(0.1, deadline - time.monotonic()), min_term=term + 1, exclude=[old]
+                )
                 new_term = cluster.counters()[new].term
                 await cluster.await_for(
-                    lambda: all(w.acked_since(cut_at) > 0 for w in writers), max(0.1, deadline - time.monotonic()),
-                    f"every client's writes acknowledged by member {new} ({describe_clients(kvs)})")
+                    lambda: all(w.acked_since(cut_at) > 0 for w in writers),
+                    max(0.1, deadline - time.monotonic()),
+                    f"every client's writes acknowledged by member {new} ({describe_clients(kvs)})",
+                )
                 assert all(kv.client.leader_member_id == new for kv in kvs), describe_clients(kvs)
                 heal(lan, old, others)
-                await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
-                                        f"member {old} follows in term {new_term} again")
+                await cluster.await_for(
+                    lambda: cluster.followers_settled([old], new_term),
+                    30,
+                    f"member {old} follows in term {new_term} again",
+                )
                 healed_at = time.monotonic()
-                await cluster.await_for(lambda: all(w.acked_since(healed_at) > 0 for w in writers), 20,
-                                        "writes flowing after the heal")
+                await cluster.await_for(
+                    lambda: all(w.acked_since(healed_at) > 0 for w in writers), 20, "writes flowing after the heal"
+                )
                 for w in writers:
                     w.stop.set()
             for w in writers:
@@ -215,13 +232,17 @@ async def test_clients_keep_their_sessions_through_a_cut_shorter_than_the_heartb
 
                 # The cut holds while every client has a request unanswered for half the heartbeat
                 # timeout; then it heals, well before anyone gives up on the leader.
-                await cluster.await_for(lambda: all(oldest_unanswered_s(w) >= hold_s for w in writers), 10,
-                                        "every client's requests held up by the cut")
+                await cluster.await_for(
+                    lambda: all(oldest_unanswered_s(w) >= hold_s for w in writers),
+                    10,
+                    "every client's requests held up by the cut",
+                )
                 heal(lan, leader, others)
                 assert cluster.leader() == leader and {c.term for c in cluster.counters().values()} == {term}
                 healed_at = time.monotonic()
-                await cluster.await_for(lambda: all(w.acked_since(healed_at) >= 50 for w in writers), 20,
-                                        "writes flowing after the heal")
+                await cluster.await_for(
+                    lambda: all(w.acked_since(healed_at) >= 50 for w in writers), 20, "writes flowing after the heal"
+                )
                 for w in writers:
                     w.stop.set()
             for w in writers:

@@ -42,7 +42,8 @@ def describe(writers: list[SequenceWriter]) -> str:
     return "; ".join(
         f"client {w.index}: {w.kv.client!r} acked={len(w.acked)} sent={w.next} sessions={w.session_ids}"
         f" new_leader_events={w.kv.client.new_leader_events} reconnects={w.kv.client.reconnects}"
-        for w in writers)
+        for w in writers
+    )
 
 
 async def read_values(kv: KvClient, keys: list[str]) -> dict[str, bytes | None]:
@@ -70,13 +71,19 @@ async def fail_over(cluster: TestCluster, writers: list[SequenceWriter], how: st
         await cluster.await_for(lambda: not cluster.nodes[leader].running, 20, f"member {leader} exits")
         assert cluster.nodes[leader].proc.returncode == 0, cluster.diagnostics()
     await cluster.await_for(
-        lambda: all(w.kv.client.leader_member_id == new_leader and w.kv.client.new_leader_events > e
-                    for w, e in zip(writers, events)),
-        30, f"every client told of leader {new_leader} ({describe(writers)})")
+        lambda: all(
+            w.kv.client.leader_member_id == new_leader and w.kv.client.new_leader_events > e
+            for w, e in zip(writers, events)
+        ),
+        30,
+        f"every client told of leader {new_leader} ({describe(writers)})",
+    )
     marks = [w.next for w in writers]
     await cluster.await_for(
         lambda: all(w.acked_from(mark) >= 5 for w, mark in zip(writers, marks)),
-        40, f"5 writes of every client acknowledged by leader {new_leader} ({describe(writers)})")
+        40,
+        f"5 writes of every client acknowledged by leader {new_leader} ({describe(writers)})",
+    )
     await trio.to_thread.run_sync(cluster.restart, leader)
     return new_leader
 
@@ -88,8 +95,10 @@ async def check(cluster: TestCluster, writers: list[SequenceWriter], reader: KvC
     moved = [w for w in writers if len(w.session_ids) > 1]
     if moved:
         reasons = await read_values(reader, [f"{CLOSED_PREFIX}{w.session_ids[0]}" for w in moved])
-        raise AssertionError(f"{len(moved)} clients lost their session (close reason the service got: {reasons}):"
-                             f" {describe(moved)}\n{cluster.diagnostics()}")
+        raise AssertionError(
+            f"{len(moved)} clients lost their session (close reason the service got: {reasons}):"
+            f" {describe(moved)}\n{cluster.diagnostics()}"
+        )
     await assert_same_state(reader, cluster, tag)
 
 
@@ -104,16 +113,20 @@ async def run_scenario(tmp_path, failovers: list[str]) -> None:
             # and the new leader's; the default 1,024 counters (and the images they allow) run
             # out, the new leader's egress is refused ("counters file is full") and the clients
             # never hear of it. Fifty client processes would each have a driver of their own.
-            driver = await stack.enter_async_context(open_media_driver(
-                **cfg.driver_kwargs(tmp_path / "clients"), max_counters=CLIENT_DRIVER_COUNTERS))
+            driver = await stack.enter_async_context(
+                open_media_driver(**cfg.driver_kwargs(tmp_path / "clients"), max_counters=CLIENT_DRIVER_COUNTERS)
+            )
             kvs = [await stack.enter_async_context(open_kv_client(cfg, driver=driver)) for _ in range(CLIENTS)]
             writers = [SequenceWriter(i, kv) for i, kv in enumerate(kvs)]
             assert len({kv.client.cluster_session_id for kv in kvs}) == CLIENTS
             async with trio.open_nursery() as nursery:
                 for w in writers:
                     nursery.start_soon(w.run)
-                await cluster.await_for(lambda: all(w.acked_from(0) >= 5 for w in writers), 40,
-                                        f"5 writes of every client acknowledged ({describe(writers)})")
+                await cluster.await_for(
+                    lambda: all(w.acked_from(0) >= 5 for w in writers),
+                    40,
+                    f"5 writes of every client acknowledged ({describe(writers)})",
+                )
                 for i, how in enumerate(failovers):
                     await fail_over(cluster, writers, how)
                     if i + 1 < len(failovers):
@@ -124,14 +137,17 @@ async def run_scenario(tmp_path, failovers: list[str]) -> None:
                     w.stop.set()
             await cluster.await_for(lambda: cluster.caught_up(range(3)), 30, "every member caught up")
             await check(cluster, writers, kvs[0], "after-failovers")
-            print(f"{sum(len(w.acked) for w in writers)} writes acknowledged by {CLIENTS} clients,"
-                  f" {sum(w.next - len(w.acked) for w in writers)} unanswered, {len(failovers)} failovers")
+            print(
+                f"{sum(len(w.acked) for w in writers)} writes acknowledged by {CLIENTS} clients,"
+                f" {sum(w.next - len(w.acked) for w in writers)} unanswered, {len(failovers)} failovers"
+            )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["kill", "sigterm"])
 async def test_fifty_clients_keep_their_sessions_and_lose_nothing_acknowledged_when_the_leader_goes(
-        tmp_path, how: str) -> None:
+    tmp_path, how: str
+) -> None:
     await run_scenario(tmp_path, [how])
 
 

@@ -55,15 +55,23 @@ async def test_cut_off_leader_steps_down_and_rejoins_losing_nothing_acknowledged
                 new = await cluster.await_leader(20, min_term=term + 1, exclude=[old])
                 new_term = cluster.counters()[new].term
                 # Cut off, the old leader hears no follower and steps down by itself.
-                await cluster.await_for(lambda: not getattr(cluster.nodes[old].counters(), "is_leader", True), 20,
-                                        f"cut-off member {old} no longer leads")
-                await cluster.await_for(lambda: writer.acked_since(cut_at) >= 200, 30,
-                                        "200 writes acknowledged by the new leader")
+                await cluster.await_for(
+                    lambda: not getattr(cluster.nodes[old].counters(), "is_leader", True),
+                    20,
+                    f"cut-off member {old} no longer leads",
+                )
+                await cluster.await_for(
+                    lambda: writer.acked_since(cut_at) >= 200, 30, "200 writes acknowledged by the new leader"
+                )
                 lan.heal(old)
-                await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
-                                        f"member {old} follows member {new} in term {new_term} again")
-                await cluster.await_for(lambda: writer.acked_since(time.monotonic() - 0.5) > 0, 20,
-                                        "writes flowing after the heal")
+                await cluster.await_for(
+                    lambda: cluster.followers_settled([old], new_term),
+                    30,
+                    f"member {old} follows member {new} in term {new_term} again",
+                )
+                await cluster.await_for(
+                    lambda: writer.acked_since(time.monotonic() - 0.5) > 0, 20, "writes flowing after the heal"
+                )
                 writer.stop.set()
             assert cluster.leader() == new
             reasons = [e.get("reason") for e in cluster.nodes[old].log_events() if e.get("event") == "election state"]
@@ -88,12 +96,14 @@ async def test_cut_off_follower_catches_up_after_the_heal(lan, tmp_path) -> None
                 lan.isolate(away)
                 cut_at = time.monotonic()
                 # The leader and the other follower are a quorum: writes go on.
-                await cluster.await_for(lambda: writer.acked_since(cut_at) >= 500, 30,
-                                        "500 writes acknowledged while a follower is cut off")
+                await cluster.await_for(
+                    lambda: writer.acked_since(cut_at) >= 500, 30, "500 writes acknowledged while a follower is cut off"
+                )
                 assert cluster.leader() == leader and cluster.counters()[leader].term == term
                 lan.heal(away)
-                await cluster.await_for(lambda: cluster.followers_settled([away], term), 30,
-                                        f"member {away} follows in term {term} again")
+                await cluster.await_for(
+                    lambda: cluster.followers_settled([away], term), 30, f"member {away} follows in term {term} again"
+                )
                 writer.stop.set()
             await writer.verify()
             await assert_same_state(kv, cluster, "after-follower-partition")
@@ -119,12 +129,16 @@ async def test_leader_that_hears_no_follower_while_they_hear_it_is_replaced(lan,
                 cut_at = time.monotonic()
                 new = await cluster.await_leader(20, min_term=term + 1, exclude=[old])
                 new_term = cluster.counters()[new].term
-                await cluster.await_for(lambda: writer.acked_since(cut_at) >= 200, 30,
-                                        "200 writes acknowledged by the new leader")
+                await cluster.await_for(
+                    lambda: writer.acked_since(cut_at) >= 200, 30, "200 writes acknowledged by the new leader"
+                )
                 for f in followers:
                     lan.unblock(f, old)
-                await cluster.await_for(lambda: cluster.followers_settled([old], new_term), 30,
-                                        f"member {old} follows member {new} in term {new_term}")
+                await cluster.await_for(
+                    lambda: cluster.followers_settled([old], new_term),
+                    30,
+                    f"member {old} follows member {new} in term {new_term}",
+                )
                 writer.stop.set()
             assert_same_session(kv, session_id, cluster)
             await writer.verify()

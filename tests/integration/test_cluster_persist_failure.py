@@ -30,8 +30,9 @@ from tests.support.cluster import TestCluster
 EXPECTED = [r'"exit_code": 7, "reason": "could not write .*"event": "node failed"']
 """The failing member's own ERROR line, which the test causes."""
 
-pytestmark = pytest.mark.skipif(shutil.which("strace") is None or os.geteuid() != 0,
-                                reason="needs strace and ptrace rights over the member (root)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("strace") is None or os.geteuid() != 0, reason="needs strace and ptrace rights over the member (root)"
+)
 
 
 class _Injector:
@@ -42,12 +43,30 @@ class _Injector:
         self.err_path = out.with_suffix(".stderr")
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                ["strace", "-f", "-p", str(pid), "-P", str(path), "-e", "trace=pwrite64,fsync,fdatasync",
-                 "-e", f"inject={call}:error={error}", "-o", str(out)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                [
+                    "strace",
+                    "-f",
+                    "-p",
+                    str(pid),
+                    "-P",
+                    str(path),
+                    "-e",
+                    "trace=pwrite64,fsync,fdatasync",
+                    "-e",
+                    f"inject={call}:error={error}",
+                    "-o",
+                    str(out),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         # Attached to every thread once it says so (and before that nothing is injected).
-        cluster.wait_for(lambda: "attached" in self.err_path.read_text(errors="replace") or self.proc.poll() is not None,
-                         30, "strace attaches to the member")
+        cluster.wait_for(
+            lambda: "attached" in self.err_path.read_text(errors="replace") or self.proc.poll() is not None,
+            30,
+            "strace attaches to the member",
+        )
         assert self.proc.poll() is None, self.err_path.read_text(errors="replace")
 
     def close(self) -> None:
@@ -63,8 +82,9 @@ def _one_line(node) -> str:
 
 
 def _reasons(node) -> list[tuple[str, str]]:
-    return [(e.get("to_state", "?"), e.get("reason", "")) for e in node.log_events()
-            if e.get("event") == "election state"]
+    return [
+        (e.get("to_state", "?"), e.get("reason", "")) for e in node.log_events() if e.get("event") == "election state"
+    ]
 
 
 @pytest.mark.parametrize("call,error", [("fdatasync", "EIO"), ("pwrite64", "ENOSPC")])

@@ -39,8 +39,14 @@ async def snapshot(cluster: TestCluster, leader: int) -> None:
 
 
 async def test_members_behind_a_purged_log_are_seeded_from_a_snapshot(tmp_path) -> None:
-    with TestCluster(tmp_path, retain_snapshots=2, purge_log=True, log_term_length=64 * 1024,
-                     segment_length=SEGMENT, expected_errors=[r"before leader \d+'s log starts"]) as cluster:
+    with TestCluster(
+        tmp_path,
+        retain_snapshots=2,
+        purge_log=True,
+        log_term_length=64 * 1024,
+        segment_length=SEGMENT,
+        expected_errors=[r"before leader \d+'s log starts"],
+    ) as cluster:
         leader = cluster.start()
         away, wiped = (leader + 1) % 3, (leader + 2) % 3
         value = b"v" * 1000
@@ -51,8 +57,10 @@ async def test_members_behind_a_purged_log_are_seeded_from_a_snapshot(tmp_path) 
                 await put_all(kv, {f"r{round_}-{i}": value for i in range(300)})
                 await snapshot(cluster, leader)
             await cluster.await_for(
-                lambda: min(d.start_position for d in log_recordings(cluster, leader)) > 0, 30,
-                "the leader's log purged before its oldest kept snapshot")
+                lambda: min(d.start_position for d in log_recordings(cluster, leader)) > 0,
+                30,
+                "the leader's log purged before its oldest kept snapshot",
+            )
             start = min(d.start_position for d in log_recordings(cluster, leader))
 
             # Away while the log was purged: its log ends before the leader's log start.

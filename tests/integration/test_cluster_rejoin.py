@@ -27,8 +27,9 @@ def cluster(tmp_path):
 
 
 @pytest.mark.parametrize("role", ["follower", "leader"])
-async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and_stays_up(cluster: TestCluster,
-                                                                                          role: str) -> None:
+async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and_stays_up(
+    cluster: TestCluster, role: str
+) -> None:
     leader = cluster.start()
     async with open_kv_client(cluster.client_config) as kv:
         session_id = kv.client.cluster_session_id
@@ -46,8 +47,11 @@ async def test_a_member_restarted_with_an_empty_directory_under_load_rejoins_and
             await cluster.await_for(lambda: cluster.caught_up([target]), 60, f"member {target} caught up")
             # Under load for a while after catching up, when the member used to fail.
             since = time.monotonic()
-            await cluster.await_for(lambda: writer.acked_since(since) >= 300 and time.monotonic() - since > 4,
-                                    60, "300 more appends acknowledged over 4 s")
+            await cluster.await_for(
+                lambda: writer.acked_since(since) >= 300 and time.monotonic() - since > 4,
+                60,
+                "300 more appends acknowledged over 4 s",
+            )
             writer.stop.set()
         if role == "leader":  # the client moved to the new leader with its session
             assert_same_session(kv, session_id, cluster)

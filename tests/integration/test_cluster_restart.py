@@ -50,7 +50,8 @@ async def _request(config, request, timeout_s: float = 10.0):
 
 
 async def test_after_a_whole_cluster_restart_with_many_old_sessions_the_leader_serves_within_seconds(
-        cluster: TestCluster) -> None:
+    cluster: TestCluster,
+) -> None:
     cluster.start()
     limiter = trio.CapacityLimiter(4)
 
@@ -96,9 +97,14 @@ async def test_a_snapshot_in_the_first_seconds_after_a_whole_cluster_restart_suc
         for i in range(40):
             nursery.start_soon(one_shot, i)
     leader = await _restart_all(cluster)
-    done = await trio.to_thread.run_sync(lambda: subprocess.run(
-        [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
-        capture_output=True, text=True, timeout=90))
+    done = await trio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    )
     assert done.returncode == 0, (done.stdout, done.stderr, cluster.diagnostics())
     assert "SNAPSHOT applied successfully" in done.stdout
     reply = await _request(cluster.client_config, Put(2, "after", b"snapshot"))

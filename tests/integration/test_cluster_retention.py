@@ -48,8 +48,14 @@ def log_recording_id(node_dir: Path) -> int:
 
 
 async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_nothing(tmp_path) -> None:
-    with TestCluster(tmp_path, snapshot_interval=INTERVAL, retain_snapshots=2, purge_log=True,
-                     log_term_length=64 * 1024, segment_length=SEGMENT) as cluster:
+    with TestCluster(
+        tmp_path,
+        snapshot_interval=INTERVAL,
+        retain_snapshots=2,
+        purge_log=True,
+        log_term_length=64 * 1024,
+        segment_length=SEGMENT,
+    ) as cluster:
         cluster.start()
         # Load once every member follows, so that each member's archive is measured from the start.
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, "every member in the first term")
@@ -60,12 +66,18 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
         def sample() -> None:
             for m, adir in enumerate(adirs):
                 sizes = archive_bytes(adir)
-                log_rid = log_recording_id(cluster.nodes[m].dir) if (cluster.nodes[m].dir / "recording.log").exists() else None
+                log_rid = (
+                    log_recording_id(cluster.nodes[m].dir)
+                    if (cluster.nodes[m].dir / "recording.log").exists()
+                    else None
+                )
                 peak[m] = max(peak[m], sum(sizes.values()))
                 snapshot_peak[m] = max(snapshot_peak[m], sum(v for k, v in sizes.items() if k != log_rid))
 
-        async with open_kv_client(cluster.client_config) as kv, \
-                open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk:
+        async with (
+            open_kv_client(cluster.client_config) as kv,
+            open_kv_client(cluster.client_config, first_request_id=50_000_000) as bulk,
+        ):
             writer = AppendWriter(kv, cluster, window=8)
             load = BulkLoad(bulk, writer.stop.is_set, value_length=BULK_VALUE, keys=BULK_KEYS)
 
@@ -102,8 +114,10 @@ async def test_the_archive_stays_bounded_under_load_and_a_full_restart_loses_not
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10)
             assert reply.status in (Status.OK, Status.NOT_FOUND)
             digests = await cluster.await_for(
-                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
-                "digests of every member")
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")),
+                30,
+                "digests of every member",
+            )
             assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
 
 
@@ -121,8 +135,9 @@ async def test_offline_purge_log_seed_and_sort_then_the_cluster_starts_with_its_
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
                 for k in range(3):
-                    await cluster.await_for(lambda k=k: len(writer.acked) >= 300 * (k + 1), 60,
-                                            f"{300 * (k + 1)} appends acknowledged")
+                    await cluster.await_for(
+                        lambda k=k: len(writer.acked) >= 300 * (k + 1), 60, f"{300 * (k + 1)} appends acknowledged"
+                    )
                     await take_snapshot(cluster, leader)
                 writer.stop.set()
             await writer.verify()
@@ -155,8 +170,10 @@ async def test_offline_purge_log_seed_and_sort_then_the_cluster_starts_with_its_
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10)
             assert reply.status in (Status.OK, Status.NOT_FOUND)
             digests = await cluster.await_for(
-                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
-                "digests of every member")
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")),
+                30,
+                "digests of every member",
+            )
             assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
 
 
@@ -176,8 +193,9 @@ async def test_purge_log_on_the_running_leader_purges_every_member_at_one_entry(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(writer.run)
                 for k in range(2):
-                    await cluster.await_for(lambda k=k: len(writer.acked) >= 400 * (k + 1), 60,
-                                            f"{400 * (k + 1)} appends acknowledged")
+                    await cluster.await_for(
+                        lambda k=k: len(writer.acked) >= 400 * (k + 1), 60, f"{400 * (k + 1)} appends acknowledged"
+                    )
                     await take_snapshot(cluster, leader)
                 r = await atool(cluster.nodes[leader].dir, "purge-log", "--snapshot", "3")
                 assert r.returncode == 1 and "fewer than 3 complete snapshot set(s)" in r.stderr, r.stdout + r.stderr
@@ -189,13 +207,25 @@ async def test_purge_log_on_the_running_leader_purges_every_member_at_one_entry(
                 doc = json.loads(r.stdout)
                 assert doc["running"] and doc["snapshot_sets_kept"] == 1, doc
                 assert doc["log_start_position"] > doc["old_log_start_position"] == 0, doc
-                latest = RecordingLog.decode((cluster.nodes[leader].dir / "recording.log").read_bytes()) \
-                    .snapshot_sets(1)[0][0].log_position
+                latest = (
+                    RecordingLog.decode((cluster.nodes[leader].dir / "recording.log").read_bytes())
+                    .snapshot_sets(1)[0][0]
+                    .log_position
+                )
                 for m in range(3):
                     await cluster.await_for(
-                        lambda m=m: min(d.start_position for d in log_recordings(cluster, m)) > 0
-                        and len(RecordingLog.decode((cluster.nodes[m].dir / "recording.log").read_bytes())
-                                .snapshot_sets(1)) == 1, 60, f"member {m} purged")
+                        lambda m=m: (
+                            min(d.start_position for d in log_recordings(cluster, m)) > 0
+                            and len(
+                                RecordingLog.decode(
+                                    (cluster.nodes[m].dir / "recording.log").read_bytes()
+                                ).snapshot_sets(1)
+                            )
+                            == 1
+                        ),
+                        60,
+                        f"member {m} purged",
+                    )
                     assert min(d.start_position for d in log_recordings(cluster, m)) <= latest
                 await cluster.await_for(lambda: len(writer.acked) >= 1000, 60, "appends go on after the purge")
                 writer.stop.set()
@@ -206,8 +236,10 @@ async def test_purge_log_on_the_running_leader_purges_every_member_at_one_entry(
             reply = await kv.call(Get(kv.next_id(), DIGEST_PREFIX + "restart"), timeout=10, resend_s=2)
             assert reply.status in (Status.OK, Status.NOT_FOUND)
             digests = await cluster.await_for(
-                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")), 30,
-                "digests of every member")
+                lambda: (lambda d: d if len(d) == 3 else None)(read_digests(cluster, "restart")),
+                30,
+                "digests of every member",
+            )
             assert len({v.split(" ", 1)[1] for v in digests.values()}) == 1, digests
 
 
@@ -231,23 +263,34 @@ async def test_recordings_of_a_snapshot_given_up_are_removed_after_the_next_one(
     from tests.support.cluster import SLOW_SNAPSHOT_KEY, TEST_TIMEOUTS
 
     timeouts = msgspec.structs.replace(TEST_TIMEOUTS, snapshot_timeout_ns=1_000_000_000)
-    with TestCluster(tmp_path, timeouts=timeouts, retain_snapshots=3, expect_counted_errors=True,
-                     expected_errors=[r"snapshot failed"]) as cluster:
+    with TestCluster(
+        tmp_path,
+        timeouts=timeouts,
+        retain_snapshots=3,
+        expect_counted_errors=True,
+        expected_errors=[r"snapshot failed"],
+    ) as cluster:
         leader = cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             r = await kv.call(Put(kv.next_id(), SLOW_SNAPSHOT_KEY, b"3"), timeout=10)
             assert r.status == Status.OK
             r = await atool(cluster.nodes[leader].dir, "snapshot")
             assert r.returncode == 1 and "snapshot failed" in r.stderr, r.stdout + r.stderr
-            await cluster.await_for(lambda: all(orphan_recordings(cluster, m) for m in range(3)), 60,
-                                    "the late service snapshot recorded on every member")
+            await cluster.await_for(
+                lambda: all(orphan_recordings(cluster, m) for m in range(3)),
+                60,
+                "the late service snapshot recorded on every member",
+            )
             left = {m: orphan_recordings(cluster, m) for m in range(3)}
             r = await kv.call(Put(kv.next_id(), SLOW_SNAPSHOT_KEY, b""), timeout=10)
             assert r.status == Status.OK
             await take_snapshot(cluster, leader)
             for m in range(3):
-                await cluster.await_for(lambda m=m: not set(left[m]) & set(orphan_recordings(cluster, m)), 30,
-                                        f"member {m}'s recordings of the given-up snapshot removed")
+                await cluster.await_for(
+                    lambda m=m: not set(left[m]) & set(orphan_recordings(cluster, m)),
+                    30,
+                    f"member {m}'s recordings of the given-up snapshot removed",
+                )
             r = await kv.call(Get(kv.next_id(), SLOW_SNAPSHOT_KEY), timeout=10)
             assert r.status == Status.OK
 

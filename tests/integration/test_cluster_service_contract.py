@@ -57,8 +57,9 @@ async def digests_equal(cluster: TestCluster, kv: KvClient, tag: str, members=(0
     """Every member writes its state digest at the same log position (the GET goes through the
     log); they must be equal."""
     await kv.call(Get(kv.next_id(), f"{DIGEST_PREFIX}{tag}"), timeout=20, resend_s=2)  # the key is not there
-    await cluster.await_for(lambda: set(read_digests(cluster, tag)) >= set(members), 30,
-                            f"digest {tag} from members {list(members)}")
+    await cluster.await_for(
+        lambda: set(read_digests(cluster, tag)) >= set(members), 30, f"digest {tag} from members {list(members)}"
+    )
     got = read_digests(cluster, tag)
     assert len({got[m] for m in members}) == 1, (got, cluster.diagnostics())
     return got
@@ -68,13 +69,17 @@ def timer_tables(cluster: TestCluster) -> dict[int, list[str]]:
     """Each member's latest consensus module snapshot: its timer table, as the tool lists it."""
     out = {}
     for n in cluster.nodes:
-        r = subprocess.run([*_node_command(), "tool", "--dir", str(n.dir), "describe-latest-snapshot"],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [*_node_command(), "tool", "--dir", str(n.dir), "describe-latest-snapshot"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
         start = next(i for i, line in enumerate(lines) if line.strip().startswith("timers"))
         table = [lines[start]]
-        table += [line for line in lines[start + 1:] if line.strip().startswith("correlation")]
+        table += [line for line in lines[start + 1 :] if line.strip().startswith("correlation")]
         out[n.member_id] = table
     return out
 
@@ -101,7 +106,8 @@ async def on_schedule(cluster: TestCluster, kv: KvClient, cid: int, what: str, p
 
 
 async def test_a_periodic_timer_re_armed_in_its_callback_survives_snapshot_failover_and_restart(
-        cluster: TestCluster) -> None:
+    cluster: TestCluster,
+) -> None:
     """About 6 s of a 50 ms timer in all (kept short for the default suite)."""
     leader = cluster.start()
     cid = 7
@@ -136,7 +142,8 @@ async def test_a_periodic_timer_re_armed_in_its_callback_survives_snapshot_failo
 
 
 async def test_thousands_of_service_messages_from_one_callback_apply_exactly_once_across_leader_kills(
-        cluster: TestCluster) -> None:
+    cluster: TestCluster,
+) -> None:
     count = 5_000
     leader = cluster.start()
     async with open_kv_client(cluster.client_config) as kv:
@@ -186,8 +193,9 @@ def _spawn_with_a_parent_that_never_reaps(cluster: TestCluster, member_id: int, 
         "sys.stdin.read()\n"  # until the test closes our stdin; never waits for the child
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT), **{DIGEST_DIR_ENV: str(cluster.digest_dir)})
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              env=env, cwd=ROOT)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=ROOT
+    )
     cluster._all_procs.append(parent)
     pid = int(parent.stdout.readline())
     return parent, pid, stdout_path
@@ -200,15 +208,19 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-async def test_a_member_restarted_beside_its_zombie_predecessor_starts_from_the_snapshot(
-        cluster: TestCluster) -> None:
+async def test_a_member_restarted_beside_its_zombie_predecessor_starts_from_the_snapshot(cluster: TestCluster) -> None:
     leader = cluster.start()
     member = next(m for m in range(3) if m != leader)
     assert cluster.nodes[member].terminate() == 0
     parent, pid, stdout_path = _spawn_with_a_parent_that_never_reaps(cluster, member, "zombie-parent")
     try:
-        cluster.wait_for(lambda: f"READY member={member}" in stdout_path.read_text(errors="replace")
-                         if stdout_path.exists() else False, 30, f"member {member} under the non-reaping parent")
+        cluster.wait_for(
+            lambda: (
+                f"READY member={member}" in stdout_path.read_text(errors="replace") if stdout_path.exists() else False
+            ),
+            30,
+            f"member {member} under the non-reaping parent",
+        )
         async with open_kv_client(cluster.client_config) as kv:
             await put_all(kv, {f"before{i}": b"1" for i in range(20)})
             await take_snapshot(cluster, leader)  # the predecessor's start had no snapshot

@@ -43,8 +43,11 @@ def service_errors(cluster: TestCluster, member_id: int) -> int | None:
         with CountersReader.open(node.counters_path) as reader:
             if reader.owner_pid != node.pid:
                 return None
-            found = [c.value for c in reader.find(type_id=SERVICE_ERRORS_TYPE_ID)
-                     if c.label == service_errors_label(member_id)]
+            found = [
+                c.value
+                for c in reader.find(type_id=SERVICE_ERRORS_TYPE_ID)
+                if c.label == service_errors_label(member_id)
+            ]
     except (CountersError, OSError, ValueError):
         return None
     return found[0] if found else None
@@ -59,7 +62,9 @@ def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 
 
 async def test_record_answers_with_errors_keeps_states_equal_and_survives_a_full_restart(tmp_path):
-    with TestCluster(tmp_path, expected_errors=[r'"event": "service callback raised \(service_errors = record']) as cluster:
+    with TestCluster(
+        tmp_path, expected_errors=[r'"event": "service callback raised \(service_errors = record']
+    ) as cluster:
         cluster.start()
         errors: list[ServiceRequestError] = []
         async with open_kv_client(cluster.client_config, on_service_error=errors.append) as kv:
@@ -76,16 +81,22 @@ async def test_record_answers_with_errors_keeps_states_equal_and_survives_a_full
             assert kv.client.service_errors_received == 2
             await assert_same_state(kv, cluster, "record")
             assert f"{RAISE_PREFIX}0" in read_digest_keys(cluster, "record", 0)  # the partial effect, everywhere
-            await cluster.await_for(lambda: set(all_service_errors(cluster).values()) == {2}, 10,
-                                    f"every member counted 2 ({all_service_errors(cluster)})")
+            await cluster.await_for(
+                lambda: set(all_service_errors(cluster).values()) == {2},
+                10,
+                f"every member counted 2 ({all_service_errors(cluster)})",
+            )
 
         # The CLI: one line, exit 1, the position named.
         bad_cli = cli("client", "--config", str(cluster.client_config_path), "put", f"{RAISE_PREFIX}cli", "x")
         assert bad_cli.returncode == 1, bad_cli
         assert "the service failed on the message at log position" in bad_cli.stderr
         assert len(bad_cli.stderr.strip().splitlines()) == 1, bad_cli.stderr
-        await cluster.await_for(lambda: set(all_service_errors(cluster).values()) == {3}, 10,
-                                f"every member counted 3 ({all_service_errors(cluster)})")
+        await cluster.await_for(
+            lambda: set(all_service_errors(cluster).values()) == {3},
+            10,
+            f"every member counted 3 ({all_service_errors(cluster)})",
+        )
         shown = cli("tool", "--dir", str(cluster.nodes[0].dir), "errors")
         assert shown.returncode == 0, shown
         assert "service errors counter: 3" in shown.stdout
@@ -97,15 +108,23 @@ async def test_record_answers_with_errors_keeps_states_equal_and_survives_a_full
         async with open_kv_client(cluster.client_config) as kv:
             assert (await kv.put("c", b"3", resend_s=2.0)).status == Status.OK
             await assert_same_state(kv, cluster, "restarted")
-        await cluster.await_for(lambda: set(all_service_errors(cluster).values()) == {3}, 10,
-                                f"every member counted the 3 replayed errors ({all_service_errors(cluster)})")
+        await cluster.await_for(
+            lambda: set(all_service_errors(cluster).values()) == {3},
+            10,
+            f"every member counted the 3 replayed errors ({all_service_errors(cluster)})",
+        )
         assert all(n.running for n in cluster.nodes), cluster.diagnostics()
 
 
 async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_cluster_back(tmp_path):
-    with TestCluster(tmp_path, service_errors="stop", expected_errors=[
+    with TestCluster(
+        tmp_path,
+        service_errors="stop",
+        expected_errors=[
             r'"event": "service callback raised: stopping \(service_errors = stop\)"',
-            r'"exit_code": 8, "reason": "the service\'s on_session_message raised ValueError: told to raise']) as cluster:
+            r'"exit_code": 8, "reason": "the service\'s on_session_message raised ValueError: told to raise',
+        ],
+    ) as cluster:
         cluster.start()
         async with open_kv_client(cluster.client_config) as kv:
             assert (await kv.put("a", b"1")).status == Status.OK
@@ -113,8 +132,9 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
             # an election) would still be electing when the other two stop at the entry.
             await cluster.await_for(lambda: cluster.caught_up(range(3)), 30, "every member caught up")
             await kv.send(Put(kv.next_id(), f"{RAISE_PREFIX}0", b"partial"))
-            await cluster.await_for(lambda: not any(n.running for n in cluster.nodes), 30,
-                                    "every member stops at the raising entry")
+            await cluster.await_for(
+                lambda: not any(n.running for n in cluster.nodes), 30, "every member stops at the raising entry"
+            )
         codes = [n.proc.returncode for n in cluster.nodes]
         assert codes == [ExitCode.SERVICE_ERROR_STOP] * 3, cluster.diagnostics()
         positions = set()
@@ -129,8 +149,9 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
         typo = cli("tool", "--dir", str(cluster.nodes[0].dir), "skip-entry", "--position", str(position - 1))
         assert typo.returncode == 1 and "no log entry ends at position" in typo.stderr, typo
         for n in cluster.nodes:
-            done = cli("tool", "--dir", str(n.dir), "skip-entry", "--position", str(position),
-                       "--note", "told to raise")
+            done = cli(
+                "tool", "--dir", str(n.dir), "skip-entry", "--position", str(position), "--note", "told to raise"
+            )
             assert done.returncode == 0, done
             assert "a message of client session" in done.stdout, done.stdout
 
@@ -152,9 +173,13 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
         assert taken.returncode == 0, taken
         for n in cluster.nodes:
             await cluster.await_for(
-                lambda: f"skipped entries   log position(s) {position}" in
-                cli("tool", "--dir", str(n.dir), "describe-latest-snapshot").stdout,
-                20, f"member {n.member_id}'s latest snapshot records the skip")
+                lambda: (
+                    f"skipped entries   log position(s) {position}"
+                    in cli("tool", "--dir", str(n.dir), "describe-latest-snapshot").stdout
+                ),
+                20,
+                f"member {n.member_id}'s latest snapshot records the skip",
+            )
         assert [n.terminate() for n in cluster.nodes] == [0, 0, 0]
         for n in cluster.nodes:
             (n.dir / SKIP_FILE_NAME).unlink()
@@ -166,9 +191,15 @@ async def test_stop_exits_every_member_with_its_code_and_skip_entry_brings_the_c
 
 
 def test_a_service_that_fails_to_start_ends_the_node_with_service_failed(tmp_path):
-    with TestCluster(tmp_path, nodes=1, service="tests.support.cluster:FailingStartService", expected_errors=[
+    with TestCluster(
+        tmp_path,
+        nodes=1,
+        service="tests.support.cluster:FailingStartService",
+        expected_errors=[
             r'"error": "RuntimeError\(\'this service cannot start\'\)", "event": "service thread failed"',
-            r'"exit_code": 3, "reason": "the service failed: RuntimeError: this service cannot start"']) as cluster:
+            r'"exit_code": 3, "reason": "the service failed: RuntimeError: this service cannot start"',
+        ],
+    ) as cluster:
         node = cluster.nodes[0]
         node.start()
         cluster.wait_for(lambda: not node.running, 20, "the node exits")

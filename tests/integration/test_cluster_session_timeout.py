@@ -48,12 +48,16 @@ async def test_a_silent_client_is_closed_for_timeout_and_every_service_sees_the_
             client.send_keep_alive = lambda: False  # silent from here on, still reading egress
             await cluster.await_for(
                 lambda: any(e.code == EventCode.CLOSED and e.cluster_session_id == session for e in told),
-                60, f"the client told its session {session} is closed")
+                60,
+                f"the client told its session {session} is closed",
+            )
             closed = next(e for e in told if e.code == EventCode.CLOSED)
             assert closed.detail == "TIMEOUT", closed
-            await cluster.await_for(lambda: client.is_connected and client.cluster_session_id != session, 60,
-                                    f"the client on a new session ({client!r}, error {client.error}, "
-                                    f"reconnects {client.reconnects})")
+            await cluster.await_for(
+                lambda: client.is_connected and client.cluster_session_id != session,
+                60,
+                f"the client on a new session ({client!r}, error {client.error}, reconnects {client.reconnects})",
+            )
             # The close went through the log: the service recorded its reason, on every member.
             reply = await kv.get(f"{CLOSED_PREFIX}{session}", timeout=30, resend_s=2.0)
             assert reply.value == b"TIMEOUT", reply

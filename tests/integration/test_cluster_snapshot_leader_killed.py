@@ -69,13 +69,17 @@ async def test_leader_killed_while_every_member_snapshots(tmp_path) -> None:
                 nursery.start_soon(snapshot_tool)
                 requested = await cluster.await_for(
                     lambda: (lambda ev: ev if len(ev) == 3 else None)(
-                        [e for m in range(3) for e in events(cluster, m, "snapshot requested")]),
-                    30, "every member has begun the snapshot")
+                        [e for m in range(3) for e in events(cluster, m, "snapshot requested")]
+                    ),
+                    30,
+                    "every member has begun the snapshot",
+                )
                 position = requested[0]["log_position"]
                 assert {e["log_position"] for e in requested} == {position}, requested
                 assert not any(events(cluster, m, "snapshot taken") for m in range(3)), (
                     "a member finished its snapshot before the kill: the service is not slow enough\n"
-                    + cluster.diagnostics())
+                    + cluster.diagnostics()
+                )
                 cluster.nodes[leader].kill()
                 new_leader = await cluster.await_leader(30, min_term=term + 1, exclude=[leader])
                 await cluster.await_for(lambda: bool(result), 70, "tool snapshot ends")
@@ -83,8 +87,11 @@ async def test_leader_killed_while_every_member_snapshots(tmp_path) -> None:
                 assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
                 assert r.stderr.count("\n") == 1 and "stopped before its snapshot completed" in r.stderr, r.stderr
                 before = len(writer.acked)
-                await cluster.await_for(lambda: len(writer.acked) >= before + 100, 30,
-                                        f"100 appends acknowledged by the new leader {new_leader}")
+                await cluster.await_for(
+                    lambda: len(writer.acked) >= before + 100,
+                    30,
+                    f"100 appends acknowledged by the new leader {new_leader}",
+                )
                 await trio.to_thread.run_sync(cluster.restart, leader)
                 await cluster.await_for(lambda: cluster.caught_up(range(3)), 30, "every member caught up")
                 writer.stop.set()

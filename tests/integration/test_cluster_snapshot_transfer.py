@@ -39,7 +39,9 @@ async def same_digests(cluster: TestCluster, kv, tag: str) -> dict[int, str]:
     await kv.call(Get(kv.next_id(), DIGEST_PREFIX + tag), timeout=10, resend_s=2)
     digests = await cluster.await_for(
         lambda: (lambda d: d if all(m in d for m in members) else None)(read_digests(cluster, tag)),
-        30, f"digest {tag!r} written by members {members}")
+        30,
+        f"digest {tag!r} written by members {members}",
+    )
     assert len({digests[m] for m in members}) == 1, (digests, cluster.diagnostics())
     return digests
 
@@ -76,7 +78,9 @@ async def test_a_wiped_follower_is_seeded_from_the_snapshot_catches_up_and_can_l
         assert loaded and loaded[0]["log_position"] == position
         # The log was not copied from 0: the replaced member's log recording starts at the snapshot.
         recs = log_recordings(cluster, target)
-        assert recs and min(d.start_position for d in recs) == position, [(d.recording_id, d.start_position) for d in recs]
+        assert recs and min(d.start_position for d in recs) == position, [
+            (d.recording_id, d.start_position) for d in recs
+        ]
         rl = RecordingLog.decode((node.dir / "recording.log").read_bytes())
         assert [e.entry_type for e in rl.entries][:3] == [ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_SNAPSHOT, ENTRY_TYPE_TERM]
         await same_digests(cluster, kv, "after-seed")
@@ -110,7 +114,8 @@ async def test_a_wiped_follower_is_seeded_from_the_snapshot_catches_up_and_can_l
 
 
 async def test_a_member_whose_log_ends_before_the_leader_s_log_start_restarts_from_a_snapshot(
-        cluster: TestCluster, tmp_path) -> None:
+    cluster: TestCluster, tmp_path
+) -> None:
     """The leaders' logs start at a snapshot (they were restored from a backup, which copies the
     log from the latest snapshot on: as after a purge of the log's front), and one member's log
     ends before that: it cannot be caught up from the log. It exits SNAPSHOT_NEEDED (11) with
@@ -125,17 +130,23 @@ async def test_a_member_whose_log_ends_before_the_leader_s_log_start_restarts_fr
         await put_all(kv, {f"a{i}": b"%d" % i for i in range(50)})
         cluster.nodes[lagging].kill()
         await put_all(kv, {f"b{i}": b"%d" % i for i in range(300)})
-        r = await trio.to_thread.run_sync(lambda: subprocess.run(
-            [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
-            capture_output=True, text=True, timeout=90))
+        r = await trio.to_thread.run_sync(
+            lambda: subprocess.run(
+                [*_node_command(), "tool", "--dir", str(cluster.nodes[leader].dir), "snapshot"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         await put_all(kv, {f"c{i}": b"%d" % i for i in range(100)})
         commit = cluster.counters()[leader].commit
     backup = Backup(cluster, tmp_path)
     backup.start()
     try:
-        await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
-                                "the backup at the commit position")
+        await cluster.await_for(
+            lambda: backup.stat().get("live_log_position", -1) >= commit, 60, "the backup at the commit position"
+        )
         assert backup.stop() == 0
     finally:
         backup.kill()

@@ -40,8 +40,9 @@ def cluster(tmp_path):
 
 
 def tool(node_dir, *args, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([*_node_command(), "tool", "--dir", str(node_dir), *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*_node_command(), "tool", "--dir", str(node_dir), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 async def atool(node_dir, *args, timeout: float = 90) -> subprocess.CompletedProcess:
@@ -52,8 +53,11 @@ async def atool(node_dir, *args, timeout: float = 90) -> subprocess.CompletedPro
 
 def snapshots(cluster: TestCluster, member_id: int):
     data = (cluster.nodes[member_id].dir / "recording.log").read_bytes()
-    return [e for e in RecordingLog.decode(data).entries
-            if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.is_valid and e.service_id == CONSENSUS_MODULE_SERVICE_ID]
+    return [
+        e
+        for e in RecordingLog.decode(data).entries
+        if e.entry_type == ENTRY_TYPE_SNAPSHOT and e.is_valid and e.service_id == CONSENSUS_MODULE_SERVICE_ID
+    ]
 
 
 def events(cluster: TestCluster, member_id: int, name: str, current_process_only: bool = True) -> list[dict]:
@@ -82,7 +86,9 @@ async def take_snapshot(cluster: TestCluster, leader: int) -> int:
     position = snapshots(cluster, leader)[-1].log_position
     await cluster.await_for(
         lambda: all(position in {e.log_position for e in snapshots(cluster, n.member_id)} for n in cluster.nodes),
-        20, f"a snapshot at {position} on every member")
+        20,
+        f"a snapshot at {position} on every member",
+    )
     return position
 
 
@@ -127,7 +133,10 @@ async def test_snapshot_then_restart_replays_only_the_log_after_it(cluster: Test
     assert closed == {f"{CLOSED_PREFIX}{open_session}": b"TIMEOUT"}
 
 
-FAILED_SNAPSHOT_ERRORS = [r'"event": "service snapshot failed"', r'"event": "snapshot failed: the service could not take']
+FAILED_SNAPSHOT_ERRORS = [
+    r'"event": "service snapshot failed"',
+    r'"event": "snapshot failed: the service could not take',
+]
 """What a service that fails its snapshot makes every member log (and count) at ERROR."""
 
 
@@ -143,8 +152,11 @@ async def _a_failed_service_snapshot_records_nothing_and_the_cluster_goes_on(clu
         r = await atool(cluster.nodes[leader].dir, "snapshot")
         assert r.returncode == 1 and "snapshot failed" in r.stderr, r
         assert all(not snapshots(cluster, m) for m in range(3))
-        await cluster.await_for(lambda: all(events(cluster, m, "service snapshot failed") for m in range(3)), 10,
-                                "every service reports its failed snapshot")
+        await cluster.await_for(
+            lambda: all(events(cluster, m, "service snapshot failed") for m in range(3)),
+            10,
+            "every service reports its failed snapshot",
+        )
         await put_all(kv, {FAIL_SNAPSHOT_KEY: b"0", "b": b"2"})
         position = await take_snapshot(cluster, leader)
         assert await get_all(kv, ["a", "b"]) == {"a": b"1", "b": b"2"}
@@ -167,8 +179,9 @@ def last_term(cluster: TestCluster, member_id: int):
 async def await_exits(cluster: TestCluster, members, timeout: float) -> float:
     """Wait for the processes to exit by themselves; the seconds it took. Each must exit 0."""
     start = time.monotonic()
-    await cluster.await_for(lambda: all(not cluster.nodes[m].running for m in members), timeout,
-                            f"members {list(members)} exit")
+    await cluster.await_for(
+        lambda: all(not cluster.nodes[m].running for m in members), timeout, f"members {list(members)} exit"
+    )
     for m in members:
         assert cluster.nodes[m].proc.returncode == 0, (m, cluster.nodes[m].proc.returncode, cluster.diagnostics())
     return time.monotonic() - start
@@ -191,6 +204,7 @@ async def test_timers_in_a_snapshot_fire_once_each_after_restart(cluster: TestCl
     leader = kill_all_and_restart(cluster)
     fired_keys = [f"{FIRED_PREFIX}{cid}" for cid in delays]
     async with open_kv_client(cluster.client_config) as kv:
+
         async def all_fired():
             return all(v is not None for v in (await get_all(kv, fired_keys)).values())
 
@@ -217,7 +231,7 @@ async def test_service_messages_and_timers_in_flight_survive_leader_failover_exa
         # The rest go out while the leader dies: some are appended and not committed, some not
         # appended at all; service messages and timers from the committed ones are in flight.
         session_id = kv.client.cluster_session_id
-        for r in requests[len(requests) // 2:]:
+        for r in requests[len(requests) // 2 :]:
             await kv.send(r)
         await trio.to_thread.run_sync(cluster.nodes[leader].kill)
         new_leader = await cluster.await_leader(20, exclude=[leader])
@@ -231,19 +245,27 @@ async def test_service_messages_and_timers_in_flight_survive_leader_failover_exa
             fired = await get_all(kv, [f"{FIRED_PREFIX}{c}" for c in timers])
             want_svc = [i for i in range(n) if state[f"{SERVICE_MESSAGE_PREFIX}{i}"] is not None]
             want_fired = [c for c in timers if state[f"{TIMER_PREFIX}{c}"] is not None]
-            done = (all(svc[f"{SERVICE_APPLIED_PREFIX}{i}"] is not None for i in want_svc)
-                    and all(fired[f"{FIRED_PREFIX}{c}"] is not None for c in want_fired))
+            done = all(svc[f"{SERVICE_APPLIED_PREFIX}{i}"] is not None for i in want_svc) and all(
+                fired[f"{FIRED_PREFIX}{c}"] is not None for c in want_fired
+            )
             if done or time.monotonic() > deadline:
                 break
         assert_same_session(kv, session_id, cluster)
         assert len(want_svc) >= n // 2, "the acknowledged half must have been applied"
-        wrong_svc = {i: svc[f"{SERVICE_APPLIED_PREFIX}{i}"] for i in range(n)
-                     if svc[f"{SERVICE_APPLIED_PREFIX}{i}"] != (b"x" if i in want_svc else None)}
-        wrong_fired = {c: fired[f"{FIRED_PREFIX}{c}"] for c in timers
-                       if fired[f"{FIRED_PREFIX}{c}"] != (b"x" if c in want_fired else None)}
+        wrong_svc = {
+            i: svc[f"{SERVICE_APPLIED_PREFIX}{i}"]
+            for i in range(n)
+            if svc[f"{SERVICE_APPLIED_PREFIX}{i}"] != (b"x" if i in want_svc else None)
+        }
+        wrong_fired = {
+            c: fired[f"{FIRED_PREFIX}{c}"]
+            for c in timers
+            if fired[f"{FIRED_PREFIX}{c}"] != (b"x" if c in want_fired else None)
+        }
         assert not wrong_svc and not wrong_fired, (
             f"service messages not applied exactly once: {wrong_svc}; timers not fired exactly once: "
-            f"{wrong_fired}; leader {leader} -> {new_leader}\n{cluster.diagnostics()}")
+            f"{wrong_fired}; leader {leader} -> {new_leader}\n{cluster.diagnostics()}"
+        )
 
 
 async def test_shutdown_stops_every_member_at_the_snapshot_and_restart_continues_from_it(cluster: TestCluster) -> None:
@@ -355,10 +377,13 @@ async def test_snapshot_interval_takes_snapshots_as_the_log_grows(tmp_path) -> N
         data = {f"k{i}": bytes(500) for i in range(400)}  # about 230 KiB of log
         async with open_kv_client(cluster.client_config) as kv:
             await put_all(kv, data)
-            await cluster.await_for(lambda: all(len(snapshots(cluster, m)) >= 2 for m in range(3)), 20,
-                                    "two interval snapshots on every member")
+            await cluster.await_for(
+                lambda: all(len(snapshots(cluster, m)) >= 2 for m in range(3)),
+                20,
+                "two interval snapshots on every member",
+            )
         positions = [[e.log_position for e in snapshots(cluster, m)] for m in range(3)]
-        assert positions[0] == positions[1][:len(positions[0])] or positions[1] == positions[0][:len(positions[1])]
+        assert positions[0] == positions[1][: len(positions[0])] or positions[1] == positions[0][: len(positions[1])]
         gaps = [b - a for a, b in zip(positions[0], positions[0][1:])]
         assert all(g >= 64 * 1024 for g in gaps), positions[0]
 

@@ -41,15 +41,14 @@ def tool(node_dir: Path, *args: str):
 
 
 def tool_process(node_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(CLI), "tool", "--dir", str(node_dir), *args],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run([str(CLI), "tool", "--dir", str(node_dir), *args], capture_output=True, text=True, timeout=30)
 
 
 def field(output: str, name: str) -> str:
     """The value of a ``name   value`` line of describe/recovery-plan output."""
     for line in output.splitlines():
         if line.strip().startswith(name + " "):
-            return line.strip()[len(name):].strip()
+            return line.strip()[len(name) :].strip()
     raise AssertionError(f"no {name!r} line in:\n{output}")
 
 
@@ -142,8 +141,18 @@ def test_recording_log_lists_every_entry(cluster):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].endswith("recording.log: 1 entries, 64 bytes")
-    assert lines[1].split() == ["INDEX", "TYPE", "VALID", "RECORDING", "TERM", "TERM_BASE", "LOG_POSITION",
-                                "TIMESTAMP", "SERVICE", "ENDPOINT"]
+    assert lines[1].split() == [
+        "INDEX",
+        "TYPE",
+        "VALID",
+        "RECORDING",
+        "TERM",
+        "TERM_BASE",
+        "LOG_POSITION",
+        "TIMESTAMP",
+        "SERVICE",
+        "ENDPOINT",
+    ]
     cells = lines[2].split()
     assert cells[:7] == ["0", "TERM", "valid", "0", str(term), "0", "open"]
     assert cells[8] == "0"
@@ -243,7 +252,9 @@ def test_describe_json_carries_the_fields_of_the_text_and_the_members_lag(cluste
         if role == "LEADER":
             assert {m["member_id"] for m in doc["members"]} == {0, 1, 2}
             for m in doc["members"]:
-                assert f"append position {m['append_position']} (lag {m['lag']})" == field(text, f"member {m['member_id']}")
+                assert f"append position {m['append_position']} (lag {m['lag']})" == field(
+                    text, f"member {m['member_id']}"
+                )
         else:
             assert doc["members"] == []
 
@@ -276,9 +287,19 @@ def test_recording_log_and_errors_json(cluster):
     doc = json_of(follower_dir, "recording-log")
     assert doc["path"].endswith("recording.log") and doc["length"] == 64 and doc["torn_tail_length"] == 0
     (entry,) = doc["entries"]
-    assert entry == {"entry_index": 0, "type": "TERM", "valid": True, "recording_id": 0, "leadership_term_id": term,
-                     "term_base_log_position": 0, "log_position": -1, "open": True,
-                     "timestamp": entry["timestamp"], "service_id": 0, "archive_endpoint": entry["archive_endpoint"]}
+    assert entry == {
+        "entry_index": 0,
+        "type": "TERM",
+        "valid": True,
+        "recording_id": 0,
+        "leadership_term_id": term,
+        "term_base_log_position": 0,
+        "log_position": -1,
+        "open": True,
+        "timestamp": entry["timestamp"],
+        "service_id": 0,
+        "archive_endpoint": entry["archive_endpoint"],
+    }
     errs = json_of(leader_dir, "errors")
     assert (errs["errors"], errs["service_errors"], errs["skip_list"]) == (0, 0, [])
     assert errs["log_found"] is True and isinstance(errs["events"], list)
@@ -303,7 +324,8 @@ def test_suspend_stops_client_messages_and_resume_brings_them_back(own_cluster):
             refused = await trio.to_thread.run_sync(tool_process, leader_dir, "snapshot")
             assert refused.returncode == 1
             assert refused.stderr.splitlines() == [
-                "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE"]
+                "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE"
+            ]
             before = cluster.counters()[cluster.leader_id].commit
             request_id = await kv.send(Put(kv.next_id(), "suspended", b"x"))
             assert await kv.wait_reply(request_id, 2.0) is None  # not taken while suspended
@@ -324,7 +346,8 @@ def test_snapshot_shutdown_and_abort_on_a_follower_fail_with_one_line(cluster):
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert result.stdout == ""
         assert result.stderr.splitlines() == [
-            f"Current node is not the leader (member {cluster.follower_id} is FOLLOWER)"], command
+            f"Current node is not the leader (member {cluster.follower_id} is FOLLOWER)"
+        ], command
     assert cluster.nodes[cluster.follower_id].running and cluster.nodes[cluster.leader_id].running
 
 
@@ -335,7 +358,8 @@ def test_offline_snapshot_commands_on_a_running_node(cluster):
     refused = tool_process(leader_dir, "invalidate-latest-snapshot")
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [
-        f"member {leader.member_id} runs in {leader_dir} (pid {leader.pid}): stop it before invalidating its snapshot"]
+        f"member {leader.member_id} runs in {leader_dir} (pid {leader.pid}): stop it before invalidating its snapshot"
+    ]
     assert (leader_dir / "recording.log").read_bytes() == before
     described = tool_process(leader_dir, "describe-latest-snapshot")  # read only, on a running node
     assert described.returncode == 1
@@ -349,8 +373,11 @@ def test_snapshot_on_the_live_leader_is_taken_by_every_member(own_cluster):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "SNAPSHOT applied successfully"
-    m = re.fullmatch(r"snapshot at log position (\d+), leadership term (\d+): consensus module recording (\d+), "
-                     r"service 0 recording (\d+)", lines[1])
+    m = re.fullmatch(
+        r"snapshot at log position (\d+), leadership term (\d+): consensus module recording (\d+), "
+        r"service 0 recording (\d+)",
+        lines[1],
+    )
     assert m, lines
     position, term = int(m.group(1)), int(m.group(2))
     assert term == cluster.nodes[cluster.leader_id].counters().term
@@ -361,8 +388,9 @@ def test_snapshot_on_the_live_leader_is_taken_by_every_member(own_cluster):
     assert re.fullmatch(r"last \d+\.\d ms, max \d+\.\d ms", field(tool(leader_dir, "describe").output, "snapshot time"))
 
     # Every member snapshots at the same position; a follower's set lands when its service got there.
-    cluster.wait_for(lambda: tool(follower_dir, "describe-latest-snapshot").exit_code == 0, 10,
-                     "the follower's snapshot set")
+    cluster.wait_for(
+        lambda: tool(follower_dir, "describe-latest-snapshot").exit_code == 0, 10, "the follower's snapshot set"
+    )
     for node_dir in (leader_dir, follower_dir):
         described = tool(node_dir, "describe-latest-snapshot")
         assert described.exit_code == 0, described.output
@@ -376,8 +404,16 @@ def test_snapshot_on_the_live_leader_is_taken_by_every_member(own_cluster):
 
 
 def test_a_directory_without_a_node_gives_one_line_and_exit_1(tmp_path):
-    for command in ("describe", "pid", "is-leader", "recording-log", "recovery-plan", "errors", "list-members",
-                    "snapshot"):
+    for command in (
+        "describe",
+        "pid",
+        "is-leader",
+        "recording-log",
+        "recovery-plan",
+        "errors",
+        "list-members",
+        "snapshot",
+    ):
         result = tool_process(tmp_path, command)
         assert result.returncode == 1, (command, result.stdout, result.stderr)
         assert result.stdout == ""
@@ -396,8 +432,12 @@ def test_a_stopped_node_is_reported_as_not_running(own_cluster):
 
     # A warning line as the node writes them, then a torn line: errors shows the one, skips the other.
     with open(node.log_path, "a") as f:
-        f.write(json.dumps({"event": "example trouble", "level": "warning", "timestamp": "2030-01-01T00:00:00Z",
-                            "detail": 7}) + "\n")
+        f.write(
+            json.dumps(
+                {"event": "example trouble", "level": "warning", "timestamp": "2030-01-01T00:00:00Z", "detail": 7}
+            )
+            + "\n"
+        )
         f.write('{"torn line without end')
 
     described = tool_process(node.dir, "describe")
@@ -424,8 +464,10 @@ def test_a_stopped_node_is_reported_as_not_running(own_cluster):
     errors = tool(node.dir, "errors", "-n", "5")
     assert errors.exit_code == 0, errors.output
     assert "WARNING  example trouble  detail=7" in errors.output
-    assert errors.output.splitlines()[-2:] == [f"errors counter: 0 (last values of pid {pid})",
-                                               f"service errors counter: 0 (last values of pid {pid})"]
+    assert errors.output.splitlines()[-2:] == [
+        f"errors counter: 0 (last values of pid {pid})",
+        f"service errors counter: 0 (last values of pid {pid})",
+    ]
 
 
 @pytest.mark.parametrize("block_bytes", [1, 7, 64, 1 << 20])
@@ -446,8 +488,13 @@ def test_reading_the_log_backwards_matches_reading_it_forwards(tmp_path, block_b
 @contextmanager
 def fake_node(node_dir: Path, *args: str):
     """A stand-in node process in ``node_dir`` (see tests/support/snapshot_fixture.py), ready."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.snapshot_fixture", "fake-node", str(node_dir), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.snapshot_fixture", "fake-node", str(node_dir), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         line = proc.stdout.readline() if ready else ""
@@ -476,11 +523,13 @@ def test_snapshot_through_a_leader_reports_each_new_set(tmp_path):
         assert first.exit_code == 0, first.stderr
         assert first.stdout.splitlines() == [
             "SNAPSHOT applied successfully",
-            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100"]
+            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100",
+        ]
         second = tool(tmp_path, "snapshot")
         assert second.exit_code == 0, second.stderr
-        assert second.stdout.splitlines()[1].startswith("snapshot at log position 12288, leadership term 1: "
-                                                        "consensus module recording 103")
+        assert second.stdout.splitlines()[1].startswith(
+            "snapshot at log position 12288, leadership term 1: consensus module recording 103"
+        )
         described = tool(tmp_path, "describe")
         assert "snapshots taken 2" in described.stdout
         assert proc.poll() is None
@@ -491,14 +540,18 @@ def test_snapshot_that_leaves_no_new_set_fails(tmp_path, extra):
     with fake_node(tmp_path, "--on-snapshot", "fail", *extra):
         result = tool(tmp_path, "snapshot")
         assert stderr_line(result) == (
-            "snapshot failed: no new snapshot in recording.log (a service snapshot failed? see `tool errors`)")
+            "snapshot failed: no new snapshot in recording.log (a service snapshot failed? see `tool errors`)"
+        )
         assert result.stdout == ""
 
 
 def test_snapshot_the_leader_never_finishes_times_out(tmp_path):
     with fake_node(tmp_path, "--on-snapshot", "ignore"):
         result = tool(tmp_path, "snapshot", "--timeout", "0.5")
-        assert stderr_line(result) == "snapshot: member 0 did not finish within 0.5 s (its control toggle is still SNAPSHOT)"
+        assert (
+            stderr_line(result)
+            == "snapshot: member 0 did not finish within 0.5 s (its control toggle is still SNAPSHOT)"
+        )
         # An operator can always stop it: ABORT replaces the SNAPSHOT request still pending.
         again = tool(tmp_path, "abort")
         assert again.exit_code == 0, again.stderr
@@ -511,7 +564,8 @@ def test_control_commands_on_a_follower_or_a_suspended_leader_are_refused(tmp_pa
         for command in ("snapshot", "shutdown", "abort", "suspend"):
             assert stderr_line(tool(follower, command)) == "Current node is not the leader (member 1 is FOLLOWER)"
         assert stderr_line(tool(leader, "snapshot")) == (
-            "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE")
+            "Unable to SNAPSHOT as the state of the consensus module is SUSPENDED, but needs to be ACTIVE"
+        )
 
 
 @pytest.mark.parametrize("command", ["shutdown", "abort"])
@@ -526,7 +580,8 @@ def test_a_suspended_leader_can_still_be_stopped(tmp_path, command):
 def test_a_refused_stop_names_the_state_it_stays_in(tmp_path):
     with fake_node(tmp_path, "--state", "SUSPENDED", "--on-terminate", "refuse"):
         assert stderr_line(tool(tmp_path, "abort")) == (
-            "ABORT was not applied: member 0 released the control toggle and stays SUSPENDED (see `tool errors`)")
+            "ABORT was not applied: member 0 released the control toggle and stays SUSPENDED (see `tool errors`)"
+        )
 
 
 def test_shutdown_waits_until_the_node_stopped_and_reports_where(tmp_path):
@@ -536,7 +591,8 @@ def test_shutdown_waits_until_the_node_stopped_and_reports_where(tmp_path):
         assert result.stdout.splitlines() == [
             "SHUTDOWN applied successfully",
             "member 0 stopped at log position 8192 (leadership term 1)",
-            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100"]
+            "snapshot at log position 8192, leadership term 1: consensus module recording 101, service 0 recording 100",
+        ]
         assert proc.wait(10) == 0
     stopped = tool_process(tmp_path, "snapshot")
     assert stderr_line(stopped).startswith(f"no node runs in {tmp_path} (member 0, pid ")
@@ -546,8 +602,10 @@ def test_abort_stops_without_a_snapshot_and_no_wait_returns_at_once(tmp_path):
     with fake_node(tmp_path) as proc:
         result = tool(tmp_path, "abort")
         assert result.exit_code == 0, result.stderr
-        assert result.stdout.splitlines() == ["ABORT applied successfully",
-                                              "member 0 stopped at log position 8192 (leadership term 1)"]
+        assert result.stdout.splitlines() == [
+            "ABORT applied successfully",
+            "member 0 stopped at log position 8192 (leadership term 1)",
+        ]
         assert proc.wait(10) == 0
     assert "snapshots                none" in tool(tmp_path, "recovery-plan").stdout
     with fake_node(tmp_path / "again", "--stop-s", "2") as proc:
@@ -562,12 +620,14 @@ def test_shutdown_refused_not_taken_or_not_finished_in_time(tmp_path):
     with fake_node(tmp_path / "refuse", "--on-terminate", "refuse") as proc:
         result = tool(tmp_path / "refuse", "shutdown")
         assert stderr_line(result) == (
-            "SHUTDOWN was not applied: member 0 released the control toggle and stays ACTIVE (see `tool errors`)")
+            "SHUTDOWN was not applied: member 0 released the control toggle and stays ACTIVE (see `tool errors`)"
+        )
         assert proc.poll() is None
     with fake_node(tmp_path / "ignore", "--on-terminate", "ignore"):
         result = tool(tmp_path / "ignore", "shutdown", "--timeout", "0.5")
         assert stderr_line(result) == (
-            "shutdown: member 0 did not take the request within 0.5 s (its control toggle is still SHUTDOWN)")
+            "shutdown: member 0 did not take the request within 0.5 s (its control toggle is still SHUTDOWN)"
+        )
     with fake_node(tmp_path / "slow", "--stop-s", "5") as proc:
         result = tool(tmp_path / "slow", "abort", "--timeout", "1")
         assert result.stdout == "ABORT applied successfully\n"

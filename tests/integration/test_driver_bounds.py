@@ -19,8 +19,12 @@ from tests.support.procs import free_udp_port
 
 _MINUTE = 60_000_000_000
 QUIET = dict(
-    network_term_length=64 * 1024, heartbeat_interval_ns=_MINUTE, status_message_timeout_ns=_MINUTE,
-    setup_interval_ns=20_000_000, publication_connection_timeout_ns=_MINUTE, image_liveness_timeout_ns=_MINUTE,
+    network_term_length=64 * 1024,
+    heartbeat_interval_ns=_MINUTE,
+    status_message_timeout_ns=_MINUTE,
+    setup_interval_ns=20_000_000,
+    publication_connection_timeout_ns=_MINUTE,
+    image_liveness_timeout_ns=_MINUTE,
 )
 
 
@@ -47,7 +51,7 @@ async def _still_serves(driver, port: int) -> None:
         while pub.offer(b"real") < 0:
             await trio.sleep(0.005)
         while not got:
-            sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off:off + n])), 10)
+            sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off : off + n])), 10)
             await trio.sleep(0.005)
     assert got == [b"real"]
 
@@ -92,8 +96,14 @@ async def test_running_out_of_counters_refuses_the_image_and_the_driver_goes_on(
         assert driver.system.images_refused.get() > 0
         assert any("CountersError" in e.key for e in driver.errors.entries())
         for image in list(sub.images):  # free the counters the forged images took
-            driver._drop_image(next(ni for g in driver._all_groups() for ni in g.images.values()
-                                    if ni.core.session_id == image.session_id))
+            driver._drop_image(
+                next(
+                    ni
+                    for g in driver._all_groups()
+                    for ni in g.images.values()
+                    if ni.core.session_id == image.session_id
+                )
+            )
         await _still_serves(driver, free_udp_port())
 
 
@@ -123,6 +133,6 @@ async def test_a_datagram_whose_handling_raises_closes_its_image_only(tmp_path, 
             while good.offer(b"fine") < 0:
                 await trio.sleep(0.005)
             while not got:
-                sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off:off + n])), 10)
+                sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off : off + n])), 10)
                 await trio.sleep(0.005)
         assert got == [b"fine"]

@@ -78,6 +78,7 @@ async def test_a_subscriber_in_another_thread_rings_the_publisher_through_its_do
         t.start()
         try:
             async with trio.open_nursery() as nursery:
+
                 async def release():
                     await _wait_parked(pub)
                     ready.set()
@@ -96,6 +97,7 @@ async def test_a_publisher_waiting_to_be_connected_is_rung_when_a_subscriber_joi
         pub = driver.add_publication("aeron:ipc", 5)
         assert pub.offer(b"nobody") == OfferResult.NOT_CONNECTED
         async with trio.open_nursery() as nursery:
+
             async def join():
                 await _wait_parked(pub)
                 await _connected(driver.add_subscription("aeron:ipc", 5))
@@ -113,6 +115,7 @@ async def test_a_publisher_held_back_by_a_subscriber_is_rung_when_that_subscribe
         await _connected(slow)
         _fill(pub)
         async with trio.open_nursery() as nursery:
+
             async def leave():
                 await _wait_parked(pub)
                 slow.close()
@@ -188,7 +191,7 @@ async def test_a_transport_that_stalled_does_not_judge_its_peers_by_their_old_he
     assert sub.images == (image,), "a publisher of this process was dropped for its silence"
     assert pub.offer(b"after") > 0
     got: list[bytes] = []
-    sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+    sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 10)
     assert got == [b"after"]
     pub.close()
     sub_side.do_work(later + 3 * liveness)

@@ -37,7 +37,7 @@ async def _exchange(pub, sub, payloads) -> list[bytes]:
             while pub.offer(p) < 0:
                 await trio.sleep(0.005)
         while len(got) < len(payloads):
-            sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off:off + n])), 100)
+            sub.poll(lambda buf, off, n, h: got.append(bytes(buf[off : off + n])), 100)
             await trio.sleep(0.002)
     return got
 
@@ -52,8 +52,10 @@ def _forge(port: int, datagrams) -> None:
 async def test_mac_channel_delivers_and_refuses_forgeries(tmp_path):
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac"
-    async with open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a, \
-            open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b:
+    async with (
+        open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a,
+        open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b,
+    ):
         sub = b.add_subscription(channel, 9)
         pub = a.add_publication(channel, 9)
         await _until(lambda: pub.is_connected)
@@ -66,8 +68,12 @@ async def test_mac_channel_delivers_and_refuses_forgeries(tmp_path):
         image = sub.images[0]
         setup = encode_setup(Setup(0, 4242, 9, 0, 0, 64 * 1024, 1408, 0))
         body = b"forged!!"
-        data = encode_data_header(HEADER_LENGTH + len(body), FLAG_UNFRAGMENTED, 0, image.session_id, 9,
-                                  image.log.initial_term_id) + body
+        data = (
+            encode_data_header(
+                HEADER_LENGTH + len(body), FLAG_UNFRAGMENTED, 0, image.session_id, 9, image.log.initial_term_id
+            )
+            + body
+        )
         good = MacKeys(KEY).signed(setup)
         altered = bytearray(good)
         altered[13] ^= 0xFF
@@ -84,8 +90,10 @@ async def test_mac_channel_delivers_and_refuses_forgeries(tmp_path):
 async def test_a_publication_takes_control_frames_only_signed_and_from_its_destination(tmp_path):
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac"
-    async with open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a, \
-            open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b:
+    async with (
+        open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a,
+        open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b,
+    ):
         sub = b.add_subscription(channel, 9)
         pub = a.add_publication(channel, 9)
         await _until(lambda: pub.is_connected)
@@ -95,18 +103,26 @@ async def test_a_publication_takes_control_frames_only_signed_and_from_its_desti
         # publication does not send to (a replayed member datagram): invalid, dropped.
         invalid_before = a.system.invalid_packets.get()
         _forge(pub_port, [sm, MacKeys(KEY).signed(sm)])
-        await _until(lambda: a.system.frames_failed_authentication.get() == 1
-                     and a.system.invalid_packets.get() == invalid_before + 1)
-        assert [e.key for e in a.errors.entries()] == ["failed authentication at a publication",
-                                                        "control frame from a non-destination"]
+        await _until(
+            lambda: (
+                a.system.frames_failed_authentication.get() == 1
+                and a.system.invalid_packets.get() == invalid_before + 1
+            )
+        )
+        assert [e.key for e in a.errors.entries()] == [
+            "failed authentication at a publication",
+            "control frame from a non-destination",
+        ]
         assert await _exchange(pub, sub, [b"still"]) == [b"still"]
 
 
 async def test_a_driver_with_another_key_never_connects(tmp_path):
     port = free_udp_port()
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac"
-    async with open_media_driver(dir=tmp_path / "a", mac_key=NEW_KEY, setup_interval_ns=10_000_000) as a, \
-            open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b:
+    async with (
+        open_media_driver(dir=tmp_path / "a", mac_key=NEW_KEY, setup_interval_ns=10_000_000) as a,
+        open_media_driver(dir=tmp_path / "b", mac_key=KEY) as b,
+    ):
         sub = b.add_subscription(channel, 9)
         pub = a.add_publication(channel, 9)
         await _until(lambda: b.system.frames_failed_authentication.get() >= 3)
@@ -118,8 +134,10 @@ async def test_previous_key_accepted_during_a_rotation(tmp_path):
     channel = f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac"
     # b moved to the new key and still takes the old one; a (not restarted yet) has the old key
     # and the new one as its previous key: each signs with its current key, takes both.
-    async with open_media_driver(dir=tmp_path / "a", mac_key=KEY, mac_previous_key=NEW_KEY) as a, \
-            open_media_driver(dir=tmp_path / "b", mac_key=NEW_KEY, mac_previous_key=KEY) as b:
+    async with (
+        open_media_driver(dir=tmp_path / "a", mac_key=KEY, mac_previous_key=NEW_KEY) as a,
+        open_media_driver(dir=tmp_path / "b", mac_key=NEW_KEY, mac_previous_key=KEY) as b,
+    ):
         sub = b.add_subscription(channel, 9)
         pub = a.add_publication(channel, 9)
         await _until(lambda: pub.is_connected)
@@ -129,12 +147,14 @@ async def test_previous_key_accepted_during_a_rotation(tmp_path):
 
 async def test_plain_and_mac_channels_cannot_share_an_endpoint_and_mac_needs_a_key(tmp_path):
     from cluster_node.media.channel import ChannelError
+
     port = free_udp_port()
-    async with open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a, \
-            open_media_driver(dir=tmp_path / "b") as b:
+    async with open_media_driver(dir=tmp_path / "a", mac_key=KEY) as a, open_media_driver(dir=tmp_path / "b") as b:
         a.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac", 9)
-        for call in (lambda: a.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 10),
-                     lambda: b.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac", 9)):
+        for call in (
+            lambda: a.add_subscription(f"aeron:udp?endpoint=127.0.0.1:{port}", 10),
+            lambda: b.add_publication(f"aeron:udp?endpoint=127.0.0.1:{port}|auth=mac", 9),
+        ):
             try:
                 call()
             except ChannelError:

@@ -28,8 +28,11 @@ FAST = dict(
 
 _MINUTE = 60_000_000_000
 SLOW = dict(
-    FAST, heartbeat_interval_ns=_MINUTE, status_message_timeout_ns=_MINUTE,
-    publication_connection_timeout_ns=_MINUTE, image_liveness_timeout_ns=_MINUTE,
+    FAST,
+    heartbeat_interval_ns=_MINUTE,
+    status_message_timeout_ns=_MINUTE,
+    publication_connection_timeout_ns=_MINUTE,
+    image_liveness_timeout_ns=_MINUTE,
 )
 """Heartbeats and status messages once a minute: only an offer's own wake-up or send moves data."""
 
@@ -142,7 +145,8 @@ async def test_image_callbacks_and_end_of_stream(tmp_path):
     events = []
     async with open_media_driver(dir=tmp_path, **FAST) as driver:
         sub = driver.add_subscription(
-            f"aeron:udp?endpoint=127.0.0.1:{port}", 5,
+            f"aeron:udp?endpoint=127.0.0.1:{port}",
+            5,
             on_available=lambda img: events.append(("up", img.session_id)),
             on_unavailable=lambda img: events.append(("down", img.session_id)),
         )
@@ -166,8 +170,9 @@ async def test_a_multi_destination_image_ends_only_when_every_source_has_ended(t
     events = []
     start = "session-id=55|init-term-id=0|term-id=0|term-offset=0"
     async with open_media_driver(dir=tmp_path, **FAST) as driver:
-        sub = driver.add_subscription("aeron:udp?control-mode=manual|session-id=55", 6,
-                                      on_unavailable=lambda img: events.append("down"))
+        sub = driver.add_subscription(
+            "aeron:udp?control-mode=manual|session-id=55", 6, on_unavailable=lambda img: events.append("down")
+        )
         sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{live_port}")
         sub.add_destination(f"aeron:udp?endpoint=127.0.0.1:{replay_port}")
         live = driver.add_publication(f"aeron:udp?endpoint=127.0.0.1:{live_port}|{start}", 6)
@@ -430,9 +435,13 @@ async def _park_until(driver, deadline_ns: int, stop=lambda: False) -> int:
 
 
 @pytest.mark.parametrize("timerfd", [True, False], ids=["timerfd", "cancel-scope-fallback"])
-async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(tmp_path, monkeypatch, timerfd):
+async def test_a_claimants_park_ends_at_its_deadline_when_a_datagram_arrives_and_when_rung(
+    tmp_path, monkeypatch, timerfd
+):
     if not timerfd:
-        monkeypatch.setattr("cluster_node.media.driver.media_driver.open_timerfd", lambda: None)  # as where Linux has none
+        monkeypatch.setattr(
+            "cluster_node.media.driver.media_driver.open_timerfd", lambda: None
+        )  # as where Linux has none
     ms = 1_000_000
     async with open_media_driver(dir=tmp_path, **SLOW) as driver:
         pub, sub = await _connected_pair(driver)
@@ -592,8 +601,9 @@ async def test_periodic_deadlines_fall_on_one_phase_grid_tick_at_most_a_slack_ea
     no more than the timer slack before it, so a duty done just after a tick and due one or
     two intervals later lands on a tick again (heartbeats and status messages share ticks)."""
     ms = 1_000_000
-    async with open_media_driver(dir=tmp_path, heartbeat_interval_ns=100 * ms,
-                                 status_message_timeout_ns=200 * ms) as driver:
+    async with open_media_driver(
+        dir=tmp_path, heartbeat_interval_ns=100 * ms, status_message_timeout_ns=200 * ms
+    ) as driver:
         slack = driver.timer_slack_ns
         assert slack == 20 * ms
         tick = 200 * ms

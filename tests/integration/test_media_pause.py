@@ -33,8 +33,10 @@ from cluster_node.media.publication import OfferResult
 _S = 1_000_000_000
 LIVENESS_S = 1.0
 DRIVER = dict(
-    image_liveness_timeout_ns=int(LIVENESS_S * _S), publication_connection_timeout_ns=int(LIVENESS_S * _S),
-    heartbeat_interval_ns=100_000_000, status_message_timeout_ns=200_000_000,
+    image_liveness_timeout_ns=int(LIVENESS_S * _S),
+    publication_connection_timeout_ns=int(LIVENESS_S * _S),
+    heartbeat_interval_ns=100_000_000,
+    status_message_timeout_ns=200_000_000,
 )
 STALL_S = 1.5 * LIVENESS_S
 STREAM = 7
@@ -88,8 +90,10 @@ class Subscriber:
         async def main() -> None:
             async with open_media_driver(dir=self.directory, **self.driver_cfg) as driver:
                 sub = driver.add_subscription(
-                    f"aeron:udp?endpoint=127.0.0.1:{self.port}", STREAM,
-                    on_available=self._on_available, on_unavailable=self._on_unavailable,
+                    f"aeron:udp?endpoint=127.0.0.1:{self.port}",
+                    STREAM,
+                    on_available=self._on_available,
+                    on_unavailable=self._on_unavailable,
                 )
                 self.ready.set()
                 handler = lambda b, o, n, h: self.got.append(bytes(b[o : o + n]))  # noqa: E731

@@ -22,8 +22,10 @@ def test_udp_100k_messages_with_loss_duplication_and_reordering_both_ways(tmp_pa
     port = free_udp_port()
     lossy = ["--drop", "0.1", "--dup", "0.02", "--reorder", "0.02", "--sm-interval", "0.02"]
     common = ["--count", "100000", "--sizes", "range:8:200", *lossy]
-    with Peer(["sub", "--dir", str(tmp_path / "s"), "--channel", _udp(port), "--seed", "7", *common], "sub") as sub, \
-         Peer(["pub", "--dir", str(tmp_path / "p"), "--channel", _udp(port), "--seed", "8", *common], "pub") as pub:
+    with (
+        Peer(["sub", "--dir", str(tmp_path / "s"), "--channel", _udp(port), "--seed", "7", *common], "sub") as sub,
+        Peer(["pub", "--dir", str(tmp_path / "p"), "--channel", _udp(port), "--seed", "8", *common], "pub") as pub,
+    ):
         sub.expect("READY", 30)
         pub.expect("READY", 30)
         offered = pub.fields(pub.expect("OFFERED", 180))
@@ -45,12 +47,16 @@ def test_mdc_to_three_subscribers_one_slow_all_receive_and_memory_stays_bounded(
     try:
         for i, port in enumerate(ports):
             slow = ["--slow-us", "150"] if i == 0 else []
-            subs.append(Peer(["sub", "--dir", str(tmp_path / f"s{i}"), "--channel", _udp(port), *common, *slow], f"sub{i}"))
+            subs.append(
+                Peer(["sub", "--dir", str(tmp_path / f"s{i}"), "--channel", _udp(port), *common, *slow], f"sub{i}")
+            )
         for s in subs:
             s.expect("READY", 30)
         dests = [x for p in ports for x in ("--destination", _udp(p))]
         mdc = f"aeron:udp?control=127.0.0.1:{control}|control-mode=manual"
-        with Peer(["pub", "--dir", str(tmp_path / "p"), "--channel", mdc, *dests, "--wait-connections", "3", *common], "pub") as pub:
+        with Peer(
+            ["pub", "--dir", str(tmp_path / "p"), "--channel", mdc, *dests, "--wait-connections", "3", *common], "pub"
+        ) as pub:
             pub.expect("READY", 30)
             samples = []
             stop = threading.Event()
@@ -150,8 +156,19 @@ def test_fragmentation_every_length_up_to_the_maximum_round_trips(tmp_path, medi
     channel = _udp(free_udp_port()) if media == "udp" else "aeron:ipc"
     d = tmp_path / "driver"
     count = 4097 + 3 * (max_len // 1376) + 1
-    common = ["--channel", channel, "--count", str(count), "--term-length", str(term), "--sizes", "frag:1376",
-              "--max-len", str(max_len), "--verify-content"]
+    common = [
+        "--channel",
+        channel,
+        "--count",
+        str(count),
+        "--term-length",
+        str(term),
+        "--sizes",
+        "frag:1376",
+        "--max-len",
+        str(max_len),
+        "--verify-content",
+    ]
     with Peer(["sub", "--dir", str(d if media == "ipc" else tmp_path / "s"), *common], "sub") as sub:
         sub.expect("READY", 30)
         with Peer(["pub", "--dir", str(d if media == "ipc" else tmp_path / "p"), *common], "pub") as pub:
@@ -169,7 +186,9 @@ def test_killed_publisher_image_becomes_unavailable_within_liveness_timeout(tmp_
     channel = _udp(free_udp_port()) if media == "udp" else "aeron:ipc"
     d = tmp_path / "driver"
     common = ["--channel", channel, "--count", "1000", "--liveness", str(liveness)]
-    with Peer(["sub", "--dir", str(d if media == "ipc" else tmp_path / "s"), *common, "--linger-until-unavailable"], "sub") as sub:
+    with Peer(
+        ["sub", "--dir", str(d if media == "ipc" else tmp_path / "s"), *common, "--linger-until-unavailable"], "sub"
+    ) as sub:
         sub.expect("READY", 30)
         with Peer(["pub", "--dir", str(d if media == "ipc" else tmp_path / "p"), *common], "pub") as pub:
             pub.expect("READY", 30)
@@ -190,9 +209,13 @@ def test_closed_publication_ends_the_stream(tmp_path, media):
     channel = _udp(free_udp_port()) if media == "udp" else "aeron:ipc"
     d = tmp_path / "driver"
     common = ["--channel", channel, "--count", "500"]
-    with Peer(["sub", "--dir", str(d if media == "ipc" else tmp_path / "s"), *common, "--linger-until-unavailable"], "sub") as sub:
+    with Peer(
+        ["sub", "--dir", str(d if media == "ipc" else tmp_path / "s"), *common, "--linger-until-unavailable"], "sub"
+    ) as sub:
         sub.expect("READY", 30)
-        with Peer(["pub", "--dir", str(d if media == "ipc" else tmp_path / "p"), *common, "--close-after"], "pub") as pub:
+        with Peer(
+            ["pub", "--dir", str(d if media == "ipc" else tmp_path / "p"), *common, "--close-after"], "pub"
+        ) as pub:
             pub.expect("READY", 30)
             pub.expect("CLOSED", 60)
             sub.expect("DONE", 60)

@@ -43,8 +43,9 @@ from tests.support.cluster import Put, TestCluster, open_kv_client
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not sys.platform.startswith("linux"),
-                       reason="needs all of 127.0.0.0/8 on the loopback interface (Linux)"),
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="needs all of 127.0.0.0/8 on the loopback interface (Linux)"
+    ),
 ]
 
 HOSTS = ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
@@ -52,8 +53,9 @@ ROGUE = "127.0.0.13"
 # A leader that stops talking is not given up for a long while (neither it nor its log image):
 # the commit test pauses the leader and must see what the follower does with the forged message
 # before any election.
-PATIENT = msgspec.structs.replace(DEMO_TIMEOUTS, leader_heartbeat_timeout_ns=60_000_000_000,
-                                  startup_canvass_timeout_ns=120_000_000_000)
+PATIENT = msgspec.structs.replace(
+    DEMO_TIMEOUTS, leader_heartbeat_timeout_ns=60_000_000_000, startup_canvass_timeout_ns=120_000_000_000
+)
 PATIENT_DRIVER = msgspec.structs.replace(DEMO_DRIVER, image_liveness_timeout_ns=60_000_000_000)
 
 
@@ -65,8 +67,15 @@ def _cluster(tmp_path, secret: bool) -> tuple[TestCluster, bytes | None]:
         key = generate(path)
         kwargs["secret_file"] = str(path)
     # Forged traffic is counted in the members' error counters: what these tests send.
-    return TestCluster(tmp_path, hosts=HOSTS, host="127.0.0.1", timeouts=PATIENT, driver=PATIENT_DRIVER,
-                       expect_counted_errors=True, **kwargs), key
+    return TestCluster(
+        tmp_path,
+        hosts=HOSTS,
+        host="127.0.0.1",
+        timeouts=PATIENT,
+        driver=PATIENT_DRIVER,
+        expect_counted_errors=True,
+        **kwargs,
+    ), key
 
 
 def _failed_auth(node) -> int:
@@ -85,8 +94,7 @@ def _recordings(node) -> list[tuple[int, int, int]]:
     """(recording id, start position, stream id) of every recording of a member's archive."""
     result = CliRunner().invoke(cli, ["archive", "list", "--json", "--dir", str(node.dir)])
     assert result.exit_code == 0, result.output
-    return [(r["recording_id"], r["start_position"], r["stream_id"])
-            for r in json.loads(result.output)["recordings"]]
+    return [(r["recording_id"], r["start_position"], r["stream_id"]) for r in json.loads(result.output)["recordings"]]
 
 
 def _consensus_messages(cluster: TestCluster, leader: int, follower: int) -> list[bytes]:
@@ -95,14 +103,17 @@ def _consensus_messages(cluster: TestCluster, leader: int, follower: int) -> lis
     digest = cfg.members_digest
     v = cc.CONSENSUS_PROTOCOL_VERSION
     huge = c.term + 1_000_000
-    return [cc.CONSENSUS_CODEC.encode(m) for m in (
-        cc.RequestVote(c.term, c.append + 1_000_000, huge, follower, v, digest),
-        cc.RequestVote(c.term, c.append + 1_000_000, c.term + 1, follower, v, digest),
-        cc.CommitPosition(c.term, c.append + 1_000_000, leader),
-        cc.CatchupPosition(c.term, 0, follower, f"{ROGUE}:9"),
-        cc.TerminationPosition(c.term, 0),
-        cc.NewLeadershipTerm(c.term, c.term + 1, 0, 0, c.term + 1, 0, 0, 0, 0, follower, 4242, v, False, digest),
-    )]
+    return [
+        cc.CONSENSUS_CODEC.encode(m)
+        for m in (
+            cc.RequestVote(c.term, c.append + 1_000_000, huge, follower, v, digest),
+            cc.RequestVote(c.term, c.append + 1_000_000, c.term + 1, follower, v, digest),
+            cc.CommitPosition(c.term, c.append + 1_000_000, leader),
+            cc.CatchupPosition(c.term, 0, follower, f"{ROGUE}:9"),
+            cc.TerminationPosition(c.term, 0),
+            cc.NewLeadershipTerm(c.term, c.term + 1, 0, 0, c.term + 1, 0, 0, 0, 0, follower, 4242, v, False, digest),
+        )
+    ]
 
 
 def _archive_requests(node) -> list[bytes]:
@@ -140,8 +151,11 @@ async def _uncommitted_follower(cluster: TestCluster, leader: int) -> int:
     (see the module docstring); returns that follower."""
     followers = [i for i in range(3) if i != leader]
     f1, f2 = followers
-    await cluster.await_for(lambda: len({(c.commit, c.append) for c in cluster.counters().values()}) == 1, 30,
-                            "every member has committed what the leader appended")
+    await cluster.await_for(
+        lambda: len({(c.commit, c.append) for c in cluster.counters().values()}) == 1,
+        30,
+        "every member has committed what the leader appended",
+    )
     for f in followers:
         os.kill(cluster.nodes[f].pid, signal.SIGSTOP)
     try:
@@ -149,8 +163,11 @@ async def _uncommitted_follower(cluster: TestCluster, leader: int) -> int:
             before = cluster.counters()[leader].append
             for i in range(5):
                 await kv.send(Put(kv.next_id(), f"uncommitted-{i}", b"x"))
-            await cluster.await_for(lambda: cluster.counters()[leader].append > before, 30,
-                                    "the leader appends the writes nobody acknowledges")
+            await cluster.await_for(
+                lambda: cluster.counters()[leader].append > before,
+                30,
+                "the leader appends the writes nobody acknowledges",
+            )
             # (The client's replies never come: it is closed without them.)
         os.kill(cluster.nodes[leader].pid, signal.SIGSTOP)
     finally:
@@ -159,8 +176,10 @@ async def _uncommitted_follower(cluster: TestCluster, leader: int) -> int:
     # socket too); what it appends is the leader's log, beyond it (maybe short of the leader's
     # last entry: the client's close may have been appended just before the pause, not sent).
     await cluster.await_for(
-        lambda: (c := cluster.counters())[f1].append > c[f1].commit == c[leader].commit, 30,
-        f"follower {f1} appends the leader's uncommitted entries")
+        lambda: (c := cluster.counters())[f1].append > c[f1].commit == c[leader].commit,
+        30,
+        f"follower {f1} appends the leader's uncommitted entries",
+    )
     return f1
 
 
@@ -191,12 +210,24 @@ async def test_with_a_secret_forged_member_traffic_changes_nothing_and_is_counte
                 # From the leader's own address (the source check passes: only the MAC is left)
                 # and from a rogue address.
                 for host in (leader_host, ROGUE):
-                    consensus = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id,
-                                       cfg.driver.term_length, cfg.driver.mtu, host=host, key=signing,
-                                       session_id=0x2800_0000 + sent[node.member_id])
-                    archive = Forger(cfg.this_member.archive, cfg.archive.control_request_stream_id,
-                                     cfg.driver.term_length, cfg.driver.mtu, host=host, key=signing,
-                                     session_id=0x2810_0000 + sent[node.member_id])
+                    consensus = Forger(
+                        cfg.this_member.consensus,
+                        cfg.cluster.consensus_stream_id,
+                        cfg.driver.term_length,
+                        cfg.driver.mtu,
+                        host=host,
+                        key=signing,
+                        session_id=0x2800_0000 + sent[node.member_id],
+                    )
+                    archive = Forger(
+                        cfg.this_member.archive,
+                        cfg.archive.control_request_stream_id,
+                        cfg.driver.term_length,
+                        cfg.driver.mtu,
+                        host=host,
+                        key=signing,
+                        session_id=0x2810_0000 + sent[node.member_id],
+                    )
                     try:
                         sent[node.member_id] += _blind_send(consensus, _consensus_messages(cluster, leader, follower))
                         sent[node.member_id] += _blind_send(archive, _archive_requests(node))
@@ -204,8 +235,11 @@ async def test_with_a_secret_forged_member_traffic_changes_nothing_and_is_counte
                         consensus.close()
                         archive.close()
         for node in cluster.nodes:
-            await cluster.await_for(lambda n=node: _failed_auth(n) >= sent[n.member_id], 30,
-                                    f"member {node.member_id} counts every forged datagram")
+            await cluster.await_for(
+                lambda n=node: _failed_auth(n) >= sent[n.member_id],
+                30,
+                f"member {node.member_id} counts every forged datagram",
+            )
         await _write(cluster, "after")
         counters = cluster.counters()
         assert {i: c.role for i, c in counters.items()} == roles, cluster.diagnostics()
@@ -236,28 +270,47 @@ async def test_a_forged_commit_position_from_the_leaders_address(tmp_path, secre
             cfg = node.cfg
             message = cc.CONSENSUS_CODEC.encode(cc.CommitPosition(c.term, c.append, leader))
             # From another address first: dropped by the source check in both modes.
-            rogue = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id, cfg.driver.term_length,
-                           cfg.driver.mtu, host=ROGUE, session_id=0x2820_0001)
-            forger = Forger(cfg.this_member.consensus, cfg.cluster.consensus_stream_id, cfg.driver.term_length,
-                            cfg.driver.mtu, host=HOSTS[leader], session_id=0x2820_0002)
+            rogue = Forger(
+                cfg.this_member.consensus,
+                cfg.cluster.consensus_stream_id,
+                cfg.driver.term_length,
+                cfg.driver.mtu,
+                host=ROGUE,
+                session_id=0x2820_0001,
+            )
+            forger = Forger(
+                cfg.this_member.consensus,
+                cfg.cluster.consensus_stream_id,
+                cfg.driver.term_length,
+                cfg.driver.mtu,
+                host=HOSTS[leader],
+                session_id=0x2820_0002,
+            )
             try:
                 if secret:
                     failed = _failed_auth(node)
                     n = _blind_send(rogue, [message]) + _blind_send(forger, [message])
-                    await cluster.await_for(lambda: _failed_auth(node) >= failed + n, 30,
-                                            "the follower counts the forged datagrams")
+                    await cluster.await_for(
+                        lambda: _failed_auth(node) >= failed + n, 30, "the follower counts the forged datagrams"
+                    )
                     assert cluster.counters()[follower].commit == c.commit, "a forged commit position was taken"
                 else:
                     errors = c.errors
                     rogue.connect()
                     rogue.send(rogue.data_datagram(message))
-                    await cluster.await_for(lambda: cluster.counters()[follower].errors > errors, 30,
-                                            "the follower drops the message from another address")
+                    await cluster.await_for(
+                        lambda: cluster.counters()[follower].errors > errors,
+                        30,
+                        "the follower drops the message from another address",
+                    )
                     assert cluster.counters()[follower].commit == c.commit, "a message from another host was taken"
                     forger.connect()
                     forger.send(forger.data_datagram(message))
-                    await cluster.await_for(lambda: cluster.counters()[follower].commit == c.append, 30,
-                                            "the follower takes the forged commit position")
+                    await cluster.await_for(
+                        lambda: cluster.counters()[follower].commit == c.append,
+                        30,
+                        "the follower takes the forged commit position",
+                    )
             finally:
                 rogue.close()
                 forger.close()
@@ -280,24 +333,36 @@ async def test_without_a_secret_the_archive_takes_requests_from_member_hosts_onl
             sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sink.bind((host, 0))
             sink.settimeout(0.1)
-            forger = Forger(cfg.this_member.archive, cfg.archive.control_request_stream_id, cfg.driver.term_length,
-                            cfg.driver.mtu, host=host, session_id=0x2830_0000 + len(answered))
+            forger = Forger(
+                cfg.this_member.archive,
+                cfg.archive.control_request_stream_id,
+                cfg.driver.term_length,
+                cfg.driver.mtu,
+                host=host,
+                session_id=0x2830_0000 + len(answered),
+            )
             try:
                 forger.connect()
                 errors = cluster.counters()[leader].errors
                 requests = _archive_requests(node)[1:]  # (naming control session 1: refused either way)
-                connect = ac.encode_request(ac.ConnectRequest(
-                    9, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint={host}:{sink.getsockname()[1]}"))
+                connect = ac.encode_request(
+                    ac.ConnectRequest(
+                        9, 20, ac.PROTOCOL_SEMANTIC_VERSION, f"aeron:udp?endpoint={host}:{sink.getsockname()[1]}"
+                    )
+                )
                 for message in requests + [connect]:
                     forger.send(forger.data_datagram(message))
                 if host == ROGUE:
                     await cluster.await_for(
-                        lambda: cluster.counters()[leader].errors >= errors + len(requests) + 1, 30,
-                        "the archive refuses every request from a host that is not a member's")
+                        lambda: cluster.counters()[leader].errors >= errors + len(requests) + 1,
+                        30,
+                        "the archive refuses every request from a host that is not a member's",
+                    )
                     answered[host] = _received_any(sink)
                 else:
-                    await cluster.await_for(lambda: _received_any(sink), 30,
-                                            "the archive answers a connect request from a member's host")
+                    await cluster.await_for(
+                        lambda: _received_any(sink), 30, "the archive answers a connect request from a member's host"
+                    )
                     answered[host] = True
             finally:
                 forger.close()
@@ -324,8 +389,9 @@ def test_a_member_key_that_cannot_be_used_stops_the_start_in_one_line(tmp_path, 
     elif problem == "not hex":
         key.write_text("not a key\n")
     paths, _ = write_loopback_cluster(tmp_path / "configs", 3, tmp_path / "cluster", secret_file=str(key))
-    done = subprocess.run([*_node_command(), "run", "--config", str(paths[0])], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [*_node_command(), "run", "--config", str(paths[0])], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: cluster.secret_file: {key}: "), lines
@@ -357,15 +423,15 @@ async def test_with_a_secret_members_replicate_catch_up_and_fail_over(tmp_path) 
         cluster.restart(leader)
         await cluster.await_for(lambda: cluster.caught_up(range(3)), 60, f"member {leader} rejoins")
         async with open_kv_client(cluster.client_config) as kv:
-            await assert_keys(kv, cluster, {**{f"missed-{i}": b"v" for i in range(200)},
-                                            **{f"new-term-{i}": b"v" for i in range(50)}})
+            await assert_keys(
+                kv, cluster, {**{f"missed-{i}": b"v" for i in range(200)}, **{f"new-term-{i}": b"v" for i in range(50)}}
+            )
         assert cluster.leader() == third
         assert [_failed_auth(n) for n in cluster.nodes] == [0, 0, 0], cluster.diagnostics()
         events = [e for n in cluster.nodes for e in n.log_events(current_process_only=False)]
         replicated = [e for e in events if e.get("event") == "replication started"]
         caught_up = [e for e in events if e.get("reason") == "catchup image joined"]
-        mac_replays = [e for e in events if e.get("event") == "replay started"
-                       and "auth=mac" in str(e.get("channel"))]
+        mac_replays = [e for e in events if e.get("event") == "replay started" and "auth=mac" in str(e.get("channel"))]
         assert replicated and caught_up and mac_replays, (len(replicated), len(caught_up), len(mac_replays))
 
 
@@ -398,8 +464,11 @@ async def test_a_key_is_rotated_with_a_rolling_restart_as_documented(tmp_path) -
                 assert node.terminate() == 0
                 _set_keys(node.config_path, current, previous)
                 cluster.restart(i)
-                await cluster.await_for(lambda: cluster.leader() is not None and cluster.caught_up(range(3)), 60,
-                                        f"step {step}: member {i} is back")
+                await cluster.await_for(
+                    lambda: cluster.leader() is not None and cluster.caught_up(range(3)),
+                    60,
+                    f"step {step}: member {i} is back",
+                )
                 failed = [_failed_auth(n) for n in cluster.nodes]
                 assert failed == [0, 0, 0], (step, i, failed, cluster.diagnostics())
             await _write(cluster, f"step-{step}", 10)
@@ -409,8 +478,11 @@ async def test_a_key_is_rotated_with_a_rolling_restart_as_documented(tmp_path) -
         assert stale.terminate() == 0
         _set_keys(stale.config_path, a, None)
         cluster.restart(stale.member_id)
-        await cluster.await_for(lambda: _failed_auth(cluster.nodes[leader]) > 0, 60,
-                                "the leader refuses the datagrams of a member with the retired key")
+        await cluster.await_for(
+            lambda: _failed_auth(cluster.nodes[leader]) > 0,
+            60,
+            "the leader refuses the datagrams of a member with the retired key",
+        )
         assert cluster.leader() == leader
         await _write(cluster, "after", 10)
 

@@ -43,8 +43,11 @@ async def test_with_a_key_a_wiped_member_seeds_and_a_backup_follows(tmp_path) ->
             backup.start()
             try:
                 commit = cluster.counters()[leader].commit
-                await cluster.await_for(lambda: backup.stat().get("live_log_position", -1) >= commit, 60,
-                                        "the backup at the commit position")
+                await cluster.await_for(
+                    lambda: backup.stat().get("live_log_position", -1) >= commit,
+                    60,
+                    "the backup at the commit position",
+                )
                 assert backup.stop() == 0
             finally:
                 backup.kill()

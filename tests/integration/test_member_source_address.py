@@ -31,8 +31,9 @@ from tests.support.netns import unavailable
 CLI = Path(sys.executable).with_name("cluster-node")
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="needs all of 127.0.0.0/8 on the loopback interface (Linux)")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="needs all of 127.0.0.0/8 on the loopback interface (Linux)"
+)
 
 FAST = dict(network_term_length=64 * 1024, setup_interval_ns=20_000_000, heartbeat_interval_ns=20_000_000)
 HOSTS = ["127.0.0.10", "127.0.0.11", "127.0.0.12"]
@@ -72,8 +73,11 @@ def _image_sources(counters_path, stream_id: int) -> set[str]:
         return set()
     try:
         marker = f" stream={stream_id} "
-        return {c.label.rpartition(" from ")[2].rpartition(":")[0]
-                for c in reader.find(type_id=CounterType.RECEIVER_POS) if marker in c.label and " from " in c.label}
+        return {
+            c.label.rpartition(" from ")[2].rpartition(":")[0]
+            for c in reader.find(type_id=CounterType.RECEIVER_POS)
+            if marker in c.label and " from " in c.label
+        }
     finally:
         reader.close()
 
@@ -93,9 +97,12 @@ def test_members_on_their_own_addresses_see_each_other_as_the_source(tmp_path) -
         log_stream = cluster.nodes[0].cfg.cluster.log_stream_id
         for m, node in enumerate(cluster.nodes):
             others = {h for i, h in enumerate(HOSTS) if i != m}
-            cluster.wait_for(lambda: _image_sources(node.counters_path, consensus) == others, 10,
-                             f"member {m} hears consensus from {sorted(others)} only"
-                             f" (now {sorted(_image_sources(node.counters_path, consensus))})")
+            cluster.wait_for(
+                lambda: _image_sources(node.counters_path, consensus) == others,
+                10,
+                f"member {m} hears consensus from {sorted(others)} only"
+                f" (now {sorted(_image_sources(node.counters_path, consensus))})",
+            )
             if m != leader:
                 assert _image_sources(node.counters_path, log_stream) == {HOSTS[leader]}, (m, leader)
 
@@ -145,39 +152,69 @@ def test_dropping_one_members_address_isolates_it_completely(tmp_path) -> None:
     if reason is not None:
         pytest.skip(reason)
     with _OneNamespace() as ns, TestCluster(tmp_path, netns=ns) as cluster:
-        env_cli = [*ns.command_prefix(), str(CLI), "client", "--config", str(cluster.client_config_path),
-                   "--timeout", "20"]
+        env_cli = [
+            *ns.command_prefix(),
+            str(CLI),
+            "client",
+            "--config",
+            str(cluster.client_config_path),
+            "--timeout",
+            "20",
+        ]
 
         def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*env_cli, *args], capture_output=True, text=True, timeout=60,
-                                  env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            return subprocess.run(
+                [*env_cli, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            )
 
         victim = cluster.start()
         assert cli("put", "k1", "v1").stdout == "OK\n"
         addr = HOSTS[victim]
         members = cluster.nodes[0].cfg.cluster.members
         consensus_ports = ", ".join(m.consensus.rpartition(":")[2] for m in members if m.id != victim)
-        for command in (["add", "table", "inet", "cut"],
-                        ["add", "chain", "inet", "cut", "in", "{ type filter hook input priority 0 ; }"],
-                        # Counted, not dropped: consensus traffic not from a member's own address.
-                        ["add", "rule", "inet", "cut", "in", "ip", "saddr", "!=", "{ " + ", ".join(HOSTS) + " }",
-                         "udp", "dport", "{ " + consensus_ports + " }", "counter"],
-                        ["add", "rule", "inet", "cut", "in", "ip", "saddr", addr, "ip", "daddr", "!=", addr,
-                         "counter", "drop"],
-                        ["add", "rule", "inet", "cut", "in", "ip", "daddr", addr, "ip", "saddr", "!=", addr, "drop"]):
+        for command in (
+            ["add", "table", "inet", "cut"],
+            ["add", "chain", "inet", "cut", "in", "{ type filter hook input priority 0 ; }"],
+            # Counted, not dropped: consensus traffic not from a member's own address.
+            [
+                "add",
+                "rule",
+                "inet",
+                "cut",
+                "in",
+                "ip",
+                "saddr",
+                "!=",
+                "{ " + ", ".join(HOSTS) + " }",
+                "udp",
+                "dport",
+                "{ " + consensus_ports + " }",
+                "counter",
+            ],
+            ["add", "rule", "inet", "cut", "in", "ip", "saddr", addr, "ip", "daddr", "!=", addr, "counter", "drop"],
+            ["add", "rule", "inet", "cut", "in", "ip", "daddr", addr, "ip", "saddr", "!=", addr, "drop"],
+        ):
             r = ns.run("nft", *command)
             assert r.returncode == 0, (command, r.stderr)
         new_leader = cluster.wait_for_leader(timeout=30, exclude=[victim])
         cluster.wait_for(lambda: not cluster.counters()[victim].is_leader, 30, f"member {victim} steps down")
         r = cli("put", "k2", "v2")
         assert (r.returncode, r.stdout) == (0, "OK\n"), r.stderr
-        counts = [int(n) for n in re.findall(r"counter packets (\d+)", ns.run("nft", "list", "chain", "inet", "cut", "in").stdout)]
+        counts = [
+            int(n)
+            for n in re.findall(r"counter packets (\d+)", ns.run("nft", "list", "chain", "inet", "cut", "in").stdout)
+        ]
         # Nothing of the cut-off member's reached the others from another address; what it sent
         # from its own was dropped.
         assert counts[0] == 0 and counts[1] > 0, counts
         assert ns.run("nft", "delete", "table", "inet", "cut").returncode == 0
-        cluster.wait_for(lambda: cluster.caught_up(range(3)) and cluster.leader() is not None, 60,
-                         f"member {victim} rejoins")
+        cluster.wait_for(
+            lambda: cluster.caught_up(range(3)) and cluster.leader() is not None, 60, f"member {victim} rejoins"
+        )
         assert cluster.leader() != victim or new_leader == victim
         for key, value in (("k1", "v1"), ("k2", "v2")):
             r = cli("get", key)

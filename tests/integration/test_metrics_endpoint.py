@@ -30,8 +30,11 @@ DEADLINE_S = 30
 
 def start_exporter(node_dir: Path) -> tuple[subprocess.Popen, str]:
     """An exporter on an ephemeral port; its URL, from the line it prints once it listens."""
-    proc = subprocess.Popen([str(CLI), "stat", "--dir", str(node_dir), "--prometheus", "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(CLI), "stat", "--dir", str(node_dir), "--prometheus", "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     err = b""
     deadline = time.monotonic() + DEADLINE_S
     while b"\n" not in err:
@@ -56,7 +59,7 @@ def scrape(url: str) -> dict[tuple[str, frozenset], float]:
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        match = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)', line)
+        match = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)", line)
         assert match, f"not a sample line: {line!r}"
         labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
         samples[(match.group(1), labels)] = float(match.group(3))
@@ -75,6 +78,7 @@ def test_metrics_follow_a_failover(tmp_path):
         survivors = [i for i in range(3) if i != leader]
         exporters = {i: start_exporter(c.nodes[i].dir) for i in [leader, *survivors]}
         try:
+
             async def puts(prefix: str) -> None:
                 async with open_kv_client(c.client_config) as kv:
                     for i in range(3):
@@ -86,8 +90,9 @@ def test_metrics_follow_a_failover(tmp_path):
             def leader_sees_members():
                 s = scrape(exporters[leader][1])
                 commit = value(s, "pycluster_commit_position", member=str(leader))
-                positions = [value(s, "pycluster_member_append_position", member=str(leader), peer=str(p))
-                             for p in range(3)]
+                positions = [
+                    value(s, "pycluster_member_append_position", member=str(leader), peer=str(p)) for p in range(3)
+                ]
                 return s if all(p >= commit for p in positions) else None
 
             s = c.wait_for(leader_sees_members, 10, "the leader's metrics show every member caught up")
@@ -115,7 +120,8 @@ def test_metrics_follow_a_failover(tmp_path):
                     and value(after[i], "pycluster_elections_total", member=str(i)) > elections0[i]
                     and value(after[i], "pycluster_commit_position", member=str(i)) > commit0[i]
                     and value(after[i], "pycluster_leader_member_id", member=str(i)) == new_leader
-                    for i in survivors)
+                    for i in survivors
+                )
                 return after if ok else None
 
             after = c.wait_for(failover_shown, 10, "the survivors' metrics show the new term, leader and commits")
@@ -161,8 +167,12 @@ def test_timed_out_sessions_and_slow_duty_cycles_are_counted(tmp_path):
     timeouts = msgspec.structs.replace(TEST_TIMEOUTS, session_timeout_ns=1_000_000_000, cycle_threshold_ns=1_000)
     with TestCluster(tmp_path, timeouts=timeouts) as c:
         leader = c.start()
-        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_GOES_SILENT, str(c.client_config_path)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        client = subprocess.Popen(
+            [sys.executable, "-c", CLIENT_THAT_GOES_SILENT, str(c.client_config_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+        )
         try:
             ready, _, _ = select.select([client.stdout], [], [], DEADLINE_S)
             assert ready and client.stdout.readline() == b"connected\n", client.stderr.read1()
@@ -173,8 +183,11 @@ def test_timed_out_sessions_and_slow_duty_cycles_are_counted(tmp_path):
         def cluster_counters():
             return counters_snapshot(c.nodes[leader].counters_path)["cluster"][str(leader)]
 
-        counted = c.wait_for(lambda: (lambda v: v if v["client_session_timeouts"] >= 1 else None)(cluster_counters()),
-                             10, "the leader counts the silent client's session as timed out")
+        counted = c.wait_for(
+            lambda: (lambda v: v if v["client_session_timeouts"] >= 1 else None)(cluster_counters()),
+            10,
+            "the leader counts the silent client's session as timed out",
+        )
         assert counted["max_cycle_time_ns"] > 1_000
         assert counted["cycle_time_threshold_exceeded"] > 0
         assert counted["election_count"] >= 1 and counted["leader_member_id"] == leader

@@ -117,8 +117,9 @@ def test_a_damaged_snapshot_ends_the_start_with_one_line_naming_the_tool_that_pa
     with cluster:
         cluster.start()
         node = cluster.nodes[0]
-        done = subprocess.run([*_node_command(), "tool", "--dir", str(node.dir), "snapshot"],
-                              capture_output=True, text=True, timeout=90)
+        done = subprocess.run(
+            [*_node_command(), "tool", "--dir", str(node.dir), "snapshot"], capture_output=True, text=True, timeout=90
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert node.terminate() == 0
         entries = RecordingLog.decode((node.dir / "recording.log").read_bytes()).entries

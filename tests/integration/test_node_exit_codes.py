@@ -41,22 +41,37 @@ trio.run(main, sys.argv[1])
 
 def _run_child(tmp_path, fault: str) -> subprocess.CompletedProcess:
     script = textwrap.dedent(_CHILD).replace("{fault}", fault)
-    return subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
-@pytest.mark.parametrize("fault,code,line", [
-    ("driver._conductor_pass = lambda now: 1 // 0; driver._conductor_event.set()",
-     ExitCode.DRIVER_FAILED, "media driver task 'conductor' failed: ZeroDivisionError"),
-    ("driver.receive_work = lambda: [][1]; driver._rx_wait.evict(); driver._park_timer.arm_at(0)",
-     ExitCode.DRIVER_FAILED, "media driver task 'receiver' failed: IndexError"),
-    ("archive._on_request_bytes = lambda *a: {}['x']; "
-     "trio.lowlevel.spawn_system_task(__import__('cluster_node.archive.client', fromlist=['x']).ArchiveClient.connect, driver)",
-     ExitCode.ARCHIVE_FAILED, "archive task 'control' failed: KeyError"),
-], ids=["driver-conductor", "driver-receiver", "archive-control"])
+@pytest.mark.parametrize(
+    "fault,code,line",
+    [
+        (
+            "driver._conductor_pass = lambda now: 1 // 0; driver._conductor_event.set()",
+            ExitCode.DRIVER_FAILED,
+            "media driver task 'conductor' failed: ZeroDivisionError",
+        ),
+        (
+            "driver.receive_work = lambda: [][1]; driver._rx_wait.evict(); driver._park_timer.arm_at(0)",
+            ExitCode.DRIVER_FAILED,
+            "media driver task 'receiver' failed: IndexError",
+        ),
+        (
+            "archive._on_request_bytes = lambda *a: {}['x']; "
+            "trio.lowlevel.spawn_system_task(__import__('cluster_node.archive.client', fromlist=['x']).ArchiveClient.connect, driver)",
+            ExitCode.ARCHIVE_FAILED,
+            "archive task 'control' failed: KeyError",
+        ),
+    ],
+    ids=["driver-conductor", "driver-receiver", "archive-control"],
+)
 def test_a_failed_component_task_ends_the_node_with_its_code_and_one_line(tmp_path, fault, code, line):
     done = _run_child(tmp_path, fault)
     assert done.returncode == int(code), done.stderr
     err = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(err) == 1 and err[0].startswith(f"error: {line}") and err[0].endswith(f"(exit code {int(code)})"), \
+    assert len(err) == 1 and err[0].startswith(f"error: {line}") and err[0].endswith(f"(exit code {int(code)})"), (
         done.stderr
+    )

@@ -80,9 +80,14 @@ def test_a_shm_root_not_the_users_alone_is_refused_in_one_line(tmp_path, how):
     else:
         os.chmod(root, 0o777)
     configs, _client = write_loopback_cluster(tmp_path / "configs", 1, tmp_path / "cluster")
-    done = subprocess.run([sys.executable, "-c", _NODE_WITH_SHM_ROOT, str(shm), "run", "--config", str(configs[0])],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-c", _NODE_WITH_SHM_ROOT, str(shm), "run", "--config", str(configs[0])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1, done.stderr
     assert len(lines) == 1 and lines[0].startswith(f"Error: {root} "), done.stderr

@@ -31,8 +31,6 @@ SLOW = dict(
 """No periodic traffic: the only datagrams are the ones a test sends."""
 
 
-
-
 def _trio_reader(fd: int):
     """The task trio has registered to read ``fd`` (trio's own bookkeeping), or None."""
     registered = trio.lowlevel.current_root_task()._runner.io_manager._registered.get(fd)
@@ -61,13 +59,12 @@ async def _received_by_the_receiver_task(driver, pub, sub, payload: bytes) -> No
     assert pub.offer(payload) > 0
     with trio.fail_after(5):
         while not got:
-            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 10)
             await trio.sleep(0.002)
     assert got == [payload]
 
 
-async def test_a_claimant_parked_through_trio_is_sent_away_by_a_new_claim_before_the_receiver_waits_again(
-        tmp_path):
+async def test_a_claimant_parked_through_trio_is_sent_away_by_a_new_claim_before_the_receiver_waits_again(tmp_path):
     """The single-member cluster's start: a task parked through trio (an archive request in
     ``Subscription.wait``), the agent claims, reads (which consumed the old wake-up signal) and
     hands the claim back; the receiver task then waits on the set while the first task was
@@ -109,14 +106,13 @@ async def test_a_claim_taken_over_twice_leaves_one_waiter_and_the_last_claimant_
             while not got and time.monotonic_ns() < deadline:
                 await driver.park(deadline)
                 driver.receive_work()
-                sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+                sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 10)
             assert got == [b"to the last claimant"]
             driver.unclaim_receive()
         await _received_by_the_receiver_task(driver, pub, sub, b"and then to the receiver task")
 
 
-async def test_a_claim_while_the_set_has_already_woken_the_receiver_leaves_the_reading_to_the_claimant(
-        tmp_path):
+async def test_a_claim_while_the_set_has_already_woken_the_receiver_leaves_the_reading_to_the_claimant(tmp_path):
     """A late cancellation: the datagram wakes the receiver task (scheduled, not yet run) and,
     in the same batch, another task claims. The withdrawal of the receiver's wait comes too
     late to stop it; it must still not read the sockets under the claimant. trio runs a batch
@@ -141,7 +137,7 @@ async def test_a_claim_while_the_set_has_already_woken_the_receiver_leaves_the_r
             driver.claim_receive()
             deadline = time.monotonic_ns() + 5_000_000_000
             while len(got) <= i and time.monotonic_ns() < deadline:
-                sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+                sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 10)
                 if len(got) <= i:
                     await driver.park(deadline)
                     driver.receive_work()
@@ -175,8 +171,12 @@ async def test_claims_parks_and_unclaims_from_several_tasks_while_datagrams_arri
 
         async def reader() -> None:
             while not done.is_set() or len(received) < sent:
-                n = sub.poll(lambda buf, offset, length, header: received.append(
-                    int.from_bytes(buf[offset:offset + 4], "little")), 64)
+                n = sub.poll(
+                    lambda buf, offset, length, header: received.append(
+                        int.from_bytes(buf[offset : offset + 4], "little")
+                    ),
+                    64,
+                )
                 if n == 0:
                     await sub.wait(0.01)
 
@@ -257,7 +257,7 @@ async def test_with_direct_park_off_a_lone_claimants_park_waits_through_trio(tmp
         while not got and time.monotonic_ns() < deadline:
             await driver.park(deadline)
             driver.receive_work()
-            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 10)
+            sub.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 10)
         thread.join(10)
         driver.unclaim_receive()
         assert got == [b"from the other thread"]

@@ -63,8 +63,12 @@ async def test_service_reads_only_the_committed_log_and_acks(tmp_path):
     commit = [0]
     service = Counting()
     container = ServiceContainer(
-        service, member_id=1, driver_dir=tmp_path, commit_position=lambda: commit[0],
-        role=lambda: Role.FOLLOWER, idle_timeout_s=5.0,
+        service,
+        member_id=1,
+        driver_dir=tmp_path,
+        commit_position=lambda: commit[0],
+        role=lambda: Role.FOLLOWER,
+        idle_timeout_s=5.0,
     )
     container.start()
     acks: list = []

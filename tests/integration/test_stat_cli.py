@@ -130,7 +130,9 @@ def test_operator_mistakes_give_one_error_line_and_exit_1(tmp_path, kind):
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert {"missing-dir": "no such directory", "no-file": "no counters file", "corrupt-file": "truncated"}[kind] in lines[0]
+    assert {"missing-dir": "no such directory", "no-file": "no counters file", "corrupt-file": "truncated"}[
+        kind
+    ] in lines[0]
 
 
 def test_impossible_start_timestamp_is_shown_not_raised(node_dir):
@@ -178,8 +180,9 @@ def test_stat_json_groups_a_nodes_consensus_counters_by_member(tmp_path):
         assert "# TYPE pycluster_elections_total counter" in lines
 
 
-@pytest.mark.parametrize("args", [["--listen", "127.0.0.1:0"], ["--prometheus", "--listen", "nowhere"],
-                                  ["--json", "--watch"]])
+@pytest.mark.parametrize(
+    "args", [["--listen", "127.0.0.1:0"], ["--prometheus", "--listen", "nowhere"], ["--json", "--watch"]]
+)
 def test_stat_output_option_mistakes_give_one_line(node_dir, args):
     result = run("--dir", str(node_dir), *args)
     assert result.returncode == 2

@@ -31,8 +31,16 @@ def test_the_sweep_runs_the_control_model_and_it_exercises_every_path() -> None:
     assert sum(s.snapshots_taken for s in sims) > 20
     assert sum(s.terminations for s in sims) > 20
     trace = "\n".join("\n".join(s.trace) for s in sims)
-    for what in ("cluster suspended", "cluster resumed", "snapshot abandoned", "termination abandoned",
-                 "termination timeout", "never acks the snapshot", "SnapshotFailed", "not the leader"):
+    for what in (
+        "cluster suspended",
+        "cluster resumed",
+        "snapshot abandoned",
+        "termination abandoned",
+        "termination timeout",
+        "never acks the snapshot",
+        "SnapshotFailed",
+        "not the leader",
+    ):
         assert what in trace, what
 
 

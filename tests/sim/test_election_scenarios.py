@@ -172,8 +172,14 @@ def test_late_follower_in_the_same_term_replays_and_catches_up() -> None:
     sim.restart(follower)
     assert sim.run_until(lambda: sim.core(follower).election is None, 3_000 * MS)
     entered = _states_entered(sim, follower)
-    for state in (S.FOLLOWER_REPLAY, S.FOLLOWER_CATCHUP_INIT, S.FOLLOWER_CATCHUP_AWAIT,
-                  S.FOLLOWER_CATCHUP, S.FOLLOWER_LOG_INIT, S.FOLLOWER_READY):
+    for state in (
+        S.FOLLOWER_REPLAY,
+        S.FOLLOWER_CATCHUP_INIT,
+        S.FOLLOWER_CATCHUP_AWAIT,
+        S.FOLLOWER_CATCHUP,
+        S.FOLLOWER_LOG_INIT,
+        S.FOLLOWER_READY,
+    ):
         assert state in entered, (state, _reasons(sim, follower))
     assert S.FOLLOWER_LOG_REPLICATION not in entered
     assert sim.core(follower).leadership_term_id == term == sim.core(leader).leadership_term_id
@@ -292,11 +298,8 @@ def test_new_leader_truncates_the_old_leaders_uncommitted_tail() -> None:
     sim.run_for(300 * MS)
     tail_start = sim.core(old).commit_position
     assert sim.members[old].archive.stop > tail_start, "old leader should hold an uncommitted tail"
-    uncommitted = [k for k, s in zip(sim.members[old].archive.keys, sim.members[old].archive.starts)
-                   if s >= tail_start]
-    assert sim.run_until(
-        lambda: sim.leader() is not None and sim.leader() != old, 3_000 * MS
-    )
+    uncommitted = [k for k, s in zip(sim.members[old].archive.keys, sim.members[old].archive.starts) if s >= tail_start]
+    assert sim.run_until(lambda: sim.leader() is not None and sim.leader() != old, 3_000 * MS)
     sim.client_last_reply_ns[0] = sim.now_ns
     sim.run_for(300 * MS)
     sim.heal()
@@ -368,8 +371,7 @@ def test_five_members_survive_a_minority_partition_and_converge() -> None:
     sim.partition({leader, (leader + 1) % 5})
     assert sim.run_until(
         lambda: any(
-            m.alive and m.core.is_leader and m.member_id not in (leader, (leader + 1) % 5)
-            for m in sim.members
+            m.alive and m.core.is_leader and m.member_id not in (leader, (leader + 1) % 5) for m in sim.members
         ),
         3_000 * MS,
     )

@@ -31,10 +31,13 @@ def test_io_errors_with_the_nodes_policy_keep_every_invariant() -> None:
     assert failures > 0, "no I/O error was injected"
 
 
-@pytest.mark.parametrize("effect_type,what", [
-    (fx.PersistCandidateTerm, "node-state holds"),
-    (fx.WriteRecordingLog, "recording.log does not hold"),
-])
+@pytest.mark.parametrize(
+    "effect_type,what",
+    [
+        (fx.PersistCandidateTerm, "node-state holds"),
+        (fx.WriteRecordingLog, "recording.log does not hold"),
+    ],
+)
 def test_going_on_after_a_failed_durable_write_is_caught(monkeypatch, effect_type, what) -> None:
     """Not vacuous: a policy that counts the failure of ``effect_type`` and runs the next effect
     (the vote, the position report) is found by the checks on what members send."""

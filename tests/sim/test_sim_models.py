@@ -80,8 +80,11 @@ class _DivergentServiceSimulation(Simulation):
 
 
 def test_a_service_state_that_differs_between_members_is_caught() -> None:
-    found = [v for v in _violations(_DivergentServiceSimulation, seeds=range(3))
-             if "service state at" in v and "differs" in v]
+    found = [
+        v
+        for v in _violations(_DivergentServiceSimulation, seeds=range(3))
+        if "service state at" in v and "differs" in v
+    ]
     assert found, "member 0's divergent service went unnoticed"
 
 
@@ -97,8 +100,7 @@ class _NoSessionCheckSimulation(Simulation):
 
 
 def test_a_message_appended_for_a_closed_session_is_caught() -> None:
-    found = [v for v in _violations(_NoSessionCheckSimulation, session_timeout_ns=300 * MS)
-             if "which is closed" in v]
+    found = [v for v in _violations(_NoSessionCheckSimulation, session_timeout_ns=300 * MS) if "which is closed" in v]
     assert found, "messages of timed-out sessions went unnoticed"
 
 

@@ -37,8 +37,7 @@ def _core(log_terms=((0, 0),), append_position=1024, candidate_term=0) -> Consen
 
 
 def _votes(effects) -> list[bool]:
-    return [e.message.vote for e in effects if isinstance(e, fx.SendToMember)
-            and isinstance(e.message, codecs.Vote)]
+    return [e.message.vote for e in effects if isinstance(e, fx.SendToMember) and isinstance(e.message, codecs.Vote)]
 
 
 def test_yes_vote_is_persisted_before_it_is_sent() -> None:
@@ -114,12 +113,16 @@ def test_follower_truncates_a_tail_the_new_leader_does_not_have() -> None:
 def test_the_new_leadership_term_event_carries_the_injected_cluster_time() -> None:
     """The core times elections on its monotonic ``now_ns``; the entries it appends carry the
     cluster time the shell injects (the node: the wall clock, epoch ns), by default ``now_ns``."""
-    def module(**kw):
-        return ConsensusModule(0, [ClusterMember(0)], SIM_SETTINGS, random.Random(1), RecordingLog(), -1, 0, 0,
-                               5_000, **kw)
 
-    for m, expected in ((module(), 5_000), (module(cluster_clock=lambda t: 1_700_000_000_000_000_000 + t),
-                                             1_700_000_000_000_000_000 + 5_000)):
+    def module(**kw):
+        return ConsensusModule(
+            0, [ClusterMember(0)], SIM_SETTINGS, random.Random(1), RecordingLog(), -1, 0, 0, 5_000, **kw
+        )
+
+    for m, expected in (
+        (module(), 5_000),
+        (module(cluster_clock=lambda t: 1_700_000_000_000_000_000 + t), 1_700_000_000_000_000_000 + 5_000),
+    ):
         m.drain_effects()
         m.append_new_leadership_term_event(5_000)
         (append,) = [e for e in m.drain_effects() if isinstance(e, fx.AppendLog)]
@@ -150,9 +153,13 @@ def test_a_member_that_canvasses_again_gets_a_new_catchup_replay_for_the_same_po
     assert started() == 1
     leader.on_message(follower, ask, now)  # repeated while the replay runs: the same replay
     assert started() == 0
-    leader.on_message(follower, codecs.CanvassPosition(leader.leadership_term_id, position,
-                                                       leader.leadership_term_id, follower,
-                                                       codecs.CONSENSUS_PROTOCOL_VERSION), now)
+    leader.on_message(
+        follower,
+        codecs.CanvassPosition(
+            leader.leadership_term_id, position, leader.leadership_term_id, follower, codecs.CONSENSUS_PROTOCOL_VERSION
+        ),
+        now,
+    )
     effects = leader.drain_effects()
     assert any(isinstance(e, fx.StopCatchupReplay) and e.follower_member_id == follower for e in effects)
     leader.on_message(follower, ask, now)
@@ -172,8 +179,9 @@ def test_a_request_vote_for_a_term_far_beyond_any_known_is_dropped_and_nothing_i
 
 def _new_term(log_start_position: int) -> codecs.NewLeadershipTerm:
     """Leader 1's term 1 (its log from term 0, base 0, at 8192), for a member of log term 0."""
-    return codecs.NewLeadershipTerm(0, 1, 4096, 4096, 1, 4096, 8192, 0, 0, 1, 7, 1, False,
-                                    log_start_position=log_start_position)
+    return codecs.NewLeadershipTerm(
+        0, 1, 4096, 4096, 1, 4096, 8192, 0, 0, 1, 7, 1, False, log_start_position=log_start_position
+    )
 
 
 def test_a_member_whose_log_ends_before_the_leader_s_log_start_asks_for_a_snapshot() -> None:

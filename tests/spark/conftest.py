@@ -48,9 +48,11 @@ def agreeing_cluster(tmp_path_factory, synthetic_log):
 def diverging_cluster(tmp_path_factory, synthetic_log):
     """Node 2 has one byte of a term-1 session message changed; node 0 stops early in term 2."""
     log = synthetic_log
-    entry = [e for e in log.entries
-             if e.leadership_term_id == 1 and e.message_type == "SessionMessage" and e.fragments == 1
-             and len(e.message) > 60][3]
+    entry = [
+        e
+        for e in log.entries
+        if e.leadership_term_id == 1 and e.message_type == "SessionMessage" and e.fragments == 1 and len(e.message) > 60
+    ][3]
     return write_cluster(
         tmp_path_factory.mktemp("diverge"),
         log,

@@ -88,8 +88,11 @@ def run_cluster_with_failover(base_dir: Path, *, before: int = 300, in_doubt: in
         all_members = [n.member_id for n in cluster.nodes]
         killed = record.first_leader
         cluster.restart(killed)
-        cluster.wait_for(lambda: cluster.followers_settled([killed], record.second_term), 30,
-                         f"member {killed} follows in term {record.second_term}")
+        cluster.wait_for(
+            lambda: cluster.followers_settled([killed], record.second_term),
+            30,
+            f"member {killed} follows in term {record.second_term}",
+        )
         cluster.wait_for(lambda: cluster.caught_up(all_members), 30, "every member caught up")
         counters = cluster.counters()
         record.final_commit = {m: counters[m].commit for m in all_members}
@@ -100,7 +103,9 @@ def run_cluster_with_failover(base_dir: Path, *, before: int = 300, in_doubt: in
     return record
 
 
-async def _write_across_failover(cluster: TestCluster, record: RunRecord, before: int, in_doubt: int, after: int) -> None:
+async def _write_across_failover(
+    cluster: TestCluster, record: RunRecord, before: int, in_doubt: int, after: int
+) -> None:
     reply_terms: dict[int, int] = {}
 
     async with open_kv_client(cluster.client_config) as kv:
@@ -136,15 +141,21 @@ async def _write_across_failover(cluster: TestCluster, record: RunRecord, before
             r = Put(kv.next_id(), f"in_doubt-{i:04d}", b"in doubt")
             record.request_phase[r.request_id] = "in_doubt"
             await kv.client.offer_wait(msgspec.msgpack.encode(r), 5)
-        await cluster.await_for(lambda: (leader_node.counters() or NO_COUNTERS).append > append_before, 10,
-                                "the leader appends an in-doubt PUT", interval=0.001)
+        await cluster.await_for(
+            lambda: (leader_node.counters() or NO_COUNTERS).append > append_before,
+            10,
+            "the leader appends an in-doubt PUT",
+            interval=0.001,
+        )
         leader_node.kill()
-        record.second_leader = await cluster.await_leader(15, min_term=record.first_term + 1,
-                                                          exclude=[record.first_leader])
+        record.second_leader = await cluster.await_leader(
+            15, min_term=record.first_term + 1, exclude=[record.first_leader]
+        )
         record.second_term = cluster.counters()[record.second_leader].term
         await cluster.await_for(
             lambda: kv.client.is_connected and kv.client.leader_member_id == record.second_leader,
-            CONNECT_TIMEOUT_S, f"the client follows leader {record.second_leader}",
+            CONNECT_TIMEOUT_S,
+            f"the client follows leader {record.second_leader}",
         )
         if kv.client.cluster_session_id != record.session_ids[-1]:
             record.session_ids.append(kv.client.cluster_session_id)
@@ -157,5 +168,6 @@ async def _write_across_failover(cluster: TestCluster, record: RunRecord, before
     # The session's close is appended and committed; after it nothing more is written.
     await cluster.await_for(
         lambda: cluster.caught_up(live) and cluster.counters()[record.second_leader].commit > commit_before_close,
-        20, f"the session close committed on members {live}",
+        20,
+        f"the session close committed on members {live}",
     )

@@ -27,8 +27,9 @@ def batch_rows(archives: ArchiveSet) -> list[tuple]:
 
 @pytest.mark.parametrize("task_bytes", [64 * 1024, 16 * 1024 * 1024])
 def test_reference_and_batch_rows_are_identical(agreeing_cluster, task_bytes):
-    archives = ArchiveSet([str(p) for p in agreeing_cluster.node_dirs], decoder=ClusterLogDecoder(),
-                          target_task_bytes=task_bytes)
+    archives = ArchiveSet(
+        [str(p) for p in agreeing_cluster.node_dirs], decoder=ClusterLogDecoder(), target_task_bytes=task_bytes
+    )
     reference = list(archives.rows())
     assert reference == batch_rows(archives)
     assert len(reference) == 3 * len(agreeing_cluster.log.entries)
@@ -44,9 +45,16 @@ def test_rows_match_what_was_written(agreeing_cluster):
     for row, e in zip(rows, log.entries):
         assert (row["node"], row["member_id"], row["stream_id"]) == ("node1", 1, 100)
         assert (row["position"], row["frame_length"], row["fragments"], row["transport_session_id"]) == (
-            e.position, e.frame_length, e.fragments, e.session_id)
+            e.position,
+            e.frame_length,
+            e.fragments,
+            e.session_id,
+        )
         assert (row["leadership_term_id"], row["template_id"], row["message_type"]) == (
-            e.leadership_term_id, e.template_id, e.message_type)
+            e.leadership_term_id,
+            e.template_id,
+            e.message_type,
+        )
         assert (row["cluster_session_id"], row["timestamp"]) == (e.cluster_session_id, e.timestamp)
         assert row["decode_error"] is None
         expected_payload = e.message[32:] if e.template_id == 1 else e.message
@@ -88,13 +96,16 @@ def _segment(node_dir, base=0):
     return node_dir / "archive" / segment_file_name(0, base)
 
 
-@pytest.mark.parametrize("field_offset, value, reason", [
-    (0, struct.pack("<i", 7), "shorter than a header"),
-    (4, b"\x03", "frame version 3"),
-    (6, struct.pack("<H", 9), "frame type 9"),
-    (16, struct.pack("<i", 101), "stream id 101"),
-    (20, struct.pack("<i", 12), "term id 12"),
-])
+@pytest.mark.parametrize(
+    "field_offset, value, reason",
+    [
+        (0, struct.pack("<i", 7), "shorter than a header"),
+        (4, b"\x03", "frame version 3"),
+        (6, struct.pack("<H", 9), "frame type 9"),
+        (16, struct.pack("<i", 101), "stream id 101"),
+        (20, struct.pack("<i", 12), "term id 12"),
+    ],
+)
 def test_corrupt_header_names_file_and_position(tmp_path, field_offset, value, reason):
     log = build_log(seed=5, terms=1, messages_per_term=80)
     victim = log.entries[20]

@@ -34,8 +34,9 @@ BEFORE, IN_DOUBT, AFTER = 300, 20, 200
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> RunRecord:
-    record = run_cluster_with_failover(tmp_path_factory.mktemp("real-cluster"), before=BEFORE, in_doubt=IN_DOUBT,
-                                       after=AFTER)
+    record = run_cluster_with_failover(
+        tmp_path_factory.mktemp("real-cluster"), before=BEFORE, in_doubt=IN_DOUBT, after=AFTER
+    )
     assert record.exit_codes == {0: 0, 1: 0, 2: 0}, f"members did not stop cleanly: {record.exit_codes}"
     assert record.second_term > record.first_term and record.second_leader != record.first_leader
     return record
@@ -97,17 +98,33 @@ def test_the_archives_hold_one_log_recording_per_node_extended_across_terms(run,
         rows = _node_log(plain_rows, f"node{i}")
         assert {r["member_id"] for r in rows} == {i}
         # Each leadership term's frames were recorded from a log publication of that term.
-        by_term = {t: {r["transport_session_id"] for r in rows if r["leadership_term_id"] == t}
-                   for t in (run.first_term, run.second_term)}
+        by_term = {
+            t: {r["transport_session_id"] for r in rows if r["leadership_term_id"] == t}
+            for t in (run.first_term, run.second_term)
+        }
         assert all(by_term.values()) and not by_term[run.first_term] & by_term[run.second_term], by_term
 
 
 def test_data_source_reads_the_same_rows_as_the_plain_reader(spark, run, plain_rows):
-    columns = ["node", "member_id", "recording_id", "position", "frame_length", "fragments", "transport_session_id",
-               "leadership_term_id", "message_type", "cluster_session_id", "timestamp", "payload", "frame_hash"]
+    columns = [
+        "node",
+        "member_id",
+        "recording_id",
+        "position",
+        "frame_length",
+        "fragments",
+        "transport_session_id",
+        "leadership_term_id",
+        "message_type",
+        "cluster_session_id",
+        "timestamp",
+        "payload",
+        "frame_hash",
+    ]
     df = spark.read.format("cluster_log").load(_paths(run))
-    spark_rows = sorted(tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r)
-                        for r in df.select(*columns).collect())
+    spark_rows = sorted(
+        tuple(bytes(v) if isinstance(v, (bytes, bytearray)) else v for v in r) for r in df.select(*columns).collect()
+    )
     plain = sorted(tuple(r[c] for c in columns) for r in plain_rows)
     assert len(spark_rows) == len(plain) == len(plain_rows)
     assert spark_rows == plain
@@ -182,8 +199,11 @@ def test_stats_counts_exactly_the_session_messages_per_term(spark, run, plain_ro
     elections = [(e["leadership_term_id"], e["leader_member_id"]) for e in result.elections]
     assert elections == [(run.first_term, run.first_leader), (run.second_term, run.second_leader)]
     second = result.elections[1]
-    assert second["term_base_log_position"] == second["position"] == min(
-        r["position"] for r in log if r["leadership_term_id"] == run.second_term)
+    assert (
+        second["term_base_log_position"]
+        == second["position"]
+        == min(r["position"] for r in log if r["leadership_term_id"] == run.second_term)
+    )
 
 
 def _copy_archives(run: RunRecord, root) -> list[str]:
@@ -203,8 +223,11 @@ def test_audit_reports_the_exact_position_and_term_of_one_changed_byte(spark, ru
     paths = _copy_archives(run, tmp_path / "copy")
     member = (run.first_leader + 1) % 3  # a member that was a follower in the first term
     node = f"node{member}"
-    victim = [r for r in _node_log(plain_rows, node)
-              if r["message_type"] == "SessionMessage" and r["leadership_term_id"] == run.first_term][150]
+    victim = [
+        r
+        for r in _node_log(plain_rows, node)
+        if r["message_type"] == "SessionMessage" and r["leadership_term_id"] == run.first_term
+    ][150]
     # A byte of the application payload (past the frame header and the session header).
     byte_position = victim["position"] + 32 + SESSION_HEADER_LENGTH + 5
     location = find_archive(paths[member])

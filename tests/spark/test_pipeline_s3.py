@@ -25,8 +25,14 @@ def s3():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     port = server._server.server_port
-    fs = pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1", scheme="http",
-                           endpoint_override=f"127.0.0.1:{port}", allow_bucket_creation=True)
+    fs = pafs.S3FileSystem(
+        access_key="test",
+        secret_key="test",
+        region="us-east-1",
+        scheme="http",
+        endpoint_override=f"127.0.0.1:{port}",
+        allow_bucket_creation=True,
+    )
     fs.create_dir(BUCKET)
 
     def uri(key: str) -> str:
@@ -56,8 +62,12 @@ def test_local_export_from_and_to_s3(s3, s3_cluster):
     import pyarrow as pa
 
     keys = pa.schema([("cluster_id", pa.int32()), ("member_id", pa.int32()), ("date", pa.date32())])
-    table = ds.dataset(f"{BUCKET}/export/log.parquet", filesystem=fs, format="parquet",
-                       partitioning=ds.partitioning(keys, flavor="hive")).to_table(columns=["position", "node"])
+    table = ds.dataset(
+        f"{BUCKET}/export/log.parquet",
+        filesystem=fs,
+        format="parquet",
+        partitioning=ds.partitioning(keys, flavor="hive"),
+    ).to_table(columns=["position", "node"])
     assert table.num_rows == 3 * len(cluster.log.entries)
     assert sorted(set(table.column("node").to_pylist())) == ["node0", "node1", "node2"]
     marks = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/export/_high_water"))

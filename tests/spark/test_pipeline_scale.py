@@ -34,8 +34,12 @@ def test_pushdown_reads_only_the_filtered_nodes_tasks(spark, agreeing_cluster):
     log = agreeing_cluster.log
 
     def load():
-        return (spark.read.format("cluster_log").option("task_bytes", str(log.term_length))
-                .option("pushdown", "true").load(_paths(agreeing_cluster)))
+        return (
+            spark.read.format("cluster_log")
+            .option("task_bytes", str(log.term_length))
+            .option("pushdown", "true")
+            .load(_paths(agreeing_cluster))
+        )
 
     df = load()
     every = df.rdd.getNumPartitions()
@@ -43,11 +47,15 @@ def test_pushdown_reads_only_the_filtered_nodes_tasks(spark, agreeing_cluster):
     low, high = log.term_length + 100, log.term_length + 20_000
     filtered = df.where((F.col("node") == "node1") & (F.col("position") >= low) & (F.col("position") < high))
     assert filtered.rdd.getNumPartitions() == 1  # node1's second term only
-    got = sorted((r["node"], r["position"], r["frame_hash"]) for r in filtered.select("node", "position", "frame_hash")
-                 .collect())
+    got = sorted(
+        (r["node"], r["position"], r["frame_hash"]) for r in filtered.select("node", "position", "frame_hash").collect()
+    )
     everything = load().select("node", "position", "frame_hash").collect()
-    expected = sorted((r["node"], r["position"], r["frame_hash"]) for r in everything
-                      if r["node"] == "node1" and low <= r["position"] < high)
+    expected = sorted(
+        (r["node"], r["position"], r["frame_hash"])
+        for r in everything
+        if r["node"] == "node1" and low <= r["position"] < high
+    )
     assert got == expected and len(got) > 10
     # IN on member ids and an equality on the recording: two nodes' tasks.
     two = load().where(F.col("member_id").isin(0, 2) & (F.col("recording_id") == 0))
@@ -67,14 +75,22 @@ def test_load_fails_for_bad_paths_and_options(spark, agreeing_cluster, tmp_path)
     cases = [
         (lambda: read.load(str(tmp_path)), "not an archive"),
         (lambda: read.load(str(tmp_path / "nothing*")), "no such directory"),
-        (lambda: spark.read.format("cluster_log").option("stream_ids", "999").load(_paths(agreeing_cluster)),
-         "no recordings of stream 999"),
-        (lambda: spark.read.format("cluster_log").option("task_bytes", "abc").load(_paths(agreeing_cluster)),
-         "option task_bytes must be a positive integer"),
-        (lambda: spark.read.format("cluster_log").option("taskbytes", "1").load(_paths(agreeing_cluster)),
-         "unknown option 'taskbytes'"),
-        (lambda: spark.read.format("archive_frames").option("decoder", "json:dumps").load(_paths(agreeing_cluster)),
-         "not a MessageDecoder subclass"),
+        (
+            lambda: spark.read.format("cluster_log").option("stream_ids", "999").load(_paths(agreeing_cluster)),
+            "no recordings of stream 999",
+        ),
+        (
+            lambda: spark.read.format("cluster_log").option("task_bytes", "abc").load(_paths(agreeing_cluster)),
+            "option task_bytes must be a positive integer",
+        ),
+        (
+            lambda: spark.read.format("cluster_log").option("taskbytes", "1").load(_paths(agreeing_cluster)),
+            "unknown option 'taskbytes'",
+        ),
+        (
+            lambda: spark.read.format("archive_frames").option("decoder", "json:dumps").load(_paths(agreeing_cluster)),
+            "not a MessageDecoder subclass",
+        ),
     ]
     for load, message in cases:
         with pytest.raises(Exception, match=message):
@@ -96,8 +112,9 @@ def test_permissive_read_and_the_audit_names_corrupt_and_unreadable_nodes(spark,
     with pytest.raises(Exception, match="frame version 3"):
         spark.read.format("cluster_log").load(_paths(cluster, (0, 1))).count()
 
-    outcome = CliRunner().invoke(main, ["pipeline", "audit", *_paths(cluster, (0, 1, 2, 3)),
-                                        "--out", str(tmp_path / "audit")])
+    outcome = CliRunner().invoke(
+        main, ["pipeline", "audit", *_paths(cluster, (0, 1, 2, 3)), "--out", str(tmp_path / "audit")]
+    )
     assert outcome.exit_code == 1, outcome.output
     assert "Traceback" not in outcome.output
     report = json.loads((tmp_path / "audit" / "audit.json").read_text())
@@ -114,7 +131,8 @@ def test_the_audit_names_the_member_that_disagrees_with_the_majority(spark, dive
     result = jobs.audit(spark, jobs.load_log(spark, _paths(diverging_cluster)))
     entry = diverging_cluster.divergent_entry
     assert [(d.node, d.member_id, d.position, d.majority, d.expected) for d in result.dissenters] == [
-        ("node2", 2, entry.position, 2, 3)]
+        ("node2", 2, entry.position, 2, 3)
+    ]
 
 
 def test_throughput_has_every_second_with_zeros_in_election_gaps(spark, tmp_path):
@@ -168,8 +186,9 @@ def test_duplicate_member_is_refused_in_one_line(tmp_path, synthetic_log):
     a = write_cluster(tmp_path / "a", synthetic_log, nodes=1)
     b = write_cluster(tmp_path / "b", synthetic_log, nodes=1)
     for job in ("audit", "export"):
-        outcome = CliRunner().invoke(main, ["pipeline", job, str(a.node_dirs[0]), str(b.node_dirs[0]),
-                                            "--out", str(tmp_path / "o")])
+        outcome = CliRunner().invoke(
+            main, ["pipeline", job, str(a.node_dirs[0]), str(b.node_dirs[0]), "--out", str(tmp_path / "o")]
+        )
         assert outcome.exit_code == 2
         assert "two archives are named node0" in outcome.output and "Traceback" not in outcome.output
 
@@ -199,13 +218,15 @@ def test_spark_incremental_export_twice_equals_the_local_full_export(spark, tmp_
 
     def rows(path):
         table = ds.dataset(str(path), format="parquet", partitioning=ds.partitioning(keys, flavor="hive")).to_table(
-            columns=["member_id", "position", "frame_hash", "event_time", "payload", "date"])
+            columns=["member_id", "position", "frame_hash", "event_time", "payload", "date"]
+        )
         return sorted(tuple(r.values()) for r in table.to_pylist())
 
     assert rows(tmp_path / "inc" / "log.parquet") == rows(tmp_path / "full" / "log.parquet")
     # The deployment that scales: members export with --local, Spark audits the Parquet.
-    outcome = runner.invoke(main, ["pipeline", "audit", "--from-parquet", str(tmp_path / "full"),
-                                   "--out", str(tmp_path / "audit")])
+    outcome = runner.invoke(
+        main, ["pipeline", "audit", "--from-parquet", str(tmp_path / "full"), "--out", str(tmp_path / "audit")]
+    )
     assert outcome.exit_code == 0, outcome.output
     report = json.loads((tmp_path / "audit" / "audit.json").read_text())
     assert report["rows_compared"] == 3 * len(log.entries)
@@ -224,10 +245,16 @@ def test_streaming_source_reads_each_message_once_as_the_recording_grows(spark, 
     out, checkpoint = tmp_path / "stream", tmp_path / "checkpoint"
 
     def run_once():
-        query = (spark.readStream.format("cluster_log").load(_paths(cluster, (0,))[0])
-                 .select("node", "position", "frame_hash").writeStream.format("parquet")
-                 .option("path", str(out)).option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("cluster_log")
+            .load(_paths(cluster, (0,))[0])
+            .select("node", "position", "frame_hash")
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(300)
         assert query.exception() is None, query.exception()
         return sorted(r["position"] for r in spark.read.parquet(str(out)).collect())

@@ -83,9 +83,9 @@ def test_stats_counts_every_message_per_term(spark, agreeing_cluster, tmp_path):
     assert [(t["leadership_term_id"], t["messages"], t["session_messages"]) for t in result.terms] == [
         (t.leadership_term_id, t.messages, t.session_messages) for t in log.terms
     ]
-    assert [(e["leadership_term_id"], e["leader_member_id"], e["term_base_log_position"]) for e in result.elections] == [
-        (t.leadership_term_id, t.leader_member_id, t.base_position) for t in log.terms
-    ]
+    assert [
+        (e["leadership_term_id"], e["leader_member_id"], e["term_base_log_position"]) for e in result.elections
+    ] == [(t.leadership_term_id, t.leader_member_id, t.base_position) for t in log.terms]
     assert all(e["gap_since_previous_term_s"] >= 1.5 for e in result.elections[1:])
     sessions = {s["cluster_session_id"]: s for s in result.sessions}
     for sid, info in log.sessions.items():
@@ -114,5 +114,7 @@ def test_cli_operator_errors_are_one_line(tmp_path):
     outcome = CliRunner().invoke(main, ["pipeline", "audit", str(tmp_path), "--out", str(tmp_path / "o")])
     assert outcome.exit_code == 2
     assert "not an archive" in outcome.output and "Traceback" not in outcome.output
-    outcome = CliRunner().invoke(main, ["pipeline", "audit", str(tmp_path), "--out", str(tmp_path / "o"), "--conf", "x"])
+    outcome = CliRunner().invoke(
+        main, ["pipeline", "audit", str(tmp_path), "--out", str(tmp_path / "o"), "--conf", "x"]
+    )
     assert outcome.exit_code == 2 and "KEY=VALUE" in outcome.output

@@ -62,7 +62,8 @@ def test_export_rerun_with_a_subset_keeps_the_other_partitions(tmp_path, log):
     data = out / "log.parquet"
     before = _partition_files(data)
     assert sorted({k.split("/date=")[0] for k in before}) == [
-        f"cluster_id=__HIVE_DEFAULT_PARTITION__/member_id={i}" for i in range(3)]
+        f"cluster_id=__HIVE_DEFAULT_PARTITION__/member_id={i}" for i in range(3)
+    ]
     day = datetime.datetime.fromtimestamp(log.entries[0].timestamp / 1e9, tz=datetime.UTC).date()
     assert all(k.endswith(f"date={day}") for k in before)
     # Rerun with node0 only: node1's and node2's partitions untouched (same files), node0's replaced.
@@ -126,7 +127,8 @@ def test_export_through_a_file_uri(tmp_path, log):
     result = export_local(uris, (tmp_path / "out").as_uri())
     assert result.path.startswith("file://") and result.rows == 3 * len(log.entries)
     assert _table_rows(tmp_path / "out" / "log.parquet") == sorted(
-        _table_rows_of(ArchiveSet(_paths(cluster), decoder=ClusterLogDecoder()), log))
+        _table_rows_of(ArchiveSet(_paths(cluster), decoder=ClusterLogDecoder()), log)
+    )
     # A glob in a URI's last component.
     by_glob = ArchiveSet([(tmp_path / "c").resolve().as_uri() + "/node*"])
     assert [loc.node for loc in by_glob.locations] == ["node0", "node1", "node2"]
@@ -138,8 +140,9 @@ def _table_rows_of(archives, log):
 
     table = pa.Table.from_batches(list(archives.record_batches()))
     dates = pc.cast(table.column("event_time"), pa.date32()).to_pylist()
-    return [(r["member_id"], r["position"], r["frame_hash"], r["payload"], str(d))
-            for r, d in zip(table.to_pylist(), dates)]
+    return [
+        (r["member_id"], r["position"], r["frame_hash"], r["payload"], str(d)) for r, d in zip(table.to_pylist(), dates)
+    ]
 
 
 def test_task_filter_and_packing(tmp_path, log):
@@ -147,12 +150,16 @@ def test_task_filter_and_packing(tmp_path, log):
     archives = ArchiveSet(_paths(cluster), decoder=ClusterLogDecoder(), target_task_bytes=1)  # one term per task
     assert len(archives.tasks) > 6
     low, high = log.term_length + 100, log.term_length + 3000  # inside the second transport term
-    kept = [t for t in archives.tasks if TaskFilter(nodes=frozenset({"node1"}), position_low=low,
-                                                    position_high=high).keeps(t)]
+    kept = [
+        t
+        for t in archives.tasks
+        if TaskFilter(nodes=frozenset({"node1"}), position_low=low, position_high=high).keeps(t)
+    ]
     assert [(t.node, t.start_position) for t in kept] == [("node1", log.term_length)]
     packed = pack_tasks(archives.tasks, 3 * log.term_length)
     assert [len(g) for g in packed] == [3] * (len(archives.tasks) // 3) + (
-        [len(archives.tasks) % 3] if len(archives.tasks) % 3 else [])
+        [len(archives.tasks) % 3] if len(archives.tasks) % 3 else []
+    )
     assert [t for g in packed for t in g] == archives.tasks
 
 
@@ -163,8 +170,10 @@ def test_event_time_in_the_declared_unit(tmp_path):
     names = archives.column_names
     import pyarrow as pa
 
-    for rows in (list(archives.rows()), [tuple(r.values()) for r in
-                                         pa.Table.from_batches(list(archives.record_batches())).to_pylist()]):
+    for rows in (
+        list(archives.rows()),
+        [tuple(r.values()) for r in pa.Table.from_batches(list(archives.record_batches())).to_pylist()],
+    ):
         assert len(rows) == len(log.entries)
         for row, e in zip(rows, log.entries):
             r = dict(zip(names, row))
@@ -187,8 +196,10 @@ def test_permissive_mode_returns_the_rows_before_the_bad_frame_and_an_error_row(
     archives = ArchiveSet([str(tmp_path / "node0")], decoder=ClusterLogDecoder(), mode="permissive")
     import pyarrow as pa
 
-    for rows in ([dict(zip(archives.column_names, r)) for r in archives.rows()],
-                 pa.Table.from_batches(list(archives.record_batches())).to_pylist()):
+    for rows in (
+        [dict(zip(archives.column_names, r)) for r in archives.rows()],
+        pa.Table.from_batches(list(archives.record_batches())).to_pylist(),
+    ):
         assert [r["position"] for r in rows[:-1]] == [e.position for e in log.entries[:20]]
         assert all(r["read_error"] is None for r in rows[:-1])
         error = rows[-1]
@@ -248,17 +259,42 @@ def _stats_result(sessions: int):
     from cluster_node.pipeline.jobs import StatsResult
 
     second = 1_700_000_000
-    throughput = [{"second": second + i, "messages": m, "bytes": 100 * m, "leadership_term_id": None if m == 0 else 1}
-                  for i, m in enumerate([5, 7, 0, 0, 4])]
-    elections = [
-        {"leadership_term_id": 1, "leader_member_id": 0, "term_base_log_position": 0, "time_ns": second * 10**9,
-         "previous_term_last_time_ns": None, "gap_since_previous_term_s": None},
-        {"leadership_term_id": 2, "leader_member_id": 1, "term_base_log_position": 999,
-         "time_ns": (second + 4) * 10**9, "previous_term_last_time_ns": (second + 1) * 10**9 + 5,
-         "gap_since_previous_term_s": 3.0},
+    throughput = [
+        {"second": second + i, "messages": m, "bytes": 100 * m, "leadership_term_id": None if m == 0 else 1}
+        for i, m in enumerate([5, 7, 0, 0, 4])
     ]
-    rows = [{"cluster_session_id": i, "kind": "client", "messages": 1, "bytes": 1, "open_time_ns": None,
-             "open_term": 1, "close_time_ns": None, "close_reason": None, "duration_s": None} for i in range(sessions)]
+    elections = [
+        {
+            "leadership_term_id": 1,
+            "leader_member_id": 0,
+            "term_base_log_position": 0,
+            "time_ns": second * 10**9,
+            "previous_term_last_time_ns": None,
+            "gap_since_previous_term_s": None,
+        },
+        {
+            "leadership_term_id": 2,
+            "leader_member_id": 1,
+            "term_base_log_position": 999,
+            "time_ns": (second + 4) * 10**9,
+            "previous_term_last_time_ns": (second + 1) * 10**9 + 5,
+            "gap_since_previous_term_s": 3.0,
+        },
+    ]
+    rows = [
+        {
+            "cluster_session_id": i,
+            "kind": "client",
+            "messages": 1,
+            "bytes": 1,
+            "open_time_ns": None,
+            "open_term": 1,
+            "close_time_ns": None,
+            "close_reason": None,
+            "duration_s": None,
+        }
+        for i in range(sessions)
+    ]
     return StatsResult("node0", 999, 16, [], rows, elections, throughput, [])
 
 
@@ -270,10 +306,14 @@ def test_throughput_plot_draws_empty_seconds_as_zero_and_shades_election_gaps(tm
 
     plotted, shaded = [], []
     original_plot, original_span = Axes.plot, Axes.axvspan
-    monkeypatch.setattr(Axes, "plot", lambda self, *a, **k: plotted.append((list(a[0]), list(a[1]), k.get("label")))
-                        or original_plot(self, *a, **k))
-    monkeypatch.setattr(Axes, "axvspan", lambda self, x0, x1, **k: shaded.append((x0, x1))
-                        or original_span(self, x0, x1, **k))
+    monkeypatch.setattr(
+        Axes,
+        "plot",
+        lambda self, *a, **k: plotted.append((list(a[0]), list(a[1]), k.get("label"))) or original_plot(self, *a, **k),
+    )
+    monkeypatch.setattr(
+        Axes, "axvspan", lambda self, x0, x1, **k: shaded.append((x0, x1)) or original_span(self, x0, x1, **k)
+    )
     files = report.write_stats_report(result, str(tmp_path))
     assert (tmp_path / "throughput.png").stat().st_size > 1000 and str(tmp_path / "report.md") in files
     lines = {label: (xs, ys) for xs, ys, label in plotted}
@@ -287,7 +327,9 @@ def test_report_caps_the_sessions_table(tmp_path):
     from cluster_node.pipeline import report
 
     text = report.stats_markdown(result, [])
-    session_rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[2].strip() == "client"]
+    session_rows = [
+        line for line in text.splitlines() if line.startswith("| ") and line.split("|")[2].strip() == "client"
+    ]
     assert len(session_rows) == report.MAX_REPORT_SESSIONS
     assert f"The first {report.MAX_REPORT_SESSIONS} of 120 sessions" in text
 
@@ -319,8 +361,9 @@ def test_export_refuses_an_archive_of_unknown_member(tmp_path, log):
     from cluster_node.cli import main
 
     write_archive(tmp_path / "primary", log)  # no digits in the name, no mark file
-    outcome = CliRunner().invoke(main, ["pipeline", "export", str(tmp_path / "primary"), "--out",
-                                        str(tmp_path / "out"), "--local"])
+    outcome = CliRunner().invoke(
+        main, ["pipeline", "export", str(tmp_path / "primary"), "--out", str(tmp_path / "out"), "--local"]
+    )
     assert outcome.exit_code == 2
     assert "cannot tell which member" in outcome.output and "Traceback" not in outcome.output
     assert not (tmp_path / "out" / "log.parquet").exists()

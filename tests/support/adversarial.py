@@ -107,8 +107,11 @@ class Report:
     def unexplained_elections(self) -> list[int]:
         """Terms that ended with no member's leader heartbeat timing out: ended by a message.
         (A member starved of CPU on a loaded machine misses heartbeats: a real fault.)"""
-        return sorted(term for term, starts in self.election_starts.items()
-                      if not any(reason == "leader heartbeat timeout" for _m, reason in starts))
+        return sorted(
+            term
+            for term, starts in self.election_starts.items()
+            if not any(reason == "leader heartbeat timeout" for _m, reason in starts)
+        )
 
     def bound_violations(self, bounds: Bounds) -> list[str]:
         out = []
@@ -117,8 +120,9 @@ class Report:
                 out.append(f"member {m} peak RSS {peak} kB > {bounds.peak_rss_kb} kB")
         for m, peak in self.peak_fds.items():
             if peak > self.fds_start.get(m, 0) + bounds.extra_fds:
-                out.append(f"member {m} held {peak} fds, {self.fds_start.get(m)} at the start"
-                           f" (+{bounds.extra_fds} allowed)")
+                out.append(
+                    f"member {m} held {peak} fds, {self.fds_start.get(m)} at the start (+{bounds.extra_fds} allowed)"
+                )
         for m, peak in self.peak_counters.items():
             cap = self.counters_capacity.get(m, 0)
             if cap and peak > cap * bounds.counters_share:
@@ -249,9 +253,15 @@ async def run_adversarial(
     report = Report(seed)
     senders = _Senders()
     driver = cluster.nodes[0].cfg.driver
-    fuzzer = DatagramFuzzer(seed, sources=len(senders.socks), sink=senders.sink_addr, term_length=driver.term_length,
-                            mtu=driver.mtu, huge_term_probability=huge_term_probability,
-                            impersonate=impersonate)
+    fuzzer = DatagramFuzzer(
+        seed,
+        sources=len(senders.socks),
+        sink=senders.sink_addr,
+        term_length=driver.term_length,
+        mtu=driver.mtu,
+        huge_term_probability=huge_term_probability,
+        impersonate=impersonate,
+    )
     views = {n.member_id: MemberView(n.member_id) for n in cluster.nodes}
     recent: dict[int, deque] = {n.member_id: deque(maxlen=RECENT_PER_MEMBER) for n in cluster.nodes}
     commit_samples: list[tuple[float, int]] = []
@@ -349,8 +359,20 @@ async def run_adversarial(
         path = out_dir / f"fuzz-member{m}.jsonl"
         with open(path, "w") as f:
             for at, kind, mutation, source, role, port, d in recent[m]:
-                f.write(json.dumps({"t": at, "kind": kind, "mutation": mutation, "source": SOURCE_HOSTS[source],
-                                    "role": role, "port": port, "hex": d.hex()}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": at,
+                            "kind": kind,
+                            "mutation": mutation,
+                            "source": SOURCE_HOSTS[source],
+                            "role": role,
+                            "port": port,
+                            "hex": d.hex(),
+                        }
+                    )
+                    + "\n"
+                )
         report.dumps[m] = str(path)
     report.election_starts = election_starts(cluster)
     if writer is not None:
@@ -387,8 +409,9 @@ def load_recorded(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def send_recorded(records: list[dict], port_map: dict[tuple[str, int], tuple[str, int]] | None = None,
-                  pace_s: float = 0.0) -> None:
+def send_recorded(
+    records: list[dict], port_map: dict[tuple[str, int], tuple[str, int]] | None = None, pace_s: float = 0.0
+) -> None:
     """Send recorded datagrams again, each from its recorded source address (a fresh
     ephemeral port) to its recorded port, or to ``port_map[(role, port)]`` (the same role on
     another cluster, whose ports differ)."""

@@ -38,7 +38,12 @@ def start_peer(args: list[str], name: str = "archive"):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     peer.proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
     )
     peer.lines = queue.Queue()
     peer.seen = []
@@ -54,8 +59,12 @@ async def run(args) -> int:
     if args.drop:
         loss = LossConfig(drop_rate=args.drop, seed=args.seed, on_send=True, on_receive=True)
     async with open_media_driver(
-        dir=node / "driver", network_term_length=args.term_length, ipc_term_length=args.term_length,
-        status_message_timeout_ns=20_000_000, loss=loss, publication_linger_ns=5_000_000_000,
+        dir=node / "driver",
+        network_term_length=args.term_length,
+        ipc_term_length=args.term_length,
+        status_message_timeout_ns=20_000_000,
+        loss=loss,
+        publication_linger_ns=5_000_000_000,
     ) as driver:
         config = ArchiveConfig(
             dir=node / "archive",
@@ -84,7 +93,9 @@ def main() -> int:
 
     structlog.configure(
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if os.environ.get("ARCHIVE_PEER_DEBUG") else logging.INFO),
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.DEBUG if os.environ.get("ARCHIVE_PEER_DEBUG") else logging.INFO
+        ),
     )
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)

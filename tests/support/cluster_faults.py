@@ -50,8 +50,9 @@ def enable_clock_steps(cluster: TestCluster) -> None:
     config per member, so each gets a file of its own."""
     for n in cluster.nodes:
         step_clock(cluster, n.member_id, 0)
-        cfg = msgspec.structs.replace(n.cfg, node=msgspec.structs.replace(
-            n.cfg.node, clock_offset_file=str(clock_file(cluster, n.member_id))))
+        cfg = msgspec.structs.replace(
+            n.cfg, node=msgspec.structs.replace(n.cfg.node, clock_offset_file=str(clock_file(cluster, n.member_id)))
+        )
         n.config_path.write_text(node_config_to_toml(cfg))
         n.cfg = load_node_config(n.config_path)
 
@@ -177,8 +178,9 @@ class SequenceWriter:
         if twice:
             problems.append(f"client {self.index}: {len(twice)} writes applied more than once, e.g. {twice[:5]}")
         if missing:
-            problems.append(f"client {self.index}: {len(missing)} of {len(self.acked)} acknowledged writes lost,"
-                            f" e.g. {missing[:5]}")
+            problems.append(
+                f"client {self.index}: {len(missing)} of {len(self.acked)} acknowledged writes lost, e.g. {missing[:5]}"
+            )
         if unsent:
             problems.append(f"client {self.index}: numbers never sent applied: {unsent[:5]}")
         return problems

@@ -251,8 +251,17 @@ class _Values:
         if "term_id" in name:
             return rng.choice((self.term, self.term, self.term + 1, self.term - 1, self.term + 2, 0, -1, 2**63 - 1))
         if "position" in name:
-            return rng.choice((self.commit, self.commit + 32 * rng.randrange(1, 64), max(0, self.commit - 64), 0, -1,
-                               2**62, self.commit + 1))
+            return rng.choice(
+                (
+                    self.commit,
+                    self.commit + 32 * rng.randrange(1, 64),
+                    max(0, self.commit - 64),
+                    0,
+                    -1,
+                    2**62,
+                    self.commit + 1,
+                )
+            )
         if "member_id" in name:
             return rng.choice((0, 1, 2, 0, 1, 2, -1, 3, 63, 64, 2**31 - 1))
         if name in ("log_session_id", "session_id", "replication_session_id") or name.endswith("_session_id"):
@@ -260,8 +269,16 @@ class _Values:
         if "stream_id" in name:
             return rng.choice((100, 101, 102, 108, 10, 20, 0, -1, rng.randrange(1, 2**31)))
         if "version" in name:
-            return rng.choice((cluster_codecs.CONSENSUS_PROTOCOL_VERSION, cluster_codecs.CLIENT_PROTOCOL_VERSION,
-                               archive_codecs.PROTOCOL_SEMANTIC_VERSION, 0, 2**31 - 1, 99 << 16))
+            return rng.choice(
+                (
+                    cluster_codecs.CONSENSUS_PROTOCOL_VERSION,
+                    cluster_codecs.CLIENT_PROTOCOL_VERSION,
+                    archive_codecs.PROTOCOL_SEMANTIC_VERSION,
+                    0,
+                    2**31 - 1,
+                    99 << 16,
+                )
+            )
         if name in ("length", "record_count", "file_io_max_length", "pending_message_capacity"):
             return rng.choice((0, -1, 1, 1024, 2**31 - 1, 2**63 - 1, archive_codecs.REPLAY_FOLLOW_LENGTH))
         if "recording_id" in name:
@@ -367,8 +384,20 @@ class _Forged:
     setup: bytes = b""
 
     def setup_frame(self) -> bytes:
-        return F._SETUP.pack(F.SETUP_LENGTH, F.VERSION, 0, F.TYPE_SETUP, self.term_offset, self.session_id,
-                             self.stream_id, self.initial_term_id, self.term_id, self.term_length, self.mtu, 0)
+        return F._SETUP.pack(
+            F.SETUP_LENGTH,
+            F.VERSION,
+            0,
+            F.TYPE_SETUP,
+            self.term_offset,
+            self.session_id,
+            self.stream_id,
+            self.initial_term_id,
+            self.term_id,
+            self.term_length,
+            self.mtu,
+            0,
+        )
 
 
 MAX_PENDING_FRAMES = 64
@@ -389,18 +418,41 @@ class DatagramFuzzer:
     mostly, so its SETUP is accepted, and sometimes anything else)."""
 
     KINDS = (
-        ("random", 6), ("media", 30), ("cluster", 30), ("archive", 12), ("setup-sweep", 8), ("replay", 6),
+        ("random", 6),
+        ("media", 30),
+        ("cluster", 30),
+        ("archive", 12),
+        ("setup-sweep", 8),
+        ("replay", 6),
         ("setup-flood", 0.2),
     )
     MEDIA = ("DATA", "PAD", "SETUP", "SM", "NAK", "RTTM", "HB", "ERR", "UNKNOWN")
     MUTATIONS = (
-        "truncate", "extend", "flip", "misalign", "version", "type", "length", "session", "stream", "concat",
+        "truncate",
+        "extend",
+        "flip",
+        "misalign",
+        "version",
+        "type",
+        "length",
+        "session",
+        "stream",
+        "concat",
         "huge-term",
     )
 
-    def __init__(self, seed: int, *, sources: int, sink: tuple[str, int], term_length: int, mtu: int,
-                 mutate_probability: float = 0.3, huge_term_probability: float = 0.002,
-                 impersonate: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        sources: int,
+        sink: tuple[str, int],
+        term_length: int,
+        mtu: int,
+        mutate_probability: float = 0.3,
+        huge_term_probability: float = 0.002,
+        impersonate: bool = False,
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.sources = sources
@@ -472,8 +524,27 @@ class DatagramFuzzer:
 
     def _random_bytes(self) -> bytes:
         rng = self.rng
-        n = rng.choice((0, 1, 7, 8, 27, 28, 31, 32, 35, 36, 39, 40, 41, 64, rng.randrange(0, 200),
-                        rng.randrange(0, 9000), MAX_UDP_PAYLOAD))
+        n = rng.choice(
+            (
+                0,
+                1,
+                7,
+                8,
+                27,
+                28,
+                31,
+                32,
+                35,
+                36,
+                39,
+                40,
+                41,
+                64,
+                rng.randrange(0, 200),
+                rng.randrange(0, 9000),
+                MAX_UDP_PAYLOAD,
+            )
+        )
         return rng.randbytes(n)
 
     def _term_length(self) -> int:
@@ -512,24 +583,59 @@ class DatagramFuzzer:
             flags = rng.choice((F.FLAG_UNFRAGMENTED, F.FLAG_BEGIN, F.FLAG_END, 0, F.FLAG_EOS, 0xFF))
             unaligned = F.HEADER_LENGTH + len(body)
             padding = bytes(F.align(unaligned) - unaligned) if rng.random() < 0.8 else b""
-            return F.encode_data_header(flen, flags, offset, session, stream, term_id,
-                                        rng.choice((0, -1, 2**63 - 1)), ftype) + body + padding
+            return (
+                F.encode_data_header(
+                    flen, flags, offset, session, stream, term_id, rng.choice((0, -1, 2**63 - 1)), ftype
+                )
+                + body
+                + padding
+            )
         if name == "SETUP":
             mtu = rng.choice((self.mtu, self.mtu, 1408, 64, 65504, 32, 0, 65536, 33))
-            return F._SETUP.pack(F.SETUP_LENGTH, F.VERSION, 0, F.TYPE_SETUP, offset, session, stream, term_id,
-                                 F.wrap_i32(term_id + rng.choice((0, 0, 1, 5, -1, 2**31 - 1))), self._term_length(),
-                                 mtu, rng.choice((0, 1, 255)))
+            return F._SETUP.pack(
+                F.SETUP_LENGTH,
+                F.VERSION,
+                0,
+                F.TYPE_SETUP,
+                offset,
+                session,
+                stream,
+                term_id,
+                F.wrap_i32(term_id + rng.choice((0, 0, 1, 5, -1, 2**31 - 1))),
+                self._term_length(),
+                mtu,
+                rng.choice((0, 1, 255)),
+            )
         if name == "SM":
             window = rng.choice((0, 1, 64 * 1024, tl, 2**31 - 1, -1))
             consumption_offset = rng.choice((0, 32, tl - 32, tl, 2**31 - 1, -1))
-            return F._SM.pack(F.SM_LENGTH, F.VERSION, rng.choice((0, F.FLAG_SEND_SETUP)), F.TYPE_SM, session, stream,
-                              term_id, consumption_offset, window, rng.choice((0, 1, -1, _s64(v.i64()))))
+            return F._SM.pack(
+                F.SM_LENGTH,
+                F.VERSION,
+                rng.choice((0, F.FLAG_SEND_SETUP)),
+                F.TYPE_SM,
+                session,
+                stream,
+                term_id,
+                consumption_offset,
+                window,
+                rng.choice((0, 1, -1, _s64(v.i64()))),
+            )
         if name == "NAK":
             length = rng.choice((1, 32, 4096, tl, 2**31 - 1, 0, -1))
             return F._NAK.pack(F.NAK_LENGTH, F.VERSION, 0, F.TYPE_NAK, session, stream, term_id, offset, length)
         if name == "RTTM":
-            return F._RTTM.pack(F.RTTM_LENGTH, F.VERSION, rng.choice((0, F.FLAG_RTTM_REPLY)), F.TYPE_RTTM, session,
-                                stream, _s64(v.i64()), _s64(v.i64()), _s64(v.i64()))
+            return F._RTTM.pack(
+                F.RTTM_LENGTH,
+                F.VERSION,
+                rng.choice((0, F.FLAG_RTTM_REPLY)),
+                F.TYPE_RTTM,
+                session,
+                stream,
+                _s64(v.i64()),
+                _s64(v.i64()),
+                _s64(v.i64()),
+            )
         if name == "HB":
             return F.encode_heartbeat(offset, session, stream, term_id, eos=rng.random() < 0.3)
         frame_type = F.TYPE_ERR if name == "ERR" else rng.choice((7, 8, 0xFFFF, 0x100))
@@ -551,8 +657,9 @@ class DatagramFuzzer:
             self._current[key] = fs
         return fs
 
-    def _new_forged(self, target: Target, source: int, stream_id: int, initial: int, tl: int, active: int,
-                    offset: int) -> _Forged:
+    def _new_forged(
+        self, target: Target, source: int, stream_id: int, initial: int, tl: int, active: int, offset: int
+    ) -> _Forged:
         fs = _Forged(target, source, self._session(), stream_id, initial, tl, self.mtu, active, offset)
         fs.setup = fs.setup_frame()
         self._forged[(source, target.port, fs.session_id, stream_id)] = fs
@@ -568,19 +675,23 @@ class DatagramFuzzer:
         and then) and the frames are kept for :meth:`on_status`."""
         out = []
         max_payload = fs.mtu - F.HEADER_LENGTH
-        chunks = [message[i:i + max_payload] for i in range(0, len(message), max_payload)] or [b""]
+        chunks = [message[i : i + max_payload] for i in range(0, len(message), max_payload)] or [b""]
         for i, chunk in enumerate(chunks):
             flags = (F.FLAG_BEGIN if i == 0 else 0) | (F.FLAG_END if i == len(chunks) - 1 else 0)
             flen = F.HEADER_LENGTH + len(chunk)
             if fs.term_offset + F.align(flen) > fs.term_length:
                 pad = fs.term_length - fs.term_offset
-                out.append(F.encode_data_header(pad, 0, fs.term_offset, fs.session_id, fs.stream_id, fs.term_id,
-                                                0, F.TYPE_PAD))
+                out.append(
+                    F.encode_data_header(pad, 0, fs.term_offset, fs.session_id, fs.stream_id, fs.term_id, 0, F.TYPE_PAD)
+                )
                 fs.term_id = F.wrap_i32(fs.term_id + 1)
                 fs.term_offset = 0
             # A datagram holds whole aligned frames: the payload is padded to the frame alignment.
-            out.append(F.encode_data_header(flen, flags, fs.term_offset, fs.session_id, fs.stream_id, fs.term_id)
-                       + chunk + bytes(F.align(flen) - flen))
+            out.append(
+                F.encode_data_header(flen, flags, fs.term_offset, fs.session_id, fs.stream_id, fs.term_id)
+                + chunk
+                + bytes(F.align(flen) - flen)
+            )
             fs.term_offset += F.align(flen)
         if fs.connected:
             return out
@@ -615,17 +726,32 @@ class DatagramFuzzer:
     def _session_message(self) -> bytes:
         rng = self.rng
         v = self.values
-        payload = rng.choice((b"", rng.randbytes(rng.randrange(0, 200)),
-                              msgspec.msgpack.encode([1, rng.randrange(2**31), "fuzz1", b"x"]),
-                              msgspec.msgpack.encode([3, rng.randrange(2**31), "fuzz0", b"fuzz;"])))
+        payload = rng.choice(
+            (
+                b"",
+                rng.randbytes(rng.randrange(0, 200)),
+                msgspec.msgpack.encode([1, rng.randrange(2**31), "fuzz1", b"x"]),
+                msgspec.msgpack.encode([3, rng.randrange(2**31), "fuzz0", b"fuzz;"]),
+            )
+        )
         if rng.random() < 0.3:
             # The current term, for a session no client has (ids are handed out from 1 up):
             # refused for the session, not for the term.
             term, session = v.term, rng.choice((10**6 + rng.randrange(10**6), 2**63 - 1, -5, 0))
         else:
             term, session = v.int_for("leadership_term_id"), rng.choice((1, 2, 3, 0, -1, v.i64()))
-        return struct.pack("<HHIqqq", 1, rng.choice((111, 111, 111, 0, 101)), rng.choice((0, 0, 1)),
-                           _s64(term), _s64(session), _s64(v.i64())) + payload
+        return (
+            struct.pack(
+                "<HHIqqq",
+                1,
+                rng.choice((111, 111, 111, 0, 101)),
+                rng.choice((0, 0, 1)),
+                _s64(term),
+                _s64(session),
+                _s64(v.i64()),
+            )
+            + payload
+        )
 
     def _cluster(self, target: Target, source: int) -> tuple[str, list[bytes]]:
         rng = self.rng
@@ -660,12 +786,16 @@ class DatagramFuzzer:
         fs = self._new_forged(target, source, self._stream(target), initial, tl, initial, offset)
         body = rng.randbytes(rng.choice((0, 32, 100)))
         flen = F.HEADER_LENGTH + len(body)
-        fs.pending.append(F.encode_data_header(flen, F.FLAG_UNFRAGMENTED, offset, fs.session_id, fs.stream_id,
-                                               initial) + body + bytes(F.align(flen) - flen))
+        fs.pending.append(
+            F.encode_data_header(flen, F.FLAG_UNFRAGMENTED, offset, fs.session_id, fs.stream_id, initial)
+            + body
+            + bytes(F.align(flen) - flen)
+        )
         at = offset + F.align(flen)
         if rng.random() < 0.3 and at < safe_tl:
-            fs.pending.append(F.encode_data_header(safe_tl - at, 0, at, fs.session_id, fs.stream_id, initial, 0,
-                                                   F.TYPE_PAD))
+            fs.pending.append(
+                F.encode_data_header(safe_tl - at, 0, at, fs.session_id, fs.stream_id, initial, 0, F.TYPE_PAD)
+            )
         return [fs.setup]
 
     def _setup_flood(self, target: Target) -> list[bytes]:
@@ -673,8 +803,10 @@ class DatagramFuzzer:
         what the bounds on images per endpoint, per source and per second are for."""
         rng = self.rng
         stream = target.stream_id if target.stream_id is not None else self._stream(target)
-        return [F.encode_setup(F.Setup(0, rng.randrange(-(2**31), 2**31), stream, 0, 0, self.term_length, self.mtu, 0))
-                for _ in range(rng.randrange(20, 120))]
+        return [
+            F.encode_setup(F.Setup(0, rng.randrange(-(2**31), 2**31), stream, 0, 0, self.term_length, self.mtu, 0))
+            for _ in range(rng.randrange(20, 120))
+        ]
 
     def _replay(self, target: Target) -> tuple[str, Target, list[bytes]]:
         rng = self.rng
@@ -685,7 +817,7 @@ class DatagramFuzzer:
         if rng.random() < 0.5 and len(d) >= 32:
             ftype = struct.unpack_from("<H", d, 6)[0]
             at = 12 if ftype in (F.TYPE_DATA, F.TYPE_PAD, F.TYPE_SETUP) else 8
-            d[at:at + 4] = struct.pack("<i", self._session())
+            d[at : at + 4] = struct.pack("<i", self._session())
         else:
             target = old_target if rng.random() < 0.3 else target
         return "replay", target, [bytes(d)]
@@ -712,15 +844,32 @@ class DatagramFuzzer:
         tl = self.term_length
         choice = rng.randrange(4)
         if choice == 0:
-            return [F.encode_nak(session, stream, rng.choice((term_id, term_id - 1, term_id + 1, 0)),
-                                 rng.choice((0, offset, tl - 32, 2**31 - 32)),
-                                 rng.choice((32, tl, 2**31 - 1, 4096)))]
+            return [
+                F.encode_nak(
+                    session,
+                    stream,
+                    rng.choice((term_id, term_id - 1, term_id + 1, 0)),
+                    rng.choice((0, offset, tl - 32, 2**31 - 32)),
+                    rng.choice((32, tl, 2**31 - 1, 4096)),
+                )
+            ]
         if choice == 1:
-            return [F.encode_status(session, stream, rng.choice((term_id, term_id + 1, term_id + 1000)),
-                                    rng.choice((0, offset, tl - 32, tl)), rng.choice((0, 1, 2**31 - 1)), 0x5EED)]
+            return [
+                F.encode_status(
+                    session,
+                    stream,
+                    rng.choice((term_id, term_id + 1, term_id + 1000)),
+                    rng.choice((0, offset, tl - 32, tl)),
+                    rng.choice((0, 1, 2**31 - 1)),
+                    0x5EED,
+                )
+            ]
         if choice == 2:
-            return [F.encode_status(session, stream, term_id, offset, tl // 2, rng.randrange(-(2**63), 2**63),
-                                    send_setup=True)]
+            return [
+                F.encode_status(
+                    session, stream, term_id, offset, tl // 2, rng.randrange(-(2**63), 2**63), send_setup=True
+                )
+            ]
         return [F.encode_rttm(session, stream, rng.randrange(0, 2**62), 0, 0x5EED, False)]
 
     # -------------------------------------------------------------- mutations
@@ -751,7 +900,7 @@ class DatagramFuzzer:
             ftype = struct.unpack_from("<H", b, 6)[0]
             at = 12 if ftype in (F.TYPE_DATA, F.TYPE_PAD, F.TYPE_SETUP) else 8
             at += 4 if mutation == "stream" else 0
-            b[at:at + 4] = struct.pack("<i", rng.choice((0, -1, 2**31 - 1, rng.randrange(-(2**31), 2**31))))
+            b[at : at + 4] = struct.pack("<i", rng.choice((0, -1, 2**31 - 1, rng.randrange(-(2**31), 2**31))))
         elif mutation == "concat" and self._history:
             b += rng.choice(self._history)[1]
         elif mutation == "huge-term" and len(b) >= F.SETUP_LENGTH:
@@ -791,8 +940,9 @@ def counters_in_use(node) -> tuple[int, int, dict[str, int]] | None:
     except (CountersError, OSError, ValueError):
         return None
     try:
-        kinds = Counter(c.label.split(":", 1)[0] if ":" in c.label else " ".join(c.label.split()[:2])
-                        for c in reader.counters())
+        kinds = Counter(
+            c.label.split(":", 1)[0] if ":" in c.label else " ".join(c.label.split()[:2]) for c in reader.counters()
+        )
         return sum(kinds.values()), reader.max_counters, dict(kinds.most_common())
     except CountersError:
         return None
@@ -800,8 +950,15 @@ def counters_in_use(node) -> tuple[int, int, dict[str, int]] | None:
         reader.close()
 
 
-REPORTED_SYSTEM_COUNTERS = ("INVALID_PACKETS", "ERRORS", "IMAGES_AVAILABLE", "IMAGES_UNAVAILABLE",
-                            "NAK_MESSAGES_RECEIVED", "RETRANSMITS_SENT", "STATUS_MESSAGES_RECEIVED")
+REPORTED_SYSTEM_COUNTERS = (
+    "INVALID_PACKETS",
+    "ERRORS",
+    "IMAGES_AVAILABLE",
+    "IMAGES_UNAVAILABLE",
+    "NAK_MESSAGES_RECEIVED",
+    "RETRANSMITS_SENT",
+    "STATUS_MESSAGES_RECEIVED",
+)
 
 
 def system_counters(node) -> dict[str, int]:

@@ -34,16 +34,23 @@ async def _run(args: argparse.Namespace, base: Path) -> dict:
                 nursery.start_soon(writer.run)
                 try:
                     report = await run_adversarial(
-                        cluster, args.seed, rate_per_s=args.rate, seconds=args.seconds, writer=writer,
-                        huge_term_probability=args.huge_term_probability, impersonate=args.impersonate,
+                        cluster,
+                        args.seed,
+                        rate_per_s=args.rate,
+                        seconds=args.seconds,
+                        writer=writer,
+                        huge_term_probability=args.huge_term_probability,
+                        impersonate=args.impersonate,
                     )
                 finally:
                     writer.stop.set()
             if report.exited:
                 failures.append(f"members exited: {report.exited}; datagrams sent to them last: {report.dumps}")
             else:
-                for check, name in ((lambda: writer.verify(window=VERIFY_WINDOW), "writes"),
-                                    (lambda: assert_same_state(kv, cluster, f"fuzz-{args.seed}"), "state")):
+                for check, name in (
+                    (lambda: writer.verify(window=VERIFY_WINDOW), "writes"),
+                    (lambda: assert_same_state(kv, cluster, f"fuzz-{args.seed}"), "state"),
+                ):
                     try:
                         await check()
                     except AssertionError as e:
@@ -69,10 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (default 60)")
     p.add_argument("--seed", type=int, default=None, help="the fuzzer's seed (default: random, printed)")
     p.add_argument("--rate", type=float, default=1800.0, help="datagrams a second (default 1800)")
-    p.add_argument("--huge-term-probability", type=float, default=0.002,
-                   help="share of SETUPs asking for a term of 256 MiB to 1 GiB (default 0.002)")
-    p.add_argument("--impersonate", action="store_true",
-                   help="let cluster messages carry the terms a real member would send now (spoofing a member)")
+    p.add_argument(
+        "--huge-term-probability",
+        type=float,
+        default=0.002,
+        help="share of SETUPs asking for a term of 256 MiB to 1 GiB (default 0.002)",
+    )
+    p.add_argument(
+        "--impersonate",
+        action="store_true",
+        help="let cluster messages carry the terms a real member would send now (spoofing a member)",
+    )
     p.add_argument("--keep", type=Path, default=None, help="run in this directory and keep it")
     args = p.parse_args(argv)
     if args.seed is None:

@@ -61,8 +61,12 @@ def loss_from(args) -> LossConfig | None:
     if not (args.drop or args.dup or args.reorder):
         return None
     return LossConfig(
-        drop_rate=args.drop, duplicate_rate=args.dup, reorder_rate=args.reorder, seed=args.seed,
-        on_send=True, on_receive=False,
+        drop_rate=args.drop,
+        duplicate_rate=args.dup,
+        reorder_rate=args.reorder,
+        seed=args.seed,
+        on_send=True,
+        on_receive=False,
     )
 
 
@@ -117,7 +121,7 @@ async def run_sub(args) -> int:
             if length != want:
                 errors.append(f"message {expected}: length {length}, expected {want}")
             elif length >= 8 and int.from_bytes(buf[offset : offset + 8], "little") != expected:
-                errors.append(f"message {expected}: got sequence {int.from_bytes(buf[offset:offset + 8], 'little')}")
+                errors.append(f"message {expected}: got sequence {int.from_bytes(buf[offset : offset + 8], 'little')}")
             elif verify and bytes(buf[offset : offset + length]) != make_message(expected, want):
                 errors.append(f"message {expected}: content differs")
             pos = header.position
@@ -196,13 +200,18 @@ async def run_pub(args) -> int:
             if back_pressured % 64 == 0:
                 max_rss = max(max_rss, rss_kb())
             await trio.sleep(0)
-        print(f"OFFERED count={i} position={pub.position} back_pressured={back_pressured} max_rss_kb={max_rss}", flush=True)
+        print(
+            f"OFFERED count={i} position={pub.position} back_pressured={back_pressured} max_rss_kb={max_rss}",
+            flush=True,
+        )
         # Keep serving retransmits until told to stop.
         if args.close_after:
             pub.close()
             print("CLOSED", flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
-        print(f"DONE retransmits={driver.system.retransmits_sent.get()} max_rss_kb={max(max_rss, rss_kb())}", flush=True)
+        print(
+            f"DONE retransmits={driver.system.retransmits_sent.get()} max_rss_kb={max(max_rss, rss_kb())}", flush=True
+        )
     return 0
 
 

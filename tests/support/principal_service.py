@@ -27,10 +27,18 @@ class PrincipalKvService(DigestKvService):
             request = msgspec.msgpack.decode(payload)
         except (msgspec.MsgspecError, ValueError, RecursionError):
             return
-        if (isinstance(request, list) and len(request) == 3 and request[0] == 2 and isinstance(request[2], str)
-                and request[2].startswith(WHOAMI_PREFIX) and session is not None and self.cluster is not None):
+        if (
+            isinstance(request, list)
+            and len(request) == 3
+            and request[0] == 2
+            and isinstance(request[2], str)
+            and request[2].startswith(WHOAMI_PREFIX)
+            and session is not None
+            and self.cluster is not None
+        ):
             directory = os.environ.get("CLUSTER_TEST_DIGEST_DIR")
             if directory:
-                tag = request[2][len(WHOAMI_PREFIX):]
+                tag = request[2][len(WHOAMI_PREFIX) :]
                 whoami_file(Path(directory), self.cluster.member_id, tag).write_text(
-                    f"{session.id} {bytes(session.encoded_principal).hex()}\n")
+                    f"{session.id} {bytes(session.encoded_principal).hex()}\n"
+                )

@@ -93,8 +93,12 @@ class Service:
         return [(*r, self.position) for r in out]
 
     def state(self) -> tuple:
-        return (self.position, tuple(sorted(self.periodic.items())), tuple(sorted(self.fired.items())),
-                tuple(sorted(self.applied.items())))
+        return (
+            self.position,
+            tuple(sorted(self.periodic.items())),
+            tuple(sorted(self.fired.items())),
+            tuple(sorted(self.applied.items())),
+        )
 
 
 @dataclass
@@ -109,8 +113,9 @@ class Member:
 
 
 class ServiceLayerSim:
-    def __init__(self, seed: int, members: int = 3, gate_followers: bool = True, stream_capacity: int = 4,
-                 log_order: bool = True) -> None:
+    def __init__(
+        self, seed: int, members: int = 3, gate_followers: bool = True, stream_capacity: int = 4, log_order: bool = True
+    ) -> None:
         self.rng = random.Random(seed)
         self.gate_followers = gate_followers
         self.log_order = log_order
@@ -214,7 +219,7 @@ class ServiceLayerSim:
         """The leader steps down: the uncommitted tail is gone; a follower whose module has
         applied the committed log leads next (an election's replay makes it so)."""
         old = self.members[self.leader]
-        del self.log[self.commit // ENTRY_LENGTH:]
+        del self.log[self.commit // ENTRY_LENGTH :]
         old.timers.rollback(self.commit)
         old.pending.rollback(self.commit)
         old.pending.become_follower()
@@ -300,5 +305,7 @@ class ServiceLayerSim:
             if twice:
                 self.violations.append(f"member {m.member_id}: service messages applied more than once: {twice[:3]}")
             if len(m.service.applied) != m.service.offered:
-                self.violations.append(f"member {m.member_id}: {m.service.offered} service messages offered, "
-                                       f"{len(m.service.applied)} applied")
+                self.violations.append(
+                    f"member {m.member_id}: {m.service.offered} service messages offered, "
+                    f"{len(m.service.applied)} applied"
+                )

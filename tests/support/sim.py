@@ -524,11 +524,7 @@ class Simulation:
         if sub is None or m.recording_session != sub.log_session_id:
             return
         leader = self.members[sub.leader_member_id]
-        if (
-            not leader.alive
-            or leader.paused_until > self.now_ns
-            or not self._link_up(leader.member_id, m.member_id)
-        ):
+        if not leader.alive or leader.paused_until > self.now_ns or not self._link_up(leader.member_id, m.member_id):
             return
         if self.drop_rate and self.rng.random() < self.drop_rate:
             return
@@ -553,8 +549,10 @@ class Simulation:
             return
         replication_id, leader_id, stop, epoch = rep
         src = self.members[leader_id]
-        if not src.alive or src.paused_until > self.now_ns or not (
-            self._link_up(leader_id, m.member_id) and self._link_up(m.member_id, leader_id)
+        if (
+            not src.alive
+            or src.paused_until > self.now_ns
+            or not (self._link_up(leader_id, m.member_id) and self._link_up(m.member_id, leader_id))
         ):
             return
         if src.archive.epoch != epoch:
@@ -639,9 +637,7 @@ class Simulation:
             if m.recording_session is not None:
                 self.violation(f"member {mid} started a second log recording")
             if e.position != m.archive.stop:
-                self.violation(
-                    f"member {mid} extends its recording at {e.position}, stop is {m.archive.stop}"
-                )
+                self.violation(f"member {mid} extends its recording at {e.position}, stop is {m.archive.stop}")
             m.recording_session = e.log_session_id
             self.disk.on_recording_started(m)
         elif t is fx.StopLogRecording:
@@ -696,17 +692,13 @@ class Simulation:
         elif t is fx.StopCatchupReplay:
             m.catchup_replays.pop(e.follower_member_id, None)
         elif t is fx.ElectionStateChanged:
-            self.transitions.append(
-                (mid, e.from_state, e.to_state, e.reason, e.leadership_term_id, self.now_ns)
-            )
+            self.transitions.append((mid, e.from_state, e.to_state, e.reason, e.leadership_term_id, self.now_ns))
             self._record(f"e {mid} {e.from_state}>{e.to_state} {e.leadership_term_id} {e.reason}")
         elif t is fx.NewLeader:
             if e.leader_member_id == mid:
                 prev = self.leaders_by_term.get(e.leadership_term_id)
                 if prev is not None and prev != mid:
-                    self.violation(
-                        f"two leaders in term {e.leadership_term_id}: {prev} and {mid}"
-                    )
+                    self.violation(f"two leaders in term {e.leadership_term_id}: {prev} and {mid}")
                 self.leaders_by_term[e.leadership_term_id] = mid
                 self._record(f"leader {mid} term {e.leadership_term_id}")
         elif t is fx.StopReplay:
@@ -816,9 +808,7 @@ class Simulation:
                 committed[s] = entry
                 self.committed_end = ends[i]
             elif known != entry:
-                self.violation(
-                    f"member {mid} committed {entry} at {s}, but {known} was committed there"
-                )
+                self.violation(f"member {mid} committed {entry} at {s}, but {known} was committed there")
                 return
             i += 1
         if position != (ends[i - 1] if i > 0 else 0) and position != 0:
@@ -868,9 +858,7 @@ class Simulation:
             if not (self.drop_rate and self.rng.random() < self.drop_rate):
                 delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
                 self._schedule(delay, _INGRESS, (client, target, payload))
-        self._schedule(
-            cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,)
-        )
+        self._schedule(cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,))
 
     def _on_ingress(self, client: int, member_id: int, payload: bytes) -> None:
         m = self.members[member_id]
@@ -1047,9 +1035,7 @@ class Simulation:
         m = self.members[member_id]
         if log is None:
             log = RecordingLog.decode(bytes(m.recording_log_bytes))
-        terms = sorted(
-            (e.term_base_log_position, e.leadership_term_id) for e in log.term_entries()
-        )
+        terms = sorted((e.term_base_log_position, e.leadership_term_id) for e in log.term_entries())
         a = m.archive
         k = -1
         for i, start in enumerate(a.starts):
@@ -1058,8 +1044,7 @@ class Simulation:
             if k < 0 or terms[k][1] != a.terms[i]:
                 covering = terms[k][1] if k >= 0 else None
                 self.violation(
-                    f"member {member_id}: entry at {start} has term {a.terms[i]} but "
-                    f"recording.log says term {covering}"
+                    f"member {member_id}: entry at {start} has term {a.terms[i]} but recording.log says term {covering}"
                 )
                 return
 

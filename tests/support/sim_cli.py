@@ -47,8 +47,10 @@ def _verbose(seed: int) -> int:
     result = sim.run()
     for line in sim.trace:
         print(line)
-    print(f"trace hash {result.trace_hash}; {result.events} events; "
-          f"{result.sim_time_ns / 1e9:.2f} s simulated; leaders by term {result.leaders}")
+    print(
+        f"trace hash {result.trace_hash}; {result.events} events; "
+        f"{result.sim_time_ns / 1e9:.2f} s simulated; leaders by term {result.leaders}"
+    )
     for v in result.violations:
         print("VIOLATION", v)
     return len(result.violations)
@@ -61,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--verbose", action="store_true", help="print the full trace of each seed")
     p.add_argument("--stress", action="store_true", help="the harsher fault mix (stress_config)")
-    p.add_argument("--service-layer", action="store_true",
-                   help="the service-layer simulator (timers, service messages, back-pressure)")
+    p.add_argument(
+        "--service-layer",
+        action="store_true",
+        help="the service-layer simulator (timers, service messages, back-pressure)",
+    )
     args = p.parse_args(argv)
     global _STRESS, _SERVICE_LAYER
     _STRESS = args.stress
@@ -101,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                 violations += len(found)
                 print(f"seed {seed} FAILED: {found[0]}", file=sys.stderr)
                 if args.service_layer:
-                    print(f"  replay with: scripts/simulate --service-layer --seeds 1 --start-seed {seed}",
-                          file=sys.stderr)
+                    print(
+                        f"  replay with: scripts/simulate --service-layer --seeds 1 --start-seed {seed}",
+                        file=sys.stderr,
+                    )
                 else:
                     print(f"  replay with: {replay_command(seed, args.stress)}", file=sys.stderr)
             if done % 1000 == 0:

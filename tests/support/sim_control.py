@@ -64,13 +64,23 @@ class ControlSimulation(Simulation):
     termination_timeout_ns = 1 * S
 
     def coverage(self) -> dict[str, int]:
-        return {**super().coverage(), "cluster_actions": self.requests, "snapshots_taken": self.snapshots_taken,
-                "terminations": self.terminations}
+        return {
+            **super().coverage(),
+            "cluster_actions": self.requests,
+            "snapshots_taken": self.snapshots_taken,
+            "terminations": self.terminations,
+        }
 
     def __init__(self, seed: int, config: SimConfig | None = None) -> None:
         config = config or SimConfig()
-        config = replace(config, settings=replace(config.settings, snapshot_timeout_ns=self.snapshot_timeout_ns,
-                                                  termination_timeout_ns=self.termination_timeout_ns))
+        config = replace(
+            config,
+            settings=replace(
+                config.settings,
+                snapshot_timeout_ns=self.snapshot_timeout_ns,
+                termination_timeout_ns=self.termination_timeout_ns,
+            ),
+        )
         self.toggle: dict[int, int] = {}
         """Each member's control toggle counter (the operator writes it, the member reads it)."""
         self.adapter: dict[int, int] = {}
@@ -112,8 +122,17 @@ class ControlSimulation(Simulation):
         leader = self.leader()
         target = leader if leader is not None and rng.random() < 0.85 else rng.randrange(len(self.members))
         r = rng.random()
-        toggle = (ToggleState.SNAPSHOT if r < 0.5 else ToggleState.SUSPEND if r < 0.62 else
-                  ToggleState.RESUME if r < 0.7 else ToggleState.SHUTDOWN if r < 0.88 else ToggleState.ABORT)
+        toggle = (
+            ToggleState.SNAPSHOT
+            if r < 0.5
+            else ToggleState.SUSPEND
+            if r < 0.62
+            else ToggleState.RESUME
+            if r < 0.7
+            else ToggleState.SHUTDOWN
+            if r < 0.88
+            else ToggleState.ABORT
+        )
         m = self.members[target]
         if m.alive and m.core.control.suspended and rng.random() < 0.6:
             toggle = ToggleState.RESUME  # an operator who suspended a cluster mostly resumes it
@@ -143,8 +162,7 @@ class ControlSimulation(Simulation):
 
     def _on_ingress(self, client: int, member_id: int, payload: bytes, since: int | None = None) -> None:
         m = self.members[member_id]
-        if (m.alive and m.paused_until <= self.now_ns and m.core.is_leader
-                and not m.core.control.leader_active):
+        if m.alive and m.paused_until <= self.now_ns and m.core.is_leader and not m.core.control.leader_active:
             first = self.now_ns if since is None else since
             if self.now_ns - first < INGRESS_PATIENCE_NS:
                 self._schedule(20 * MS, base._INGRESS, (client, member_id, payload, first))
@@ -248,18 +266,29 @@ class ControlSimulation(Simulation):
         waits = self.service_waits[mid]
         rng = self.rng
         snap = c.snapshots.pending
-        if snap is not None and snap.ack is None and m.last_commit >= snap.position and ("s", snap.position) not in waits:
+        if (
+            snap is not None
+            and snap.ack is None
+            and m.last_commit >= snap.position
+            and ("s", snap.position) not in waits
+        ):
             waits.add(("s", snap.position))
             r = rng.random()
             if r < 0.08:
                 self._record(f"service {mid} never acks the snapshot at {snap.position}")
             else:
                 relevant_id = -1 if r < 0.18 else self._new_recording_id()
-                self._schedule(rng.randint(1 * MS, 150 * MS), _SERVICE_ACK,
-                               (mid, m.incarnation, snap.position, relevant_id))
+                self._schedule(
+                    rng.randint(1 * MS, 150 * MS), _SERVICE_ACK, (mid, m.incarnation, snap.position, relevant_id)
+                )
         term = c.termination.pending
-        if (term is not None and term.service_notified and not term.service_acked and m.applied >= term.position
-                and ("t", term.position) not in waits):
+        if (
+            term is not None
+            and term.service_notified
+            and not term.service_acked
+            and m.applied >= term.position
+            and ("t", term.position) not in waits
+        ):
             waits.add(("t", term.position))
             self._schedule(rng.randint(1 * MS, 50 * MS), _SERVICE_ACK, (mid, m.incarnation, term.position, -1))
 
@@ -293,14 +322,16 @@ class ControlSimulation(Simulation):
             term, position = fields["leadership_term_id"], fields["log_position"]
             known = self.termination_positions.setdefault(term, position)
             if known != position:
-                self.violation(f"member {m.member_id} set termination position {position} in term {term}, "
-                               f"{known} was set before")
+                self.violation(
+                    f"member {m.member_id} set termination position {position} in term {term}, {known} was set before"
+                )
         elif e.event == "termination position received":
             term, position = fields["leadership_term_id"], fields["log_position"]
             known = self.termination_positions.get(term)
             if known != position:
-                self.violation(f"member {m.member_id} was told to stop at {position} in term {term}, "
-                               f"its leader set {known}")
+                self.violation(
+                    f"member {m.member_id} was told to stop at {position} in term {term}, its leader set {known}"
+                )
 
     def _append_cluster_action(self, m: SimMember, e: fx.AppendClusterAction) -> None:
         mid = m.member_id
@@ -309,7 +340,9 @@ class ControlSimulation(Simulation):
             return
         start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
         if e.message.log_position != start:
-            self.violation(f"member {mid} cluster action names position {e.message.log_position}, its log ends at {start}")
+            self.violation(
+                f"member {mid} cluster action names position {e.message.log_position}, its log ends at {start}"
+            )
         self._request_seq += 1
         # (kind, term, cluster time, ...): the service model reads an entry's time at [2]
         # (sim_service.timestamp_of), and the request's cluster time must not go backwards either.
@@ -364,13 +397,15 @@ class ControlSimulation(Simulation):
         mid = m.member_id
         agreed = self.termination_positions.get(e.leadership_term_id)
         if agreed != e.position:
-            self.violation(f"member {mid} stops at {e.position} in term {e.leadership_term_id}, "
-                           f"the agreed position is {agreed}")
+            self.violation(
+                f"member {mid} stops at {e.position} in term {e.leadership_term_id}, the agreed position is {agreed}"
+            )
         follower = m.core.role != Role.LEADER
-        if (m.archive.stop < e.position or m.last_commit < e.position
-                or (follower and self.adapter[mid] < e.position)):
-            self.violation(f"member {mid} stops at {e.position} before reaching it: log {m.archive.stop}, "
-                           f"commit {m.last_commit}, applied {self.adapter[mid] if follower else '-'}")
+        if m.archive.stop < e.position or m.last_commit < e.position or (follower and self.adapter[mid] < e.position):
+            self.violation(
+                f"member {mid} stops at {e.position} before reaching it: log {m.archive.stop}, "
+                f"commit {m.last_commit}, applied {self.adapter[mid] if follower else '-'}"
+            )
         self.terminations += 1
         self._record(f"terminated {mid} at {e.position} term {e.leadership_term_id}")
         self.close_gracefully(mid)

@@ -83,7 +83,7 @@ class SimDisk:
                 buf = m.recording_log_bytes
                 for offset, data in e.writes:
                     if offset <= len(buf):
-                        buf[offset: offset + len(data)] = data
+                        buf[offset : offset + len(data)] = data
         elif t is fx.TruncateRecording:
             if reached and m.recording_session is None and e.position >= m.last_commit:
                 m.archive.truncate(e.position)
@@ -108,8 +108,12 @@ class SimDisk:
         core = m.core
         settled_follower = core.election is None and core.role != Role.LEADER
         if not self.recording_stalled(m):
-            if (sim.faults_active and settled_follower and m.recording_session is not None
-                    and self.rng.random() < self.rate * 0.1):
+            if (
+                sim.faults_active
+                and settled_follower
+                and m.recording_session is not None
+                and self.rng.random() < self.rate * 0.1
+            ):
                 self._stalled[m.member_id] = (m.incarnation, sim.now_ns)
                 self.recording_failures += 1
                 sim._record(f"recording stops writing {m.member_id}")
@@ -145,14 +149,17 @@ class SimDisk:
             if msg.vote and msg.candidate_term_id > m.node_state_candidate_term:
                 self.sim.violation(
                     f"member {m.member_id} votes for term {msg.candidate_term_id} but its node-state "
-                    f"holds {m.node_state_candidate_term}")
+                    f"holds {m.node_state_candidate_term}"
+                )
         elif t is codecs.RequestVote:
             if msg.candidate_term_id > m.node_state_candidate_term:
                 self.sim.violation(
                     f"member {m.member_id} asks votes for term {msg.candidate_term_id} but its "
-                    f"node-state holds {m.node_state_candidate_term}")
+                    f"node-state holds {m.node_state_candidate_term}"
+                )
         elif t is codecs.AppendPosition:
             if msg.leadership_term_id not in self._log_terms(m):
                 self.sim.violation(
                     f"member {m.member_id} reports position {msg.log_position} in term "
-                    f"{msg.leadership_term_id}, which its recording.log does not hold")
+                    f"{msg.leadership_term_id}, which its recording.log does not hold"
+                )

@@ -129,7 +129,8 @@ class SimServices:
                 svc.broken = True
                 self.sim.violation(
                     f"member {m.member_id}'s service applied up to {svc.position}, which its log no "
-                    f"longer holds (stop {a.stop})")
+                    f"longer holds (stop {a.stop})"
+                )
                 return
             ends, keys = a.ends, a.keys
             n = len(ends)
@@ -146,14 +147,16 @@ class SimServices:
         if ts < svc.last_timestamp:
             sim.violation(
                 f"cluster time goes backwards in the log at {start}: {ts} after {svc.last_timestamp} "
-                f"(member {mid}'s service)")
+                f"(member {mid}'s service)"
+            )
         svc.last_timestamp = max(svc.last_timestamp, ts)
         m.clock.observe(ts)
         if isinstance(key, MessageKey):
             if sim.config.sessions and key.session_id not in svc.open:
                 sim.violation(
                     f"member {mid} applies a message of session {key.session_id} at {start}, which is "
-                    f"{'closed' if key.session_id in svc.closed else 'not open'}")
+                    f"{'closed' if key.session_id in svc.closed else 'not open'}"
+                )
             if key in svc.applied:
                 sim.violation(f"member {mid} applies message {bytes(key)!r} a second time at {start}")
             svc.applied.add(key)
@@ -182,8 +185,8 @@ class SimServices:
             known = canonical.setdefault(position, state)
             if known != state:
                 self.sim.violation(
-                    f"member {m.member_id}'s service state at {position} differs from another "
-                    f"member's there")
+                    f"member {m.member_id}'s service state at {position} differs from another member's there"
+                )
                 svc.unverified.clear()
                 return
             k += 1

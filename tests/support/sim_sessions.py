@@ -172,8 +172,7 @@ class SessionClients:
         m = self._member(member_id, self._on_close, (c, member_id, sid))
         if m is None or not self._settled_leader(m) or sid not in self.open_sessions(m):
             return
-        self._append(m, SessionCloseEvent(m.core.leadership_term_id, sid, m.clock.now(),
-                                          CloseReason.CLIENT_ACTION))
+        self._append(m, SessionCloseEvent(m.core.leadership_term_id, sid, m.clock.now(), CloseReason.CLIENT_ACTION))
 
     def _check_timeouts(self) -> None:
         sim = self.sim

@@ -93,8 +93,15 @@ def cm_state(log_position: int, term: int) -> ConsensusModuleSnapshot:
         log_service_session_id=-(term + 2),
         pending_message_capacity=1024,
         sessions=[
-            codecs.ClusterSession(term * 10 + i, 100 + i, 64 * i, codecs.NULL_VALUE, codecs.CloseReason.CLIENT_ACTION,
-                                  102, f"aeron:udp?endpoint=127.0.0.1:{19000 + i}")
+            codecs.ClusterSession(
+                term * 10 + i,
+                100 + i,
+                64 * i,
+                codecs.NULL_VALUE,
+                codecs.CloseReason.CLIENT_ACTION,
+                102,
+                f"aeron:udp?endpoint=127.0.0.1:{19000 + i}",
+            )
             for i in range(1, 4)
         ],
         timers=[(7, 5_000 + term), (3, 9_000 + term)],
@@ -109,16 +116,25 @@ def service_state(log_position: int, term: int, user_records: int, record_length
     return ServiceSnapshot(
         log_position=log_position,
         leadership_term_id=term,
-        sessions=[codecs.ClientSession(term * 10 + i, 102, f"aeron:udp?endpoint=127.0.0.1:{19000 + i}")
-                  for i in range(1, 3)],
+        sessions=[
+            codecs.ClientSession(term * 10 + i, 102, f"aeron:udp?endpoint=127.0.0.1:{19000 + i}") for i in range(1, 3)
+        ],
         user_records=[bytes([i % 251]) * record_length for i in range(user_records)],
         time_unit=ClusterTimeUnit.NANOS,
         app_version=APP_VERSION,
     )
 
 
-def write_recording(archive_dir: Path, catalog: Catalog, records: list[bytes], stream_id: int, *,
-                    session_id: int, term_length: int = SNAPSHOT_TERM_LENGTH, segment_length: int | None = None) -> int:
+def write_recording(
+    archive_dir: Path,
+    catalog: Catalog,
+    records: list[bytes],
+    stream_id: int,
+    *,
+    session_id: int,
+    term_length: int = SNAPSHOT_TERM_LENGTH,
+    segment_length: int | None = None,
+) -> int:
     """Add a stopped recording of ``records`` (one message each) to ``catalog`` and write its
     segment files; its recording id. The caller writes the catalog file."""
     segment_length = segment_length or term_length
@@ -127,11 +143,22 @@ def write_recording(archive_dir: Path, catalog: Catalog, records: list[bytes], s
         writer.append(record, session_id)
     data = bytes(writer.data)
     recording_id = catalog.add_recording(
-        control_session_id=1, correlation_id=100 + stream_id, start_timestamp=START_TIMESTAMP_NS, start_position=0,
-        initial_term_id=0, segment_file_length=segment_length, term_buffer_length=term_length,
-        mtu_length=DEFAULT_MTU, session_id=session_id, stream_id=stream_id, stripped_channel="aeron:ipc",
-        original_channel=SNAPSHOT_CHANNEL, source_identity="aeron:ipc", stop_position=len(data),
-        stop_timestamp=START_TIMESTAMP_NS + 1, grow=True,
+        control_session_id=1,
+        correlation_id=100 + stream_id,
+        start_timestamp=START_TIMESTAMP_NS,
+        start_position=0,
+        initial_term_id=0,
+        segment_file_length=segment_length,
+        term_buffer_length=term_length,
+        mtu_length=DEFAULT_MTU,
+        session_id=session_id,
+        stream_id=stream_id,
+        stripped_channel="aeron:ipc",
+        original_channel=SNAPSHOT_CHANNEL,
+        source_identity="aeron:ipc",
+        stop_position=len(data),
+        stop_timestamp=START_TIMESTAMP_NS + 1,
+        grow=True,
     )
     _write_segments(archive_dir, recording_id, data, 0, len(data), term_length, segment_length)
     return recording_id
@@ -165,10 +192,20 @@ def write_snapshot_node_dir(path: Path, *, member_id: int = 0, with_mark_file: b
     log = build_uniform_log(200, term_length=SNAPSHOT_TERM_LENGTH)
     assert log.end_position > POSITION_B
     log_id = catalog.add_recording(
-        control_session_id=1, correlation_id=11, start_timestamp=START_TIMESTAMP_NS, start_position=0,
-        initial_term_id=0, segment_file_length=SNAPSHOT_TERM_LENGTH * 4, term_buffer_length=SNAPSHOT_TERM_LENGTH,
-        mtu_length=DEFAULT_MTU, session_id=4242, stream_id=LOG_STREAM_ID, stripped_channel="aeron:ipc",
-        original_channel="aeron:ipc?term-length=64k", source_identity="aeron:ipc", stop_position=log.end_position,
+        control_session_id=1,
+        correlation_id=11,
+        start_timestamp=START_TIMESTAMP_NS,
+        start_position=0,
+        initial_term_id=0,
+        segment_file_length=SNAPSHOT_TERM_LENGTH * 4,
+        term_buffer_length=SNAPSHOT_TERM_LENGTH,
+        mtu_length=DEFAULT_MTU,
+        session_id=4242,
+        stream_id=LOG_STREAM_ID,
+        stripped_channel="aeron:ipc",
+        original_channel="aeron:ipc?term-length=64k",
+        source_identity="aeron:ipc",
+        stop_position=log.end_position,
         stop_timestamp=START_TIMESTAMP_NS + 10**10,
     )
     _write_segments(archive_dir, log_id, log.data, 0, log.end_position, SNAPSHOT_TERM_LENGTH, SNAPSHOT_TERM_LENGTH * 4)
@@ -184,9 +221,11 @@ def write_snapshot_node_dir(path: Path, *, member_id: int = 0, with_mark_file: b
         cm = cm_state(position, term)
         node.service[name], node.cm[name] = svc, cm
         node.service_recording_id[name] = write_recording(
-            archive_dir, catalog, encode_service_snapshot(svc), SERVICE_SNAPSHOT_STREAM_ID, session_id=50 + term)
+            archive_dir, catalog, encode_service_snapshot(svc), SERVICE_SNAPSHOT_STREAM_ID, session_id=50 + term
+        )
         node.cm_recording_id[name] = write_recording(
-            archive_dir, catalog, encode_cm_snapshot(cm), CM_SNAPSHOT_STREAM_ID, session_id=60 + term)
+            archive_dir, catalog, encode_cm_snapshot(cm), CM_SNAPSHOT_STREAM_ID, session_id=60 + term
+        )
         base = TERM_1_BASE if term else 0
         rl.append_snapshot(node.service_recording_id[name], term, base, position, 10 + term, 0)
         rl.append_snapshot(node.cm_recording_id[name], term, base, position, 10 + term, CONSENSUS_MODULE_SERVICE_ID)
@@ -245,8 +284,16 @@ def _fake_node(args: argparse.Namespace) -> int:
         if args.on_snapshot == "complete":
             last = rf.log.last_term()
             for service_id in (0, CONSENSUS_MODULE_SERVICE_ID):
-                rf.apply(rf.log.append_snapshot(next_recording_id, last.leadership_term_id,
-                                                last.term_base_log_position, position, 99, service_id))
+                rf.apply(
+                    rf.log.append_snapshot(
+                        next_recording_id,
+                        last.leadership_term_id,
+                        last.term_base_log_position,
+                        position,
+                        99,
+                        service_id,
+                    )
+                )
                 next_recording_id += 1
             if count is not None:
                 count.add(1)
@@ -304,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     fake.add_argument("--state", choices=sorted(STATES), default="ACTIVE")
     fake.add_argument("--term", type=int, default=1)
     fake.add_argument("--position", type=int, default=8192)
-    fake.add_argument("--on-snapshot", choices=("complete", "fail", "ignore"), default="complete",
-                      help="complete: write a snapshot set; fail: release the toggle without one; ignore: never act")
+    fake.add_argument(
+        "--on-snapshot",
+        choices=("complete", "fail", "ignore"),
+        default="complete",
+        help="complete: write a snapshot set; fail: release the toggle without one; ignore: never act",
+    )
     fake.add_argument("--on-terminate", choices=("exit", "refuse", "ignore"), default="exit")
     fake.add_argument("--snapshot-s", type=float, default=0.1, help="time spent in state SNAPSHOT")
     fake.add_argument("--stop-s", type=float, default=0.3, help="time spent in state TERMINATING before exiting")

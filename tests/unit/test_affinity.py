@@ -11,9 +11,16 @@ import pytest
 from cluster_node.affinity import RoleAffinity, format_cpus, parse_cpus, split_for_shared_machine
 
 
-@pytest.mark.parametrize("text,cpus,formatted", [
-    ("0", (0,), "0"), ("0-3,6", (0, 1, 2, 3, 6), "0-3,6"), ("3,1,1", (1, 3), "1,3"), (" 2 - 3", None, None), ("", (), ""),
-])
+@pytest.mark.parametrize(
+    "text,cpus,formatted",
+    [
+        ("0", (0,), "0"),
+        ("0-3,6", (0, 1, 2, 3, 6), "0-3,6"),
+        ("3,1,1", (1, 3), "1,3"),
+        (" 2 - 3", None, None),
+        ("", (), ""),
+    ],
+)
 def test_cpu_lists_parse_and_format(text: str, cpus, formatted) -> None:
     if cpus is None:
         with pytest.raises(ValueError):

@@ -65,6 +65,7 @@ def agent(tmp_path):
 def _raiser(code: int):
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code))
+
     return fail
 
 
@@ -168,11 +169,30 @@ def test_the_effects_run_with_the_sends_held_are_the_ones_that_never_await():
     from cluster_node.consensus.effect_executor import SYNC_EFFECTS
 
     assert {
-        fx.SendToMember, fx.AppendLog, fx.PersistCandidateTerm, fx.WriteRecordingLog, fx.CommitPositionChanged,
-        fx.RoleChanged, fx.ElectionStateChanged, fx.NewLeader, fx.RollbackUncommitted, fx.CloseLogPublication,
-        fx.OpenLogSubscription, fx.AddLiveDestination, fx.AddCatchupDestination, fx.RemoveCatchupDestination,
-        fx.CloseLogSubscription, fx.SnapshotNeeded, fx.SetModuleState, fx.ResetControlToggle, fx.ClusterResumed,
-        fx.ControlNote, fx.AppendClusterAction, fx.NotifyServiceTermination, fx.SnapshotFailed, fx.SnapshotTaken,
+        fx.SendToMember,
+        fx.AppendLog,
+        fx.PersistCandidateTerm,
+        fx.WriteRecordingLog,
+        fx.CommitPositionChanged,
+        fx.RoleChanged,
+        fx.ElectionStateChanged,
+        fx.NewLeader,
+        fx.RollbackUncommitted,
+        fx.CloseLogPublication,
+        fx.OpenLogSubscription,
+        fx.AddLiveDestination,
+        fx.AddCatchupDestination,
+        fx.RemoveCatchupDestination,
+        fx.CloseLogSubscription,
+        fx.SnapshotNeeded,
+        fx.SetModuleState,
+        fx.ResetControlToggle,
+        fx.ClusterResumed,
+        fx.ControlNote,
+        fx.AppendClusterAction,
+        fx.NotifyServiceTermination,
+        fx.SnapshotFailed,
+        fx.SnapshotTaken,
         fx.Terminate,
     } == SYNC_EFFECTS
 

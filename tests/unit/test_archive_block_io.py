@@ -64,8 +64,10 @@ def test_offer_block_keeps_positions_and_takes_the_publications_session(tmp_path
     start_position, first_block = recorded[3]
     # A second publication that starts where block 3 starts (same initial term id and term).
     term_id = pub.initial_term_id + start_position // TERM
-    channel = (f"aeron:ipc?term-length=64k|session-id=4242|init-term-id={pub.initial_term_id}"
-               f"|term-id={term_id}|term-offset={start_position % TERM}")
+    channel = (
+        f"aeron:ipc?term-length=64k|session-id=4242|init-term-id={pub.initial_term_id}"
+        f"|term-id={term_id}|term-offset={start_position % TERM}"
+    )
     replay = transport.add_publication(parse(channel), 3)
     replay_sub = transport.add_subscription(parse("aeron:ipc"), 3)  # joins at its start: nothing offered yet
     transport.do_work(time.monotonic_ns())
@@ -145,9 +147,19 @@ def test_read_split_reads_a_hole_past_the_end_of_file_as_zeros(tmp_path):
 
     cat = Catalog.create(4096)
     rid = cat.add_recording(
-        control_session_id=0, correlation_id=0, start_timestamp=0, start_position=0, initial_term_id=0,
-        segment_file_length=4 * TERM, term_buffer_length=TERM, mtu_length=1408, session_id=1, stream_id=1,
-        stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="t",
+        control_session_id=0,
+        correlation_id=0,
+        start_timestamp=0,
+        start_position=0,
+        initial_term_id=0,
+        segment_file_length=4 * TERM,
+        term_buffer_length=TERM,
+        mtu_length=1408,
+        session_id=1,
+        stream_id=1,
+        stripped_channel="aeron:ipc",
+        original_channel="aeron:ipc",
+        source_identity="t",
     )
     (tmp_path / f"{rid}-0.rec").write_bytes(bytes(range(256)) * 4)  # 1 KiB, then a hole
     reader = SegmentReader(tmp_path, cat.get(rid))
@@ -180,12 +192,17 @@ def test_the_log_copy_moves_a_terms_tail_longer_than_the_window(tmp_path):
     pad = bytearray(32)
     DATA_HEADER.pack_into(pad, 0, 288, 0, 0xC0, TYPE_PAD, TERM - 288, 99, 9, 7, 0)
     received.insert(TERM - 288, pad, 32)
-    image = Image(log=received, subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
-                  join_position=start, source_identity="test")
+    image = Image(
+        log=received,
+        subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
+        join_position=start,
+        source_identity="test",
+    )
 
     transport = IpcTransport(tmp_path)
     local = transport.add_publication(
-        parse(f"aeron:ipc?term-length=64k|session-id=5|init-term-id=7|term-id=7|term-offset={start}"), 9)
+        parse(f"aeron:ipc?term-length=64k|session-id=5|init-term-id=7|term-id=7|term-offset={start}"), 9
+    )
     reader = transport.add_subscription(parse("aeron:ipc"), 9)
     transport.do_work(time.monotonic_ns())
     reader_image = reader.image_by_session_id(5)

@@ -170,7 +170,10 @@ def test_round_trip_property(rows: list[tuple[int, int, str, str]]) -> None:
     [
         (lambda c, r: c.update_stop_position(r, 8192), lambda d: d.stop_position == 8192),
         (lambda c, r: c.update_stop_timestamp(r, 77), lambda d: d.stop_timestamp == 77),
-        (lambda c, r: c.update_recording_stopped(r, 4096, 88), lambda d: (d.stop_position, d.stop_timestamp) == (4096, 88)),
+        (
+            lambda c, r: c.update_recording_stopped(r, 4096, 88),
+            lambda d: (d.stop_position, d.stop_timestamp) == (4096, 88),
+        ),
         (lambda c, r: c.update_start_position(r, 2048), lambda d: d.start_position == 2048),
     ],
     ids=["stop-position", "stop-timestamp", "stopped", "start-position"],
@@ -327,8 +330,18 @@ def _corrupt(data: bytearray, offset: int, fmt: str, value: int) -> bytes:
         (lambda rec: rec + 8, "<I", 12345, "rec+8"),  # checksum of a VALID record
         (lambda rec: rec + BODY + 40, "<q", 4096, "rec+8"),  # body changed behind the checksum
     ],
-    ids=["version", "header-length", "next-id", "alignment", "alignment-small", "record-length",
-         "negative-length", "state", "checksum", "body"],  # fmt: skip
+    ids=[
+        "version",
+        "header-length",
+        "next-id",
+        "alignment",
+        "alignment-small",
+        "record-length",
+        "negative-length",
+        "state",
+        "checksum",
+        "body",
+    ],  # fmt: skip
 )
 def test_corrupt_catalog_raises_with_offset(where, fmt, value, expected_offset) -> None:  # type: ignore[no-untyped-def]
     data, rec = _image()

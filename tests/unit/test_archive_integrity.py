@@ -28,10 +28,20 @@ HEADER = struct.Struct("<iBBHiiiiq")
 def write_recording(directory, messages, *, checksums=True, stop=True):
     store = CatalogStore(directory)
     rid = store.catalog.add_recording(
-        control_session_id=1, correlation_id=2, start_timestamp=3, start_position=0, initial_term_id=5,
-        segment_file_length=SEGMENT, term_buffer_length=TERM, mtu_length=1408, session_id=SESSION,
-        stream_id=STREAM, stripped_channel="aeron:udp?endpoint=x:1", original_channel="aeron:udp?endpoint=x:1",
-        source_identity="test", frame_checksums=checksums,
+        control_session_id=1,
+        correlation_id=2,
+        start_timestamp=3,
+        start_position=0,
+        initial_term_id=5,
+        segment_file_length=SEGMENT,
+        term_buffer_length=TERM,
+        mtu_length=1408,
+        session_id=SESSION,
+        stream_id=STREAM,
+        stripped_channel="aeron:udp?endpoint=x:1",
+        original_channel="aeron:udp?endpoint=x:1",
+        source_identity="test",
+        frame_checksums=checksums,
     )
     store.flush()
     writer = SegmentWriter(directory, store.catalog.get(rid), 0)
@@ -169,9 +179,19 @@ def test_every_flipped_bit_of_a_catalog_entry_is_found_and_refused_never_cut(tmp
     first, _ = write_recording(tmp_path, messages_of(100))
     store = CatalogStore(tmp_path)
     rid = store.catalog.add_recording(
-        control_session_id=1, correlation_id=2, start_timestamp=3, start_position=0, initial_term_id=5,
-        segment_file_length=SEGMENT, term_buffer_length=TERM, mtu_length=1408, session_id=SESSION + 1,
-        stream_id=STREAM + 1, stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="t",
+        control_session_id=1,
+        correlation_id=2,
+        start_timestamp=3,
+        start_position=0,
+        initial_term_id=5,
+        segment_file_length=SEGMENT,
+        term_buffer_length=TERM,
+        mtu_length=1408,
+        session_id=SESSION + 1,
+        stream_id=STREAM + 1,
+        stripped_channel="aeron:ipc",
+        original_channel="aeron:ipc",
+        source_identity="t",
         frame_checksums=True,
     )
     r = store.catalog.record_range(first)
@@ -200,8 +220,17 @@ def test_every_flipped_bit_of_a_catalog_entry_is_found_and_refused_never_cut(tmp
     catalog_path.write_bytes(clean)
 
 
-@pytest.mark.parametrize("field,offset", [("stop position", 32 + 48), ("stream id", 32 + 76), ("length", 0),
-                                          ("state", 4), ("recording id", 32 + 16), ("frame checksums", 16)])
+@pytest.mark.parametrize(
+    "field,offset",
+    [
+        ("stop position", 32 + 48),
+        ("stream id", 32 + 76),
+        ("length", 0),
+        ("state", 4),
+        ("recording id", 32 + 16),
+        ("frame checksums", 16),
+    ],
+)
 def test_rebuild_makes_a_damaged_entry_again_from_the_segment_files(tmp_path, field, offset):
     rid, end = write_recording(tmp_path, messages_of(1500))
     path = tmp_path / "archive.catalog"
@@ -272,10 +301,21 @@ def test_an_upgrade_cut_short_loads_and_completes(tmp_path):
     rid, _ = write_recording(tmp_path, messages_of(20), checksums=False)
     store = CatalogStore(tmp_path)
     other = store.catalog.add_recording(
-        control_session_id=1, correlation_id=2, start_timestamp=3, start_position=0, initial_term_id=5,
-        segment_file_length=SEGMENT, term_buffer_length=TERM, mtu_length=1408, session_id=SESSION,
-        stream_id=STREAM + 5, stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="t",
-        stop_position=0)
+        control_session_id=1,
+        correlation_id=2,
+        start_timestamp=3,
+        start_position=0,
+        initial_term_id=5,
+        segment_file_length=SEGMENT,
+        term_buffer_length=TERM,
+        mtu_length=1408,
+        session_id=SESSION,
+        stream_id=STREAM + 5,
+        stripped_channel="aeron:ipc",
+        original_channel="aeron:ipc",
+        source_identity="t",
+        stop_position=0,
+    )
     store.close()
     path = tmp_path / "archive.catalog"
     data = bytearray(path.read_bytes())

@@ -63,7 +63,7 @@ def test_purge_moves_the_start_then_removes_the_files(tmp_path):
     assert d.start_position == 2 * SEGMENT and d.stop_position == end and repairs == []
     assert verify_recording(tmp_path, d).ok
     kept = _payloads(tmp_path, d)
-    assert kept and kept == msgs[len(msgs) - len(kept):]
+    assert kept and kept == msgs[len(msgs) - len(kept) :]
 
 
 def test_a_crash_between_the_catalog_and_the_unlinks_leaves_detached_files(tmp_path):
@@ -145,12 +145,18 @@ def test_cli_purge_segments_describe_verify_and_rebuild(tmp_path):
     store, rid, end = record(tmp_path, msgs)
     store.close()
     runner = CliRunner()
-    r = runner.invoke(cli, ["archive", "purge-segments", "--dir", str(tmp_path), str(rid),
-                            "--before", str(2 * SEGMENT + 4096), "--json"])
+    r = runner.invoke(
+        cli,
+        ["archive", "purge-segments", "--dir", str(tmp_path), str(rid), "--before", str(2 * SEGMENT + 4096), "--json"],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert out == {"recording_id": rid, "old_start_position": 0, "start_position": 2 * SEGMENT,
-                   "segment_files_removed": 2}
+    assert out == {
+        "recording_id": rid,
+        "old_start_position": 0,
+        "start_position": 2 * SEGMENT,
+        "segment_files_removed": 2,
+    }
     r = runner.invoke(cli, ["archive", "describe", "--dir", str(tmp_path), str(rid)])
     assert r.exit_code == 0 and f"start_position       {2 * SEGMENT}\n" in r.output, r.output
     r = runner.invoke(cli, ["archive", "verify", "--dir", str(tmp_path)])

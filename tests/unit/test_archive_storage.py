@@ -34,11 +34,18 @@ def frames_for(messages, term_length=TERM, start=0, initial_term_id=5):
         offset = pos & (term_length - 1)
         if offset + aligned > term_length:
             pad = term_length - offset
-            blocks.append((pos, HEADER.pack(pad, 0, 0xC0, 0, offset, SESSION, STREAM, initial_term_id + pos // term_length, 0)
-                           + bytes(pad - 32)))
+            blocks.append(
+                (
+                    pos,
+                    HEADER.pack(pad, 0, 0xC0, 0, offset, SESSION, STREAM, initial_term_id + pos // term_length, 0)
+                    + bytes(pad - 32),
+                )
+            )
             pos += pad
             offset = 0
-        frame = HEADER.pack(len(m) + 32, 0, 0xC0, 1, offset, SESSION, STREAM, initial_term_id + pos // term_length, 0) + m
+        frame = (
+            HEADER.pack(len(m) + 32, 0, 0xC0, 1, offset, SESSION, STREAM, initial_term_id + pos // term_length, 0) + m
+        )
         blocks.append((pos, frame + bytes(aligned - len(frame))))
         pos += aligned
     return blocks, pos
@@ -46,9 +53,19 @@ def frames_for(messages, term_length=TERM, start=0, initial_term_id=5):
 
 def new_recording(store: CatalogStore, start=0) -> int:
     rid = store.catalog.add_recording(
-        control_session_id=1, correlation_id=2, start_timestamp=3, start_position=start, initial_term_id=5,
-        segment_file_length=SEGMENT, term_buffer_length=TERM, mtu_length=1408, session_id=SESSION,
-        stream_id=STREAM, stripped_channel="aeron:ipc", original_channel="aeron:ipc", source_identity="test",
+        control_session_id=1,
+        correlation_id=2,
+        start_timestamp=3,
+        start_position=start,
+        initial_term_id=5,
+        segment_file_length=SEGMENT,
+        term_buffer_length=TERM,
+        mtu_length=1408,
+        session_id=SESSION,
+        stream_id=STREAM,
+        stripped_channel="aeron:ipc",
+        original_channel="aeron:ipc",
+        source_identity="test",
     )
     store.flush()
     return rid
@@ -223,8 +240,16 @@ def test_cli_list_and_describe_json_carry_the_fields_of_the_text(tmp_path):
     assert doc["archive_dir"] == str(tmp_path / "archive")
     (rec,) = doc["recordings"]
     row = text.splitlines()[1].split()
-    assert row == [str(rec["recording_id"]), str(rec["start_position"]), str(rec["stop_position"]), str(rec["bytes"]),
-                   str(rec["stream_id"]), str(rec["session_id"]), str(rec["segment_files"]), rec["channel"]]
+    assert row == [
+        str(rec["recording_id"]),
+        str(rec["start_position"]),
+        str(rec["stop_position"]),
+        str(rec["bytes"]),
+        str(rec["stream_id"]),
+        str(rec["session_id"]),
+        str(rec["segment_files"]),
+        rec["channel"],
+    ]
     assert rec["recording_id"] == rid and rec["end_position"] == end and rec["active"] is False
     text = runner.invoke(cli, ["archive", "describe", "--dir", str(tmp_path), str(rid)]).output
     r = runner.invoke(cli, ["archive", "describe", "--dir", str(tmp_path), str(rid), "--json"])

@@ -47,15 +47,18 @@ def test_a_credentials_file_maps_client_ids_to_keys(tmp_path):
     assert read_credentials(f) == {b"alice": bytes.fromhex(KEY_A), b"bob": bytes.fromhex(KEY_B)}
 
 
-@pytest.mark.parametrize("text,error", [
-    (f"alice {KEY_A} extra\n", "line 1: expected `client-id hexkey`, found 3 fields"),
-    ("alice zz\n", "line 1: the key is not hexadecimal"),
-    ("alice 0011\n", "the key has 2 bytes, at least 16"),
-    (f"{'x' * 129} {KEY_A}\n", "a client id is 1 to 128 letters"),
-    (f"a/b {KEY_A}\n", "a client id is 1 to 128 letters"),
-    (f"alice {KEY_A}\nalice {KEY_B}\n", "line 2: client alice appears twice"),
-    ("# nothing\n", "no `client-id hexkey` line"),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        (f"alice {KEY_A} extra\n", "line 1: expected `client-id hexkey`, found 3 fields"),
+        ("alice zz\n", "line 1: the key is not hexadecimal"),
+        ("alice 0011\n", "the key has 2 bytes, at least 16"),
+        (f"{'x' * 129} {KEY_A}\n", "a client id is 1 to 128 letters"),
+        (f"a/b {KEY_A}\n", "a client id is 1 to 128 letters"),
+        (f"alice {KEY_A}\nalice {KEY_B}\n", "line 2: client alice appears twice"),
+        ("# nothing\n", "no `client-id hexkey` line"),
+    ],
+)
 def test_a_bad_credentials_file_is_one_line_naming_the_file(tmp_path, text, error):
     f = private(tmp_path / "keys", text)
     with pytest.raises(SecretFileError) as e:
@@ -91,8 +94,9 @@ def test_the_null_authenticator_is_the_default_and_warns(tmp_path):
 
 def test_the_shared_secret_authenticator_reads_its_file(tmp_path):
     f = private(tmp_path / "keys", f"alice {KEY_A}\n")
-    a = load_authenticator(AuthSection(authenticator="shared-secret", credentials_file=str(f),
-                                       challenge_timeout_ns=3_000_000_000))
+    a = load_authenticator(
+        AuthSection(authenticator="shared-secret", credentials_file=str(f), challenge_timeout_ns=3_000_000_000)
+    )
     assert isinstance(a, SharedSecretAuthenticator)
     assert a.keys == {b"alice": bytes.fromhex(KEY_A)} and a.challenge_timeout_ms == 3000
     assert len(a.random_bytes(32)) == 32 and a.random_bytes(32) != a.random_bytes(32)
@@ -108,16 +112,24 @@ class PluginAuthenticator(NullAuthenticator):
 def test_a_plugin_is_built_with_the_auth_section_and_bad_names_are_one_line():
     section = AuthSection(authenticator=f"{__name__}:PluginAuthenticator")
     assert load_authenticator(section).section is section
-    for name, error in [("nomodule_x:Y", "cannot import nomodule_x"), (f"{__name__}:Nope", "has no Nope"),
-                        ("plain", "use a built-in name or package.module:ClassName"),
-                        (f"{__name__}:KEY_A", "failed")]:
+    for name, error in [
+        ("nomodule_x:Y", "cannot import nomodule_x"),
+        (f"{__name__}:Nope", "has no Nope"),
+        ("plain", "use a built-in name or package.module:ClassName"),
+        (f"{__name__}:KEY_A", "failed"),
+    ]:
         with pytest.raises(AuthLoadError, match=error):
             load_authenticator(AuthSection(authenticator=name))
 
 
 def test_the_auth_section_is_validated_and_written_back(tmp_path):
-    configs, _ = generate_loopback_cluster(1, tmp_path, auth=AuthSection(
-        authenticator="shared-secret", credentials_file="/etc/keys", admin_principals=("alice", "ops@x")))
+    configs, _ = generate_loopback_cluster(
+        1,
+        tmp_path,
+        auth=AuthSection(
+            authenticator="shared-secret", credentials_file="/etc/keys", admin_principals=("alice", "ops@x")
+        ),
+    )
     text = node_config_to_toml(configs[0])
     assert parse_node_config(text).auth == configs[0].auth
     base = text.split("[auth]")[0]

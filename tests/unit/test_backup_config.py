@@ -15,12 +15,15 @@ def test_a_minimal_backup_config_takes_the_reference_defaults():
     assert cfg.driver_kwargs()["publication_bind_host"] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("text, error", [
-    (f'[cluster]\nmembers = "{MEMBERS}"\n', "[backup]: missing table"),
-    ('[backup]\ndir = "/tmp/b"\n', "[cluster]: missing table"),
-    (f'[backup]\ndir = "/tmp/b"\ncool_down = "0s"\n[cluster]\nmembers = "{MEMBERS}"\n', "backup.cool_down_ns"),
-    (f'[backup]\ndir = "/tmp/b"\nquery_intervall = "1s"\n[cluster]\nmembers = "{MEMBERS}"\n', "query_intervall"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        (f'[cluster]\nmembers = "{MEMBERS}"\n', "[backup]: missing table"),
+        ('[backup]\ndir = "/tmp/b"\n', "[cluster]: missing table"),
+        (f'[backup]\ndir = "/tmp/b"\ncool_down = "0s"\n[cluster]\nmembers = "{MEMBERS}"\n', "backup.cool_down_ns"),
+        (f'[backup]\ndir = "/tmp/b"\nquery_intervall = "1s"\n[cluster]\nmembers = "{MEMBERS}"\n', "query_intervall"),
+    ],
+)
 def test_bad_backup_configs_are_refused_in_one_line(text, error):
     with pytest.raises(ConfigError) as e:
         parse_backup_config(text, "backup.toml")

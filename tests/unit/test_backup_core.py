@@ -16,15 +16,33 @@ SNAPS = (
 
 def response(cid, member_id, leader_id, *, snapshots=SNAPS, commit=8192, start=0, rec=3):
     return codecs.BackupResponse(
-        correlation_id=cid, log_recording_id=rec, log_leadership_term_id=0, log_term_base_log_position=0,
-        last_leadership_term_id=2, last_term_base_log_position=1024, commit_position_counter_id=42,
-        leader_member_id=leader_id, member_id=member_id, snapshots=snapshots, cluster_members="",
-        commit_position=commit, log_start_position=start)
+        correlation_id=cid,
+        log_recording_id=rec,
+        log_leadership_term_id=0,
+        log_term_base_log_position=0,
+        last_leadership_term_id=2,
+        last_term_base_log_position=1024,
+        commit_position_counter_id=42,
+        leader_member_id=leader_id,
+        member_id=member_id,
+        snapshots=snapshots,
+        cluster_members="",
+        commit_position=commit,
+        log_start_position=start,
+    )
 
 
 def core(seed=False, live_log=None, rl=None, self_member_id=-1):
-    c = b.ClusterBackupCore([0, 1, 2], b.BackupSettings(seed=seed), rl or RecordingLog(), 1, 0,
-                            random.Random(1), live_log=live_log, self_member_id=self_member_id)
+    c = b.ClusterBackupCore(
+        [0, 1, 2],
+        b.BackupSettings(seed=seed),
+        rl or RecordingLog(),
+        1,
+        0,
+        random.Random(1),
+        live_log=live_log,
+        self_member_id=self_member_id,
+    )
     return c
 
 
@@ -62,10 +80,10 @@ def test_backup_cycle_copies_snapshots_records_the_log_from_the_snapshot_and_wri
     c = core(rl=rl)
     (q,) = c.drain_effects()
     c.on_response(response(q.correlation_id, q.member_id, q.member_id), 1)
-    r1, = c.drain_effects()
+    (r1,) = c.drain_effects()
     assert r1 == b.RetrieveSnapshot(q.member_id, SNAPS[0])
     c.on_snapshot_retrieved(SNAPS[0], 100, 2)
-    r2, = c.drain_effects()
+    (r2,) = c.drain_effects()
     assert r2 == b.RetrieveSnapshot(q.member_id, SNAPS[1])
     c.on_snapshot_retrieved(SNAPS[1], 101, 3)
     (rec,) = c.drain_effects()

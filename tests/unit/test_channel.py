@@ -21,23 +21,29 @@ from cluster_node.media.channel import (
 # ----------------------------------------------------------------------------------- valid URIs
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("127.0.0.10", ("127.0.0.10", 0)),
-    ("10.0.0.5:4000", ("10.0.0.5", 4000)),
-    ("[::1]", ("::1", 0)),
-    ("[::1]:4000", ("::1", 4000)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("127.0.0.10", ("127.0.0.10", 0)),
+        ("10.0.0.5:4000", ("10.0.0.5", 4000)),
+        ("[::1]", ("::1", 0)),
+        ("[::1]:4000", ("::1", 4000)),
+    ],
+)
 def test_interface_is_the_address_a_publication_sends_from(text, expected):
     uri = parse(f"aeron:udp?endpoint=10.0.0.9:5000|interface={text}")
     assert uri.interface == expected and uri.extra == ()
     assert parse(str(uri)) == uri
 
 
-@pytest.mark.parametrize("channel, why", [
-    ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.0/24", "a subnet (/prefix) is not supported"),
-    ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.5:x", "not a number"),
-    ("aeron:ipc?interface=10.0.0.5", "interface has no meaning for aeron:ipc"),
-])
+@pytest.mark.parametrize(
+    "channel, why",
+    [
+        ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.0/24", "a subnet (/prefix) is not supported"),
+        ("aeron:udp?endpoint=10.0.0.9:5000|interface=10.0.0.5:x", "not a number"),
+        ("aeron:ipc?interface=10.0.0.5", "interface has no meaning for aeron:ipc"),
+    ],
+)
 def test_interface_refusals(channel, why):
     with pytest.raises(ChannelError, match=re.escape(why)):
         parse(channel)
@@ -91,7 +97,9 @@ def test_term_length_with_suffixes(text, expected):
     assert parse(f"aeron:ipc?term-length={text}").term_length == expected
 
 
-@pytest.mark.parametrize("text, expected", [("64", 64), ("1408", 1408), ("8k", 8192), (str(MAX_UDP_PAYLOAD), MAX_UDP_PAYLOAD)])
+@pytest.mark.parametrize(
+    "text, expected", [("64", 64), ("1408", 1408), ("8k", 8192), (str(MAX_UDP_PAYLOAD), MAX_UDP_PAYLOAD)]
+)
 def test_mtu_values(text, expected):
     assert parse(f"aeron:udp?endpoint=h:1|mtu={text}").mtu == expected
 
@@ -195,7 +203,10 @@ def _uris(draw):
         # term ids wrap: the term count (term id - init term id, as int32) is 0 .. 2**31 - 1
         kw["term_id"] = (init + draw(st.integers(0, 2**31 - 1)) + 2**31) % 2**32 - 2**31
         kw["term_offset"] = 32 * draw(st.integers(0, ((tl or MIN_TERM_LENGTH) // 32) - 1))
-    kw["alias"] = draw(st.none() | st.text(st.characters(codec="ascii", exclude_characters="|\r\n\t\x0b\x0c\x1c\x1d\x1e\x1f "), max_size=8))
+    kw["alias"] = draw(
+        st.none()
+        | st.text(st.characters(codec="ascii", exclude_characters="|\r\n\t\x0b\x0c\x1c\x1d\x1e\x1f "), max_size=8)
+    )
     return ChannelUri(**kw)
 
 
@@ -241,10 +252,16 @@ def test_round_trip_property(uri):
         ("aeron:ipc?term-offset=0", "must be given together"),
         ("aeron:ipc?init-term-id=0|term-id=0|term-offset=33", "term-offset must be a non-negative multiple of 32"),
         ("aeron:ipc?init-term-id=0|term-id=0|term-offset=-32", "term-offset must be a non-negative multiple of 32"),
-        ("aeron:ipc?init-term-id=0|term-id=0|term-offset=65536|term-length=64k", "term-offset must be less than term-length"),
+        (
+            "aeron:ipc?init-term-id=0|term-id=0|term-offset=65536|term-length=64k",
+            "term-offset must be less than term-length",
+        ),
         ("aeron:ipc?init-term-id=0|term-id=-1|term-offset=0", "term-id must not be before init-term-id"),
         ("aeron:ipc?init-term-id=-1|term-id=2147483647|term-offset=0", "term-id must not be before init-term-id"),
-        ("aeron:udp?endpoint=localhost", "channel 'aeron:udp?endpoint=localhost': endpoint 'localhost' must look like host:port"),
+        (
+            "aeron:udp?endpoint=localhost",
+            "channel 'aeron:udp?endpoint=localhost': endpoint 'localhost' must look like host:port",
+        ),
         ("aeron:ipc?init-term-id=2147483648|term-id=0|term-offset=0", "init-term-id must fit in 32 bits"),
         ("aeron:ipc?init-term-id=0|term-id=2147483648|term-offset=0", "term-id must fit in 32 bits"),
         ("aeron:udp?endpoint=h:1|control-mode=auto", "control-mode must be 'manual' or 'dynamic', not 'auto'"),
@@ -315,6 +332,7 @@ def test_starting_at_is_the_inverse_of_initial_position(itid, position):
 
 def test_auth_mac_parses_round_trips_and_is_refused_elsewhere():
     from cluster_node.media.channel import ChannelError, parse, reply_channel_refusal
+
     uri = parse("aeron:udp?endpoint=127.0.0.1:4000|auth=mac")
     assert uri.auth == "mac" and parse(str(uri)).auth == "mac"
     assert parse(str(uri.with_params(auth=None))).auth is None

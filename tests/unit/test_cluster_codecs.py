@@ -116,9 +116,21 @@ SAMPLES: list[c.Message] = [
     HeartbeatRequest(80, 103, "aeron:udp?endpoint=h:10", b"cred"),
     HeartbeatResponse(80),
     BackupQuery(81, 104, 1, "aeron:udp?endpoint=h:11", b""),
-    BackupResponse(82, 3, 0, 0, 2, 1024, 17, 1, 2, (BackupSnapshot(7, 2, 1024, 4096, 5, -1),
-                                                      BackupSnapshot(8, 2, 1024, 4096, 5, 0)),
-                   "0,h:1,h:2,h:3,h:0,h:4", 8192, 0),
+    BackupResponse(
+        82,
+        3,
+        0,
+        0,
+        2,
+        1024,
+        17,
+        1,
+        2,
+        (BackupSnapshot(7, 2, 1024, 4096, 5, -1), BackupSnapshot(8, 2, 1024, 4096, 5, 0)),
+        "0,h:1,h:2,h:3,h:0,h:4",
+        8192,
+        0,
+    ),
     CloseSession(42),
     ScheduleTimer(1001, 99999),
     CancelTimer(1001),
@@ -139,7 +151,9 @@ SAMPLES: list[c.Message] = [
     PendingMessageTracker(I64_MIN + 5, I64_MIN + 3, 4096, 0),
     c.SkippedLogEntry(4096),
 ]
-MSGPACK_TYPES = sorted((cls for cls in MESSAGE_TYPES.values() if cls is not SessionMessageHeader), key=lambda k: k.TEMPLATE_ID)
+MSGPACK_TYPES = sorted(
+    (cls for cls in MESSAGE_TYPES.values() if cls is not SessionMessageHeader), key=lambda k: k.TEMPLATE_ID
+)
 
 
 def codecs_of(cls: type) -> list[c.StreamCodec]:
@@ -224,19 +238,53 @@ def test_samples_cover_every_message_type():
 
 def test_template_ids_follow_the_reference():
     expected = {
-        "SessionMessageHeader": 1, "SessionEvent": 2, "SessionConnectRequest": 3, "SessionCloseRequest": 4,
-        "SessionKeepAlive": 5, "NewLeaderEvent": 6, "Challenge": 7, "ChallengeResponse": 8,
-        "ServiceErrorEvent": 9, "SkippedLogEntry": 110,
-        "TimerEvent": 20, "SessionOpenEvent": 21, "SessionCloseEvent": 22, "ClusterActionRequest": 23,
-        "NewLeadershipTermEvent": 24, "AdminRequest": 26, "AdminResponse": 27, "CloseSession": 30,
-        "ScheduleTimer": 31, "CancelTimer": 32, "ServiceAck": 33, "ClusterMembersQuery": 34, "JoinLog": 40,
-        "ClusterMembersResponse": 41, "ServiceTerminationPosition": 42, "ClusterMembersExtendedResponse": 43,
-        "CanvassPosition": 50, "RequestVote": 51, "Vote": 52, "NewLeadershipTerm": 53, "AppendPosition": 54,
-        "CommitPosition": 55, "CatchupPosition": 56, "StopCatchup": 57, "TerminationPosition": 75,
-        "TerminationAck": 76, "HeartbeatRequest": 79, "HeartbeatResponse": 80,
-        "BackupQuery": 77, "BackupResponse": 78, "SnapshotMarker": 100,
-        "ClientSession": 102, "ClusterSession": 103, "Timer": 104, "ConsensusModule": 105,
-        "PendingMessageTracker": 107, "RequestServiceAck": 108,
+        "SessionMessageHeader": 1,
+        "SessionEvent": 2,
+        "SessionConnectRequest": 3,
+        "SessionCloseRequest": 4,
+        "SessionKeepAlive": 5,
+        "NewLeaderEvent": 6,
+        "Challenge": 7,
+        "ChallengeResponse": 8,
+        "ServiceErrorEvent": 9,
+        "SkippedLogEntry": 110,
+        "TimerEvent": 20,
+        "SessionOpenEvent": 21,
+        "SessionCloseEvent": 22,
+        "ClusterActionRequest": 23,
+        "NewLeadershipTermEvent": 24,
+        "AdminRequest": 26,
+        "AdminResponse": 27,
+        "CloseSession": 30,
+        "ScheduleTimer": 31,
+        "CancelTimer": 32,
+        "ServiceAck": 33,
+        "ClusterMembersQuery": 34,
+        "JoinLog": 40,
+        "ClusterMembersResponse": 41,
+        "ServiceTerminationPosition": 42,
+        "ClusterMembersExtendedResponse": 43,
+        "CanvassPosition": 50,
+        "RequestVote": 51,
+        "Vote": 52,
+        "NewLeadershipTerm": 53,
+        "AppendPosition": 54,
+        "CommitPosition": 55,
+        "CatchupPosition": 56,
+        "StopCatchup": 57,
+        "TerminationPosition": 75,
+        "TerminationAck": 76,
+        "HeartbeatRequest": 79,
+        "HeartbeatResponse": 80,
+        "BackupQuery": 77,
+        "BackupResponse": 78,
+        "SnapshotMarker": 100,
+        "ClientSession": 102,
+        "ClusterSession": 103,
+        "Timer": 104,
+        "ConsensusModule": 105,
+        "PendingMessageTracker": 107,
+        "RequestServiceAck": 108,
     }
     assert {cls.__name__: tid for tid, cls in MESSAGE_TYPES.items()} == expected
     for tid, cls in MESSAGE_TYPES.items():
@@ -246,21 +294,55 @@ def test_template_ids_follow_the_reference():
 def test_each_stream_carries_the_reference_messages():
     names = {codec.name: {cls.__name__ for cls in codec.message_types} for codec in ALL_CODECS}
     assert names == {
-        "ingress": {"SessionConnectRequest", "SessionCloseRequest", "SessionKeepAlive", "ChallengeResponse", "AdminRequest"},
+        "ingress": {
+            "SessionConnectRequest",
+            "SessionCloseRequest",
+            "SessionKeepAlive",
+            "ChallengeResponse",
+            "AdminRequest",
+        },
         "egress": {"SessionEvent", "NewLeaderEvent", "Challenge", "AdminResponse", "ServiceErrorEvent"},
-        "log": {"TimerEvent", "SessionOpenEvent", "SessionCloseEvent", "ClusterActionRequest", "NewLeadershipTermEvent"},
+        "log": {
+            "TimerEvent",
+            "SessionOpenEvent",
+            "SessionCloseEvent",
+            "ClusterActionRequest",
+            "NewLeadershipTermEvent",
+        },
         "consensus": {
-            "CanvassPosition", "RequestVote", "Vote", "NewLeadershipTerm", "AppendPosition", "CommitPosition",
-            "CatchupPosition", "StopCatchup", "TerminationPosition", "TerminationAck", "HeartbeatRequest",
-            "HeartbeatResponse", "ChallengeResponse", "BackupQuery", "BackupResponse",
+            "CanvassPosition",
+            "RequestVote",
+            "Vote",
+            "NewLeadershipTerm",
+            "AppendPosition",
+            "CommitPosition",
+            "CatchupPosition",
+            "StopCatchup",
+            "TerminationPosition",
+            "TerminationAck",
+            "HeartbeatRequest",
+            "HeartbeatResponse",
+            "ChallengeResponse",
+            "BackupQuery",
+            "BackupResponse",
         },
         "service-to-consensus": {"CloseSession", "ScheduleTimer", "CancelTimer", "ServiceAck", "ClusterMembersQuery"},
         "consensus-to-service": {
-            "JoinLog", "ClusterMembersResponse", "ServiceTerminationPosition", "ClusterMembersExtendedResponse",
+            "JoinLog",
+            "ClusterMembersResponse",
+            "ServiceTerminationPosition",
+            "ClusterMembersExtendedResponse",
             "RequestServiceAck",
         },
-        "snapshot": {"SnapshotMarker", "ClientSession", "ClusterSession", "Timer", "ConsensusModule", "PendingMessageTracker",
-                     "SkippedLogEntry"},
+        "snapshot": {
+            "SnapshotMarker",
+            "ClientSession",
+            "ClusterSession",
+            "Timer",
+            "ConsensusModule",
+            "PendingMessageTracker",
+            "SkippedLogEntry",
+        },
     }
     carries = {codec.name for codec in ALL_CODECS if codec.carries_session_messages}
     assert carries == {"ingress", "egress", "log", "service-to-consensus", "snapshot"}
@@ -268,11 +350,20 @@ def test_each_stream_carries_the_reference_messages():
 
 def test_enum_values_follow_the_reference():
     assert [(e.name, e.value) for e in EventCode] == [
-        ("OK", 0), ("ERROR", 1), ("REDIRECT", 2), ("AUTHENTICATION_REJECTED", 3), ("CLOSED", 4)]
+        ("OK", 0),
+        ("ERROR", 1),
+        ("REDIRECT", 2),
+        ("AUTHENTICATION_REJECTED", 3),
+        ("CLOSED", 4),
+    ]
     assert [(e.name, e.value) for e in CloseReason] == [("CLIENT_ACTION", 0), ("SERVICE_ACTION", 1), ("TIMEOUT", 2)]
     # PURGE_LOG is ours (a live `tool purge-log`), numbered apart from the reference's actions.
-    assert [(e.name, e.value) for e in ClusterAction] == [("SUSPEND", 0), ("RESUME", 1), ("SNAPSHOT", 2),
-                                                          ("PURGE_LOG", 16)]
+    assert [(e.name, e.value) for e in ClusterAction] == [
+        ("SUSPEND", 0),
+        ("RESUME", 1),
+        ("SNAPSHOT", 2),
+        ("PURGE_LOG", 16),
+    ]
     assert [(e.name, e.value) for e in SnapshotMark] == [("BEGIN", 0), ("SECTION", 1), ("END", 2)]
     assert [(e.name, e.value) for e in ClusterTimeUnit] == [("MILLIS", 0), ("MICROS", 1), ("NANOS", 2)]
     assert [(e.name, e.value) for e in AdminRequestType] == [("SNAPSHOT", 0)]
@@ -335,7 +426,11 @@ GOLDEN = [
     # fixarray(9), 24, 1, 2, 3, 4, 0, 5, NANOS=2, 1
     (LOG_CODEC, NewLeadershipTermEvent(1, 2, 3, 4, 0, 5, ClusterTimeUnit.NANOS, 1), "99 18 01 02 03 04 00 05 02 01"),
     # fixarray(8), 2, 7, 9, 2, 1, REDIRECT=2, uint16 768, fixstr(5) "0=h:1"
-    (EGRESS_CODEC, SessionEvent(7, 9, 2, 1, EventCode.REDIRECT, 768, "0=h:1"), "98 02 07 09 02 01 02 cd0300 a5 303d683a31"),
+    (
+        EGRESS_CODEC,
+        SessionEvent(7, 9, 2, 1, EventCode.REDIRECT, 768, "0=h:1"),
+        "98 02 07 09 02 01 02 cd0300 a5 303d683a31",
+    ),
     # fixarray(6), 3, -2, 102, uint16 768, fixstr(9) "aeron:ipc", bin8(2) 00 ff
     (
         INGRESS_CODEC,
@@ -354,7 +449,9 @@ def test_golden_bytes(codec, message, hex_bytes):
 
 def test_golden_session_message():
     expected = bytes.fromhex(
-        "0100" "6f00" "00000000"  # template id 1, schema id 111, reserved
+        "0100"
+        "6f00"
+        "00000000"  # template id 1, schema id 111, reserved
         "0200000000000000"  # leadership_term_id 2
         "fbffffffffffffff"  # cluster_session_id -5
         "e803000000000000"  # timestamp 1000
@@ -381,12 +478,23 @@ def test_peek_every_sample_and_session_message():
 
 def test_peek_array16_header():
     # A msgpack array16 with the tag at byte 3, as a future message with >= 16 fields would be.
-    assert peek_template_id(bytes.fromhex("dc0011" "36") + b"\x00" * 16) == 54
+    assert peek_template_id(bytes.fromhex("dc001136") + b"\x00" * 16) == 54
 
 
 @pytest.mark.parametrize(
     "buf",
-    [b"", b"\x01", b"\x01\x01", b"\x90", b"\x91", b"\x95\xcc\x80", b"\xc0", b"\x00\x00", b"\xdc\x00\x00\x36", b"\xdc\x00"],
+    [
+        b"",
+        b"\x01",
+        b"\x01\x01",
+        b"\x90",
+        b"\x91",
+        b"\x95\xcc\x80",
+        b"\xc0",
+        b"\x00\x00",
+        b"\xdc\x00\x00\x36",
+        b"\xdc\x00",
+    ],
     ids=lambda b: b.hex() or "empty",
 )
 def test_peek_rejects_what_is_not_a_message_prefix(buf):
@@ -727,7 +835,11 @@ def test_semantic_version_round_trip(major, minor, patch):
         return
     version = c.compose_semantic_version(major, minor, patch)
     assert 0 < version <= 2**31 - 1
-    assert (c.semantic_version_major(version), c.semantic_version_minor(version), c.semantic_version_patch(version)) == (
+    assert (
+        c.semantic_version_major(version),
+        c.semantic_version_minor(version),
+        c.semantic_version_patch(version),
+    ) == (
         major,
         minor,
         patch,

@@ -104,8 +104,16 @@ def test_reference_defaults() -> None:
 
 @pytest.mark.parametrize(
     "text,ns",
-    [("1s", 10**9), ("200ms", 2 * 10**8), ("1.5s", 1_500_000_000), ("250us", 250_000), ("7ns", 7),
-     ("2min", 120 * 10**9), ("1h", 3600 * 10**9), ("1_000ms", 10**9)],
+    [
+        ("1s", 10**9),
+        ("200ms", 2 * 10**8),
+        ("1.5s", 1_500_000_000),
+        ("250us", 250_000),
+        ("7ns", 7),
+        ("2min", 120 * 10**9),
+        ("1h", 3600 * 10**9),
+        ("1_000ms", 10**9),
+    ],
 )
 def test_durations(text: str, ns: int) -> None:
     assert parse_duration_ns(text) == ns
@@ -161,7 +169,11 @@ def test_unknown_key_is_named_with_a_hint() -> None:
 @pytest.mark.parametrize(
     "old,new,expect",
     [
-        ("127.0.0.1:20221", "127.0.0.1:20110", "cluster.members[1].consensus: port clash with cluster.members[0].ingress"),
+        (
+            "127.0.0.1:20221",
+            "127.0.0.1:20110",
+            "cluster.members[1].consensus: port clash with cluster.members[0].ingress",
+        ),
         ("127.0.0.1:20221", "localhost:20110", "port clash"),
         ("127.0.0.1:20221", "0.0.0.0:20110", "port clash"),
         ("127.0.0.1:20221", "127.0.0.1:99999", "cluster.members[1].consensus"),
@@ -181,10 +193,16 @@ def test_bad_members_and_endpoints(old: str, new: str, expect: str) -> None:
 @pytest.mark.parametrize(
     "extra,expect",
     [
-        ('leader_heartbeat_interval = "10s"', "timeouts.leader_heartbeat_interval: 10s must be shorter than timeouts.leader_heartbeat_timeout"),
-        ('election_status_interval = "1s"', "timeouts.election_status_interval: 1s must be shorter than timeouts.election_timeout"),
+        (
+            'leader_heartbeat_interval = "10s"',
+            "timeouts.leader_heartbeat_interval: 10s must be shorter than timeouts.leader_heartbeat_timeout",
+        ),
+        (
+            'election_status_interval = "1s"',
+            "timeouts.election_status_interval: 1s must be shorter than timeouts.election_timeout",
+        ),
         ('startup_canvass_timeout = "15s"', "timeouts.startup_canvass_timeout: 15s must be at least twice"),
-        ("election_timeout = 1", 'timeouts.election_timeout: expected a duration with a unit'),
+        ("election_timeout = 1", "timeouts.election_timeout: expected a duration with a unit"),
         ('election_timeout = "soon"', "is not a duration"),
         ('election_timeout_ns = "1s"', "timeouts.election_timeout_ns: expected an integer of nanoseconds"),
         ('election_timeout = "1s"\nelection_timeout_ns = 1', "given twice"),
@@ -208,12 +226,20 @@ def test_contradicting_timeouts(extra: str, expect: str) -> None:
         ("cluster", "appointed_leader_id = 9", "cluster.appointed_leader_id"),
         ("cluster", "retain_snapshots = 0", "cluster.retain_snapshots: must be at least 1"),
         ("archive", "low_space_threshold = -1", "archive.low_space_threshold: must be 0"),
-        ("cluster", "egress_stream_id = 101", "cluster.egress_stream_id: stream id 101 is also cluster.ingress_stream_id"),
+        (
+            "cluster",
+            "egress_stream_id = 101",
+            "cluster.egress_stream_id: stream id 101 is also cluster.ingress_stream_id",
+        ),
         ("logging", 'level = "loud"', "logging.level"),
     ],
 )
 def test_bad_sections(section: str, extra: str, expect: str) -> None:
-    text = MINIMAL.replace("[cluster]\n", "[cluster]\n" + extra + "\n") if section == "cluster" else MINIMAL + f"\n[{section}]\n{extra}\n"
+    text = (
+        MINIMAL.replace("[cluster]\n", "[cluster]\n" + extra + "\n")
+        if section == "cluster"
+        else MINIMAL + f"\n[{section}]\n{extra}\n"
+    )
     assert expect in _error(text)
 
 
@@ -241,7 +267,7 @@ def test_client_config_defaults_and_errors() -> None:
     assert cfg.client.connect_timeout_ns == 10 * 10**9
     assert cfg.ingress_endpoints == {0: "127.0.0.1:20110", 1: "127.0.0.1:20111"}
     assert cfg.driver.term_length == 1024 * 1024  # client defaults, not the node's
-    cfg2 = parse_client_config(CLIENT + '\n[driver]\nmtu = 4096\n')
+    cfg2 = parse_client_config(CLIENT + "\n[driver]\nmtu = 4096\n")
     assert cfg2.driver.mtu == 4096 and cfg2.driver.term_length == 1024 * 1024
     assert "client.egress_endpoint: port clash" in _error(CLIENT.replace("127.0.0.1:0", "127.0.0.1:20111"), client=True)
     assert "client.ingress_endpoints" in _error(CLIENT.replace("0=127", "zero=127"), client=True)
@@ -302,7 +328,9 @@ def test_section_defaults_are_valid() -> None:
 
 def test_cpu_sets_parse_validate_and_round_trip() -> None:
     cpu = min(os.sched_getaffinity(0))
-    cfg = parse_node_config(MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\nleader_cpus = [{cpu}]\nfollower_cpus = []'))
+    cfg = parse_node_config(
+        MINIMAL.replace('dir = "var/n1"', f'dir = "var/n1"\nleader_cpus = [{cpu}]\nfollower_cpus = []')
+    )
     assert cfg.node.leader_cpus == (cpu,) and cfg.node.follower_cpus == ()
     assert _same(parse_node_config(node_config_to_toml(cfg)), cfg)
     assert f"leader_cpus = [{cpu}]" in node_config_to_toml(cfg)
@@ -334,7 +362,9 @@ def test_keep_cpus_awake_parses_round_trips_and_is_off_by_default(tmp_path: Path
     cfg = parse_node_config(MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nkeep_cpus_awake = true'))
     assert cfg.node.keep_cpus_awake is True
     assert _same(parse_node_config(node_config_to_toml(cfg)), cfg)
-    assert "node.keep_cpus_awake" in _error(MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nkeep_cpus_awake = "yes"'))
+    assert "node.keep_cpus_awake" in _error(
+        MINIMAL.replace('dir = "var/n1"', 'dir = "var/n1"\nkeep_cpus_awake = "yes"')
+    )
     nodes, _ = generate_loopback_cluster(3, tmp_path, keep_cpus_awake=True)
     assert all(n.node.keep_cpus_awake for n in nodes)
 
@@ -381,5 +411,7 @@ def test_a_node_sends_from_its_members_host_and_a_client_from_its_egress_host(tm
     nodes, client = generate_loopback_cluster(3, tmp_path / "c", hosts=hosts, host="127.0.0.1")
     assert [n.driver_kwargs()["publication_bind_host"] for n in nodes] == hosts
     assert client.driver_kwargs(tmp_path)["publication_bind_host"] == "127.0.0.1"
-    anywhere = msgspec.structs.replace(client, client=msgspec.structs.replace(client.client, egress_endpoint="0.0.0.0:0"))
+    anywhere = msgspec.structs.replace(
+        client, client=msgspec.structs.replace(client.client, egress_endpoint="0.0.0.0:0")
+    )
     assert anywhere.driver_kwargs(tmp_path)["publication_bind_host"] is None

@@ -26,11 +26,20 @@ def _module(role=Role.LEADER, member_id=0, term=3, interval=0):
     rl = RecordingLog()
     rl.append_term(7, term, 1024, 0)
     m = SimpleNamespace(
-        member_id=member_id, role=role, is_leader=role == Role.LEADER, leadership_term_id=term,
-        term_base_log_position=1024, members=[SimpleNamespace(member_id=i) for i in range(3)],
-        member_by_id={0: 0, 1: 1, 2: 2}, leader_member_id=0 if role == Role.LEADER else 1,
-        settings=SimpleNamespace(leader_heartbeat_interval_ns=HEARTBEAT), recording_log=rl,
-        cluster_clock=lambda now: now + 1_000_000_000, terminating=False, termination_position=-1)
+        member_id=member_id,
+        role=role,
+        is_leader=role == Role.LEADER,
+        leadership_term_id=term,
+        term_base_log_position=1024,
+        members=[SimpleNamespace(member_id=i) for i in range(3)],
+        member_by_id={0: 0, 1: 1, 2: 2},
+        leader_member_id=0 if role == Role.LEADER else 1,
+        settings=SimpleNamespace(leader_heartbeat_interval_ns=HEARTBEAT),
+        recording_log=rl,
+        cluster_clock=lambda now: now + 1_000_000_000,
+        terminating=False,
+        termination_position=-1,
+    )
     m.control = ClusterControlCore(m, SNAP_TIMEOUT, TERM_TIMEOUT, interval)
     return m
 
@@ -252,8 +261,9 @@ def test_a_follower_stops_only_once_its_log_reaches_the_position():
 def test_an_election_abandons_the_snapshot_and_the_termination():
     log = RecordingLog()
     log.append_term(0, 0, 0, 0)
-    core = ConsensusModule(0, [ClusterMember(i) for i in range(3)], ConsensusSettings(), random.Random(1), log, 0, 0,
-                           1024, 0)
+    core = ConsensusModule(
+        0, [ClusterMember(i) for i in range(3)], ConsensusSettings(), random.Random(1), log, 0, 0, 1024, 0
+    )
     c = core.control
     c.begin_snapshot(1024, 0, 0)
     c.termination.start_leader(1024, 0, 0, snapshot=True)
@@ -268,8 +278,9 @@ def test_an_election_abandons_the_snapshot_and_the_termination():
 def _settled_follower(append_position: int, commit_position: int) -> ConsensusModule:
     log = RecordingLog()
     log.append_term(0, 0, 0, 0)
-    core = ConsensusModule(1, [ClusterMember(i) for i in range(3)], ConsensusSettings(), random.Random(1), log, 0, 0,
-                           append_position, 0)
+    core = ConsensusModule(
+        1, [ClusterMember(i) for i in range(3)], ConsensusSettings(), random.Random(1), log, 0, 0, append_position, 0
+    )
     core.election = None
     core.role = Role.FOLLOWER
     core.leader_member_id = 0

@@ -289,8 +289,13 @@ def test_a_zombie_owners_counters_file_is_taken_over(tmp_path):
     import time as _time
 
     path = tmp_path / "counters.dat"
-    child = subprocess.Popen([sys.executable, "-c",
-                              f"from cluster_node.media.counters import CountersManager; CountersManager.create({str(path)!r}, 8)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from cluster_node.media.counters import CountersManager; CountersManager.create({str(path)!r}, 8)",
+        ]
+    )
     try:
         deadline = _time.monotonic() + 30
         while True:

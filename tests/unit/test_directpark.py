@@ -91,6 +91,7 @@ async def test_trio_fd_events_end_the_wait_with_true(pair):
     park = DirectPark(mine_a.fileno())
     woke = trio.Event()
     try:
+
         async def other():
             await trio.lowlevel.wait_readable(a)
             woke.set()
@@ -155,6 +156,7 @@ async def test_a_task_waiting_for_idle_leaves_the_wait_to_trio(pair):
     park = DirectPark(a.fileno())
     result = "unset"
     try:
+
         async def waiter():
             nonlocal result
             await trio.lowlevel.checkpoint()

@@ -17,7 +17,10 @@ def test_each_kind_is_logged_once_then_counted_and_the_kinds_are_bounded(tmp_pat
         for i in range(10):  # more kinds than kept: one overflow entry
             errors.record(f"forged {i}", "kind with attacker-made names")
     assert [e["event"] for e in logs] == ["kind a", "kind b", "(other errors: too many distinct kinds to keep each)"]
-    assert [(e.key, e.count) for e in errors.entries()][:2] == [("(other errors: too many distinct kinds to keep each)", 10), ("a", 5)]
+    assert [(e.key, e.count) for e in errors.entries()][:2] == [
+        ("(other errors: too many distinct kinds to keep each)", 10),
+        ("a", 5),
+    ]
     assert errors.total == 16
     errors.flush()
     table = read_error_table(errors.path)

@@ -98,6 +98,7 @@ async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_ho
         # A long wait, ended by a ring, then a short one: the short timeout is kept, not the
         # long one the timer still holds.
         async with trio.open_nursery() as nursery:
+
             async def waiter():
                 await bell.wait(30)
 
@@ -115,4 +116,3 @@ async def test_the_wait_times_out_and_an_earlier_deadline_after_a_longer_wait_ho
             await bell.wait(30)
     finally:
         bell.close()
-

@@ -43,7 +43,7 @@ def _frame(ftype: int, flen: int, toff: int, body: bytes = b"", flags: int = FLA
 def _delivered(datagram: bytes, run) -> list[int]:
     """Write an accepted run where the receiver would and poll it: the lengths delivered."""
     log = LogBuffer.create(None, TL, 1408, 0, 7, 9, 0)
-    log.buffer[META_LENGTH + run.term_offset: META_LENGTH + run.term_offset + len(datagram)] = datagram
+    log.buffer[META_LENGTH + run.term_offset : META_LENGTH + run.term_offset + len(datagram)] = datagram
     sub = Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9)
     image = Image(log=log, subscription=sub, join_position=run.term_offset, source_identity="t")
     got: list[int] = []
@@ -64,7 +64,8 @@ def _expected(datagram: bytes) -> list[int]:
 
 frames = st.lists(
     st.tuples(st.sampled_from([TYPE_DATA, TYPE_DATA, TYPE_PAD, 5]), st.integers(-40, 300), st.integers(0, 2)),
-    min_size=1, max_size=6,
+    min_size=1,
+    max_size=6,
 )
 
 
@@ -130,11 +131,15 @@ def test_a_message_that_never_ends_is_dropped_at_the_maximum_message_length():
     for f in frames_:
         f = bytearray(f)
         f[8:12] = off.to_bytes(4, "little")
-        log.buffer[META_LENGTH + off: META_LENGTH + off + len(f)] = f
+        log.buffer[META_LENGTH + off : META_LENGTH + off + len(f)] = f
         off += frame_step(len(f))
-    image = Image(log=log, subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
-                  join_position=0, source_identity="t")
+    image = Image(
+        log=log,
+        subscription=Subscription(channel=parse("aeron:udp?endpoint=127.0.0.1:1"), stream_id=9),
+        join_position=0,
+        source_identity="t",
+    )
     got: list[bytes] = []
-    image.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset:offset + length])), 100)
+    image.poll(lambda buf, offset, length, header: got.append(bytes(buf[offset : offset + length])), 100)
     assert got == [b"after"] and image.oversized_messages == 1
     assert max_message_length(TL) < 12 * 1024

@@ -40,7 +40,9 @@ I64 = st.integers(-(2**63), 2**63 - 1)
 # ----------------------------------------------------------------------------------- helpers
 
 
-def data_frame(term_offset: int, payload: bytes, *, flags=FLAG_UNFRAGMENTED, session=7, stream=10, term_id=3, rv=0) -> bytes:
+def data_frame(
+    term_offset: int, payload: bytes, *, flags=FLAG_UNFRAGMENTED, session=7, stream=10, term_id=3, rv=0
+) -> bytes:
     """One DATA frame, padded to the 32-byte alignment as it travels in a run."""
     head = F.encode_data_header(HEADER_LENGTH + len(payload), flags, term_offset, session, stream, term_id, rv)
     frame = head + payload
@@ -48,7 +50,9 @@ def data_frame(term_offset: int, payload: bytes, *, flags=FLAG_UNFRAGMENTED, ses
 
 
 def pad_header(term_offset: int, term_length: int = TL, session=7, stream=10, term_id=3) -> bytes:
-    return F.encode_data_header(term_length - term_offset, FLAG_UNFRAGMENTED, term_offset, session, stream, term_id, 0, TYPE_PAD)
+    return F.encode_data_header(
+        term_length - term_offset, FLAG_UNFRAGMENTED, term_offset, session, stream, term_id, 0, TYPE_PAD
+    )
 
 
 def run_of(term_offset: int, sizes: list[int], **kw) -> bytes:
@@ -67,7 +71,15 @@ def run_of(term_offset: int, sizes: list[int], **kw) -> bytes:
 def test_constants_match_the_reference_layout():
     assert HEADER_LENGTH == 32 and F.FRAME_ALIGNMENT == 32 and F.VERSION == 0
     assert (FLAG_BEGIN, FLAG_END, FLAG_UNFRAGMENTED, FLAG_EOS) == (0x80, 0x40, 0xC0, 0x20)
-    assert (F.TYPE_PAD, F.TYPE_DATA, F.TYPE_NAK, F.TYPE_SM, F.TYPE_ERR, F.TYPE_SETUP, F.TYPE_RTTM) == (0, 1, 2, 3, 4, 5, 6)
+    assert (F.TYPE_PAD, F.TYPE_DATA, F.TYPE_NAK, F.TYPE_SM, F.TYPE_ERR, F.TYPE_SETUP, F.TYPE_RTTM) == (
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    )
     assert (F.SETUP_LENGTH, F.SM_LENGTH, F.NAK_LENGTH, F.RTTM_LENGTH) == (40, 36, 28, 40)
 
 
@@ -86,7 +98,12 @@ def test_compute_position():
 
 @pytest.mark.parametrize(
     "term_length, expected",
-    [(64 * 1024, 8 * 1024), (16 * 1024 * 1024, 2 * 1024 * 1024), (128 * 1024 * 1024, 16 * 1024 * 1024), (1 << 30, 16 * 1024 * 1024)],
+    [
+        (64 * 1024, 8 * 1024),
+        (16 * 1024 * 1024, 2 * 1024 * 1024),
+        (128 * 1024 * 1024, 16 * 1024 * 1024),
+        (1 << 30, 16 * 1024 * 1024),
+    ],
 )
 def test_max_message_length(term_length, expected):
     assert F.max_message_length(term_length) == expected
@@ -166,7 +183,9 @@ def test_status_round_trip(session, stream, term_id, term_offset, window, rid, s
     assert len(raw) == F.SM_LENGTH
     sm = decode_untrusted(raw)
     assert isinstance(sm, StatusMessage)
-    assert sm == StatusMessage(F.FLAG_SEND_SETUP if send_setup else 0, session, stream, term_id, term_offset, window, rid)
+    assert sm == StatusMessage(
+        F.FLAG_SEND_SETUP if send_setup else 0, session, stream, term_id, term_offset, window, rid
+    )
     assert sm.wants_setup is send_setup
 
 
@@ -185,7 +204,13 @@ def test_rttm_round_trip(session, stream, echo, delta, rid, reply):
     assert len(raw) == F.RTTM_LENGTH
     r = decode_untrusted(raw)
     assert isinstance(r, Rttm)
-    assert (r.session_id, r.stream_id, r.echo_timestamp_ns, r.reception_delta_ns, r.receiver_id) == (session, stream, echo, delta, rid)
+    assert (r.session_id, r.stream_id, r.echo_timestamp_ns, r.reception_delta_ns, r.receiver_id) == (
+        session,
+        stream,
+        echo,
+        delta,
+        rid,
+    )
     assert r.is_reply is reply
 
 
@@ -200,7 +225,9 @@ def test_decoders_accept_memoryview_and_bytearray():
 
 
 def _setup(**changes) -> bytes:
-    fields = dict(term_offset=0, session_id=1, stream_id=2, initial_term_id=0, active_term_id=0, term_length=TL, mtu=1408, ttl=0)
+    fields = dict(
+        term_offset=0, session_id=1, stream_id=2, initial_term_id=0, active_term_id=0, term_length=TL, mtu=1408, ttl=0
+    )
     fields.update(changes)
     return F.encode_setup(Setup(**fields))
 
@@ -323,14 +350,22 @@ def _set_i32(raw: bytes, at: int, value: int) -> bytes:
         (run_of(0, [1, 2]) + bytes(16), TL, "truncated frame header at byte 128"),
         (_set_u8(run_of(0, [1, 2]), 64 + 4, 1), TL, "frame version 1"),
         (_set_u8(run_of(0, [1]), 4, 2), TL, "frame version 2"),
-        (run_of(0, [1]) + F.encode_data_header(32, 0, 64, 7, 10, 3, 0, F.TYPE_SM), TL, "frame type 3 inside a data run"),
+        (
+            run_of(0, [1]) + F.encode_data_header(32, 0, 64, 7, 10, 3, 0, F.TYPE_SM),
+            TL,
+            "frame type 3 inside a data run",
+        ),
         (run_of(0, [1]) + F.encode_nak(1, 2, 3, 64, 32) + bytes(4), TL, "frame type 2 inside a data run"),
         (_set_i32(run_of(0, [1, 2]), 64, 8), TL, "frame length 8 inside a data run"),
         (_set_i32(run_of(0, [1, 2]), 64, 0), TL, "frame length 0 inside a data run"),
         (_set_i32(run_of(0, [1, 2]), 64 + 8, 96), TL, "frame term offset 96, expected 64"),
         (_set_i32(run_of(0, [1]), 0, 65), TL, "runs past the end of the datagram"),
         (F.encode_data_header(40, 0xC0, 0, 1, 2, 3) + bytes(8), TL, "runs past the end of the datagram"),
-        (F.encode_data_header(1024, 0xC0, TL - 4096, 7, 10, 3, 0, TYPE_PAD), TL, "padding frame does not end at the term end"),
+        (
+            F.encode_data_header(1024, 0xC0, TL - 4096, 7, 10, 3, 0, TYPE_PAD),
+            TL,
+            "padding frame does not end at the term end",
+        ),
         (pad_header(TL - 4096) + bytes(32), TL, "runs past the end of the datagram"),
     ],
 )
@@ -423,7 +458,9 @@ def test_fuzz_check_data_run_random(raw, term_length):
 
 def _valid_datagrams():
     data_runs = st.builds(
-        lambda off, sizes, pad: run_of(off * 32, sizes) + (pad_header(off * 32 + len(run_of(0, sizes))) if pad else b""),
+        lambda off, sizes, pad: (
+            run_of(off * 32, sizes) + (pad_header(off * 32 + len(run_of(0, sizes))) if pad else b"")
+        ),
         st.integers(0, 100),
         st.lists(st.integers(0, 200), min_size=1, max_size=5),
         st.booleans(),

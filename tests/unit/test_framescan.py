@@ -146,7 +146,6 @@ def test_extend_follows_to_the_edge_like_a_walk(sizes, zeros):
     assert done and at == walked
 
 
-
 def test_stamp_writes_the_ids_into_every_frame_of_a_run_and_nothing_between():
     buf = _build([1000] * 40, 0, [], 0)
     before = bytes(buf)

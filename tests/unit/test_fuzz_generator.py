@@ -14,8 +14,9 @@ MTU = 8192
 TARGETS = [
     Target(m, role, "127.0.0.1", 20000 + 10 * m + i, stream)
     for m in range(3)
-    for i, (role, stream) in enumerate((("ingress", 101), ("consensus", 108), ("log", 100), ("archive", 10),
-                                        ("other", None)))
+    for i, (role, stream) in enumerate(
+        (("ingress", 101), ("consensus", 108), ("log", 100), ("archive", 10), ("other", None))
+    )
 ]
 
 

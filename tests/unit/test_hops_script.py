@@ -78,6 +78,7 @@ def test_install_wraps_the_methods_it_names(tmp_path: Path) -> None:
         assert ConsensusAgent._ring_service is not before[2]
         dump()
         import atexit
+
         atexit.unregister(dump)
     finally:
         MediaDriver._raw_send, MediaDriver._on_datagram, ConsensusAgent._ring_service = before
@@ -109,10 +110,16 @@ def test_cpu_shares_splits_each_window_by_who_ran() -> None:
     t = 100_000_000_000
     roles = {100: "client", 200: "leader", 300: "follower"}
     shares = hops.cpu_shares([(t + 200_000, t + 700_000)], switches, tid_pid, roles)
-    assert shares == pytest.approx({
-        (0, "client:main"): 0.4, (0, "leader:service"): 0.4, (0, "idle"): 0.2,
-        (1, "follower:main"): 0.2, (1, "kworker/1:2"): 0.4, (1, "idle"): 0.4,
-    })
+    assert shares == pytest.approx(
+        {
+            (0, "client:main"): 0.4,
+            (0, "leader:service"): 0.4,
+            (0, "idle"): 0.2,
+            (1, "follower:main"): 0.2,
+            (1, "kworker/1:2"): 0.4,
+            (1, "idle"): 0.4,
+        }
+    )
     # Two windows count together; time before a CPU's first switch is not known.
     shares = hops.cpu_shares([(t - 100_000, t + 100_000), (t + 500_000, t + 600_000)], switches, tid_pid, roles)
     assert shares[(0, "client:main")] == pytest.approx(1 / 3)

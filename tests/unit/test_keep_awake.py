@@ -63,8 +63,11 @@ def test_a_ring_makes_them_spin_and_they_sleep_again_after_the_linger() -> None:
         t0 = _state_and_ticks(pid)[1]
         # (rung on while it waits, at most every 25 ms: the linger alone may pass before 30 ms of
         # CPU come; the linger then ends at least 75 ms after rung_at)
-        _wait_for(lambda: k.ring(time.monotonic_ns()) or _state_and_ticks(pid)[1] >= t0 + 3, 5,
-                  "the helper using CPU after a ring")
+        _wait_for(
+            lambda: k.ring(time.monotonic_ns()) or _state_and_ticks(pid)[1] >= t0 + 3,
+            5,
+            "the helper using CPU after a ring",
+        )
         rung_at = time.monotonic()
         _wait_for(lambda: _asleep(pid), 5, "the helper asleep after the linger")
         assert time.monotonic() - rung_at >= LINGER_NS / 1e9 / 2, "slept well before the linger ended"
@@ -85,18 +88,23 @@ def test_one_spinner_per_cpu_on_the_machine(tmp_path: Path) -> None:
         # a's helper rung on while it is waited for, at most every 25 ms: the linger alone (100
         # ms) may pass before 30 ms of CPU come. Using CPU, it holds the CPU's lock.
         ta = _state_and_ticks(pa)[1]
-        _wait_for(lambda: a.ring(time.monotonic_ns()) or _state_and_ticks(pa)[1] >= ta + 3, 5,
-                  "a's helper spinning")
+        _wait_for(lambda: a.ring(time.monotonic_ns()) or _state_and_ticks(pa)[1] >= ta + 3, 5, "a's helper spinning")
         b.ring(time.monotonic_ns())
         tb = _state_and_ticks(pb)[1]
         ta = _state_and_ticks(pa)[1]
-        _wait_for(lambda: a.ring(time.monotonic_ns()) or _state_and_ticks(pa)[1] >= ta + 3, 5,
-                  "a's helper spinning on, b's rung")
+        _wait_for(
+            lambda: a.ring(time.monotonic_ns()) or _state_and_ticks(pa)[1] >= ta + 3,
+            5,
+            "a's helper spinning on, b's rung",
+        )
         a.ring(time.monotonic_ns() + LINGER_NS)  # keep a's spinning
         assert _asleep(pb) and _state_and_ticks(pb)[1] <= tb + 1, "b's helper spun beside a's"
         a.close()  # a's member stops: b's helper, rung a moment ago, gets the CPU
-        _wait_for(lambda: b.ring(time.monotonic_ns() + LINGER_NS) or _state_and_ticks(pb)[1] >= tb + 3, 5,
-                  "b's helper spinning once a's stopped")
+        _wait_for(
+            lambda: b.ring(time.monotonic_ns() + LINGER_NS) or _state_and_ticks(pb)[1] >= tb + 3,
+            5,
+            "b's helper spinning once a's stopped",
+        )
     finally:
         a.close()
         b.close()
@@ -160,8 +168,9 @@ def test_helpers_end_when_their_node_is_killed(spinning: bool) -> None:
         print("PIDS", *k.pids, flush=True)
         time.sleep(60)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2]
+    )
     try:
         line = ""
         while not line.startswith("PIDS"):  # past the log lines

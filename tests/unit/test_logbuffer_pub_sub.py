@@ -80,8 +80,14 @@ class Harness:
 
     def handler(self, buf, offset, length, header):
         self.received.append(
-            (bytes(buf[offset : offset + length]), header.position, header.reserved_value, header.term_id,
-             header.term_offset, header.flags)
+            (
+                bytes(buf[offset : offset + length]),
+                header.position,
+                header.reserved_value,
+                header.term_id,
+                header.term_offset,
+                header.flags,
+            )
         )
 
     def drain(self) -> int:
@@ -99,7 +105,13 @@ class Harness:
 
 def test_create_anonymous_metadata():
     log = LogBuffer.create(None, TL, MTU, -5, SESSION, STREAM, 3 * TL + 64)
-    assert (log.term_length, log.mtu, log.initial_term_id, log.session_id, log.stream_id) == (TL, MTU, -5, SESSION, STREAM)
+    assert (log.term_length, log.mtu, log.initial_term_id, log.session_id, log.stream_id) == (
+        TL,
+        MTU,
+        -5,
+        SESSION,
+        STREAM,
+    )
     assert log.capacity == 3 * TL and log.position_bits == 16 and log.term_mask == TL - 1
     assert len(log.buffer) == META_LENGTH + 3 * TL
     assert log.start_position == 3 * TL + 64 and log.publisher_position == 3 * TL + 64
@@ -144,7 +156,17 @@ def test_write_padding():
     nxt = log.write_padding(TL + TL - 4096, SESSION, STREAM)
     assert nxt == 2 * TL
     flen, version, flags, ftype, toff, sid, stid, tid, rv = HDR.unpack_from(log.buffer, log.offset_of(2 * TL - 4096))
-    assert (flen, version, flags, ftype, toff, sid, stid, tid, rv) == (4096, 0, FLAG_UNFRAGMENTED, TYPE_PAD, TL - 4096, SESSION, STREAM, 4, 0)
+    assert (flen, version, flags, ftype, toff, sid, stid, tid, rv) == (
+        4096,
+        0,
+        FLAG_UNFRAGMENTED,
+        TYPE_PAD,
+        TL - 4096,
+        SESSION,
+        STREAM,
+        4,
+        0,
+    )
 
 
 def test_insert_copies_a_run():
@@ -257,7 +279,17 @@ def test_fragment_layout_in_the_log():
     for i, flags in enumerate(expected_flags):
         flen, version, fl, ftype, toff, sid, stid, tid, rv = h.frame_at(pos)
         chunk = MAX_PAYLOAD if i < 3 else 5
-        assert (flen, version, fl, ftype, toff, sid, stid, tid, rv) == (chunk + 32, 0, flags, TYPE_DATA, pos, SESSION, STREAM, 0, 42)
+        assert (flen, version, fl, ftype, toff, sid, stid, tid, rv) == (
+            chunk + 32,
+            0,
+            flags,
+            TYPE_DATA,
+            pos,
+            SESSION,
+            STREAM,
+            0,
+            42,
+        )
         off = h.log.offset_of(pos) + 32
         assert bytes(h.log.buffer[off : off + chunk]) == data[i * MAX_PAYLOAD : i * MAX_PAYLOAD + chunk]
         pos += align(flen)
@@ -265,7 +297,9 @@ def test_fragment_layout_in_the_log():
     assert h.frame_at(end)[0] == 0  # the writer's edge
 
 
-@pytest.mark.parametrize("n, frames", [(MAX_PAYLOAD, 1), (MAX_PAYLOAD + 1, 2), (2 * MAX_PAYLOAD, 2), (2 * MAX_PAYLOAD + 1, 3)])
+@pytest.mark.parametrize(
+    "n, frames", [(MAX_PAYLOAD, 1), (MAX_PAYLOAD + 1, 2), (2 * MAX_PAYLOAD, 2), (2 * MAX_PAYLOAD + 1, 3)]
+)
 def test_fragment_boundaries(n, frames):
     h = Harness()
     end = h.pub.offer(payload(n))
@@ -490,7 +524,9 @@ def test_max_position_exceeded():
 
 def test_message_too_long():
     h = Harness()
-    with pytest.raises(MessageTooLongError, match=f"message of {MAX_MSG + 1} bytes is longer than the maximum message length {MAX_MSG}"):
+    with pytest.raises(
+        MessageTooLongError, match=f"message of {MAX_MSG + 1} bytes is longer than the maximum message length {MAX_MSG}"
+    ):
         h.pub.offer(bytes(MAX_MSG + 1))
     assert h.pub.position == 0
     assert h.pub.offer(bytes(MAX_MSG)) == frames_length(MAX_MSG)
@@ -519,8 +555,13 @@ def test_after_append_called_per_message():
     log = LogBuffer.create(None, TL, MTU, 0, SESSION, STREAM)
     calls = []
     pub = ExclusivePublication(
-        log=log, channel=parse("aeron:ipc"), stream_id=STREAM, session_id=SESSION, start_position=0,
-        limit_fn=lambda p: 1 << 20, after_append=lambda: calls.append(1),
+        log=log,
+        channel=parse("aeron:ipc"),
+        stream_id=STREAM,
+        session_id=SESSION,
+        start_position=0,
+        limit_fn=lambda p: 1 << 20,
+        after_append=lambda: calls.append(1),
     )
     pub.offer(b"a")
     pub.offer(payload(5000))
@@ -627,14 +668,29 @@ def test_header_fields_and_empty_poll():
 
     def handler(buf, offset, length, header):
         seen.update(
-            frame_length=header.frame_length, flags=header.flags, term_offset=header.term_offset,
-            session_id=header.session_id, stream_id=header.stream_id, term_id=header.term_id,
-            reserved_value=header.reserved_value, position=header.position, payload=bytes(buf[offset : offset + length]),
+            frame_length=header.frame_length,
+            flags=header.flags,
+            term_offset=header.term_offset,
+            session_id=header.session_id,
+            stream_id=header.stream_id,
+            term_id=header.term_id,
+            reserved_value=header.reserved_value,
+            position=header.position,
+            payload=bytes(buf[offset : offset + length]),
         )
 
     h.image.poll(handler, 1)
-    assert seen == dict(frame_length=35, flags=0xC0, term_offset=0, session_id=SESSION, stream_id=STREAM, term_id=7,
-                        reserved_value=-99, position=64, payload=b"abc")
+    assert seen == dict(
+        frame_length=35,
+        flags=0xC0,
+        term_offset=0,
+        session_id=SESSION,
+        stream_id=STREAM,
+        term_id=7,
+        reserved_value=-99,
+        position=64,
+        payload=b"abc",
+    )
 
 
 def test_image_position_publication_progress_and_eos():
@@ -644,11 +700,23 @@ def test_image_position_publication_progress_and_eos():
     eos = {"pos": None}
     slot_offset = log.slot_position_offset(0)
     image = Image(
-        log=log, subscription=sub, join_position=0, source_identity="t", position_offset=slot_offset,
-        eos_fn=lambda: eos["pos"], progress_fn=lambda img: progress.append(img.position), progress_threshold=128,
+        log=log,
+        subscription=sub,
+        join_position=0,
+        source_identity="t",
+        position_offset=slot_offset,
+        eos_fn=lambda: eos["pos"],
+        progress_fn=lambda img: progress.append(img.position),
+        progress_threshold=128,
     )
-    pub = ExclusivePublication(log=log, channel=parse("aeron:ipc"), stream_id=STREAM, session_id=SESSION,
-                               start_position=0, limit_fn=lambda p: 1 << 20)
+    pub = ExclusivePublication(
+        log=log,
+        channel=parse("aeron:ipc"),
+        stream_id=STREAM,
+        session_id=SESSION,
+        start_position=0,
+        limit_fn=lambda p: 1 << 20,
+    )
     pub.offer(b"a")
     image.poll(lambda *a: None, 10)
     assert struct.unpack_from("<q", log.buffer, slot_offset)[0] == 64
@@ -666,13 +734,25 @@ def test_image_position_publication_progress_and_eos():
 
 def test_subscription_polls_images_in_turn():
     subs_seen = []
-    sub = Subscription(channel=parse("aeron:ipc"), stream_id=STREAM, on_available=subs_seen.append,
-                       on_unavailable=lambda img: subs_seen.append(("gone", img.session_id)))
+    sub = Subscription(
+        channel=parse("aeron:ipc"),
+        stream_id=STREAM,
+        on_available=subs_seen.append,
+        on_unavailable=lambda img: subs_seen.append(("gone", img.session_id)),
+    )
     pubs, images = [], []
     for sid in (1, 2):
         log = LogBuffer.create(None, TL, MTU, 0, sid, STREAM)
-        pubs.append(ExclusivePublication(log=log, channel=parse("aeron:ipc"), stream_id=STREAM, session_id=sid,
-                                         start_position=0, limit_fn=lambda p: 1 << 20))
+        pubs.append(
+            ExclusivePublication(
+                log=log,
+                channel=parse("aeron:ipc"),
+                stream_id=STREAM,
+                session_id=sid,
+                start_position=0,
+                limit_fn=lambda p: 1 << 20,
+            )
+        )
         image = Image(log=log, subscription=sub, join_position=0, source_identity=f"s{sid}")
         images.append(image)
         sub._add_image(image)

@@ -164,14 +164,32 @@ class ReceiverSide:
         if isinstance(frame, Setup):
             if self.core is None:
                 self.core = ImageReceiverCore(
-                    session_id=frame.session_id, stream_id=frame.stream_id, initial_term_id=frame.initial_term_id,
-                    active_term_id=frame.active_term_id, term_offset=frame.term_offset, term_length=frame.term_length,
-                    mtu=frame.mtu, receiver_id=self.receiver_id, now_ns=now, config=self.config,
+                    session_id=frame.session_id,
+                    stream_id=frame.stream_id,
+                    initial_term_id=frame.initial_term_id,
+                    active_term_id=frame.active_term_id,
+                    term_offset=frame.term_offset,
+                    term_length=frame.term_length,
+                    mtu=frame.mtu,
+                    receiver_id=self.receiver_id,
+                    now_ns=now,
+                    config=self.config,
                 )
-                self.log = LogBuffer.create(None, frame.term_length, frame.mtu, frame.initial_term_id,
-                                            frame.session_id, frame.stream_id, self.core.join_position)
-                self.image = Image(log=self.log, subscription=self.subscription,
-                                   join_position=self.core.join_position, source_identity="sim")
+                self.log = LogBuffer.create(
+                    None,
+                    frame.term_length,
+                    frame.mtu,
+                    frame.initial_term_id,
+                    frame.session_id,
+                    frame.stream_id,
+                    self.core.join_position,
+                )
+                self.image = Image(
+                    log=self.log,
+                    subscription=self.subscription,
+                    join_position=self.core.join_position,
+                    source_identity="sim",
+                )
             else:
                 self.core.on_setup_again(now)
         elif self.core is None:
@@ -222,15 +240,29 @@ def make_messages(seed: int, count: int, max_length: int) -> list[bytes]:
     return out
 
 
-def simulate(seed: int, *, receivers: int = 1, count: int = 1500, loss: dict | None = None, itid: int = -17,
-             start_term_offset: int = 0):
+def simulate(
+    seed: int,
+    *,
+    receivers: int = 1,
+    count: int = 1500,
+    loss: dict | None = None,
+    itid: int = -17,
+    start_term_offset: int = 0,
+):
     """Run the publication to the end of stream; return (receiver sides, sender, publication, links)."""
     loss = loss if loss is not None else dict(drop_rate=0.10, duplicate_rate=0.05, reorder_rate=0.10, delay_rate=0.01)
     start = start_term_offset
     pub_log = LogBuffer.create(None, TL, MTU, itid, SID, STREAM, start)
     sender = SenderCore(
-        session_id=SID, stream_id=STREAM, initial_term_id=itid, term_length=TL, mtu=MTU, start_position=start,
-        now_ns=T0, multi_destination=receivers > 1, config=SenderConfig(),
+        session_id=SID,
+        stream_id=STREAM,
+        initial_term_id=itid,
+        term_length=TL,
+        mtu=MTU,
+        start_position=start,
+        now_ns=T0,
+        multi_destination=receivers > 1,
+        config=SenderConfig(),
     )
 
     def limit_fn(pub):
@@ -238,8 +270,14 @@ def simulate(seed: int, *, receivers: int = 1, count: int = 1500, loss: dict | N
             return OfferResult.NOT_CONNECTED
         return sender.sender_position + TL // 2
 
-    pub = ExclusivePublication(log=pub_log, channel=parse("aeron:udp?endpoint=localhost:40123"), stream_id=STREAM,
-                               session_id=SID, start_position=start, limit_fn=limit_fn)
+    pub = ExclusivePublication(
+        log=pub_log,
+        channel=parse("aeron:udp?endpoint=localhost:40123"),
+        stream_id=STREAM,
+        session_id=SID,
+        start_position=start,
+        limit_fn=limit_fn,
+    )
     messages = make_messages(seed, count, pub.max_message_length)
     sides = [ReceiverSide(100 + i, ReceiverConfig()) for i in range(receivers)]
     out_links = [Link(LossConfig(seed=seed * 1000 + 2 * i, **loss)) for i in range(receivers)]

@@ -21,7 +21,7 @@ def test_signed_datagram_verifies_and_strips_to_the_original():
     keys = MacKeys(KEY)
     signed = keys.signed(DATAGRAM)
     assert len(signed) == len(DATAGRAM) + MAC_LENGTH
-    assert signed[:len(DATAGRAM)] == DATAGRAM
+    assert signed[: len(DATAGRAM)] == DATAGRAM
     view = _buf(signed)
     n = keys.verify(view, len(signed))
     assert n == len(DATAGRAM)

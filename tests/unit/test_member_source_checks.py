@@ -11,8 +11,17 @@ from cluster_node.config import ClusterMember
 from cluster_node.consensus.agent import ConsensusAgent
 from cluster_node.media.distinct_errors import DistinctErrors
 
-MEMBERS = [ClusterMember(id=i, ingress=f"10.0.0.{i}:1", consensus=f"10.0.0.{i}:2", log=f"10.0.1.{i}:3",
-                         catchup=f"10.0.0.{i}:0", archive=f"10.0.0.{i}:4") for i in range(3)]
+MEMBERS = [
+    ClusterMember(
+        id=i,
+        ingress=f"10.0.0.{i}:1",
+        consensus=f"10.0.0.{i}:2",
+        log=f"10.0.1.{i}:3",
+        catchup=f"10.0.0.{i}:0",
+        archive=f"10.0.0.{i}:4",
+    )
+    for i in range(3)
+]
 
 
 class _Counter:
@@ -30,8 +39,10 @@ def _agent(leader: int = 0, images=()) -> SimpleNamespace:
         _member_hosts={m.id: m.send_host for m in MEMBERS},
         _log_hosts={m.id: {m.send_host, m.log_send_host} for m in MEMBERS},
         _consensus_sub=SimpleNamespace(images=tuple(images)),
-        _consensus_images=(), _consensus_hosts={},
-        counters={"errors": _Counter()}, input_errors=DistinctErrors("test"),
+        _consensus_images=(),
+        _consensus_hosts={},
+        counters={"errors": _Counter()},
+        input_errors=DistinctErrors("test"),
     )
 
 
@@ -79,8 +90,9 @@ def test_a_log_image_is_used_only_from_the_leaders_log_or_consensus_host():
 
 
 def test_a_wildcard_member_is_not_checked():
-    wild = ClusterMember(id=0, ingress="0.0.0.0:1", consensus="0.0.0.0:2", log="0.0.0.0:3",
-                         catchup="0.0.0.0:0", archive="0.0.0.0:4")
+    wild = ClusterMember(
+        id=0, ingress="0.0.0.0:1", consensus="0.0.0.0:2", log="0.0.0.0:3", catchup="0.0.0.0:0", archive="0.0.0.0:4"
+    )
     assert wild.send_host is None and wild.log_send_host is None
     agent = _agent(images=[_image(7, "10.0.0.9")])
     agent._member_hosts[0] = None

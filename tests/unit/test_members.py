@@ -22,11 +22,7 @@ from cluster_node.consensus.members import (
     quorum_threshold,
 )
 
-TEXT = (
-    "0,h:20110,h:20220,h:20330,h:0,h:8010|"
-    "1,h:20111,h:20221,h:20331,h:0,h:8011|"
-    "2,h:20112,h:20222,h:20332,h:0,h:8012"
-)
+TEXT = "0,h:20110,h:20220,h:20330,h:0,h:8010|1,h:20111,h:20221,h:20331,h:0,h:8011|2,h:20112,h:20222,h:20332,h:0,h:8012"
 
 
 def _members(n: int) -> list[ClusterMember]:
@@ -47,9 +43,7 @@ def test_parse_reads_every_endpoint_and_round_trips() -> None:
     assert members_text(members) == TEXT
 
 
-@pytest.mark.parametrize(
-    "bad", ["", "0,a,b,c", "x,a,b,c,d,e", "0,a,b,c,d,e|0,a,b,c,d,e", "-1,a,b,c,d,e"]
-)
+@pytest.mark.parametrize("bad", ["", "0,a,b,c", "x,a,b,c,d,e", "0,a,b,c,d,e|0,a,b,c,d,e", "-1,a,b,c,d,e"])
 def test_parse_rejects_bad_member_strings(bad: str) -> None:
     with pytest.raises(MemberConfigError):
         parse_members(bad)

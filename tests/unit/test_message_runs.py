@@ -35,8 +35,14 @@ def _image(log: LogBuffer, start: int = 0) -> Image:
 
 
 def _pub(log: LogBuffer, limit_fn, start: int = 0) -> ExclusivePublication:
-    return ExclusivePublication(log=log, channel=parse("aeron:ipc"), stream_id=log.stream_id,
-                                session_id=log.session_id, start_position=start, limit_fn=limit_fn)
+    return ExclusivePublication(
+        log=log,
+        channel=parse("aeron:ipc"),
+        stream_id=log.stream_id,
+        session_id=log.session_id,
+        start_position=start,
+        limit_fn=limit_fn,
+    )
 
 
 class Relay:
@@ -50,7 +56,7 @@ class Relay:
         self.blocks = 0
 
     def _one(self, buf, offset, length, header) -> None:
-        data = bytearray(buf[offset: offset + length])
+        data = bytearray(buf[offset : offset + length])
         if length >= 32 and data[0] == 1:
             _TS.pack_into(data, SESSION_TIMESTAMP_OFFSET, self.now)
         assert self.pub.offer(data) > 0
@@ -63,8 +69,9 @@ class Relay:
         if count == 0:
             return 0
         now = self.now
-        got = self.pub.offer_frames(buf, offset, starts[:count], end,
-                                    lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now))
+        got = self.pub.offer_frames(
+            buf, offset, starts[:count], end, lambda b, off, s: message_runs.stamp_timestamps(b, off, s, now)
+        )
         assert got > 0
         self.blocks += 1
         return end
@@ -86,7 +93,7 @@ def _framed(bodies: list[bytes]) -> bytearray:
     for body in bodies:
         frame = bytearray((len(body) + 32 + 31) & ~31)
         DATA_HEADER.pack_into(frame, 0, len(body) + 32, 0, 0xC0, 1, len(frames), 1, 2, 3, 0)
-        frame[32: 32 + len(body)] = body
+        frame[32 : 32 + len(body)] = body
         frames += frame
     return frames
 
@@ -108,7 +115,8 @@ def _message(kind: int, size: int, term: int, session: int) -> bytes:
             st.sampled_from([3, 3, 3, 4]),
             st.sampled_from([9, 9, 9, 10]),
         ),
-        min_size=1, max_size=400,
+        min_size=1,
+        max_size=400,
     ),
     chunk=st.integers(1, 200),
     min_frames=st.sampled_from([1, 2, 8]),
@@ -117,8 +125,9 @@ def _message(kind: int, size: int, term: int, session: int) -> bytes:
     # A client whose MTU is larger than the log's sends frames the log must not take as they are.
     client_mtu=st.sampled_from([MTU, 8192]),
 )
-def test_the_block_path_leaves_the_log_as_one_offer_per_message_does(messages, chunk, min_frames, block, start,
-                                                                     client_mtu):
+def test_the_block_path_leaves_the_log_as_one_offer_per_message_does(
+    messages, chunk, min_frames, block, start, client_mtu
+):
     source = _log(1, 102, mtu=client_mtu)
     by_block, by_message = _image(source), _image(source)
     client = _pub(source, lambda p: min(by_block.position, by_message.position) + TL // 2)
@@ -128,7 +137,7 @@ def test_the_block_path_leaves_the_log_as_one_offer_per_message_does(messages, c
         pub = _pub(log, lambda p: 1 << 62, start)
         relays.append(Relay(image, pub, batch, min_frames, block))
     for i in range(0, len(messages), chunk):
-        for kind, size, term, session in messages[i: i + chunk]:
+        for kind, size, term, session in messages[i : i + chunk]:
             message = _message(kind, size, term, session)
             if client.offer(message) < 0:
                 # A chunk larger than the window: the relays read what is there first.
@@ -154,8 +163,12 @@ def test_long_runs_go_as_blocks():
     relay.drain(now=42)
     assert relay.blocks == 1  # 300 frames of 96 bytes: one block
     out = []
-    _image(log).poll(lambda b, o, n, h: out.append(
-        (bytes(b[o + 32: o + n]), DATA_HEADER.unpack_from(b, h.offset)[5], h.term_offset)), 1000)
+    _image(log).poll(
+        lambda b, o, n, h: out.append(
+            (bytes(b[o + 32 : o + n]), DATA_HEADER.unpack_from(b, h.offset)[5], h.term_offset)
+        ),
+        1000,
+    )
     assert [p for p, _s, _o in out] == [b"m%03d" % k for k in range(300)]
     assert {s for _p, s, _o in out} == {7}
     assert [o for _p, _s, o in out] == [96 * k for k in range(300)]
@@ -176,12 +189,14 @@ def test_few_frames_are_left_to_the_per_message_path():
 
 
 def test_session_run_stops_at_the_first_frame_the_block_may_not_take():
-    frames = _framed([
-        encode_session_message(3, 9, 0, b"a"),
-        encode_session_message(3, 9, 0, b"bb"),
-        encode_session_message(3, 10, 0, b"c"),  # another session
-        encode_session_message(3, 9, 0, b"d"),
-    ])
+    frames = _framed(
+        [
+            encode_session_message(3, 9, 0, b"a"),
+            encode_session_message(3, 9, 0, b"bb"),
+            encode_session_message(3, 10, 0, b"c"),  # another session
+            encode_session_message(3, 9, 0, b"d"),
+        ]
+    )
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.session_run(frames, 0, starts, end, MTU) == (2, 192, 3, 9)
     # A fragment (flags BEGIN only) first: nothing.
@@ -235,17 +250,19 @@ def test_restamp_rewrites_place_and_ids_only():
         for n in sizes:
             frame = bytearray((n + 32 + 31) & ~31)
             DATA_HEADER.pack_into(frame, 0, n + 32, 0, 0xC0, 1, 999, 1, 2, 3, (77 << 32) | 5)
-            frame[32: 32 + n] = b"p" * n
+            frame[32 : 32 + n] = b"p" * n
             block += frame
         before = bytes(block)
         starts, end = framescan.chain(block, 0, len(block), 0, 32)
         framescan.restamp(block, 0, starts, 4096, 11, 22, 33)
         offset = 0
         for n in sizes:
-            flen, version, flags, ftype, term_offset, session, stream, term, reserved = DATA_HEADER.unpack_from(block, offset)
+            flen, version, flags, ftype, term_offset, session, stream, term, reserved = DATA_HEADER.unpack_from(
+                block, offset
+            )
             assert (flen, version, flags, ftype) == (n + 32, 0, 0xC0, 1)
             assert (term_offset, session, stream, term, reserved) == (4096 + offset, 11, 22, 33, 0)
-            assert block[offset + 32: offset + 32 + n] == before[offset + 32: offset + 32 + n]
+            assert block[offset + 32 : offset + 32 + n] == before[offset + 32 : offset + 32 + n]
             offset += (n + 32 + 31) & ~31
         assert offset == end
 
@@ -253,13 +270,15 @@ def test_restamp_rewrites_place_and_ids_only():
 def _interesting(record):
     """A log adapter's handler that records what concerns the module: anything but a client's
     session message (as ConsensusAgent._on_local_log_entry decides)."""
+
     def handler(buf, offset, length, header):
-        body = bytes(buf[offset: offset + length])
+        body = bytes(buf[offset : offset + length])
         if len(body) >= 32 and body[0] == 1:
             prefix, _term, session, _ts = struct.unpack_from("<Qqqq", body)
             if prefix == SESSION_PREFIX_WORD and session >= 0:
                 return
         record.append((header.position, body))
+
     return handler
 
 
@@ -270,7 +289,8 @@ def _interesting(record):
             st.sampled_from([0] * 10 + [1, 2, 3]),
             st.one_of(st.sampled_from([0, 8, 100]), st.integers(0, 3000)),
         ),
-        min_size=1, max_size=300,
+        min_size=1,
+        max_size=300,
     ),
     limits=st.lists(st.integers(0, 1 << 20), min_size=1, max_size=8),
     min_frames=st.sampled_from([1, 8]),
@@ -296,8 +316,12 @@ def test_stepping_over_client_runs_leaves_the_adapter_the_same_entries(messages,
         while True:
             moved = 0
             if limit > skipping.position:
-                moved = skipping.frames_poll(
-                    lambda b, o, s, n, p: message_runs.client_run(b, o, s, n), limit - skipping.position, min_frames) or 0
+                moved = (
+                    skipping.frames_poll(
+                        lambda b, o, s, n, p: message_runs.client_run(b, o, s, n), limit - skipping.position, min_frames
+                    )
+                    or 0
+                )
             moved += skipping.bounded_poll(_interesting(seen_skipping), limit, 256)
             if not moved:
                 break
@@ -307,16 +331,27 @@ def test_stepping_over_client_runs_leaves_the_adapter_the_same_entries(messages,
 
 
 def test_client_run_stops_at_a_service_message_or_an_event():
-    frames = _framed([encode_session_message(3, 9, 0, b"a"), encode_session_message(4, 10, 0, b"b"),
-                      encode_session_message(3, -2, 0, b"s"), encode_session_message(3, 9, 0, b"c")])
+    frames = _framed(
+        [
+            encode_session_message(3, 9, 0, b"a"),
+            encode_session_message(4, 10, 0, b"b"),
+            encode_session_message(3, -2, 0, b"s"),
+            encode_session_message(3, 9, 0, b"c"),
+        ]
+    )
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     assert message_runs.client_run(frames, 0, starts, end) == 192  # two clients' messages, any term
     assert message_runs.client_run(frames, 192, starts[2:] - 192, end - 192) == 0
 
 
 def test_last_timestamp_is_the_last_client_message_of_the_run():
-    frames = _framed([encode_session_message(3, 9, 100, b"a"), encode_session_message(4, 10, 250, b"bb"),
-                      encode_session_message(3, -2, 999, b"s")])
+    frames = _framed(
+        [
+            encode_session_message(3, 9, 100, b"a"),
+            encode_session_message(4, 10, 250, b"bb"),
+            encode_session_message(3, -2, 999, b"s"),
+        ]
+    )
     starts, end = framescan.chain(frames, 0, len(frames), 0, 32)
     run_end = message_runs.client_run(frames, 0, starts, end)
     assert message_runs.last_timestamp(frames, 0, starts, run_end) == 250
@@ -330,8 +365,10 @@ def test_messages_longer_than_the_logs_mtu_are_fragmented_as_one_by_one():
     by_block, by_message = _image(source), _image(source)
     client = _pub(source, lambda p: min(by_block.position, by_message.position) + TL // 2)
     logs = [_log(7, 100), _log(7, 100)]
-    relays = [Relay(image, _pub(log, lambda p: 1 << 62), batch, 2, 64 * 1024)
-              for log, image, batch in ((logs[0], by_block, True), (logs[1], by_message, False))]
+    relays = [
+        Relay(image, _pub(log, lambda p: 1 << 62), batch, 2, 64 * 1024)
+        for log, image, batch in ((logs[0], by_block, True), (logs[1], by_message, False))
+    ]
     for k in range(12):
         assert client.offer(encode_session_message(3, 9, 0, bytes([k]) * (100 if k % 3 else 2000))) > 0
     for relay in relays:

@@ -62,8 +62,12 @@ def test_second_process_is_refused_while_the_first_runs(tmp_path: Path) -> None:
         f"m = MarkFile.open({str(tmp_path)!r}, member_id=1); print('HELD', flush=True); sys.stdin.read()"
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     try:
         assert holder.stdout.readline().strip() == "HELD"
@@ -84,8 +88,13 @@ def test_killed_holder_does_not_block_restart(tmp_path: Path) -> None:
         f"m = MarkFile.open({str(tmp_path)!r}, member_id=0); print('HELD', flush=True);"
         "import time; time.sleep(60)"
     )
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert holder.stdout.readline().strip() == "HELD"
     holder.kill()
     holder.wait(timeout=10)

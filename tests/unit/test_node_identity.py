@@ -20,7 +20,8 @@ def test_a_new_directory_is_recorded_and_then_only_its_member_may_start(tmp_path
     assert str(info.value) == (
         f"{tmp_path} holds the data of member 1 of cluster 0 (from {tmp_path / IDENTITY_FILE_NAME}), but this "
         f"config is member 2 of cluster 0: start it with member 1's config, or give this member a directory "
-        f"of its own")
+        f"of its own"
+    )
     with pytest.raises(NodeIdentityError, match="member 1 of cluster 0 .* member 1 of cluster 7"):
         check_identity(tmp_path, 1, 7)
 

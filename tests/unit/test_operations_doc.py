@@ -27,5 +27,7 @@ def test_every_metric_and_counter_is_documented():
     text = DOC.read_text()
     missing = [m.name for m in CLUSTER_METRICS.values() if f"`{m.name}`" not in text]
     missing += [key for key in JSON_KEYS.values() if f"`{key}`" not in text]
-    missing += [str(type_id) for type_id in CLUSTER_METRICS if not re.search(rf"^\|[^|]*\b{type_id}\b", text, re.MULTILINE)]
+    missing += [
+        str(type_id) for type_id in CLUSTER_METRICS if not re.search(rf"^\|[^|]*\b{type_id}\b", text, re.MULTILINE)
+    ]
     assert not missing, f"not in docs/operations.md: {missing}"

@@ -27,8 +27,16 @@ DOCS_WITH_EXAMPLES = ("README.md", "docs/service.md")
 
 def test_all_is_sorted_and_covers_what_services_and_clients_need() -> None:
     assert cluster_node.__all__ == sorted(cluster_node.__all__)
-    for name in ("ClusteredService", "Cluster", "ClientSession", "open_cluster_client", "BlockingClusterClient",
-                 "SharedSecretCredentials", "load_client_config", "ExitCode"):
+    for name in (
+        "ClusteredService",
+        "Cluster",
+        "ClientSession",
+        "open_cluster_client",
+        "BlockingClusterClient",
+        "SharedSecretCredentials",
+        "load_client_config",
+        "ExitCode",
+    ):
         assert name in cluster_node.__all__
 
 
@@ -50,9 +58,11 @@ def test_an_unknown_name_is_an_attribute_error_and_submodules_still_import() -> 
 
 
 def test_importing_the_package_imports_nothing_else() -> None:
-    code = ("import sys, cluster_node; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('cluster_node', 'media', 'archive', 'trio', 'msgspec', 'structlog', 'typing')))")
+    code = (
+        "import sys, cluster_node; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('cluster_node', 'media', 'archive', 'trio', 'msgspec', 'structlog', 'typing')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "['cluster_node']"
 
@@ -69,8 +79,7 @@ def test_doc_examples_import_from_the_public_api(doc: str) -> None:
         indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
         tree = ast.parse("\n".join(line[indent:] for line in lines))
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (
-                    "cluster_node",):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("cluster_node",):
                 imports.append(node)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.split(".")[0] in ("cluster_node",) for a in node.names)

@@ -34,14 +34,29 @@ F = 160  # frame size used by the runs below
 
 def make(*, itid=0, active=None, offset=0, config=CFG, now=T0) -> ImageReceiverCore:
     return ImageReceiverCore(
-        session_id=SID, stream_id=STREAM, initial_term_id=itid, active_term_id=itid if active is None else active,
-        term_offset=offset, term_length=TL, mtu=MTU, receiver_id=RID, now_ns=now, config=config,
+        session_id=SID,
+        stream_id=STREAM,
+        initial_term_id=itid,
+        active_term_id=itid if active is None else active,
+        term_offset=offset,
+        term_length=TL,
+        mtu=MTU,
+        receiver_id=RID,
+        now_ns=now,
+        config=config,
     )
 
 
 def run(core: ImageReceiverCore, position: int, length: int, covered: int | None = None) -> DataRun:
-    return DataRun(position & (TL - 1), SID, STREAM, core.term_id_of(position), FLAG_UNFRAGMENTED, length,
-                   length if covered is None else covered)
+    return DataRun(
+        position & (TL - 1),
+        SID,
+        STREAM,
+        core.term_id_of(position),
+        FLAG_UNFRAGMENTED,
+        length,
+        length if covered is None else covered,
+    )
 
 
 def frames(core: ImageReceiverCore, first: int, count: int, now: int = T0):
@@ -50,7 +65,9 @@ def frames(core: ImageReceiverCore, first: int, count: int, now: int = T0):
 
 def heartbeat(core: ImageReceiverCore, position: int, now: int, eos: bool = False) -> None:
     core.on_heartbeat(
-        Heartbeat(FLAG_UNFRAGMENTED | (FLAG_EOS if eos else 0), position & (TL - 1), SID, STREAM, core.term_id_of(position)),
+        Heartbeat(
+            FLAG_UNFRAGMENTED | (FLAG_EOS if eos else 0), position & (TL - 1), SID, STREAM, core.term_id_of(position)
+        ),
         now,
     )
 

@@ -220,7 +220,7 @@ def test_retention_keeps_the_newest_sets_and_names_the_recordings_of_the_others(
     # The patches are what the file must say: decoding the patched bytes gives the same entries.
     data = bytearray(_with_snapshots([1000, 2000, 3000, 4000]).encode())
     for offset, patch in writes:
-        data[offset:offset + len(patch)] = patch
+        data[offset : offset + len(patch)] = patch
     assert RecordingLog.decode(bytes(data)).entries == rl.entries
     # Applied again (a crash before the archive removed them): the same recordings, no patch.
     assert rl.retention(1, 2) == (3000, (), [10, 11, 12, 13])
@@ -249,17 +249,24 @@ def test_retention_counts_only_complete_sets():
 
 def test_sorted_copy_puts_entries_in_append_order_and_keeps_invalid_ones():
     # Written out of order (by hand, or merged from two files): the bytes are built directly.
-    data = b"".join(encode_entry(e) for e in [
-        Entry(7, 1, 500, -1, 1, 0, ENTRY_TYPE_TERM),
-        Entry(21, 0, 0, 300, 2, -1, ENTRY_TYPE_SNAPSHOT),
-        Entry(20, 0, 0, 300, 2, 0, ENTRY_TYPE_SNAPSHOT),
-        Entry(7, 0, 0, 500, 1, 0, ENTRY_TYPE_TERM),
-    ])
+    data = b"".join(
+        encode_entry(e)
+        for e in [
+            Entry(7, 1, 500, -1, 1, 0, ENTRY_TYPE_TERM),
+            Entry(21, 0, 0, 300, 2, -1, ENTRY_TYPE_SNAPSHOT),
+            Entry(20, 0, 0, 300, 2, 0, ENTRY_TYPE_SNAPSHOT),
+            Entry(7, 0, 0, 500, 1, 0, ENTRY_TYPE_TERM),
+        ]
+    )
     rl = RecordingLog.decode(data)
     rl._invalidate(lambda e: e.recording_id == 20)
     ordered = rl.sorted_copy()
     assert [(e.leadership_term_id, e.entry_type, e.service_id, e.is_valid) for e in ordered.entries] == [
-        (0, 0, 0, True), (0, 1, 0, False), (0, 1, -1, True), (1, 0, 0, True)]
+        (0, 0, 0, True),
+        (0, 1, 0, False),
+        (0, 1, -1, True),
+        (1, 0, 0, True),
+    ]
     assert RecordingLog.decode(ordered.encode()).entries == ordered.entries
 
 
@@ -274,7 +281,11 @@ def test_seeded_log_holds_the_latest_set_and_the_terms_from_it_on():
     rl.append_term(7, 2, 2500, 1)
     seeded = rl.seeded_from_latest_snapshot(1)
     assert [(e.entry_type, e.leadership_term_id, e.recording_id) for e in seeded.entries] == [
-        (0, 1, 7), (1, 1, 12), (1, 1, 13), (0, 2, 7)]
+        (0, 1, 7),
+        (1, 1, 12),
+        (1, 1, 13),
+        (0, 2, 7),
+    ]
     plan = seeded.create_recovery_plan(1, 0, 3000, 7)
     assert plan.snapshots[0].log_position == 2000 and plan.last_leadership_term_id == 2
     with pytest.raises(RecordingLogError, match="no complete valid snapshot set"):

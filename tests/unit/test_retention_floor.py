@@ -15,8 +15,18 @@ S = 1_000_000_000
 
 
 def _core() -> ConsensusModule:
-    core = ConsensusModule(0, [ClusterMember(i) for i in range(3)], SIM_SETTINGS, random.Random(1), RecordingLog(),
-                           0, 0, 10_000, 0, commit_position=8_000)
+    core = ConsensusModule(
+        0,
+        [ClusterMember(i) for i in range(3)],
+        SIM_SETTINGS,
+        random.Random(1),
+        RecordingLog(),
+        0,
+        0,
+        10_000,
+        0,
+        commit_position=8_000,
+    )
     core.drain_effects()
     return core
 

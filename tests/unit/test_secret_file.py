@@ -31,12 +31,15 @@ def test_a_key_others_can_read_is_refused(tmp_path):
         read_key(path)
 
 
-@pytest.mark.parametrize("text,match", [
-    ("zz\n", "not hexadecimal"),
-    ("00" * 8 + "\n", "at least 16"),
-    ("", "found 0 lines"),
-    ("aa" * 16 + "\n" + "bb" * 16 + "\n", "found 2 lines"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("zz\n", "not hexadecimal"),
+        ("00" * 8 + "\n", "at least 16"),
+        ("", "found 0 lines"),
+        ("aa" * 16 + "\n" + "bb" * 16 + "\n", "found 2 lines"),
+    ],
+)
 def test_bad_contents_are_refused(tmp_path, text, match):
     path = tmp_path / "k"
     path.write_text(text)

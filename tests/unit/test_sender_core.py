@@ -44,12 +44,23 @@ class Rig:
     def __init__(self, *, itid=0, start=0, mtu=MTU, mdc=False, config=CFG):
         self.log = LogBuffer.create(None, TL, mtu, itid, SID, STREAM, start)
         self.pub = ExclusivePublication(
-            log=self.log, channel=parse("aeron:ipc"), stream_id=STREAM, session_id=SID, start_position=start,
+            log=self.log,
+            channel=parse("aeron:ipc"),
+            stream_id=STREAM,
+            session_id=SID,
+            start_position=start,
             limit_fn=lambda p: 1 << 50,
         )
         self.core = SenderCore(
-            session_id=SID, stream_id=STREAM, initial_term_id=itid, term_length=TL, mtu=mtu, start_position=start,
-            now_ns=T0, multi_destination=mdc, config=config,
+            session_id=SID,
+            stream_id=STREAM,
+            initial_term_id=itid,
+            term_length=TL,
+            mtu=mtu,
+            start_position=start,
+            now_ns=T0,
+            multi_destination=mdc,
+            config=config,
         )
 
     def publish(self, count: int, payload_length: int = 128) -> None:
@@ -64,7 +75,9 @@ class Rig:
 
     def status(self, consumed: int, window: int, now: int, rid: int = 1, setup: bool = False, address="r1") -> None:
         core = self.core
-        sm = StatusMessage(FLAG_SEND_SETUP if setup else 0, SID, STREAM, core.term_id_of(consumed), consumed & (TL - 1), window, rid)
+        sm = StatusMessage(
+            FLAG_SEND_SETUP if setup else 0, SID, STREAM, core.term_id_of(consumed), consumed & (TL - 1), window, rid
+        )
         core.on_status(sm, address, now)
 
     def drain(self, now: int, window: int = TL // 2) -> None:
@@ -77,7 +90,9 @@ class Rig:
 
     def nak(self, position: int, length: int, now: int) -> None:
         core = self.core
-        self.core.on_nak(Nak(SID, STREAM, core.term_id_of(position), position & (TL - 1), length), now, self.pub.position)
+        self.core.on_nak(
+            Nak(SID, STREAM, core.term_id_of(position), position & (TL - 1), length), now, self.pub.position
+        )
 
 
 def kinds(datagrams: list[bytes]) -> list[str]:
@@ -185,8 +200,12 @@ def test_chunking_keeps_frames_whole_within_mtu_and_term(mtu, seed):
     rig.work(T0)
     rig.status(0, TL // 2, T0)
     rebuilt = LogBuffer.create(None, TL, mtu, -1, SID, STREAM)
-    image = Image(log=rebuilt, subscription=Subscription(channel=parse("aeron:ipc"), stream_id=STREAM), join_position=0,
-                  source_identity="t")
+    image = Image(
+        log=rebuilt,
+        subscription=Subscription(channel=parse("aeron:ipc"), stream_id=STREAM),
+        join_position=0,
+        source_identity="t",
+    )
     sent_messages, got = [], []
     cursor = 0
     highest_term = 0
@@ -275,7 +294,6 @@ def test_unicast_flow_control_limit_is_respected():
     assert rig.core.flow_limit == 2400
 
 
-
 def test_data_is_not_ready_while_the_window_ends_inside_the_next_frame():
     rig = Rig()
     rig.publish(100)  # 160-byte frames
@@ -299,6 +317,7 @@ def test_data_is_not_ready_while_the_window_ends_inside_the_next_frame():
     rig.drain(T0 + 5 * MS)
     assert rig.core.sender_position == rig.pub.position and not rig.core.data_ready(rig.pub.position)
 
+
 def test_window_is_capped_at_half_a_term():
     rig = Rig()
     rig.publish(200, 224)  # 256-byte frames, 51200 bytes
@@ -319,7 +338,9 @@ def test_unicast_takes_the_most_advanced_receiver():
 
 
 def test_multi_destination_takes_the_minimum_and_drops_a_silent_receiver():
-    cfg = SenderConfig(receiver_timeout_ns=1000 * MS, connection_timeout_ns=5000 * MS, heartbeat_interval_ns=10_000 * MS)
+    cfg = SenderConfig(
+        receiver_timeout_ns=1000 * MS, connection_timeout_ns=5000 * MS, heartbeat_interval_ns=10_000 * MS
+    )
     rig = Rig(mdc=True, config=cfg)
     rig.publish(100)
     rig.work(T0)
@@ -632,8 +653,11 @@ def test_closed_publication_ignores_setup_requests():
 # status messages are unread in the socket (see cluster_node.media.sender_core, *stall*).
 
 STALL_CFG = SenderConfig(
-    image_liveness_timeout_ns=1000 * MS, connection_timeout_ns=1000 * MS, receiver_timeout_ns=1000 * MS,
-    heartbeat_interval_ns=100 * MS, setup_interval_ns=100 * MS,
+    image_liveness_timeout_ns=1000 * MS,
+    connection_timeout_ns=1000 * MS,
+    receiver_timeout_ns=1000 * MS,
+    heartbeat_interval_ns=100 * MS,
+    setup_interval_ns=100 * MS,
 )
 
 
@@ -659,11 +683,23 @@ def _connected_and_running(published: int, until: int, mdc: bool = False) -> tup
 
 
 def test_stall_threshold_is_half_the_shortest_timeout_but_two_heartbeats_at_least():
-    assert SenderCore(
-        session_id=1, stream_id=1, initial_term_id=0, term_length=TL, mtu=MTU, start_position=0, now_ns=T0,
-        multi_destination=False, config=STALL_CFG,
-    ).stall_threshold_ns == 500 * MS
-    cfg = SenderConfig(image_liveness_timeout_ns=300 * MS, connection_timeout_ns=5000 * MS, heartbeat_interval_ns=100 * MS)
+    assert (
+        SenderCore(
+            session_id=1,
+            stream_id=1,
+            initial_term_id=0,
+            term_length=TL,
+            mtu=MTU,
+            start_position=0,
+            now_ns=T0,
+            multi_destination=False,
+            config=STALL_CFG,
+        ).stall_threshold_ns
+        == 500 * MS
+    )
+    cfg = SenderConfig(
+        image_liveness_timeout_ns=300 * MS, connection_timeout_ns=5000 * MS, heartbeat_interval_ns=100 * MS
+    )
     assert Rig(config=cfg).core.stall_threshold_ns == 200 * MS
     assert Rig(config=SenderConfig()).core.stall_threshold_ns == 2500 * MS  # defaults: 10 s liveness, 5 s connection
 
@@ -717,7 +753,9 @@ def test_a_setup_request_during_the_hold_is_answered_and_the_hold_stays():
 
 def test_a_stall_longer_than_the_connection_timeout_keeps_the_receivers():
     cfg = SenderConfig(
-        image_liveness_timeout_ns=10_000 * MS, connection_timeout_ns=1000 * MS, receiver_timeout_ns=1000 * MS,
+        image_liveness_timeout_ns=10_000 * MS,
+        connection_timeout_ns=1000 * MS,
+        receiver_timeout_ns=1000 * MS,
         heartbeat_interval_ns=100 * MS,
     )
     rig = Rig(mdc=True, config=cfg)
@@ -938,8 +976,17 @@ def test_a_frame_longer_than_the_mtu_goes_alone_rather_than_stopping_the_stream(
     frames longer than this sender's MTU: each goes whole in a datagram of its own, the frames
     around it are packed as usual, and the stream never stops at one."""
     rig = Rig(mtu=8192)
-    rig.core = SenderCore(session_id=SID, stream_id=STREAM, initial_term_id=0, term_length=TL, mtu=MTU,
-                          start_position=0, now_ns=T0, multi_destination=False, config=CFG)
+    rig.core = SenderCore(
+        session_id=SID,
+        stream_id=STREAM,
+        initial_term_id=0,
+        term_length=TL,
+        mtu=MTU,
+        start_position=0,
+        now_ns=T0,
+        multi_destination=False,
+        config=CFG,
+    )
     for size in (100, 2000, 100, 100, 4000, 100):
         rig.publish(1, size)
     rig.work(T0)

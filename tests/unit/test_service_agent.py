@@ -56,8 +56,17 @@ class Recorder(ClusteredService):
     def on_terminate(self, cluster):
         self.calls.append(("terminate", cluster.log_position))
 
-    def on_new_leadership_term_event(self, leadership_term_id, log_position, timestamp, term_base_log_position,
-                                     leader_member_id, log_session_id, time_unit, app_version):
+    def on_new_leadership_term_event(
+        self,
+        leadership_term_id,
+        log_position,
+        timestamp,
+        term_base_log_position,
+        leader_member_id,
+        log_session_id,
+        time_unit,
+        app_version,
+    ):
         self.calls.append(("term", leadership_term_id, leader_member_id))
 
 
@@ -73,8 +82,11 @@ class Rig:
         self.egress: list[tuple[int, bytes]] = []
         self.accept = True
         self.agent = ServiceAgent(
-            self.service, member_id=2, service_id=0,
-            send_to_consensus=self._send, egress_offer=lambda s, p: self.egress.append((s.id, bytes(p))) or 64,
+            self.service,
+            member_id=2,
+            service_id=0,
+            send_to_consensus=self._send,
+            egress_offer=lambda s, p: self.egress.append((s.id, bytes(p))) or 64,
         )
         self.position = 0
 
@@ -137,7 +149,9 @@ def test_replies_go_out_only_on_the_leader():
     rig.log(encode_session_message(0, 5, 2, b"a"))
     assert rig.egress == []  # follower: mocked
     assert rig.agent.get_client_session(5).offer(b"x") == MOCKED_OFFER
-    rig.agent.on_consensus_message(CONSENSUS_TO_SERVICE_CODEC.encode(JoinLog(0, -1, 2, 77, 100, False, Role.LEADER, "aeron:ipc")))
+    rig.agent.on_consensus_message(
+        CONSENSUS_TO_SERVICE_CODEC.encode(JoinLog(0, -1, 2, 77, 100, False, Role.LEADER, "aeron:ipc"))
+    )
     assert rig.agent.role == Role.LEADER and ("role", Role.LEADER) in rig.service.calls
     rig.log(encode_session_message(0, 5, 3, b"b"))
     assert rig.egress == [(5, b"re:b")]

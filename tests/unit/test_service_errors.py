@@ -58,15 +58,20 @@ class Rig:
         self.failures: list[ServiceCallbackFailure] = []
         self.skipped: list[tuple[int, str]] = []
         self.agent = ServiceAgent(
-            self.service, member_id=0, send_to_consensus=lambda data: 1,
+            self.service,
+            member_id=0,
+            send_to_consensus=lambda data: 1,
             egress_offer=lambda s, p: self.replies.append((s.id, bytes(p))) or 64,
-            service_errors=policy, on_service_error=self.failures.append,
+            service_errors=policy,
+            on_service_error=self.failures.append,
             egress_send=lambda s, data: self.errors_sent.append((s.id, data)) or 64,
-            skip_positions=skips, on_skip=lambda p, cb: self.skipped.append((p, cb)),
+            skip_positions=skips,
+            on_skip=lambda p, cb: self.skipped.append((p, cb)),
         )
         self.agent.start(None)
-        self.agent.on_consensus_message(CONSENSUS_TO_SERVICE_CODEC.encode(
-            JoinLog(0, 2**63 - 1, 1, 7, 100, True, int(role), "aeron:ipc")))
+        self.agent.on_consensus_message(
+            CONSENSUS_TO_SERVICE_CODEC.encode(JoinLog(0, 2**63 - 1, 1, 7, 100, True, int(role), "aeron:ipc"))
+        )
         self.position = 0
         self.log(LOG_CODEC.encode(SessionOpenEvent(1, 5, 42, 10, 102, "aeron:udp?endpoint=h:9", b"")))
 
@@ -89,8 +94,12 @@ def test_record_catches_counts_and_answers_the_client_with_an_error_event():
     assert rig.replies == [(42, b"5"), (42, b"12")]
     assert rig.agent.service_errors == 1
     [failure] = rig.failures
-    assert (failure.callback, failure.log_position, failure.session_id, failure.payload_prefix) == \
-        ("on_session_message", bad, 42, b"abc")
+    assert (failure.callback, failure.log_position, failure.session_id, failure.payload_prefix) == (
+        "on_session_message",
+        bad,
+        42,
+        b"abc",
+    )
     assert isinstance(failure.error, ValueError)
     [(session_id, data)] = rig.errors_sent
     event = EGRESS_CODEC.decode(data)
@@ -157,8 +166,9 @@ def test_snapshot_start_merges_its_skips():
 
 
 def test_service_snapshot_keeps_the_skip_list():
-    snap = ServiceSnapshot(4096, 3, user_records=[b"x"], time_unit=ClusterTimeUnit.MILLIS,
-                           skipped_positions=[2048, 1024])
+    snap = ServiceSnapshot(
+        4096, 3, user_records=[b"x"], time_unit=ClusterTimeUnit.MILLIS, skipped_positions=[2048, 1024]
+    )
     back = decode_service_snapshot(encode_service_snapshot(snap))
     assert back.skipped_positions == [1024, 2048] and back.user_records == [b"x"]
     plain = decode_service_snapshot(encode_service_snapshot(ServiceSnapshot(64, 1)))
@@ -190,8 +200,9 @@ class _Count:
 
 def test_container_counts_every_failure_and_logs_each_distinct_one_once(tmp_path):
     counter = _Count()
-    container = ServiceContainer(Counter(), member_id=0, driver_dir=tmp_path, commit_position=lambda: 0,
-                                 error_counter=counter)
+    container = ServiceContainer(
+        Counter(), member_id=0, driver_dir=tmp_path, commit_position=lambda: 0, error_counter=counter
+    )
     with capture_logs() as logs:
         for position in (64, 128, 192):
             container._on_service_error(_failure("same", position))
@@ -216,8 +227,16 @@ def test_skip_file_round_trip_is_sorted_and_idempotent(tmp_path):
     assert json.loads((tmp_path / SKIP_FILE_NAME).read_text())["format"] == 1
 
 
-@pytest.mark.parametrize("text", ["{", '{"format": 2, "skips": []}', '{"format": 1, "skips": [{"log_position": 0}]}',
-                                  '{"format": 1, "skips": [{"position": 64}]}', '[1, 2]'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{",
+        '{"format": 2, "skips": []}',
+        '{"format": 1, "skips": [{"log_position": 0}]}',
+        '{"format": 1, "skips": [{"position": 64}]}',
+        "[1, 2]",
+    ],
+)
 def test_a_damaged_skip_file_is_a_one_line_error(tmp_path, text):
     (tmp_path / SKIP_FILE_NAME).write_text(text)
     with pytest.raises(SkipListError) as info:
@@ -272,7 +291,9 @@ def test_the_readme_counter_answers_bad_input_instead_of_raising():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    [code] = [block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "class Counter" in block]
+    [code] = [
+        block for block in re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL) if "class Counter" in block
+    ]
     namespace: dict = {}
     exec(code.replace("        ...\n", "        pass\n"), namespace)  # the README's own code
     rig = Rig("stop")

@@ -164,8 +164,14 @@ def test_kv_bad_requests_change_nothing_and_are_answered() -> None:
     svc = KeyValueService()
     svc.on_start(cluster, None)
     s = cluster.open_session(1)
-    for payload in [b"", b"\xc1", msgspec.msgpack.encode([9, 5, "k"]), msgspec.msgpack.encode([1, 6, "k" * (MAX_KEY_LENGTH + 1), b"v"]),
-                    msgspec.msgpack.encode([1, 7, "k"]), bytes(range(256))]:
+    for payload in [
+        b"",
+        b"\xc1",
+        msgspec.msgpack.encode([9, 5, "k"]),
+        msgspec.msgpack.encode([1, 6, "k" * (MAX_KEY_LENGTH + 1), b"v"]),
+        msgspec.msgpack.encode([1, 7, "k"]),
+        bytes(range(256)),
+    ]:
         svc.on_session_message(s, 0, payload)
     assert svc.data == {}
     assert svc.bad_requests == 6
@@ -268,8 +274,11 @@ def test_load_service() -> None:
     assert isinstance(load_service("kv"), KeyValueService)
     assert isinstance(load_service("echo"), EchoService)
     assert isinstance(load_service("cluster_node.service.examples.echo:EchoService"), EchoService)
-    for bad, msg in [("nope", "use one of"), ("no.such.module:X", "cannot import"),
-                     ("cluster_node.service.examples.echo:Nope", "has no Nope"),
-                     ("cluster_node.service.api:Role", "failed|not a ClusteredService")]:
+    for bad, msg in [
+        ("nope", "use one of"),
+        ("no.such.module:X", "cannot import"),
+        ("cluster_node.service.examples.echo:Nope", "has no Nope"),
+        ("cluster_node.service.api:Role", "failed|not a ClusteredService"),
+    ]:
         with pytest.raises(ServiceLoadError, match=msg):
             load_service(bad)

@@ -21,8 +21,14 @@ class _Agent:
 def _container(tmp_path, state, role=Role.FOLLOWER) -> ServiceContainer:
     # A counters file in the driver directory would say otherwise: it is not read.
     (tmp_path / "counters.dat").write_bytes(b"a predecessor's, stale")
-    return ServiceContainer(ClusteredService(), member_id=0, driver_dir=tmp_path, commit_position=lambda: 0,
-                            role=lambda: int(role), recovery_state=lambda: state)
+    return ServiceContainer(
+        ClusteredService(),
+        member_id=0,
+        driver_dir=tmp_path,
+        commit_position=lambda: 0,
+        role=lambda: int(role),
+        recovery_state=lambda: state,
+    )
 
 
 def test_no_snapshot_in_the_recovery_state_starts_empty_with_the_current_role(tmp_path):

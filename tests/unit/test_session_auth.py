@@ -59,8 +59,13 @@ def make(authenticator=None, authorisation=None, hosts=None, **settings) -> Clus
     if authorisation is not None:
         kw["authorisation"] = authorisation
     hosts = hosts or {}
-    return ClusterSessions(member_id=1, ingress_endpoints="0=h:1,1=h:2", settings=SessionSettings(**settings),
-                           image_source_host=lambda image: hosts.get(image, ""), **kw)
+    return ClusterSessions(
+        member_id=1,
+        ingress_endpoints="0=h:1,1=h:2",
+        settings=SessionSettings(**settings),
+        image_source_host=lambda image: hosts.get(image, ""),
+        **kw,
+    )
 
 
 def shared(timeout_ms=5_000) -> SharedSecretAuthenticator:
@@ -69,8 +74,9 @@ def shared(timeout_ms=5_000) -> SharedSecretAuthenticator:
 
 def connect(s, credentials=b"alice", corr=7, now=0, image=IMG):
     req = SessionConnectRequest(corr, 102, CLIENT_PROTOCOL_VERSION, CHANNEL, credentials)
-    return s.on_connect_request(req, is_leader=True, leader_member_id=1, leadership_term_id=3, now_ns=now,
-                                image_session_id=image)
+    return s.on_connect_request(
+        req, is_leader=True, leader_member_id=1, leadership_term_id=3, now_ns=now, image_session_id=image
+    )
 
 
 def sent(effects, kind):
@@ -78,8 +84,15 @@ def sent(effects, kind):
 
 
 def answer(s, challenge: Challenge, credentials: bytes, now=MS, image=IMG) -> bool:
-    return s.on_challenge_response(challenge.correlation_id, challenge.cluster_session_id, credentials,
-                                   leadership_term_id=3, leader_member_id=1, now_ns=now, image_session_id=image)
+    return s.on_challenge_response(
+        challenge.correlation_id,
+        challenge.cluster_session_id,
+        credentials,
+        leadership_term_id=3,
+        leader_member_id=1,
+        now_ns=now,
+        image_session_id=image,
+    )
 
 
 def challenged(s, **kw) -> Challenge:
@@ -157,10 +170,17 @@ def test_an_unanswered_challenge_is_rejected_after_its_timeout():
 
 def test_an_authenticator_that_never_decides_is_cut_off_by_the_session_timeout():
     class Undecided:
-        def on_connect_request(self, *a): pass
-        def on_challenge_response(self, *a): pass
-        def on_connected_session(self, proxy, now_ms): pass
-        def on_challenged_session(self, proxy, now_ms): pass
+        def on_connect_request(self, *a):
+            pass
+
+        def on_challenge_response(self, *a):
+            pass
+
+        def on_connected_session(self, proxy, now_ms):
+            pass
+
+        def on_challenged_session(self, proxy, now_ms):
+            pass
 
     s = make(Undecided(), session_timeout_ns=3 * S)
     assert connect(s) is None
@@ -170,7 +190,8 @@ def test_an_authenticator_that_never_decides_is_cut_off_by_the_session_timeout()
 
 def test_an_authenticator_that_raises_rejects_the_client_and_is_reported():
     class Broken:
-        def on_connect_request(self, *a): raise RuntimeError("boom")
+        def on_connect_request(self, *a):
+            raise RuntimeError("boom")
 
     s = make(Broken())
     assert connect(s) is None
@@ -234,8 +255,13 @@ def test_after_an_election_an_inherited_session_binds_to_an_image_of_its_clients
 
 
 def admin(s, session_id, request_type=AdminRequestType.SNAPSHOT, image=IMG, can_snapshot=True):
-    return s.on_admin_request(AdminRequest(3, session_id, 55, int(request_type)), current_term_id=3, now_ns=1,
-                              image_session_id=image, can_snapshot=can_snapshot)
+    return s.on_admin_request(
+        AdminRequest(3, session_id, 55, int(request_type)),
+        current_term_id=3,
+        now_ns=1,
+        image_session_id=image,
+        can_snapshot=can_snapshot,
+    )
 
 
 def admin_answer(effects) -> AdminResponse:

@@ -35,8 +35,14 @@ IMG = 77
 
 def connect(s: ClusterSessions, corr=7, leader=True, version=CLIENT_PROTOCOL_VERSION, now=0, image=IMG):
     req = SessionConnectRequest(corr, 102, version, "aeron:udp?endpoint=127.0.0.1:9999")
-    return s.on_connect_request(req, is_leader=leader, leader_member_id=1 if leader else 0,
-                                leadership_term_id=3, now_ns=now, image_session_id=image)
+    return s.on_connect_request(
+        req,
+        is_leader=leader,
+        leader_member_id=1 if leader else 0,
+        leadership_term_id=3,
+        now_ns=now,
+        image_session_id=image,
+    )
 
 
 def events(effects):
@@ -119,8 +125,7 @@ def test_followers_learn_sessions_from_the_log_and_the_next_leader_greets_them()
     s.on_log_session_open(SessionOpenEvent(2, 8, 42, 0, 102, "aeron:udp?endpoint=127.0.0.1:9998"), 256)
     s.on_log_session_close(SessionCloseEvent(2, 41, 0, CloseReason.CLIENT_ACTION))
     assert list(s.sessions) == [42] and s.next_session_id == 43
-    s.on_new_leadership(is_leader=True, is_startup=False, leadership_term_id=3, leader_member_id=1,
-                        now_ns=5)
+    s.on_new_leadership(is_leader=True, is_startup=False, leadership_term_id=3, leader_member_id=1, now_ns=5)
     (ev,) = events(s.drain_effects())
     assert ev == NewLeaderEvent(3, 42, 1, ENDPOINTS)
 
@@ -128,8 +133,7 @@ def test_followers_learn_sessions_from_the_log_and_the_next_leader_greets_them()
 def test_after_a_full_restart_the_leader_closes_old_sessions():
     s = make()
     s.on_log_session_open(SessionOpenEvent(2, 7, 41, 0, 102, "aeron:udp?endpoint=127.0.0.1:9999"), 128)
-    s.on_new_leadership(is_leader=True, is_startup=True, leadership_term_id=3, leader_member_id=1,
-                        now_ns=5)
+    s.on_new_leadership(is_leader=True, is_startup=True, leadership_term_id=3, leader_member_id=1, now_ns=5)
     effects = s.drain_effects()
     assert appended(effects) == [SessionCloseEvent(3, 41, 5, CloseReason.TIMEOUT)] and not s.sessions
     # The client is told, in case it is still there (the leader alone restarted): it reconnects.
@@ -257,7 +261,6 @@ def test_a_follower_sends_a_session_it_knows_to_the_leader_it_follows():
     assert not s.on_ingress_not_leading(2, 42, leader_member_id=0, current_term_id=3, now_ns=S + 1)
     assert not s.on_ingress_not_leading(2, 43, leader_member_id=0, current_term_id=3, now_ns=2 * S)
     assert s.drain_effects() == []
-
 
 
 def test_a_suspended_leader_tells_each_open_session_its_requests_wait_and_a_resume_restarts_timeouts():

@@ -23,7 +23,12 @@ def _state():
     for i in range(3):
         sessions.on_connect_request(
             SessionConnectRequest(10 + i, 102, CLIENT_PROTOCOL_VERSION, f"aeron:udp?endpoint=h:{i}"),
-            is_leader=True, leader_member_id=0, leadership_term_id=4, now_ns=5, image_session_id=i)
+            is_leader=True,
+            leader_member_id=0,
+            leadership_term_id=4,
+            now_ns=5,
+            image_session_id=i,
+        )
         for e in sessions.drain_effects():
             if isinstance(e, AppendSessionEvent):
                 sessions.on_event_appended(e, 100 * i + 96)  # the agent appended the open
@@ -40,7 +45,9 @@ def _state():
 
 def test_cm_snapshot_round_trip_and_restore():
     sessions, timers, pending = _state()
-    snap = take_cm_snapshot(4096, 4, sessions, timers, pending, timestamp=77, app_version=compose_semantic_version(0, 0, 1))
+    snap = take_cm_snapshot(
+        4096, 4, sessions, timers, pending, timestamp=77, app_version=compose_semantic_version(0, 0, 1)
+    )
     records = encode_cm_snapshot(snap)
     back = decode_cm_snapshot(records)
     assert back == snap
@@ -72,8 +79,12 @@ def test_cm_snapshot_refuses_truncated_or_foreign_records():
 
 def test_service_snapshot_keeps_user_records_that_look_like_markers():
     marker_like = encode_service_snapshot(ServiceSnapshot(1, 1))[0]
-    snap = ServiceSnapshot(8192, 3, sessions=[ClientSession(5, 102, "aeron:udp?endpoint=h:1")],
-                           user_records=[b"", marker_like, b"x" * 10_000])
+    snap = ServiceSnapshot(
+        8192,
+        3,
+        sessions=[ClientSession(5, 102, "aeron:udp?endpoint=h:1")],
+        user_records=[b"", marker_like, b"x" * 10_000],
+    )
     back = decode_service_snapshot(encode_service_snapshot(snap))
     assert back == snap
     records = encode_service_snapshot(snap)

@@ -12,8 +12,11 @@ from cluster_node.node_inspect import open_node_dir
 def _node_dir(path, with_node_dir: bool):
     (path / "archive").mkdir(parents=True)
     (path / "logs").mkdir()
-    details = {"archive_dir": str(path / "archive"), "log_file": str(path / "logs" / "node.log"),
-               "driver_dir": str(path / "driver")}
+    details = {
+        "archive_dir": str(path / "archive"),
+        "log_file": str(path / "logs" / "node.log"),
+        "driver_dir": str(path / "driver"),
+    }
     if with_node_dir:
         details["node_dir"] = str(path)
     mark = MarkFile.open(path, member_id=1, details=details)

@@ -85,8 +85,11 @@ def test_a_cut_or_misplaced_recording_is_reported_damaged(node):
     segment = node.segment_files(d.recording_id)[0]
     data = bytearray(segment.read_bytes())
     segment.write_bytes(data[:-40])
-    with pytest.raises(RecordingDamagedError, match=rf"segment file {segment} holds 3864 bytes, the recording "
-                                                    rf"needs 3904 \(it stops at 3904\)"):
+    with pytest.raises(
+        RecordingDamagedError,
+        match=rf"segment file {segment} holds 3864 bytes, the recording "
+        rf"needs 3904 \(it stops at 3904\)",
+    ):
         read_recording_messages(node.archive_dir, d)
     last = max(f.position for f in iter_frames(node.archive_dir, d))
     zeroed = bytearray(data)
@@ -116,12 +119,17 @@ def test_describe_latest_snapshot_prints_the_set_sessions_timers_pending_and_ser
     assert re.search(rf"service 0\s+entry 4, recording {node.service_recording_id['B']}, term base 8192", out)
     assert f"marker            log position {POSITION_B}, leadership term 1, time unit NANOS, app version 1.2.3" in out
     assert f"next session id   {cm.next_session_id}" in out
-    assert (f"next service session id {cm.next_service_session_id}, log service session id "
-            f"{cm.log_service_session_id}, pending capacity 1024") in out
+    assert (
+        f"next service session id {cm.next_service_session_id}, log service session id "
+        f"{cm.log_service_session_id}, pending capacity 1024"
+    ) in out
     assert "sessions          3" in out
     for s in cm.sessions:
-        assert re.search(rf"session {s.cluster_session_id}\s+correlation {s.correlation_id}\s+opened at "
-                         rf"{s.opened_log_position}\s+response stream 102\s+{re.escape(s.response_channel)}", out)
+        assert re.search(
+            rf"session {s.cluster_session_id}\s+correlation {s.correlation_id}\s+opened at "
+            rf"{s.opened_log_position}\s+response stream 102\s+{re.escape(s.response_channel)}",
+            out,
+        )
     assert "timers            2" in out
     for correlation_id, deadline in cm.timers:
         assert f"correlation {correlation_id}  deadline {deadline}" in out
@@ -144,8 +152,10 @@ def test_describe_latest_snapshot_without_a_snapshot_or_with_a_damaged_recording
     segment = node.segment_files(node.cm_recording_id["B"])[0]
     segment.write_bytes(segment.read_bytes()[:1000])
     line = one_line_error(tool(node.path, "describe-latest-snapshot"))
-    assert line == (f"snapshot recording {node.cm_recording_id['B']} (consensus module, log position {POSITION_B}) "
-                    f"is damaged: segment file {segment} holds 1000 bytes, the recording needs 3904 (it stops at 3904)")
+    assert line == (
+        f"snapshot recording {node.cm_recording_id['B']} (consensus module, log position {POSITION_B}) "
+        f"is damaged: segment file {segment} holds 1000 bytes, the recording needs 3904 (it stops at 3904)"
+    )
 
     # A recording whose frames are whole but whose records are not a service snapshot.
     catalog = catalog_of(node)
@@ -157,8 +167,9 @@ def test_describe_latest_snapshot_without_a_snapshot_or_with_a_damaged_recording
     fresh.append_snapshot(node.cm_recording_id["A"], 0, 0, POSITION_A, 1, -1)
     (node.path / "recording.log").write_bytes(fresh.encode())
     line = one_line_error(tool(node.path, "describe-latest-snapshot"))
-    assert line.startswith(f"snapshot recording {garbage_id} (service 0, log position {POSITION_A}) is damaged: "
-                           f"service snapshot:")
+    assert line.startswith(
+        f"snapshot recording {garbage_id} (service 0, log position {POSITION_A}) is damaged: service snapshot:"
+    )
 
     fresh = RecordingLog()
     fresh.append_term(0, 0, 0, 1)
@@ -166,21 +177,24 @@ def test_describe_latest_snapshot_without_a_snapshot_or_with_a_damaged_recording
     (node.path / "recording.log").write_bytes(fresh.encode())
     assert one_line_error(tool(node.path, "describe-latest-snapshot")) == (
         f"snapshot recording {node.cm_recording_id['A']} (consensus module) holds the snapshot at log position "
-        f"{POSITION_A}, term 0, but recording.log says {POSITION_B}, term 0")
+        f"{POSITION_A}, term 0, but recording.log says {POSITION_B}, term 0"
+    )
 
     fresh = RecordingLog()
     fresh.append_term(0, 0, 0, 1)
     fresh.append_snapshot(77, 0, 0, POSITION_A, 1, -1)
     (node.path / "recording.log").write_bytes(fresh.encode())
     line = one_line_error(tool(node.path, "describe-latest-snapshot"))
-    assert line == (f"snapshot recording 77 (consensus module) is not in the archive catalog "
-                    f"{node.archive_dir / 'archive.catalog'}")
+    assert line == (
+        f"snapshot recording 77 (consensus module) is not in the archive catalog {node.archive_dir / 'archive.catalog'}"
+    )
 
     fresh = RecordingLog()
     fresh.append_term(0, 0, 0, 1)
     (node.path / "recording.log").write_bytes(fresh.encode())
     assert one_line_error(tool(node.path, "describe-latest-snapshot")) == (
-        f"no valid snapshot in {node.path / 'recording.log'}")
+        f"no valid snapshot in {node.path / 'recording.log'}"
+    )
 
 
 # ------------------------------------------------------------------------------ invalidate-latest-snapshot
@@ -195,15 +209,20 @@ def test_invalidate_makes_the_recovery_plan_use_the_previous_snapshot(node):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == f"invalidated the latest snapshot set of member 0 in {node.path / 'recording.log'}:"
-    assert lines[1] == (f"  log position {POSITION_B}, leadership term 1: consensus module (entry 5, recording "
-                        f"{node.cm_recording_id['B']}), service 0 (entry 4, recording {node.service_recording_id['B']})")
+    assert lines[1] == (
+        f"  log position {POSITION_B}, leadership term 1: consensus module (entry 5, recording "
+        f"{node.cm_recording_id['B']}), service 0 (entry 4, recording {node.service_recording_id['B']})"
+    )
     assert lines[2] == "  entries now INVALID: 4, 5"
     assert lines[3].startswith(f"latest valid snapshot now: log position {POSITION_A}, leadership term 0")
 
     plan = tool(node.path, "recovery-plan")
     assert plan.exit_code == 0, plan.output
-    assert re.search(rf"consensus module\s+recording {node.cm_recording_id['A']}, term 0, term base 0, "
-                     rf"log position {POSITION_A}", plan.stdout), plan.stdout
+    assert re.search(
+        rf"consensus module\s+recording {node.cm_recording_id['A']}, term 0, term base 0, "
+        rf"log position {POSITION_A}",
+        plan.stdout,
+    ), plan.stdout
     assert re.search(rf"service 0\s+recording {node.service_recording_id['A']}, term 0", plan.stdout)
     assert f"log replay               {POSITION_A}..{node.log_stop_position}" in plan.stdout
     described = tool(node.path, "describe-latest-snapshot")
@@ -223,7 +242,8 @@ def test_invalidate_makes_the_recovery_plan_use_the_previous_snapshot(node):
 
     before = (node.path / "recording.log").read_bytes()
     assert one_line_error(tool(node.path, "invalidate-latest-snapshot")) == (
-        f"no valid snapshot in {node.path / 'recording.log'}: nothing to invalidate")
+        f"no valid snapshot in {node.path / 'recording.log'}: nothing to invalidate"
+    )
     assert (node.path / "recording.log").read_bytes() == before
 
 
@@ -244,7 +264,8 @@ def test_invalidate_without_recording_log(tmp_path):
     node = write_snapshot_node_dir(tmp_path / "n")
     (node.path / "recording.log").unlink()
     assert one_line_error(tool(node.path, "invalidate-latest-snapshot")) == (
-        f"no recording.log in {node.path}: no snapshot to invalidate")
+        f"no recording.log in {node.path}: no snapshot to invalidate"
+    )
     assert not (node.path / "recording.log").exists()
 
 
@@ -254,12 +275,16 @@ def test_invalidate_without_recording_log(tmp_path):
 @pytest.mark.parametrize("command", ["snapshot", "shutdown", "abort", "suspend", "resume"])
 def test_control_commands_on_a_stopped_node_say_no_node_runs(node, command):
     line = one_line_error(tool(node.path, command))
-    assert re.fullmatch(rf"no node runs in {re.escape(str(node.path))} \(member 0, pid \d+ (is not running|has not "
-                        rf"refreshed the mark file)[^)]*\): cannot {command}", line), line
+    assert re.fullmatch(
+        rf"no node runs in {re.escape(str(node.path))} \(member 0, pid \d+ (is not running|has not "
+        rf"refreshed the mark file)[^)]*\): cannot {command}",
+        line,
+    ), line
 
 
-@pytest.mark.parametrize("command", ["snapshot", "shutdown", "abort", "invalidate-latest-snapshot",
-                                     "describe-latest-snapshot"])
+@pytest.mark.parametrize(
+    "command", ["snapshot", "shutdown", "abort", "invalidate-latest-snapshot", "describe-latest-snapshot"]
+)
 def test_new_commands_on_a_directory_without_a_node(tmp_path, command):
     result = tool(tmp_path, command)
     assert result.exit_code == 1

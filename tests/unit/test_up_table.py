@@ -27,17 +27,20 @@ def test_the_table_shows_elections_and_each_members_lag_behind_the_leader(tmp_pa
         manager = CountersManager.create(path, max_counters=32)
         managers.append(manager)
         role = 2 if member_id == 0 else 0
-        for name, type_id, value in (("role", CounterTypes.NODE_ROLE, role),
-                                     ("election-state", CounterTypes.ELECTION_STATE, 17),
-                                     ("leadership-term-id", CounterTypes.LEADERSHIP_TERM_ID, 3),
-                                     ("append-pos", CounterTypes.APPEND_POSITION, appends[member_id]),
-                                     ("election-count", CounterTypes.ELECTION_COUNT, member_id + 1)):
+        for name, type_id, value in (
+            ("role", CounterTypes.NODE_ROLE, role),
+            ("election-state", CounterTypes.ELECTION_STATE, 17),
+            ("leadership-term-id", CounterTypes.LEADERSHIP_TERM_ID, 3),
+            ("append-pos", CounterTypes.APPEND_POSITION, appends[member_id]),
+            ("election-count", CounterTypes.ELECTION_COUNT, member_id + 1),
+        ):
             manager.allocate(f"cluster {name}: member {member_id}", type_id, member_id).set(value)
         for peer in range(3):
             # The leader heard member 2 at 1024 (it lags by 3072); the followers hear nobody (-1).
             position = appends[peer] if member_id == 0 else -1
-            manager.allocate(f"cluster peer {peer} append-pos: member {member_id}",
-                             CounterTypes.PEER_APPEND_POSITION, peer).set(position)
+            manager.allocate(
+                f"cluster peer {peer} append-pos: member {member_id}", CounterTypes.PEER_APPEND_POSITION, peer
+            ).set(position)
         m = Member(member_id, tmp_path / "c.toml", tmp_path / f"node{member_id}", path, tmp_path / "log")
         m.proc = RunningChild()
         m.refresh()
@@ -45,8 +48,19 @@ def test_the_table_shows_elections_and_each_members_lag_behind_the_leader(tmp_pa
     try:
         lines = render_table(members)
         headings = lines[0].split()
-        assert headings == ["MEMBER", "PID", "ALIVE", "ROLE", "TERM", "ELECTION", "ELECTIONS", "COMMIT", "APPEND",
-                            "LAG", "ERRORS"]
+        assert headings == [
+            "MEMBER",
+            "PID",
+            "ALIVE",
+            "ROLE",
+            "TERM",
+            "ELECTION",
+            "ELECTIONS",
+            "COMMIT",
+            "APPEND",
+            "LAG",
+            "ERRORS",
+        ]
         rows = {int(line.split()[0]): dict(zip(headings, line.split())) for line in lines[1:]}
         assert rows[0]["ROLE"] == "LEADER"
         assert [rows[i]["ELECTIONS"] for i in range(3)] == ["1", "2", "3"]

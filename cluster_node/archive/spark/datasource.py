@@ -186,8 +186,9 @@ class ArchiveDataSource(DataSource):
         stream_ids = parse_stream_ids(parsed["stream_ids_text"], self.default_stream_ids)
         paths = _paths(parsed)
         locations = locate(paths, self._decoder_object)
-        tasks = plan_tasks(locations, stream_ids=stream_ids, target_task_bytes=parsed["task_bytes"],
-                           decoder=self._decoder_object)
+        tasks = plan_tasks(
+            locations, stream_ids=stream_ids, target_task_bytes=parsed["task_bytes"], decoder=self._decoder_object
+        )
         if not tasks:
             streams = "any stream" if stream_ids is None else "stream " + ",".join(map(str, sorted(stream_ids)))
             raise ValueError(f"no recordings of {streams} in {', '.join(paths)}")
@@ -200,22 +201,29 @@ class ArchiveDataSource(DataSource):
         if given != wanted:
             raise ValueError(f"this source's columns are {wanted}; a user schema cannot change them (got {given})")
         tasks = start_after(self._plan(), self._parsed["start_positions"])
-        return ArchiveReader(tasks, decoder, self._parsed["task_bytes"], self._parsed["mode"],
-                             self._parsed["pushdown"])
-
+        return ArchiveReader(tasks, decoder, self._parsed["task_bytes"], self._parsed["mode"], self._parsed["pushdown"])
 
     def streamReader(self, schema) -> DataSourceStreamReader:
         self.reader(schema)  # the same checks (schema, paths, recordings) as a batch read
         parsed = self._parsed
         return ArchiveStreamReader(
-            _paths(parsed), self._decoder_object, parse_stream_ids(parsed["stream_ids_text"], self.default_stream_ids),
-            parsed["task_bytes"], parsed["mode"], parsed["start_positions"],
+            _paths(parsed),
+            self._decoder_object,
+            parse_stream_ids(parsed["stream_ids_text"], self.default_stream_ids),
+            parsed["task_bytes"],
+            parsed["mode"],
+            parsed["start_positions"],
         )
 
 
 # Columns whose pushed filters can drop whole tasks, and the TaskFilter field each narrows.
-_SET_COLUMNS = {"node": "nodes", "member_id": "member_ids", "cluster_id": "cluster_ids",
-                "stream_id": "stream_ids", "recording_id": "recording_ids"}
+_SET_COLUMNS = {
+    "node": "nodes",
+    "member_id": "member_ids",
+    "cluster_id": "cluster_ids",
+    "stream_id": "stream_ids",
+    "recording_id": "recording_ids",
+}
 
 
 class ArchiveReader(DataSourceReader):
@@ -302,14 +310,17 @@ class ArchiveStreamReader(DataSourceStreamReader):
 
     def _tasks(self) -> list[ReadTask]:
         locations = locate(self.paths, self.decoder)
-        return plan_tasks(locations, stream_ids=self.stream_ids, target_task_bytes=self.task_bytes,
-                          decoder=self.decoder)
+        return plan_tasks(
+            locations, stream_ids=self.stream_ids, target_task_bytes=self.task_bytes, decoder=self.decoder
+        )
 
     def initialOffset(self) -> dict:
         positions: dict[str, int] = {}
         for t in self._tasks():
-            positions.setdefault(_offset_key(t.node, t.recording_id),
-                                 self.start_positions.get((t.node, t.recording_id), t.recording_start_position))
+            positions.setdefault(
+                _offset_key(t.node, t.recording_id),
+                self.start_positions.get((t.node, t.recording_id), t.recording_start_position),
+            )
         return {"positions": positions}
 
     def latestOffset(self, start: dict | None = None, limit=None) -> dict:

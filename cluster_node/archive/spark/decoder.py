@@ -76,8 +76,14 @@ FRAME_COLUMNS_AFTER: tuple[tuple[str, str, bool], ...] = (
 )
 
 # "timestamp" is Spark's TIMESTAMP: microseconds since the epoch, UTC (Arrow timestamp[us, UTC]).
-_SPARK_TYPES = {"string": "STRING", "int32": "INT", "int64": "BIGINT", "binary": "BINARY", "int16": "SMALLINT",
-                "timestamp": "TIMESTAMP"}
+_SPARK_TYPES = {
+    "string": "STRING",
+    "int32": "INT",
+    "int64": "BIGINT",
+    "binary": "BINARY",
+    "int16": "SMALLINT",
+    "timestamp": "TIMESTAMP",
+}
 
 
 class MessageDecoder:
@@ -128,8 +134,14 @@ def arrow_schema(decoder: MessageDecoder) -> pa.Schema:
     """The same schema in Arrow terms; record batches must match it exactly (Spark checks)."""
     import pyarrow as pa
 
-    kinds = {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "binary": pa.binary(), "int16": pa.int16(),
-             "timestamp": pa.timestamp("us", tz="UTC")}
+    kinds = {
+        "string": pa.string(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "binary": pa.binary(),
+        "int16": pa.int16(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+    }
     return pa.schema([pa.field(name, kinds[kind], nullable) for name, kind, nullable in all_columns(decoder)])
 
 

@@ -204,7 +204,11 @@ def iter_messages(task: ReadTask, data: bytes | bytearray | None = None) -> Iter
                 if pending is not None:
                     raise corrupt(pos, "unfragmented frame inside a fragmented message")
                 yield RawMessage(
-                    base + pos, flen, 1, session_id, bytes(data[pos + HEADER_LENGTH : pos + flen]),
+                    base + pos,
+                    flen,
+                    1,
+                    session_id,
+                    bytes(data[pos + HEADER_LENGTH : pos + flen]),
                     _crc32(memoryview(data)[pos : pos + flen]),
                 )
             elif bits == _FLAG_BEGIN:
@@ -221,7 +225,11 @@ def iter_messages(task: ReadTask, data: bytes | bytearray | None = None) -> Iter
                     first = pending[0]
                     span = pos + flen - first
                     yield RawMessage(
-                        base + first, span, pending[1], pending[2], b"".join(parts),
+                        base + first,
+                        span,
+                        pending[1],
+                        pending[2],
+                        b"".join(parts),
                         _crc32(memoryview(data)[first : first + span]),
                     )
                     pending = None
@@ -447,7 +455,5 @@ def _slices(pa, pc, np, data: bytearray, starts: np.ndarray, ends: np.ndarray) -
     bounds = np.empty(2 * n, dtype=np.int32)
     bounds[0::2] = starts
     bounds[1::2] = ends
-    interleaved = pa.Array.from_buffers(
-        pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)]
-    )
+    interleaved = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
     return pc.take(interleaved, pa.array(np.arange(0, 2 * n - 1, 2, dtype=np.int64)))

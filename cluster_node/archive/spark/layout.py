@@ -447,8 +447,9 @@ def _with_context(tasks: list[ReadTask], decoder: MessageDecoder) -> list[ReadTa
     from cluster_node.archive.spark.frames import iter_messages
 
     first = tasks[0]
-    probe = dataclasses.replace(first, end_offset=min(first.end_offset, first.start_offset + _CONTEXT_PROBE_BYTES),
-                                stopped=False)
+    probe = dataclasses.replace(
+        first, end_offset=min(first.end_offset, first.start_offset + _CONTEXT_PROBE_BYTES), stopped=False
+    )
     message = None
     try:
         for m in iter_messages(probe):

@@ -108,10 +108,19 @@ class ArchiveSet:
 
 def _error_row(task: ReadTask, decoder: MessageDecoder, error: ArchiveCorruptError) -> tuple:
     return (
-        task.cluster_id, task.member_id, task.node, task.recording_id, task.stream_id,
-        error.position, 0, 0, 0,
+        task.cluster_id,
+        task.member_id,
+        task.node,
+        task.recording_id,
+        task.stream_id,
+        error.position,
+        0,
+        0,
+        0,
         *([None] * len(decoder.columns)),
-        None, 0, str(error),
+        None,
+        0,
+        str(error),
     )
 
 
@@ -123,8 +132,17 @@ def task_rows(task: ReadTask, decoder: MessageDecoder, mode: str = "failfast") -
     try:
         for m in iter_messages(task):
             columns, payload = decode_row(m.message, context)
-            yield (*prefix, m.position, m.frame_length, m.fragments, m.session_id, *columns, payload,
-                   m.frame_hash, None)
+            yield (
+                *prefix,
+                m.position,
+                m.frame_length,
+                m.fragments,
+                m.session_id,
+                *columns,
+                payload,
+                m.frame_hash,
+                None,
+            )
     except ArchiveCorruptError as e:
         if mode != "permissive":
             raise

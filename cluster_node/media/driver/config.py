@@ -72,8 +72,7 @@ class DriverConfig:
             v = getattr(self, name)
             if v < 64 * 1024 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two of at least 64k, not {v}")
-        object.__setattr__(self, "max_receive_term_length",
-                           max(self.max_receive_term_length, self.network_term_length))
+        object.__setattr__(self, "max_receive_term_length", max(self.max_receive_term_length, self.network_term_length))
         if self.max_images <= 0:
             object.__setattr__(self, "max_images", max(16, (self.max_counters - 384) // 3))
         for name in ("max_images_per_endpoint", "max_images_per_source", "image_creations_per_s"):

@@ -85,7 +85,7 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         removed, freed = self.ipc.remove_stale_files()
         for path in self.dir.glob("counters-*.dat"):
             # A client driver's own counters (see above), left by a process that is gone.
-            pid = path.name[len("counters-"):-len(".dat")]
+            pid = path.name[len("counters-") : -len(".dat")]
             if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 try:
                     freed += path.stat().st_size
@@ -136,7 +136,9 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._sender_sends: list = []  # (the sender pass's own)
         self._send_error_logged: dict[str, float] = {}
         loss = config.loss
-        self._loss_send = LossGenerator(loss, random.Random(loss.seed)) if loss and loss.active and loss.on_send else None
+        self._loss_send = (
+            LossGenerator(loss, random.Random(loss.seed)) if loss and loss.active and loss.on_send else None
+        )
 
         # Offer paths (cluster_node.media.driver.offers): sends outside the sender task.
         self._last_direct_send_ns = 0  # an offer sent in its own step (_after_append)
@@ -197,7 +199,9 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         # on its way out of park() when the next one parks: only the last to park clears it.
         self._parked_by: object | None = None
 
-    def add_publication(self, channel: str | ChannelUri, stream_id: int, exclusive: bool = True) -> ExclusivePublication:
+    def add_publication(
+        self, channel: str | ChannelUri, stream_id: int, exclusive: bool = True
+    ) -> ExclusivePublication:
         """A publication on ``channel``/``stream_id``; UDP or IPC by the channel's media."""
         self._check_open()
         uri = parse(channel) if isinstance(channel, str) else channel
@@ -224,8 +228,9 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         if uri.is_ipc:
             # The conductor runs the IPC transport's duty cycle and its image changes ring the
             # subscription, so a wait may last as long as its caller asks.
-            sub = self.ipc.add_subscription(uri, stream_id, max_wait_s=None, on_available=on_available,
-                                            on_unavailable=on_unavailable)
+            sub = self.ipc.add_subscription(
+                uri, stream_id, max_wait_s=None, on_available=on_available, on_unavailable=on_unavailable
+            )
         else:
             sub = self._add_network_subscription(uri, stream_id, on_available, on_unavailable)
         self.system.subscriptions_active.add(1)
@@ -246,8 +251,10 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         if self._mac is None:
             raise ChannelError(f"channel {uri}: auth=mac needs a key in the driver (cluster.secret_file)")
         if mtu is not None and mtu + MAC_LENGTH > _MAX_UDP_DATAGRAM:
-            raise ChannelError(f"channel {uri}: mtu {mtu} leaves no room for the {MAC_LENGTH}-byte MAC "
-                               f"(at most {(_MAX_UDP_DATAGRAM - MAC_LENGTH) // 32 * 32} with auth=mac)")
+            raise ChannelError(
+                f"channel {uri}: mtu {mtu} leaves no room for the {MAC_LENGTH}-byte MAC "
+                f"(at most {(_MAX_UDP_DATAGRAM - MAC_LENGTH) // 32 * 32} with auth=mac)"
+            )
         return self._mac
 
     async def _run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -255,8 +262,11 @@ class MediaDriver(Conductor, SenderAgent, OfferPaths, ReceiverAgent, Invoker):
         self._token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for name, loop in (("sender", self._sender_loop), ("conductor", self._conductor_loop),
-                               ("receiver", self._receiver_loop)):
+            for name, loop in (
+                ("sender", self._sender_loop),
+                ("conductor", self._conductor_loop),
+                ("receiver", self._receiver_loop),
+            ):
                 nursery.start_soon(run_guarded, self, "media driver", name, loop, name=f"driver-{name}")
             task_status.started()
 

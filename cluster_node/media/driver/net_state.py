@@ -97,8 +97,9 @@ def _udp_socket(bind_addr: tuple, buffer_bytes: int) -> socket.socket:
 class _NetPublication:
     """A UDP publication's shell state: its socket, destinations and sender core."""
 
-    def __init__(self, pub: ExclusivePublication, core: SenderCore, sock: socket.socket, dests: list,
-                 mac: MacKeys | None = None) -> None:
+    def __init__(
+        self, pub: ExclusivePublication, core: SenderCore, sock: socket.socket, dests: list, mac: MacKeys | None = None
+    ) -> None:
         self.pub = pub
         self.mac = mac
         """Set for an ``auth=mac`` channel: what it sends is signed, what it reads is checked."""
@@ -166,5 +167,10 @@ class _ReceiveEndpoint:
 
     def image_count(self, host: str | None = None) -> int:
         """Images behind this endpoint (from ``host`` only, when given)."""
-        return sum(1 for groups in self.groups.values() for g in groups for ni in g.images.values()
-                   if host is None or any(src[0] == host for src in ni.sources))
+        return sum(
+            1
+            for groups in self.groups.values()
+            for g in groups
+            for ni in g.images.values()
+            if host is None or any(src[0] == host for src in ni.sources)
+        )

@@ -66,8 +66,10 @@ class ReceiverAgent:
         ep = self._endpoints.get(addr)
         if ep is not None and (ep.mac is None) != (mac is None):
             host, port = endpoint
-            raise ChannelError(f"endpoint {host}:{port} is in use {'with' if ep.mac else 'without'} auth=mac; "
-                               f"a subscription {'without' if ep.mac else 'with'} it cannot share it")
+            raise ChannelError(
+                f"endpoint {host}:{port} is in use {'with' if ep.mac else 'without'} auth=mac; "
+                f"a subscription {'without' if ep.mac else 'with'} it cannot share it"
+            )
         if ep is None:
             sock = _udp_socket(addr, self.config.socket_buffer_bytes)
             ep = _ReceiveEndpoint(sock.getsockname()[:2], sock, self._rng.randrange(1, 2**63), mac)
@@ -77,7 +79,10 @@ class ReceiverAgent:
 
     def _add_network_subscription(self, uri, stream_id, on_available, on_unavailable) -> Subscription:
         sub = Subscription(
-            channel=uri, stream_id=stream_id, on_available=on_available, on_unavailable=on_unavailable,
+            channel=uri,
+            stream_id=stream_id,
+            on_available=on_available,
+            on_unavailable=on_unavailable,
             registration_id=next(self._ids),
         )
         mac = self._mac_for(uri)
@@ -168,10 +173,13 @@ class ReceiverAgent:
     def _attach_image(self, ni: _NetImage, sub: Subscription) -> None:
         window = ni.core.window
         image = Image(
-            log=ni.log, subscription=sub, join_position=ni.core.rebuild_position,
+            log=ni.log,
+            subscription=sub,
+            join_position=ni.core.rebuild_position,
             source_identity=",".join(f"{a[0]}:{a[1]}" for a in ni.sources) or "udp",
             eos_fn=lambda c=ni.core: c.eos_position,
-            progress_fn=self._on_image_progress, progress_threshold=max(32, window // 4),
+            progress_fn=self._on_image_progress,
+            progress_threshold=max(32, window // 4),
         )
         image._position = ni.core.consumption_position if not ni.images else min(i.position for i in ni.images)
         ni.images.append(image)
@@ -370,7 +378,9 @@ class ReceiverAgent:
                 touched[ni] = True
         elif ftype == TYPE_RTTM:
             if not frame.is_reply:
-                reply = frames.encode_rttm(frame.session_id, frame.stream_id, frame.echo_timestamp_ns, 0, ep.receiver_id, True)
+                reply = frames.encode_rttm(
+                    frame.session_id, frame.stream_id, frame.echo_timestamp_ns, 0, ep.receiver_id, True
+                )
                 self._send(ep.sock, reply, addr, ep.mac.sign(reply) if ep.mac is not None else None)
         elif ftype in (TYPE_SM, TYPE_NAK):
             self._invalid(FrameError("status/NAK frame on a receive endpoint"), addr)
@@ -412,39 +422,65 @@ class ReceiverAgent:
                 ep.image_tokens -= 1.0
                 return True
         self.system.images_refused.add(1)
-        self.errors.record(f"image refused: {reason.split(' (')[0]}", "SETUP refused: " + reason,
-                           endpoint=f"{ep.addr[0]}:{ep.addr[1]}", source=str(addr), stream_id=setup.stream_id)
+        self.errors.record(
+            f"image refused: {reason.split(' (')[0]}",
+            "SETUP refused: " + reason,
+            endpoint=f"{ep.addr[0]}:{ep.addr[1]}",
+            source=str(addr),
+            stream_id=setup.stream_id,
+        )
         return False
 
-    def _create_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr,
-                      now: int) -> _NetImage | None:
+    def _create_image(
+        self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int
+    ) -> _NetImage | None:
         """A new image for ``setup``; None (refused, counted) when the driver cannot make one
         now (out of counters, of memory or mappings): the node goes on without it."""
         try:
             return self._make_image(group, setup, ep, addr, now)
         except (CountersError, OSError, ValueError, MemoryError) as e:
             self.system.images_refused.add(1)
-            self.errors.record(f"image refused: {type(e).__name__}", f"SETUP refused: cannot make the image: {e}",
-                               endpoint=f"{ep.addr[0]}:{ep.addr[1]}", source=str(addr), stream_id=setup.stream_id)
+            self.errors.record(
+                f"image refused: {type(e).__name__}",
+                f"SETUP refused: cannot make the image: {e}",
+                endpoint=f"{ep.addr[0]}:{ep.addr[1]}",
+                source=str(addr),
+                stream_id=setup.stream_id,
+            )
             return None
 
     def _make_image(self, group: _Group, setup: frames.Setup, ep: _ReceiveEndpoint, addr, now: int) -> _NetImage:
         core = ImageReceiverCore(
-            session_id=setup.session_id, stream_id=setup.stream_id, initial_term_id=setup.initial_term_id,
-            active_term_id=setup.active_term_id, term_offset=setup.term_offset, term_length=setup.term_length,
-            mtu=setup.mtu, receiver_id=ep.receiver_id, now_ns=now, config=self._receiver_cfg,
+            session_id=setup.session_id,
+            stream_id=setup.stream_id,
+            initial_term_id=setup.initial_term_id,
+            active_term_id=setup.active_term_id,
+            term_offset=setup.term_offset,
+            term_length=setup.term_length,
+            mtu=setup.mtu,
+            receiver_id=ep.receiver_id,
+            now_ns=now,
+            config=self._receiver_cfg,
         )
         lb = LogBuffer.create(
-            None, setup.term_length, setup.mtu, setup.initial_term_id, setup.session_id, setup.stream_id,
+            None,
+            setup.term_length,
+            setup.mtu,
+            setup.initial_term_id,
+            setup.session_id,
+            setup.stream_id,
             core.join_position,
         )
-        label = f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]} from {addr[0]}:{addr[1]}"
+        label = (
+            f"session={setup.session_id} stream={setup.stream_id} {ep.addr[0]}:{ep.addr[1]} from {addr[0]}:{addr[1]}"
+        )
         allocated = []
         try:
-            for name, type_id, fn in (("rcv-hwm", CounterType.RECEIVER_HWM, lambda c=core: c.hwm_position),
-                                      ("rcv-pos", CounterType.RECEIVER_POS, lambda c=core: c.rebuild_position),
-                                      ("sub-pos", CounterType.SUBSCRIBER_POSITION,
-                                       lambda c=core: c.consumption_position)):
+            for name, type_id, fn in (
+                ("rcv-hwm", CounterType.RECEIVER_HWM, lambda c=core: c.hwm_position),
+                ("rcv-pos", CounterType.RECEIVER_POS, lambda c=core: c.rebuild_position),
+                ("sub-pos", CounterType.SUBSCRIBER_POSITION, lambda c=core: c.consumption_position),
+            ):
                 allocated.append((self.counters.allocate(f"{name}: {label}", type_id), fn))
         except CountersError:
             for counter, _fn in allocated:
@@ -478,16 +514,22 @@ class ReceiverAgent:
         self.system.images_unavailable.add(1)
         log.debug("image unavailable", session_id=ni.core.session_id, stream_id=ni.core.stream_id)
 
-    def _datagram_failed(self, error: Exception, addr, what: str, ep: _ReceiveEndpoint | None = None,
-                         view=None, n: int = 0) -> None:
+    def _datagram_failed(
+        self, error: Exception, addr, what: str, ep: _ReceiveEndpoint | None = None, view=None, n: int = 0
+    ) -> None:
         """Handling one datagram raised (a fault its checks missed, found by hostile input): it
         is counted as invalid and as an error, said once per kind, and the image it was for is
         closed (its state may be half changed); the driver goes on with every other image."""
         self.system.invalid_packets.add(1)
         self.system.errors.add(1)
-        self.errors.record(f"datagram failed: {what}: {type(error).__name__}",
-                           f"handling a {what} failed: dropped", level="error", error=repr(error),
-                           source=str(addr), exc_info=error)
+        self.errors.record(
+            f"datagram failed: {what}: {type(error).__name__}",
+            f"handling a {what} failed: dropped",
+            level="error",
+            error=repr(error),
+            source=str(addr),
+            exc_info=error,
+        )
         if ep is not None and view is not None and n >= 20:
             session_id, stream_id = _SESSION_STREAM(view, 12)
             for group in ep.groups.get(stream_id, ()):
@@ -499,10 +541,13 @@ class ReceiverAgent:
         """A datagram of an ``auth=mac`` channel without a valid MAC: dropped before parsing,
         counted (Frames failed authentication), said once per kind."""
         self.system.frames_failed_authentication.add(1)
-        self.errors.record(f"failed authentication at a {where}",
-                           f"datagram without a valid MAC at a {where}: dropped (a sender without the "
-                           "member key, a wrong key, or altered bytes)", source=str(addr),
-                           **({} if stream_id is None else {"stream_id": stream_id}))
+        self.errors.record(
+            f"failed authentication at a {where}",
+            f"datagram without a valid MAC at a {where}: dropped (a sender without the "
+            "member key, a wrong key, or altered bytes)",
+            source=str(addr),
+            **({} if stream_id is None else {"stream_id": stream_id}),
+        )
 
     def _invalid(self, error: Exception, addr) -> None:
         self.system.invalid_packets.add(1)

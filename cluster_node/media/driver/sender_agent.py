@@ -78,8 +78,15 @@ class SenderAgent:
         lb = LogBuffer.create(None, term_length, mtu, initial_term_id, session_id, stream_id, start)
         now = time.monotonic_ns()
         core = SenderCore(
-            session_id=session_id, stream_id=stream_id, initial_term_id=initial_term_id, term_length=term_length,
-            mtu=mtu, start_position=start, now_ns=now, multi_destination=mdc, config=self._sender_cfg,
+            session_id=session_id,
+            stream_id=stream_id,
+            initial_term_id=initial_term_id,
+            term_length=term_length,
+            mtu=mtu,
+            start_position=start,
+            now_ns=now,
+            multi_destination=mdc,
+            config=self._sender_cfg,
         )
         window = term_window(term_length)
 
@@ -95,17 +102,33 @@ class SenderAgent:
             self._after_append(shell[0] if shell else None)
 
         pub = cls(
-            log=lb, channel=uri, stream_id=stream_id, session_id=session_id, start_position=start,
-            limit_fn=limit_fn, after_append=after_append, on_close=self._close_network_publication,
-            registration_id=next(self._ids), after_append_flag=self._sender_parked,
+            log=lb,
+            channel=uri,
+            stream_id=stream_id,
+            session_id=session_id,
+            start_position=start,
+            limit_fn=limit_fn,
+            after_append=after_append,
+            on_close=self._close_network_publication,
+            registration_id=next(self._ids),
+            after_append_flag=self._sender_parked,
         )
         np = _NetPublication(pub, core, sock, dests, mac)
         shell.append(np)
         label = f"session={session_id} stream={stream_id} {uri}"
         np.counters = [
-            (self.counters.allocate(f"pub-pos: {label}", CounterType.PUBLISHER_POS, pub.registration_id), lambda: pub.position),
-            (self.counters.allocate(f"snd-pos: {label}", CounterType.SENDER_POSITION, pub.registration_id), lambda: core.sender_position),
-            (self.counters.allocate(f"snd-lmt: {label}", CounterType.SENDER_LIMIT, pub.registration_id), lambda: core.flow_limit),
+            (
+                self.counters.allocate(f"pub-pos: {label}", CounterType.PUBLISHER_POS, pub.registration_id),
+                lambda: pub.position,
+            ),
+            (
+                self.counters.allocate(f"snd-pos: {label}", CounterType.SENDER_POSITION, pub.registration_id),
+                lambda: core.sender_position,
+            ),
+            (
+                self.counters.allocate(f"snd-lmt: {label}", CounterType.SENDER_LIMIT, pub.registration_id),
+                lambda: core.flow_limit,
+            ),
         ]
         pub.add_destination = lambda dest, np=np: self._add_destination(np, dest)  # type: ignore[attr-defined]
         pub.remove_destination = lambda dest, np=np: self._remove_destination(np, dest)  # type: ignore[attr-defined]
@@ -118,7 +141,9 @@ class SenderAgent:
 
     def _add_destination(self, np: _NetPublication, destination: str) -> None:
         if not np.core.multi_destination:
-            raise ChannelError("add_destination needs a multi-destination publication (control=...|control-mode=manual)")
+            raise ChannelError(
+                "add_destination needs a multi-destination publication (control=...|control-mode=manual)"
+            )
         uri = parse(destination)
         if uri.endpoint is None:
             raise ChannelError(f"destination {destination!r} needs endpoint=host:port")
@@ -278,8 +303,12 @@ class SenderAgent:
                 # so it is read first and cannot pass for that SETUP's answer.
                 self._read_publication_socket(np, _STALL_DRAIN_LIMIT)
                 stalled = True
-                log.info("publication stalled, sending setup", session_id=np.pub.session_id,
-                         stream_id=np.pub.stream_id, silent_ms=(now - np.core.last_send_ns) // 1_000_000)
+                log.info(
+                    "publication stalled, sending setup",
+                    session_id=np.pub.session_id,
+                    stream_id=np.pub.stream_id,
+                    silent_ms=(now - np.core.last_send_ns) // 1_000_000,
+                )
         if stalled:
             now = time.monotonic_ns()
         pending = False
@@ -361,8 +390,12 @@ class SenderAgent:
                 for dest in dests:
                     self._send(sock, data, dest, tag)
             fanout = max(1, len(dests))
-            counts = (len(sends) * fanout, sent_bytes * fanout, stats.retransmits - before_retransmits,
-                      stats.heartbeats - before_hb)
+            counts = (
+                len(sends) * fanout,
+                sent_bytes * fanout,
+                stats.retransmits - before_retransmits,
+                stats.heartbeats - before_hb,
+            )
             if foreign:
                 owed = np.owed
                 for i, n in enumerate(counts):
@@ -384,8 +417,10 @@ class SenderAgent:
         # they let through (unless a duty cycle holds it: it sends that itself at the end of
         # its pass), or a duty they brought forward (a SETUP asked for, a NAK's retransmit).
         core = np.core
-        if self._sender_parked[0] and ((core.sender_position < np.pub.position and not self._send_held)
-                                    or core.next_deadline_ns() < self._sender_deadline_ns):
+        if self._sender_parked[0] and (
+            (core.sender_position < np.pub.position and not self._send_held)
+            or core.next_deadline_ns() < self._sender_deadline_ns
+        ):
             self._wake_sender()
         return count
 
@@ -413,9 +448,13 @@ class SenderAgent:
                     # A valid MAC from elsewhere: a member's datagram sent on (replayed) by a
                     # third party. Control frames count only from where this publication sends.
                     self.system.invalid_packets.add(1)
-                    self.errors.record("control frame from a non-destination",
-                                       "authenticated control frame from an address this publication does not "
-                                       "send to: dropped (replayed?)", source=str(addr), stream_id=np.pub.stream_id)
+                    self.errors.record(
+                        "control frame from a non-destination",
+                        "authenticated control frame from an address this publication does not "
+                        "send to: dropped (replayed?)",
+                        source=str(addr),
+                        stream_id=np.pub.stream_id,
+                    )
                     continue
             try:
                 frame = frames.decode_untrusted(self._recv_view[:n])
