@@ -99,19 +99,19 @@ class ConsensusAdapter:
         attr = self._SENDER.get(type(msg))
         # (The leader's messages that name no sender: the leader as the election knows it.)
         sender = getattr(msg, attr) if attr is not None else self.module.known_leader_member_id
+        if attr is None and sender not in self._member_hosts:
+            # A leader's message while this member knows no leader (an election under way): it
+            # may be the leader's own (a TerminationPosition meeting a member that restarts its
+            # election), so it passes when it comes from any member's host and the core, which
+            # knows which messages it can use without a leader, decides.
+            return self._from_a_member_host(session_id, msg)
         if sender not in self._member_hosts:
-            expected = ""  # no such member (or no leader known for a leader's message)
+            expected = ""  # no such member
         else:
             expected = self._member_hosts[sender]
             if expected is None:
                 return True
-        images = self._consensus_sub.images
-        if images is not self._consensus_images:
-            # An image's source never changes; the tuple of images is replaced when one comes
-            # or goes, so this is rebuilt then (a forged image can reuse a gone one's session).
-            self._consensus_images = images
-            self._consensus_hosts = {i.session_id: i.source_host for i in images}
-        host = self._consensus_hosts.get(session_id, "")
+        host = self._image_host(session_id)
         if host == expected:
             return True
         self.counters["errors"].add(1)
@@ -123,6 +123,30 @@ class ConsensusAdapter:
             expected=expected,
         )
         return False
+
+    def _from_a_member_host(self, session_id: int, msg) -> bool:
+        """Did ``msg`` come from the configured host of some member (any host when a member is
+        configured with a wildcard host)?"""
+        hosts = set(self._member_hosts.values())
+        host = self._image_host(session_id)
+        if None in hosts or host in hosts:
+            return True
+        self.counters["errors"].add(1)
+        self.input_errors.record(
+            f"consensus message from another host: {type(msg).__name__}",
+            "consensus message from a host that is not any member's configured host: dropped",
+            source=host,
+        )
+        return False
+
+    def _image_host(self, session_id: int) -> str:
+        images = self._consensus_sub.images
+        if images is not self._consensus_images:
+            # An image's source never changes; the tuple of images is replaced when one comes
+            # or goes, so this is rebuilt then (a forged image can reuse a gone one's session).
+            self._consensus_images = images
+            self._consensus_hosts = {i.session_id: i.source_host for i in images}
+        return self._consensus_hosts.get(session_id, "")
 
     def _from_leader_host(self, image) -> bool | None:
         """A log image (live or catch-up replay, which the leader's archive sends from the

@@ -4,7 +4,7 @@ leader's log or consensus host. Exercised on the agent's methods with a stand-in
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 from cluster_node import codecs as cc
 from cluster_node.config import ClusterMember
@@ -33,7 +33,7 @@ class _Counter:
 
 
 def _agent(leader: int = 0, images=()) -> SimpleNamespace:
-    return SimpleNamespace(
+    agent = SimpleNamespace(
         _SENDER=ConsensusAgent._SENDER,
         module=SimpleNamespace(known_leader_member_id=leader),
         _member_hosts={m.id: m.send_host for m in MEMBERS},
@@ -44,6 +44,9 @@ def _agent(leader: int = 0, images=()) -> SimpleNamespace:
         counters={"errors": _Counter()},
         input_errors=DistinctErrors("test"),
     )
+    for name in ("_image_host", "_from_a_member_host"):
+        setattr(agent, name, MethodType(getattr(ConsensusAgent, name), agent))
+    return agent
 
 
 def _image(session_id: int, host: str | None) -> SimpleNamespace:
@@ -66,6 +69,17 @@ def test_a_consensus_message_counts_only_from_the_claimed_members_host():
     assert agent.counters["errors"].value == 5
     counts = {e.key.rpartition(": ")[2]: e.count for e in agent.input_errors.entries()}  # by message type
     assert counts == {"RequestVote": 1, "CommitPosition": 2, "AppendPosition": 1, "TerminationPosition": 1}
+
+
+def test_a_leaders_message_while_no_leader_is_known_counts_from_any_members_host():
+    """A member restarting its election knows no leader, and the leader's TerminationPosition
+    can meet it there: from a member's host it passes (the core decides), from elsewhere not."""
+    agent = _agent(leader=-1, images=[_image(7, "10.0.0.2"), _image(8, "10.0.0.9")])
+    check = ConsensusAgent._from_claimed_host
+    assert check(agent, cc.TerminationPosition(0, 320), 7) is True
+    assert check(agent, cc.StopCatchup(0, 1), 7) is True
+    assert check(agent, cc.TerminationPosition(0, 320), 8) is False
+    assert agent.counters["errors"].value == 1
 
 
 def test_images_that_come_and_go_are_seen_by_the_check():
