@@ -195,14 +195,10 @@ def client(
                 " `cluster-node up`, or pass --config configs/client.toml)"
             )
         config_path = DEFAULT_CONFIG
-    import signal
-
     from cluster_node import logsetup
+    from cluster_node.cli.signals import stop_on_signals
 
-    def on_sigterm(signum, frame) -> None:
-        raise KeyboardInterrupt  # a clean end: the session is closed, the private driver removed
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop_on_signals()  # a clean end: the session is closed, the private driver removed
 
     # The client library logs its connects and leader changes; stdout is for results only.
     logsetup.configure("console", "info" if verbose else "error")

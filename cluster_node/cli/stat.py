@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from cluster_node.cli.signals import stop_on_signals
 from cluster_node.consensus.node_files import MarkFileError, read_mark_file
 from cluster_node.driver_dir import default_driver_dir
 from cluster_node.media.counters import COUNTERS_FILE_NAME, CounterInfo, CountersError, CountersReader, CounterType
@@ -157,6 +158,7 @@ def stat(
     if not watch:
         click.echo(render(path, type_id, label_filter))
         return
+    stop_on_signals()
     try:
         while True:
             text = render(path, type_id, label_filter)
@@ -181,6 +183,7 @@ def _prometheus(path: Path, listen: str | None, node_label: str) -> None:
         raise click.UsageError(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"cannot listen on {listen}: {e.strerror or e}") from None
+    stop_on_signals()
     bound_host, bound_port = server.server_address[:2]
     click.echo(
         f"serving the counters of {path} at http://{listen.rpartition(':')[0] or bound_host}:{bound_port}/metrics",

@@ -34,6 +34,8 @@ def start_exporter(node_dir: Path) -> tuple[subprocess.Popen, str]:
         [str(CLI), "stat", "--dir", str(node_dir), "--prometheus", "--listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # As a script's `cmd &` starts it: SIGINT ignored. Ctrl-C and SIGTERM must stop it anyway.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     err = b""
     deadline = time.monotonic() + DEADLINE_S
@@ -133,8 +135,8 @@ def test_metrics_follow_a_failover(tmp_path):
             assert value(dead, "pycluster_up") == 0
             assert value(dead, "pycluster_node_role", member=str(leader)) == 2
         finally:
-            for proc, _url in exporters.values():
-                proc.send_signal(signal.SIGINT)
+            for i, (proc, _url) in enumerate(exporters.values()):
+                proc.send_signal(signal.SIGINT if i == 0 else signal.SIGTERM)  # Ctrl-C, or a supervisor
             for proc, _url in exporters.values():
                 try:
                     _out, err = proc.communicate(timeout=DEADLINE_S)

@@ -87,11 +87,18 @@ def test_stat_as_a_real_process_reads_the_live_file(node_dir):
     assert row(result.stdout, "pub-pos: aeron:udp?endpoint=127.0.0.1:20121")[2] == "4,096"
 
 
-def test_watch_redraws_until_ctrl_c_and_exits_cleanly(node_dir):
+def _as_if_started_in_the_background() -> None:
+    """A command a non-interactive shell starts with ``&`` inherits SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_watch_redraws_until_ctrl_c_and_exits_cleanly(node_dir, stop_signal):
     proc = subprocess.Popen(
         [str(CLI), "stat", "--dir", str(node_dir), "--watch", "--interval", "0.05"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_as_if_started_in_the_background,
     )
     try:
         out = b""
@@ -103,7 +110,7 @@ def test_watch_redraws_until_ctrl_c_and_exits_cleanly(node_dir):
                 chunk = os.read(proc.stdout.fileno(), 65536)
                 assert chunk, f"stat exited early: {proc.stderr.read()!r}"
                 out += chunk
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_signal)
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
