@@ -8,8 +8,8 @@ the archive), sometimes in the middle of executing one step's effects, restart f
 persisted, or pause (SIGSTOP) and resume with stale beliefs. A leader's archive records its own
 publication a tick after sending it, so a crashing leader can lose a tail its followers hold;
 replication and catchup replays copy a few entries per tick, and replays into the service may
-take time per entry (reporting their progress, so an election can cut one short). Clients submit messages to whoever
-they believe leads; the leader acknowledges them once committed.
+take time per entry (reporting their progress, so an election can cut one short). Clients
+submit messages to whoever they believe leads; the leader acknowledges them once committed.
 
 Effects run as the node runs them: when one fails, ``consensus.effect_policy`` (the rule the
 node's executor follows) says whether the member goes on, counts the error, or fail-stops (here:
@@ -22,8 +22,12 @@ crashes, to be restarted). Models beside this module, each with its own random s
   the node's ``ClusterClock`` over it, which stamps the entries a leader appends;
 * ``sim_service``: what each log entry is, and a deterministic service per member process that
   applies the log as the process does (a hash chain over entries, sessions and timestamps);
-* ``sim_sessions``: clients open sessions, send in them, close them or fall silent until the
-  leader times them out, all through the leader's log.
+* ``sim_sessions``: every member process runs the node's real session manager
+  (``consensus.sessions.ClusterSessions``); clients connect, send, keep alive, close or fall
+  silent through it, its effects (session events into the leader's log, answers to clients)
+  are carried out as the node's agent does, followers apply session events from their
+  committed log, and elections, rollbacks and timeouts (in cluster time) reach it as in the
+  node.
 
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
 what happens in it, not how long it lasts in simulated time. All randomness comes from the seed
@@ -47,12 +51,16 @@ Invariants, checked as the run goes (violations are collected, the first one is 
 * cluster time in the log never goes backwards, across clock steps and leaders; every service
   that applied up to a position has the same state there; a session's messages are applied only
   between its open and its close; a message is applied at most once, and every acknowledged one
-  by every service that reached it (``sim_service``).
+  by every service that reached it (``sim_service``);
+* every member's session table is its log's: a member that does not lead has open exactly the
+  sessions the committed log leaves open where its log adapter is, a settled leader those its
+  whole log leaves open; session ids in the committed log only grow (``sim_sessions``).
 
 Layout: this module runs the events, the members' lives, the network and the effects; beside it
-``sim_model`` (archive, member, settings, result, event kinds), ``sim_checks`` (the invariant
-checks above that are not a model's), ``sim_faults`` (the fault schedule and the sweep's fault
-mixes) and ``sim_clients`` (clients without sessions). Their names are importable from here.
+``sim_model`` (archive, member, settings, result, event kinds), ``sim_log`` (recording,
+subscriptions, replication, replays), ``sim_checks`` (the invariant checks above that are not a
+model's), ``sim_faults`` (the fault schedule and the sweep's fault mixes) and ``sim_clients``
+(clients without sessions). Their names are importable from here.
 """
 
 from __future__ import annotations
@@ -75,6 +83,7 @@ from tests.support.sim_clients import Clients
 from tests.support.sim_clock import SimClocks
 from tests.support.sim_disk import SimDisk
 from tests.support.sim_faults import FaultSchedule, random_config, stress_config
+from tests.support.sim_log import LogTransport
 from tests.support.sim_model import (
     _ACK,
     _CALL,
@@ -126,7 +135,7 @@ __all__ = [
 ]
 
 
-class Simulation(Checks, Clients, FaultSchedule):
+class Simulation(Checks, Clients, FaultSchedule, LogTransport):
     """Run N consensus cores on a seeded fake network. See the module docstring."""
 
     # The model classes (a test subclass swaps one for a broken one to see a check fail).
@@ -272,6 +281,8 @@ class Simulation(Checks, Clients, FaultSchedule):
         m.applied = m.core.commit_position
         self.clocks.on_start(m)
         self.service.on_start(m)
+        if self.sessions is not None:
+            self.sessions.on_start(m)
         m.active_replay = None
         m.pending_acks = []
         self._record(f"start {member_id}")
@@ -383,63 +394,13 @@ class Simulation(Checks, Clients, FaultSchedule):
         self._pull_log(m)
         self._replicate(m)
         self._report_position(m)
+        if self.sessions is not None:
+            self.sessions.on_tick(m)
+            if not m.alive:
+                return
         m.core.do_work(self.now_ns)
         self._run_core(m)
         self._schedule(self.config.tick_ns, _TICK, (member_id, incarnation))
-
-    def _pull_log(self, m: SimMember) -> None:
-        """The follower's subscription receives what the leader's publication (live destination)
-        or the leader's catchup replay (catchup destination) has sent since its position."""
-        sub = m.subscription
-        if sub is None or m.recording_session != sub.log_session_id:
-            return
-        leader = self.members[sub.leader_member_id]
-        if not leader.alive or leader.paused_until > self.now_ns or not self._link_up(leader.member_id, m.member_id):
-            return
-        if self.drop_rate and self.rng.random() < self.drop_rate:
-            return
-        live = sub.live and leader.publication_session == sub.log_session_id
-        catchup = sub.catchup and leader.catchup_replays.get(m.member_id) == sub.log_session_id
-        if not (live or catchup):
-            return
-        if not sub.joined:
-            sub.joined = True
-            m.core.on_log_image(m.archive.stop, self.now_ns)
-        if self.disk.recording_stalled(m):
-            return
-        a = m.archive
-        a.copy_from(leader.archive, leader.archive.stop, 1 << 30 if live else self.chunk_entries)
-        if live and leader.unrecorded and a.stop == leader.archive.stop:
-            for start, end, term, key in leader.unrecorded:
-                a.append(end - start, term, key)
-
-    def _replicate(self, m: SimMember) -> None:
-        rep = m.replication
-        if rep is None:
-            return
-        replication_id, leader_id, stop, epoch = rep
-        src = self.members[leader_id]
-        if (
-            not src.alive
-            or src.paused_until > self.now_ns
-            or not (self._link_up(leader_id, m.member_id) and self._link_up(m.member_id, leader_id))
-        ):
-            return
-        if src.archive.epoch != epoch:
-            m.replication = None
-            m.core.on_replication_failed(replication_id, "source recording truncated", self.now_ns)
-            return
-        if m.archive.stop < stop and src.archive.index_at(m.archive.stop) < 0:
-            m.replication = None
-            m.core.on_replication_failed(replication_id, "position not in source", self.now_ns)
-            return
-        m.archive.copy_from(src.archive, min(stop, src.archive.stop), self.chunk_entries)
-        self._report_position(m)
-        if m.archive.stop == stop:
-            m.replication = None
-            m.core.on_replication_done(replication_id, self.now_ns)
-        elif m.archive.stop > stop:
-            self.violation(f"member {m.member_id} replicated past its stop position {stop}")
 
     def _report_position(self, m: SimMember) -> None:
         stop = m.archive.stop
@@ -490,6 +451,8 @@ class Simulation(Checks, Clients, FaultSchedule):
             self.send(mid, e.member_id, e.message)
         elif t is fx.CommitPositionChanged:
             self._on_commit(m, e.position)
+            if self.sessions is not None:
+                self.sessions.on_effect(m, e)
         elif t is fx.PersistCandidateTerm:
             if e.candidate_term_id < m.node_state_candidate_term:
                 self.violation(f"member {mid} persisted a lower candidate term {e.candidate_term_id}")
@@ -573,12 +536,16 @@ class Simulation(Checks, Clients, FaultSchedule):
                 self._record(f"leader {mid} term {e.leadership_term_id}")
         elif t is fx.StopReplay:
             m.active_replay = None
-        # RoleChanged, ElectionComplete, RollbackUncommitted: nothing to do here.
+        elif t in _SESSION_EFFECTS:
+            if self.sessions is not None:
+                self.sessions.on_effect(m, e)
+        # RoleChanged: nothing to do here.
 
-    def _append_log(self, m: SimMember, message: object) -> None:
+    def _append_log(self, m: SimMember, message: object) -> int | None:
+        """Append ``message`` to the leader's publication; the position after it."""
         if m.publication_session is None or m.recording_session != m.publication_session:
             self.violation(f"member {m.member_id} appends to the log without a recorded publication")
-            return
+            return None
         term = m.core.leadership_term_id
         start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
         key = entry_key(message, term, m.member_id)
@@ -589,65 +556,9 @@ class Simulation(Checks, Clients, FaultSchedule):
             m.pending_acks.append((end, term, key, client))
         else:
             encoded = codecs.encode_log(message)
-            m.unrecorded.append((start, start + _aligned(len(encoded)), term, key))
-
-    def _record_publication(self, m: SimMember) -> None:
-        """The leader's archive records its own publication a little after it was sent (on the
-        next tick), so followers can hold a tail that a crashing leader never recorded."""
-        a = m.archive
-        for start, end, term, key in m.unrecorded:
-            if start != a.stop:
-                self.violation(f"member {m.member_id} publication and recording diverge")
-                break
-            a.append(end - start, term, key)
-        m.unrecorded.clear()
-
-    def _start_replay(self, m: SimMember, e: fx.StartReplay) -> None:
-        if e.from_position != m.applied:
-            what = "applies entries a second time" if e.from_position < m.applied else "skips entries"
-            self.violation(f"member {m.member_id} replays from {e.from_position}, applied up to {m.applied}: {what}")
-        m.active_replay = e.replay_id
-        m.replay_range = (e.from_position, e.to_position)
-        a = m.archive
-        i, j = a.index_at(e.from_position), a.index_at(e.to_position)
-        if i < 0 or j < 0 or j < i:
-            self.violation(f"member {m.member_id} replays [{e.from_position}, {e.to_position}), not entries")
-            return
-        per_entry = self.config.replay_entry_ns
-        if per_entry <= 0 or j == i:
-            self._schedule(1 * MS, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
-            return
-        step = max(1, (j - i + 3) // 4)
-        k = i
-        while k < j:
-            k = min(j, k + step)
-            position = a.ends[k - 1]
-            self._schedule((k - i) * per_entry, _REPLAY_PROGRESS, (m.member_id, m.incarnation, e.replay_id, position))
-        self._schedule((j - i) * per_entry + 1, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
-
-    def _on_replay_progress(self, member_id: int, incarnation: int, replay_id: int, position: int) -> None:
-        m = self.members[member_id]
-        if not m.alive or m.incarnation != incarnation:
-            return
-        if self._deferred(m, _REPLAY_PROGRESS, (member_id, incarnation, replay_id, position)):
-            return
-        if m.active_replay != replay_id:
-            return  # stopped (StopReplay): nothing more of it is applied
-        m.applied = max(m.applied, position)
-        m.core.on_replay_progress(replay_id, position)
-        self._run_core(m)
-
-    def _on_replay_done(self, member_id: int, incarnation: int, replay_id: int) -> None:
-        m = self.members[member_id]
-        if not m.alive or m.incarnation != incarnation:
-            return
-        if self._deferred(m, _REPLAY_DONE, (member_id, incarnation, replay_id)):
-            return
-        if m.active_replay == replay_id:
-            self.service.on_replay_done(m, *m.replay_range)
-        m.core.on_replay_done(replay_id, self.now_ns)
-        m.core.do_work(self.now_ns)
-        self._run_core(m)
+            end = start + _aligned(len(encoded))
+            m.unrecorded.append((start, end, term, key))
+        return end
 
     # ------------------------------------------------------------------------------ queries
 
@@ -708,6 +619,7 @@ _DISPATCH = {
     _UNBLOCK: Simulation._on_unblock,
     _CLIENTS_STOP: Simulation._on_clients_stop,
 }
+_SESSION_EFFECTS = (fx.RollbackUncommitted, fx.ElectionComplete, fx.ClusterResumed)
 Simulation._dispatch = _DISPATCH  # a model in a subclass (sim_control) extends or overrides it
 
 

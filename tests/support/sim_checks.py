@@ -58,6 +58,10 @@ class Checks:
         if core is None:
             return
         self.service.sync(m)
+        if self.sessions is not None:
+            self.sessions.sync(m)
+            if not m.alive:
+                return
         if core.safety_alerts:
             for alert in core.safety_alerts:
                 self.violation(alert)
@@ -108,6 +112,8 @@ class Checks:
             "sessions_opened": s.opened if s else 0,
             "sessions_closed": s.closed_by_client if s else 0,
             "sessions_timed_out": s.timed_out if s else 0,
+            "sessions_rolled_back": s.rolled_back if s else 0,
+            "sessions_redirected": s.redirected if s else 0,
             "acked": len(self.acked),
         }
 
