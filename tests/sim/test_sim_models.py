@@ -28,16 +28,18 @@ def _violations(make=Simulation, seeds=SEEDS, **overrides) -> list[str]:
 
 
 def test_the_models_keep_every_invariant_and_do_something() -> None:
-    opened = timed_out = steps = applied = 0
+    opened = timed_out = rolled_back = challenged = steps = applied = 0
     for seed in SEEDS:
         sim = Simulation(seed, _config(seed))
         result = sim.run()
         assert not result.violations, result.violations[0]
         opened += sim.sessions.opened
         timed_out += sim.sessions.timed_out
+        rolled_back += sim.sessions.rolled_back
+        challenged += sim.sessions.challenged
         steps += sim.clocks.steps
         applied += sum(len(m.service.applied) for m in sim.members)
-    assert opened and timed_out and steps and applied
+    assert opened and timed_out and rolled_back and challenged and steps and applied
 
 
 class _WallClockOnly:

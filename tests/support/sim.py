@@ -54,7 +54,7 @@ Invariants, checked as the run goes (violations are collected, the first one is 
   by every service that reached it (``sim_service``);
 * every member's session table is its log's: a member that does not lead has open exactly the
   sessions the committed log leaves open where its log adapter is, a settled leader those its
-  whole log leaves open; session ids in the committed log only grow (``sim_sessions``).
+  whole log leaves open; no session id is opened twice in the committed log (``sim_sessions``).
 
 Layout: this module runs the events, the members' lives, the network and the effects; beside it
 ``sim_model`` (archive, member, settings, result, event kinds), ``sim_log`` (recording,

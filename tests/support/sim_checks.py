@@ -114,6 +114,8 @@ class Checks:
             "sessions_timed_out": s.timed_out if s else 0,
             "sessions_rolled_back": s.rolled_back if s else 0,
             "sessions_redirected": s.redirected if s else 0,
+            "sessions_challenged": s.challenged if s else 0,
+            "sessions_auth_rejected": s.auth_rejected if s else 0,
             "acked": len(self.acked),
         }
 

@@ -94,7 +94,8 @@ class FaultSchedule:
 
 def random_config(seed: int) -> SimConfig:
     """The fault mix of the seed sweep: 3 or 5 members, faults for 2-4 s, clients writing in
-    sessions, failing disks and skewed, stepped clocks."""
+    sessions (half the seeds authenticated by a shared secret), failing disks and skewed,
+    stepped clocks."""
     r = random.Random(seed * 7919 + 17)
     return SimConfig(
         member_count=r.choice((3, 3, 5)),
@@ -113,6 +114,7 @@ def random_config(seed: int) -> SimConfig:
         sessions=True,
         session_timeout_ns=r.choice((300 * MS, 1 * S)),
         control=True,
+        session_auth=r.random() < 0.5,
     )
 
 

@@ -174,6 +174,9 @@ class SimConfig:
     """Clients open, use, close and time out sessions through the leader's log
     (``sim_sessions``) instead of sending bare messages."""
     session_timeout_ns: int = 1 * S
+    session_auth: bool = False
+    """With sessions: members run the shared-secret authenticator (a challenge per connect, a
+    client now and then answering with a wrong key) instead of accepting every client."""
     """With sessions: the leader closes a session silent for this long (its cluster time)."""
     control: bool = False
     """The operator's requests too (snapshot, shutdown, abort, suspend, resume) and the members'

@@ -23,7 +23,9 @@ adapter, log adapter, effect executor and egress publisher):
   with no sessions and applies the log again from its start.
 
 A client (``SimConfig.clients`` of them, with ``SimConfig.sessions``) without a session asks to
-connect (again after half a second without an answer); with one, it sends messages in it, now
+connect (again after half a second without an answer); with ``SimConfig.session_auth`` the
+members run the shared-secret authenticator, the leader challenges each connect and the client
+answers (now and then with a wrong key: it is rejected and connects again); with a session, it sends messages in it, now
 and then a keep-alive, closes it, or falls silent for longer than the session timeout. It follows
 REDIRECTs and NewLeaderEvents, forgets a session it is told is CLOSED and connects again.
 
@@ -34,8 +36,9 @@ services' checks of ``sim_service``, which see the log these decisions made):
   its log up to a committed position P, has open exactly the sessions open in the committed log
   at P (after a rollback: at its commit position); a settled leader has open exactly the sessions
   its whole log leaves open (committed, uncommitted and not yet recorded entries);
-* session ids are never reused: each SessionOpenEvent of the committed log carries a session id
-  above every one opened before it.
+* session ids are never reused: no two SessionOpenEvents of the committed log carry the same
+  session id (whichever leaders appended them; with authentication, ids are handed out at the
+  connect and opened in the order clients answer their challenges, so they need not grow).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from bisect import bisect_right
 
 from cluster_node.codecs import (
     CLIENT_PROTOCOL_VERSION,
+    Challenge,
     CloseReason,
     EventCode,
     NewLeaderEvent,
@@ -54,6 +58,7 @@ from cluster_node.codecs import (
     SessionOpenEvent,
 )
 from cluster_node.consensus import effects as fx
+from cluster_node.consensus.auth import SharedSecretAuthenticator, challenge_answer
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.sessions import (
     AppendSessionEvent,
@@ -79,6 +84,11 @@ def _channel(c: int) -> str:
 
 def _client_of_channel(channel: str) -> int:
     return int(channel[len(_CHANNEL_PREFIX) :].split(":")[0])
+
+
+def _client_id(c: int) -> bytes:
+    """Client ``c``'s credentials in its connect request (its id, with the shared secret)."""
+    return b"client%d" % c
 
 
 def _image(c: int, member_id: int) -> int:
@@ -110,13 +120,16 @@ class SessionClients:
         self._correlation = 0
         self.endpoints = ",".join(f"{i}=member{i}:9010" for i in range(len(sim.members)))
         self.opened = self.closed_by_client = self.timed_out = self.rolled_back = self.redirected = 0
+        self.auth = sim.config.session_auth
+        self.keys = {_client_id(c): b"key-%d" % c for c in range(n)}
+        self.challenged = self.auth_rejected = 0
         # The canonical committed log's sessions: positions where the open set changed, and the
         # set from there on (read from ``sim.committed`` as it grows).
         self._canon_position = 0
         self._canon_open: frozenset[int] = frozenset()
         self._canon_ends: list[int] = [0]
         self._canon_sets: list[frozenset[int]] = [frozenset()]
-        self._last_committed_open = 0
+        self._committed_ids: set[int] = set()
 
     # ------------------------------------------------------------------ member processes
 
@@ -128,6 +141,9 @@ class SessionClients:
             SessionSettings(self.timeout_ns, max_sessions=1000),
             image_source_host=_image_host,
         )
+        if self.auth:
+            nonces = random.Random(self.rng.getrandbits(64))
+            m.sessions.authenticator = SharedSecretAuthenticator(dict(self.keys), nonces.randbytes)
         m.sessions_position = 0
         m.sessions_elections = 0
         m.sessions_led = False
@@ -154,18 +170,13 @@ class SessionClients:
             key = keys[i]
             if type(key) is tuple and key[0] in ("open", "close"):
                 if key[0] == "open":
-                    event = SessionOpenEvent(
-                        a.terms[i], 0, key[1], key[2], EGRESS_STREAM, _channel(self._client(key[1]))
-                    )
+                    event = SessionOpenEvent(a.terms[i], 0, key[1], key[2], EGRESS_STREAM, key[3])
                     sessions.on_log_session_open(event, ends[i])
                 else:
                     sessions.on_log_session_close(SessionCloseEvent(0, key[1], key[2], CloseReason(key[3])))
             position = ends[i]
             i += 1
         m.sessions_position = position
-
-    def _client(self, sid: int) -> int:
-        return self.sim.service.client_of(sid)
 
     def sync(self, m) -> None:
         """End of a member's step: a member that does not lead applies its committed log."""
@@ -255,12 +266,11 @@ class SessionClients:
             if type(key) is tuple and key[0] in ("open", "close"):
                 sid = key[1]
                 if key[0] == "open":
-                    if sid <= self._last_committed_open:
+                    if sid in self._committed_ids:
                         sim.violation(
-                            f"session id {sid} opened at {p} in the committed log, after session "
-                            f"{self._last_committed_open} was opened: an id reused"
+                            f"session id {sid} opened at {p} in the committed log a second time: an id reused"
                         )
-                    self._last_committed_open = max(self._last_committed_open, sid)
+                    self._committed_ids.add(sid)
                     self._canon_open = self._canon_open | {sid}
                 else:
                     self._canon_open = self._canon_open - {sid}
@@ -330,7 +340,9 @@ class SessionClients:
                 return
             self._correlation += 1
             self.connecting[c] = (self._correlation, sim.now_ns)
-            req = SessionConnectRequest(self._correlation, EGRESS_STREAM, CLIENT_PROTOCOL_VERSION, _channel(c))
+            req = SessionConnectRequest(
+                self._correlation, EGRESS_STREAM, CLIENT_PROTOCOL_VERSION, _channel(c), _client_id(c)
+            )
             self._deliver(self._on_connect, (c, target, req, sim.now_ns))
             return
         r = self.rng.random()
@@ -357,10 +369,18 @@ class SessionClients:
                 self.term[c] = msg.leadership_term_id
                 sim.client_leader[c] = msg.leader_member_id
             return
+        pending = self.connecting[c]
+        if type(msg) is Challenge:
+            if pending is not None and msg.correlation_id == pending[0]:
+                self.challenged += 1
+                key = self.keys[_client_id(c)] if self.rng.random() >= 0.05 else b"wrong"
+                answer = challenge_answer(key, bytes(msg.encoded_challenge), _client_id(c))
+                args = (c, member_id, msg.correlation_id, msg.cluster_session_id, answer, sim.now_ns)
+                self._deliver(self._on_challenge_response, args)
+            return
         if type(msg) is not SessionEvent:
             return
         code = msg.code
-        pending = self.connecting[c]
         if code == EventCode.CLOSED:
             if self.session[c] == msg.cluster_session_id:
                 self.session[c] = None
@@ -372,6 +392,8 @@ class SessionClients:
             self.session[c] = msg.cluster_session_id
             self.term[c] = msg.leadership_term_id
             sim.client_leader[c] = member_id
+        elif code == EventCode.AUTHENTICATION_REJECTED:
+            self.auth_rejected += 1
         elif code == EventCode.REDIRECT:
             self.redirected += 1
             if msg.leader_member_id >= 0:
@@ -454,4 +476,22 @@ class SessionClients:
             m.sessions.on_close_request(term, sid, core.leadership_term_id, m.clock.now(), _image(c, member_id))
         else:
             m.sessions.on_close_request_not_leading(term, sid)
+        self._run(m)
+
+    def _on_challenge_response(
+        self, c: int, member_id: int, correlation_id: int, sid: int, answer: bytes, since: int
+    ) -> None:
+        m = self._member(self._on_challenge_response, (c, member_id, correlation_id, sid, answer, since))
+        if m is None or not m.core.is_leader:
+            return
+        core = m.core
+        m.sessions.on_challenge_response(
+            correlation_id,
+            sid,
+            answer,
+            leadership_term_id=core.leadership_term_id,
+            leader_member_id=core.known_leader_member_id,
+            now_ns=m.clock.now(),
+            image_session_id=_image(c, member_id),
+        )
         self._run(m)
