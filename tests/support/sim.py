@@ -8,8 +8,8 @@ the archive), sometimes in the middle of executing one step's effects, restart f
 persisted, or pause (SIGSTOP) and resume with stale beliefs. A leader's archive records its own
 publication a tick after sending it, so a crashing leader can lose a tail its followers hold;
 replication and catchup replays copy a few entries per tick, and replays into the service may
-take time per entry (reporting their progress, so an election can cut one short). Clients submit messages to whoever
-they believe leads; the leader acknowledges them once committed.
+take time per entry (reporting their progress, so an election can cut one short). Clients
+submit messages to whoever they believe leads; the leader acknowledges them once committed.
 
 Effects run as the node runs them: when one fails, ``consensus.effect_policy`` (the rule the
 node's executor follows) says whether the member goes on, counts the error, or fail-stops (here:
@@ -22,8 +22,12 @@ crashes, to be restarted). Models beside this module, each with its own random s
   the node's ``ClusterClock`` over it, which stamps the entries a leader appends;
 * ``sim_service``: what each log entry is, and a deterministic service per member process that
   applies the log as the process does (a hash chain over entries, sessions and timestamps);
-* ``sim_sessions``: clients open sessions, send in them, close them or fall silent until the
-  leader times them out, all through the leader's log.
+* ``sim_sessions``: every member process runs the node's real session manager
+  (``consensus.sessions.ClusterSessions``); clients connect, send, keep alive, close or fall
+  silent through it, its effects (session events into the leader's log, answers to clients)
+  are carried out as the node's agent does, followers apply session events from their
+  committed log, and elections, rollbacks and timeouts (in cluster time) reach it as in the
+  node.
 
 Time only moves from one event to the next (a heap of ``(time_ns, seq, event)``), so a run costs
 what happens in it, not how long it lasts in simulated time. All randomness comes from the seed
@@ -47,10 +51,16 @@ Invariants, checked as the run goes (violations are collected, the first one is 
 * cluster time in the log never goes backwards, across clock steps and leaders; every service
   that applied up to a position has the same state there; a session's messages are applied only
   between its open and its close; a message is applied at most once, and every acknowledged one
-  by every service that reached it (``sim_service``).
+  by every service that reached it (``sim_service``);
+* every member's session table is its log's: a member that does not lead has open exactly the
+  sessions the committed log leaves open where its log adapter is, a settled leader those its
+  whole log leaves open; no session id is opened twice in the committed log (``sim_sessions``).
 
-The log model: an entry is ``(start, end, term, key)``; its length is the aligned frame length of
-the encoded message (32-byte header, 32-byte alignment), so positions behave like real ones.
+Layout: this module runs the events, the members' lives, the network and the effects; beside it
+``sim_model`` (archive, member, settings, result, event kinds), ``sim_log`` (recording,
+subscriptions, replication, replays), ``sim_checks`` (the invariant checks above that are not a
+model's), ``sim_faults`` (the fault schedule and the sweep's fault mixes) and ``sim_clients``
+(clients without sessions). Their names are importable from here.
 """
 
 from __future__ import annotations
@@ -58,8 +68,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-from bisect import bisect_left
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from cluster_node import codecs
 from cluster_node.consensus import effect_policy
@@ -67,196 +76,66 @@ from cluster_node.consensus import effects as fx
 from cluster_node.consensus.effects import Role
 from cluster_node.consensus.election import ElectionState
 from cluster_node.consensus.members import ClusterMember
-from cluster_node.consensus.module import ConsensusModule, ConsensusSettings
+from cluster_node.consensus.module import ConsensusModule
 from cluster_node.consensus.recording_log import RecordingLog
+from tests.support.sim_checks import Checks
+from tests.support.sim_clients import Clients
 from tests.support.sim_clock import SimClocks
 from tests.support.sim_disk import SimDisk
+from tests.support.sim_faults import FaultSchedule, random_config, stress_config
+from tests.support.sim_log import LogTransport
+from tests.support.sim_model import (
+    _ACK,
+    _CALL,
+    _CLIENT,
+    _CLIENTS_STOP,
+    _DELIVER,
+    _FAULT,
+    _HEAL,
+    _INGRESS,
+    _REDIRECT,
+    _REPLAY_DONE,
+    _REPLAY_PROGRESS,
+    _RESTART,
+    _TICK,
+    _UNBLOCK,
+    _UNPARTITION,
+    ALIGN,
+    FRAME_HEADER,
+    MS,
+    SIM_SETTINGS,
+    S,
+    SimArchive,
+    SimConfig,
+    SimMember,
+    SimResult,
+    SimSubscription,
+    _aligned,
+)
 from tests.support.sim_service import SimServices, entry_key
 from tests.support.sim_sessions import SessionClients
 
-MS = 1_000_000
-S = 1_000_000_000
-FRAME_HEADER = 32
-ALIGN = 32
-
-SIM_SETTINGS = ConsensusSettings(
-    election_timeout_ns=200 * MS,
-    election_status_interval_ns=20 * MS,
-    leader_heartbeat_interval_ns=40 * MS,
-    leader_heartbeat_timeout_ns=500 * MS,
-    startup_canvass_timeout_ns=1000 * MS,
-    replication_progress_timeout_ns=500 * MS,
-    commit_broadcast_interval_ns=0,
-)
-"""Scenario tests see every commit advance at once on every member (``converged`` compares
-commit positions while clients write); the seed sweep also runs with the real throttle."""
-
-
-def _aligned(length: int) -> int:
-    return (length + FRAME_HEADER + ALIGN - 1) // ALIGN * ALIGN
+__all__ = [
+    "ALIGN",
+    "FRAME_HEADER",
+    "MS",
+    "S",
+    "SIM_SETTINGS",
+    "SimArchive",
+    "SimConfig",
+    "SimMember",
+    "SimResult",
+    "SimSubscription",
+    "Simulation",
+    "make_simulation",
+    "random_config",
+    "replay_command",
+    "run_seed",
+    "stress_config",
+]
 
 
-class SimArchive:
-    """One member's log recording: parallel lists of entry starts, ends, terms and keys."""
-
-    __slots__ = ("starts", "ends", "terms", "keys", "epoch")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.terms: list[int] = []
-        self.keys: list[object] = []
-        self.epoch = 0
-        """Bumped by every truncation: a replication reading a truncated source fails."""
-
-    @property
-    def stop(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-    def append(self, length: int, term: int, key: object) -> int:
-        start = self.stop
-        self.starts.append(start)
-        self.ends.append(start + length)
-        self.terms.append(term)
-        self.keys.append(key)
-        return start + length
-
-    def index_at(self, position: int) -> int:
-        """Index of the entry starting at ``position`` (len when position == stop), or -1."""
-        i = bisect_left(self.starts, position)
-        if i < len(self.starts) and self.starts[i] == position:
-            return i
-        if position == self.stop:
-            return len(self.starts)
-        return -1
-
-    def copy_from(self, src: SimArchive, up_to: int, max_entries: int = 1 << 30) -> bool:
-        """Append the source's entries from our stop up to ``up_to`` (an entry boundary), at
-        most ``max_entries`` of them."""
-        i = src.index_at(self.stop)
-        if i < 0:
-            return False
-        j = bisect_left(src.ends, up_to, i) + 1 if up_to > self.stop else i
-        j = min(j, len(src.ends), i + max_entries)
-        while j > i and src.ends[j - 1] > up_to:
-            j -= 1
-        if j <= i:
-            return False
-        self.starts.extend(src.starts[i:j])
-        self.ends.extend(src.ends[i:j])
-        self.terms.extend(src.terms[i:j])
-        self.keys.extend(src.keys[i:j])
-        return True
-
-    def truncate(self, position: int) -> bool:
-        i = self.index_at(position)
-        if i < 0:
-            return False
-        del self.starts[i:], self.ends[i:], self.terms[i:], self.keys[i:]
-        self.epoch += 1
-        return True
-
-
-class SimSubscription:
-    __slots__ = ("leader_member_id", "log_session_id", "live", "catchup", "joined")
-
-    def __init__(self, leader_member_id: int, log_session_id: int) -> None:
-        self.leader_member_id = leader_member_id
-        self.log_session_id = log_session_id
-        self.live = False
-        self.catchup = False
-        self.joined = False
-
-
-class SimMember:
-    """A member's process (core and volatile plumbing) and its disk (persisted state)."""
-
-    def __init__(self, member_id: int) -> None:
-        self.member_id = member_id
-        # Disk: survives crashes.
-        self.node_state_candidate_term = -1
-        self.recording_log_bytes = bytearray()
-        self.archive = SimArchive()
-        # Process.
-        self.alive = False
-        self.incarnation = 0
-        self.core: ConsensusModule | None = None
-        self.recording_session: int | None = None
-        self.publication_session: int | None = None
-        self.subscription: SimSubscription | None = None
-        self.replication: tuple[int, int, int, int] | None = None  # id, leader, stop, epoch
-        self.catchup_replays: dict[int, int] = {}  # follower id -> log session id
-        self.reported_stop = 0
-        self.paused_until = 0
-        self.unrecorded: list[tuple[int, int, int, object]] = []
-        """Leader: entries published but not yet recorded by its own archive (lost on crash)."""
-        self.last_commit = -1
-        self.applied = 0
-        """Where this process's log adapter and service have applied the log to: the commit
-        position as it advances, and a replay's progress (which the process reports to the
-        core, whatever the core makes of it)."""
-        self.active_replay: int | None = None
-        self.pending_acks: list[tuple[int, int, bytes, int]] = []  # end, term, payload, client
-
-
-@dataclass
-class SimConfig:
-    member_count: int = 3
-    settings: ConsensusSettings = SIM_SETTINGS
-    tick_ns: int = 20 * MS
-    delay_min_ns: int = 1 * MS
-    delay_max_ns: int = 15 * MS
-    drop_rate: float = 0.0
-    dup_rate: float = 0.0
-    faults: bool = False
-    fault_duration_ns: int = 4 * S
-    mean_fault_interval_ns: int = 400 * MS
-    torn_crash_rate: float = 0.0
-    clients: int = 0
-    client_interval_ns: int = 40 * MS
-    client_stop_after_heal_ns: int = 1 * S
-    convergence_bound_ns: int = 15 * S
-    encode_messages: bool = True
-    appointed_leader_id: int = -1
-    max_events: int = 3_000_000
-    """A run that needs more events than this is stopped and reported (a message storm)."""
-    chunk_entries: int = 1 << 30
-    """Entries a replication or catchup replay copies per tick (the live log: everything)."""
-    replay_entry_ns: int = 0
-    """Time a replay into the service takes per entry, reported in steps of a quarter
-    (``on_replay_progress``), so that an election can cut a replay short; 0: each replay is
-    done 1 ms after it starts."""
-    disk_fault_rate: float = 0.0
-    """While faults last, the chance that one durable write or archive request fails
-    (``sim_disk``); the policy of ``consensus.effect_policy`` decides what follows."""
-    clock_skew_ns: int = 0
-    """How far a member's wall clock may be from the others'; while faults last, clocks are
-    stepped within it (``sim_clock``)."""
-    sessions: bool = False
-    """Clients open, use, close and time out sessions through the leader's log
-    (``sim_sessions``) instead of sending bare messages."""
-    session_timeout_ns: int = 1 * S
-    """With sessions: the leader closes a session silent for this long (its cluster time)."""
-    control: bool = False
-    """The operator's requests too (snapshot, shutdown, abort, suspend, resume) and the members'
-    snapshots and terminations: ``tests/support/sim_control.py``."""
-
-
-@dataclass
-class SimResult:
-    seed: int
-    violations: list[str]
-    trace_hash: str
-    sim_time_ns: int
-    events: int
-    leaders: dict[int, int] = field(default_factory=dict)
-    committed_position: int = 0
-    acked: int = 0
-    coverage: dict[str, int] = field(default_factory=dict)
-    """How much the models did (I/O errors, clock steps, sessions, ...): a sweep sums them."""
-
-
-class Simulation:
+class Simulation(Checks, Clients, FaultSchedule, LogTransport):
     """Run N consensus cores on a seeded fake network. See the module docstring."""
 
     # The model classes (a test subclass swaps one for a broken one to see a check fail).
@@ -402,6 +281,8 @@ class Simulation:
         m.applied = m.core.commit_position
         self.clocks.on_start(m)
         self.service.on_start(m)
+        if self.sessions is not None:
+            self.sessions.on_start(m)
         m.active_replay = None
         m.pending_acks = []
         self._record(f"start {member_id}")
@@ -513,63 +394,13 @@ class Simulation:
         self._pull_log(m)
         self._replicate(m)
         self._report_position(m)
+        if self.sessions is not None:
+            self.sessions.on_tick(m)
+            if not m.alive:
+                return
         m.core.do_work(self.now_ns)
         self._run_core(m)
         self._schedule(self.config.tick_ns, _TICK, (member_id, incarnation))
-
-    def _pull_log(self, m: SimMember) -> None:
-        """The follower's subscription receives what the leader's publication (live destination)
-        or the leader's catchup replay (catchup destination) has sent since its position."""
-        sub = m.subscription
-        if sub is None or m.recording_session != sub.log_session_id:
-            return
-        leader = self.members[sub.leader_member_id]
-        if not leader.alive or leader.paused_until > self.now_ns or not self._link_up(leader.member_id, m.member_id):
-            return
-        if self.drop_rate and self.rng.random() < self.drop_rate:
-            return
-        live = sub.live and leader.publication_session == sub.log_session_id
-        catchup = sub.catchup and leader.catchup_replays.get(m.member_id) == sub.log_session_id
-        if not (live or catchup):
-            return
-        if not sub.joined:
-            sub.joined = True
-            m.core.on_log_image(m.archive.stop, self.now_ns)
-        if self.disk.recording_stalled(m):
-            return
-        a = m.archive
-        a.copy_from(leader.archive, leader.archive.stop, 1 << 30 if live else self.chunk_entries)
-        if live and leader.unrecorded and a.stop == leader.archive.stop:
-            for start, end, term, key in leader.unrecorded:
-                a.append(end - start, term, key)
-
-    def _replicate(self, m: SimMember) -> None:
-        rep = m.replication
-        if rep is None:
-            return
-        replication_id, leader_id, stop, epoch = rep
-        src = self.members[leader_id]
-        if (
-            not src.alive
-            or src.paused_until > self.now_ns
-            or not (self._link_up(leader_id, m.member_id) and self._link_up(m.member_id, leader_id))
-        ):
-            return
-        if src.archive.epoch != epoch:
-            m.replication = None
-            m.core.on_replication_failed(replication_id, "source recording truncated", self.now_ns)
-            return
-        if m.archive.stop < stop and src.archive.index_at(m.archive.stop) < 0:
-            m.replication = None
-            m.core.on_replication_failed(replication_id, "position not in source", self.now_ns)
-            return
-        m.archive.copy_from(src.archive, min(stop, src.archive.stop), self.chunk_entries)
-        self._report_position(m)
-        if m.archive.stop == stop:
-            m.replication = None
-            m.core.on_replication_done(replication_id, self.now_ns)
-        elif m.archive.stop > stop:
-            self.violation(f"member {m.member_id} replicated past its stop position {stop}")
 
     def _report_position(self, m: SimMember) -> None:
         stop = m.archive.stop
@@ -620,6 +451,8 @@ class Simulation:
             self.send(mid, e.member_id, e.message)
         elif t is fx.CommitPositionChanged:
             self._on_commit(m, e.position)
+            if self.sessions is not None:
+                self.sessions.on_effect(m, e)
         elif t is fx.PersistCandidateTerm:
             if e.candidate_term_id < m.node_state_candidate_term:
                 self.violation(f"member {mid} persisted a lower candidate term {e.candidate_term_id}")
@@ -703,12 +536,16 @@ class Simulation:
                 self._record(f"leader {mid} term {e.leadership_term_id}")
         elif t is fx.StopReplay:
             m.active_replay = None
-        # RoleChanged, ElectionComplete, RollbackUncommitted: nothing to do here.
+        elif t in _SESSION_EFFECTS:
+            if self.sessions is not None:
+                self.sessions.on_effect(m, e)
+        # RoleChanged: nothing to do here.
 
-    def _append_log(self, m: SimMember, message: object) -> None:
+    def _append_log(self, m: SimMember, message: object) -> int | None:
+        """Append ``message`` to the leader's publication; the position after it."""
         if m.publication_session is None or m.recording_session != m.publication_session:
             self.violation(f"member {m.member_id} appends to the log without a recorded publication")
-            return
+            return None
         term = m.core.leadership_term_id
         start = m.unrecorded[-1][1] if m.unrecorded else m.archive.stop
         key = entry_key(message, term, m.member_id)
@@ -719,238 +556,9 @@ class Simulation:
             m.pending_acks.append((end, term, key, client))
         else:
             encoded = codecs.encode_log(message)
-            m.unrecorded.append((start, start + _aligned(len(encoded)), term, key))
-
-    def _record_publication(self, m: SimMember) -> None:
-        """The leader's archive records its own publication a little after it was sent (on the
-        next tick), so followers can hold a tail that a crashing leader never recorded."""
-        a = m.archive
-        for start, end, term, key in m.unrecorded:
-            if start != a.stop:
-                self.violation(f"member {m.member_id} publication and recording diverge")
-                break
-            a.append(end - start, term, key)
-        m.unrecorded.clear()
-
-    def _start_replay(self, m: SimMember, e: fx.StartReplay) -> None:
-        if e.from_position != m.applied:
-            what = "applies entries a second time" if e.from_position < m.applied else "skips entries"
-            self.violation(f"member {m.member_id} replays from {e.from_position}, applied up to {m.applied}: {what}")
-        m.active_replay = e.replay_id
-        m.replay_range = (e.from_position, e.to_position)
-        a = m.archive
-        i, j = a.index_at(e.from_position), a.index_at(e.to_position)
-        if i < 0 or j < 0 or j < i:
-            self.violation(f"member {m.member_id} replays [{e.from_position}, {e.to_position}), not entries")
-            return
-        per_entry = self.config.replay_entry_ns
-        if per_entry <= 0 or j == i:
-            self._schedule(1 * MS, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
-            return
-        step = max(1, (j - i + 3) // 4)
-        k = i
-        while k < j:
-            k = min(j, k + step)
-            position = a.ends[k - 1]
-            self._schedule((k - i) * per_entry, _REPLAY_PROGRESS, (m.member_id, m.incarnation, e.replay_id, position))
-        self._schedule((j - i) * per_entry + 1, _REPLAY_DONE, (m.member_id, m.incarnation, e.replay_id))
-
-    def _on_replay_progress(self, member_id: int, incarnation: int, replay_id: int, position: int) -> None:
-        m = self.members[member_id]
-        if not m.alive or m.incarnation != incarnation:
-            return
-        if self._deferred(m, _REPLAY_PROGRESS, (member_id, incarnation, replay_id, position)):
-            return
-        if m.active_replay != replay_id:
-            return  # stopped (StopReplay): nothing more of it is applied
-        m.applied = max(m.applied, position)
-        m.core.on_replay_progress(replay_id, position)
-        self._run_core(m)
-
-    def _on_replay_done(self, member_id: int, incarnation: int, replay_id: int) -> None:
-        m = self.members[member_id]
-        if not m.alive or m.incarnation != incarnation:
-            return
-        if self._deferred(m, _REPLAY_DONE, (member_id, incarnation, replay_id)):
-            return
-        if m.active_replay == replay_id:
-            self.service.on_replay_done(m, *m.replay_range)
-        m.core.on_replay_done(replay_id, self.now_ns)
-        m.core.do_work(self.now_ns)
-        self._run_core(m)
-
-    # ---------------------------------------------------------------------------- invariants
-
-    def _on_commit(self, m: SimMember, position: int) -> None:
-        mid = m.member_id
-        if position < m.last_commit:
-            self.violation(f"member {mid} commit went back {m.last_commit} -> {position}")
-            return
-        archive = m.archive
-        if position > archive.stop:
-            self.violation(f"member {mid} commits {position} beyond its log end {archive.stop}")
-            return
-        start = max(m.last_commit, 0)
-        i = archive.index_at(start)
-        if i < 0:
-            self.violation(f"member {mid} commit {start} is not an entry boundary")
-            return
-        committed = self.committed
-        ends, terms, keys = archive.ends, archive.terms, archive.keys
-        n = len(ends)
-        while i < n and ends[i] <= position:
-            s = archive.starts[i]
-            entry = (ends[i], terms[i], keys[i])
-            known = committed.get(s)
-            if known is None:
-                if s != self.committed_end:
-                    self.violation(f"member {mid} committed entry at {s} leaves a gap")
-                committed[s] = entry
-                self.committed_end = ends[i]
-            elif known != entry:
-                self.violation(f"member {mid} committed {entry} at {s}, but {known} was committed there")
-                return
-            i += 1
-        if position != (ends[i - 1] if i > 0 else 0) and position != 0:
-            self.violation(f"member {mid} commit position {position} is inside an entry")
-        m.last_commit = position
-        m.applied = max(m.applied, position)
-        self._record(f"c {mid} {position}")
-
-    def _after_step(self, m: SimMember) -> None:
-        core = m.core
-        if core is None:
-            return
-        self.service.sync(m)
-        if core.safety_alerts:
-            for alert in core.safety_alerts:
-                self.violation(alert)
-            core.safety_alerts.clear()
-        if m.pending_acks and core.role == Role.LEADER:
-            commit = core.commit_position
-            pending = m.pending_acks
-            k = 0
-            while k < len(pending) and pending[k][0] <= commit:
-                end, term, payload, client = pending[k]
-                if term == core.leadership_term_id:
-                    self._send_ack(m.member_id, client, payload, end)
-                k += 1
-            if k:
-                del pending[:k]
-        elif m.pending_acks and core.role != Role.LEADER:
-            m.pending_acks.clear()
-
-    # ------------------------------------------------------------------------------ clients
-
-    def _on_client(self, client: int) -> None:
-        if not self.clients_active:
-            return
-        cfg = self.config
-        if self.now_ns - self.client_last_reply_ns[client] > 300 * MS:
-            self.client_leader[client] = self.rng.randrange(len(self.members))
-            self.client_last_reply_ns[client] = self.now_ns
-        target = self.client_leader[client]
-        if self.sessions is not None:
-            self.sessions.on_client(client, target)
-        else:
-            self.client_seq[client] += 1
-            payload = b"c%d:%d" % (client, self.client_seq[client])
-            if not (self.drop_rate and self.rng.random() < self.drop_rate):
-                delay = self.rng.randint(cfg.delay_min_ns, cfg.delay_max_ns)
-                self._schedule(delay, _INGRESS, (client, target, payload))
-        self._schedule(cfg.client_interval_ns // 2 + self.rng.randrange(cfg.client_interval_ns), _CLIENT, (client,))
-
-    def _on_ingress(self, client: int, member_id: int, payload: bytes) -> None:
-        m = self.members[member_id]
-        if not m.alive or self._deferred(m, _INGRESS, (client, member_id, payload)):
-            return
-        if m.core.on_ingress(client, payload, self.now_ns):
-            self._run_core(m)
-        else:
-            leader = m.core.leader_member_id
-            if leader >= 0:
-                self._schedule(self.config.delay_min_ns, _REDIRECT, (client, leader))
-
-    def _on_redirect(self, client: int, leader: int) -> None:
-        self.client_leader[client] = leader
-        self.client_last_reply_ns[client] = self.now_ns
-
-    def _send_ack(self, member_id: int, client: int, payload: bytes, end: int) -> None:
-        if self.drop_rate and self.rng.random() < self.drop_rate:
-            return
-        delay = self.rng.randint(self.config.delay_min_ns, self.config.delay_max_ns)
-        self._schedule(delay, _ACK, (client, member_id, payload, end))
-
-    def _on_ack(self, client: int, member_id: int, payload: bytes, end: int) -> None:
-        self.acked[payload] = end
-        self.client_leader[client] = member_id
-        self.client_last_reply_ns[client] = self.now_ns
-
-    # ------------------------------------------------------------------------------- faults
-
-    def _next_fault_delay(self) -> int:
-        mean = self.config.mean_fault_interval_ns
-        return int(self.rng.expovariate(1.0 / mean))
-
-    def _on_fault(self) -> None:
-        if not self.faults_active:
-            return
-        rng = self.rng
-        n = len(self.members)
-        kind = rng.random()
-        if kind < 0.30:
-            victim = rng.randrange(n)
-            if self.members[victim].alive:
-                self.crash(victim)
-                self._schedule(rng.randint(50 * MS, 2 * S), _RESTART, (victim,))
-        elif kind < 0.55:
-            size = rng.randint(1, (n - 1) // 2 if n > 2 else 1)
-            group = set(rng.sample(range(n), size))
-            one_way = rng.random() < 0.4
-            self.partition(group, one_way)
-            self._schedule(rng.randint(100 * MS, 2 * S), _UNPARTITION, (tuple(sorted(group)), one_way))
-        elif kind < 0.62:
-            self.pause(rng.randrange(n), rng.randint(50 * MS, 1500 * MS))
-        elif kind < 0.70:
-            a, b = rng.sample(range(n), 2)
-            self.block(a, b)
-            self._record(f"block {a}->{b}")
-            self._schedule(rng.randint(100 * MS, 2 * S), _UNBLOCK, (a, b))
-        elif kind < 0.85:
-            self.drop_rate = rng.choice((0.0, 0.01, 0.05, 0.2))
-            self._record(f"drop {self.drop_rate}")
-        else:
-            self.dup_rate = rng.choice((0.0, 0.02, 0.1))
-            self._record(f"dup {self.dup_rate}")
-        self._schedule(self._next_fault_delay(), _FAULT, ())
-
-    def _on_unpartition(self, group: tuple[int, ...], one_way: bool) -> None:
-        n = len(self.members)
-        for a in group:
-            for b in range(n):
-                if b not in group:
-                    self.blocked.discard((a, b))
-                    if not one_way:
-                        self.blocked.discard((b, a))
-
-    def _on_unblock(self, a: int, b: int) -> None:
-        self.blocked.discard((a, b))
-
-    def _on_restart(self, member_id: int) -> None:
-        self.restart(member_id)
-
-    def _on_heal(self) -> None:
-        self.faults_active = False
-        self.drop_rate = 0.0
-        self.dup_rate = 0.0
-        self.heal()
-        for m in self.members:
-            if not m.alive:
-                self.start_member(m.member_id)
-        self._schedule(self.config.client_stop_after_heal_ns, _CLIENTS_STOP, ())
-
-    def _on_clients_stop(self) -> None:
-        self.clients_active = False
+            end = start + _aligned(len(encoded))
+            m.unrecorded.append((start, end, term, key))
+        return end
 
     # ------------------------------------------------------------------------------ queries
 
@@ -965,28 +573,6 @@ class Simulation:
 
     def core(self, member_id: int) -> ConsensusModule:
         return self.members[member_id].core
-
-    def converged(self) -> bool:
-        """One settled leader; every member alive, settled on its term, holding its whole log,
-        with the same commit position."""
-        leader_id = self.leader()
-        if leader_id is None:
-            return False
-        lead = self.members[leader_id]
-        lc = lead.core
-        if lc.commit_position != lead.archive.stop:
-            return False
-        for m in self.members:
-            if not m.alive:
-                return False
-            c = m.core
-            if c.election is not None or c.leadership_term_id != lc.leadership_term_id:
-                return False
-            if m.member_id != leader_id and c.leader_member_id != leader_id:
-                return False
-            if m.archive.stop != lead.archive.stop or c.commit_position != lc.commit_position:
-                return False
-        return True
 
     def run(self) -> SimResult:
         """A full randomised run: faults until ``fault_duration_ns``, then heal, stop clients and
@@ -1015,56 +601,7 @@ class Simulation:
             self.coverage(),
         )
 
-    def coverage(self) -> dict[str, int]:
-        s = self.sessions
-        return {
-            "io_errors": self.disk.failures,
-            "io_errors_counted": self.errors,
-            "recording_stalls_reported": self.disk.stalls_reported,
-            "clock_steps": self.clocks.steps,
-            "sessions_opened": s.opened if s else 0,
-            "sessions_closed": s.closed_by_client if s else 0,
-            "sessions_timed_out": s.timed_out if s else 0,
-            "acked": len(self.acked),
-        }
 
-    def check_log_terms(self, member_id: int, log: RecordingLog | None = None) -> None:
-        """recording.log must describe the archive: every recorded entry carries the term of the
-        TERM entry that covers its position (the last one starting at or before it). The vote
-        rule compares logs by that term, so a mismatch would be a safety hole."""
-        m = self.members[member_id]
-        if log is None:
-            log = RecordingLog.decode(bytes(m.recording_log_bytes))
-        terms = sorted((e.term_base_log_position, e.leadership_term_id) for e in log.term_entries())
-        a = m.archive
-        k = -1
-        for i, start in enumerate(a.starts):
-            while k + 1 < len(terms) and terms[k + 1][0] <= start:
-                k += 1
-            if k < 0 or terms[k][1] != a.terms[i]:
-                covering = terms[k][1] if k >= 0 else None
-                self.violation(
-                    f"member {member_id}: entry at {start} has term {a.terms[i]} but recording.log says term {covering}"
-                )
-                return
-
-    def final_checks(self) -> None:
-        for m in self.members:
-            self.check_log_terms(m.member_id)
-        self.service.final_checks()
-        counts: dict[object, int] = {}
-        for _, _, key in self.committed.values():
-            if isinstance(key, bytes):
-                counts[key] = counts.get(key, 0) + 1
-        for payload in self.acked:
-            c = counts.get(payload, 0)
-            if c != 1:
-                self.violation(f"acknowledged message {payload!r} is in the committed log {c} times")
-
-
-_TICK, _DELIVER, _REPLAY_DONE, _CLIENT, _INGRESS, _REDIRECT, _ACK = range(7)
-_FAULT, _HEAL, _RESTART, _UNPARTITION, _UNBLOCK, _CLIENTS_STOP, _REPLAY_PROGRESS = range(7, 14)
-_CALL = 14
 _DISPATCH = {
     _CALL: Simulation._on_call,
     _REPLAY_PROGRESS: Simulation._on_replay_progress,
@@ -1082,51 +619,8 @@ _DISPATCH = {
     _UNBLOCK: Simulation._on_unblock,
     _CLIENTS_STOP: Simulation._on_clients_stop,
 }
+_SESSION_EFFECTS = (fx.RollbackUncommitted, fx.ElectionComplete, fx.ClusterResumed)
 Simulation._dispatch = _DISPATCH  # a model in a subclass (sim_control) extends or overrides it
-
-
-def random_config(seed: int) -> SimConfig:
-    """The fault mix of the seed sweep: 3 or 5 members, faults for 2-4 s, clients writing in
-    sessions, failing disks and skewed, stepped clocks."""
-    r = random.Random(seed * 7919 + 17)
-    return SimConfig(
-        member_count=r.choice((3, 3, 5)),
-        faults=True,
-        drop_rate=r.choice((0.0, 0.01, 0.05)),
-        dup_rate=r.choice((0.0, 0.01)),
-        clients=2,
-        torn_crash_rate=0.002,
-        fault_duration_ns=r.choice((2, 3, 4)) * S,
-        mean_fault_interval_ns=r.choice((200, 400, 800)) * MS,
-        chunk_entries=r.choice((2, 8, 1 << 30)),
-        replay_entry_ns=r.choice((0, 0, MS // 5, 5 * MS)),
-        settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
-        disk_fault_rate=r.choice((0.0, 0.01, 0.05)),
-        clock_skew_ns=r.choice((0, 50 * MS, 2 * S)),
-        sessions=True,
-        session_timeout_ns=r.choice((300 * MS, 1 * S)),
-        control=True,
-    )
-
-
-def stress_config(seed: int) -> SimConfig:
-    """A harsher mix for longer hunts (``scripts/simulate --stress``): more faults, more loss,
-    longer delays, three busy clients, more crashes in the middle of a step."""
-    r = random.Random(seed)
-    return SimConfig(
-        member_count=r.choice((3, 5)),
-        faults=True,
-        drop_rate=r.choice((0.0, 0.05, 0.2)),
-        dup_rate=0.05,
-        clients=3,
-        torn_crash_rate=0.01,
-        fault_duration_ns=r.choice((3, 6)) * S,
-        mean_fault_interval_ns=r.choice((100, 250)) * MS,
-        delay_max_ns=r.choice((15, 60)) * MS,
-        client_interval_ns=20 * MS,
-        replay_entry_ns=r.choice((0, MS // 5, 5 * MS)),
-        settings=replace(SIM_SETTINGS, commit_broadcast_interval_ns=r.choice((0, 10 * MS))),
-    )
 
 
 def make_simulation(seed: int, config: SimConfig) -> Simulation:

@@ -313,6 +313,8 @@ class ControlSimulation(Simulation):
             self.toggle[m.member_id] = ToggleState.NEUTRAL
 
     def _note(self, m: SimMember, e) -> None:
+        if type(e) is fx.ClusterResumed and self.sessions is not None:
+            self.sessions.on_effect(m, e)
         if type(e) is not fx.ControlNote:
             self._record(f"{type(e).__name__} {m.member_id}")
             return

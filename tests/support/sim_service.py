@@ -5,8 +5,8 @@ Entries. The simulator's archive keeps one key per entry; the key says what the 
 * a client message: a :class:`MessageKey`, the payload itself (bytes, so the simulator's
   acknowledgement checks compare payloads) carrying its session id and timestamp;
 * ``("nlt", term, leader, timestamp)``: a NewLeadershipTermEvent;
-* ``("open", session, timestamp)`` and ``("close", session, timestamp, reason)``: a session's
-  SessionOpenEvent and SessionCloseEvent (``sim_sessions``);
+* ``("open", session, timestamp, response channel)`` and ``("close", session, timestamp,
+  reason)``: a session's SessionOpenEvent and SessionCloseEvent (``sim_sessions``);
 * ``("other", name, timestamp)``: anything else.
 
 Services. Each member process runs a deterministic service that applies the log in order up to
@@ -58,7 +58,7 @@ def entry_key(message: object, term: int, member_id: int) -> object:
     if t is codecs.NewLeadershipTermEvent:
         return ("nlt", term, member_id, message.timestamp)
     if t is codecs.SessionOpenEvent:
-        return ("open", message.cluster_session_id, message.timestamp)
+        return ("open", message.cluster_session_id, message.timestamp, message.response_channel)
     if t is codecs.SessionCloseEvent:
         return ("close", message.cluster_session_id, message.timestamp, int(message.close_reason))
     return ("other", t.__name__, getattr(message, "timestamp", 0))
