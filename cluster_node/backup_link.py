@@ -66,7 +66,7 @@ class BackupLink:
         self._asked: dict[int, tuple[int, int]] = {}
         """Our correlation id -> (member asked, the core's correlation id): the latest query to
         each member only (an answer to an older one is late anyway)."""
-        self._refusals: list[tuple[int, str]] = []
+        self._refusals: list[tuple[int, str, bool]] = []
         self.errors = DistinctErrors("cluster_node.backup")
         """Bad datagrams on our response endpoint: counted, each kind said once, dropped."""
 
@@ -89,8 +89,10 @@ class BackupLink:
             if self._pubs[key[0]].offer(data) > 0:
                 del self._unsent[key]
 
-    def drain_refusals(self) -> list[tuple[int, str]]:
-        """(member id, the member's one line) for each query refused since the last call."""
+    def drain_refusals(self) -> list[tuple[int, str, bool]]:
+        """(member id, the member's one line, final) for each query refused since the last call;
+        final: the credentials were refused (AUTHENTICATION_REJECTED), not final: the member
+        could not decide now (ERROR: busy), ask again later."""
         refusals, self._refusals = self._refusals, []
         return refusals
 
@@ -114,7 +116,9 @@ class BackupLink:
         try:
             answer = self.credentials.on_challenge(bytes(msg.encoded_challenge))
         except Exception as e:  # noqa: BLE001 - a supplier that cannot answer refuses
-            self._refusals.append((member_id, f"member {member_id} asks for an answer this backup cannot give: {e}"))
+            self._refusals.append(
+                (member_id, f"member {member_id} asks for an answer this backup cannot give: {e}", True)
+            )
             return
         response = codecs.ChallengeResponse(msg.correlation_id, msg.cluster_session_id, answer)
         self._unsent[(member_id, "challenge")] = CONSENSUS_CODEC.encode(response)
@@ -124,7 +128,8 @@ class BackupLink:
         if asked is None or msg.code not in (codecs.EventCode.AUTHENTICATION_REJECTED, codecs.EventCode.ERROR):
             self._bad("unexpected SessionEvent", "a SessionEvent answering no query of ours dropped")
             return
-        self._refusals.append((asked[0], msg.detail or f"member {asked[0]} refused the query"))
+        final = msg.code == codecs.EventCode.AUTHENTICATION_REJECTED
+        self._refusals.append((asked[0], msg.detail or f"member {asked[0]} refused the query", final))
 
     def poll(self) -> list[codecs.BackupResponse]:
         self._flush()

@@ -342,10 +342,12 @@ class _Backup:
                 self._remote_closing = None
             for r in self.link.poll():
                 core.on_response(r, time.monotonic_ns())
-            for member_id, reason in self.link.drain_refusals():
-                # The members share one credentials file: a refusal by one is everyone's.
+            for member_id, reason, final in self.link.drain_refusals():
                 core.on_refused(member_id, reason, time.monotonic_ns())
-                raise NodeFailure(ExitCode.BACKUP_REFUSED, f"the cluster refused this backup: {reason}")
+                if final:
+                    # The members share one credentials file: a refusal by one is everyone's.
+                    raise NodeFailure(ExitCode.BACKUP_REFUSED, f"the cluster refused this backup: {reason}")
+                self._failed(f"query not decided: {reason}")  # busy: ask again after the cool-down
             work = self._live_work()
             work += core.do_work(time.monotonic_ns())
             self._publish_counters()

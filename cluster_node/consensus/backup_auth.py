@@ -24,7 +24,8 @@ With ``trusted`` (the cluster's member traffic is MAC'd: ``cluster.secret_file``
 is answered at once: it passed the MAC check, so its sender holds the cluster key, which lets
 it speak as any member anyway (docs/security.md).
 
-Bounds: at most ``capacity`` queries are being decided at once (more are rejected, "busy"); a
+Bounds: at most ``capacity`` queries are being decided at once (more are refused with a
+SessionEvent ERROR, "busy", which a backup takes as a reason to ask again later); a
 query undecided after ``timeout_ns`` (``auth.challenge_timeout``) is rejected and forgotten,
 the authenticator's entry with it (``forget``). A duplicate of a query being decided (same
 image, same correlation id) is ignored.
@@ -190,7 +191,8 @@ class BackupQueryAuth:
             session_id, msg.correlation_id, msg.response_channel, msg.response_stream_id, image_session_id, now_ns
         )
         if len(self.pending) >= self.capacity:
-            self._reject(q, BUSY_REASON)
+            # ERROR, not AUTHENTICATION_REJECTED: nothing is wrong with the asker, who asks again.
+            self._reject(q, BUSY_REASON, EventCode.ERROR)
             return
         self.pending[session_id] = q
         try:
@@ -259,7 +261,7 @@ class BackupQueryAuth:
         q.done = True
         self.pending.pop(q.session_id, None)
 
-    def _reject(self, q: _Query, reason: str) -> None:
+    def _reject(self, q: _Query, reason: str, code: EventCode = EventCode.AUTHENTICATION_REJECTED) -> None:
         self._finish(q)
         self.rejected += 1
         reason = reason[:200]
@@ -272,7 +274,7 @@ class BackupQueryAuth:
                     q.correlation_id,
                     NULL_VALUE,
                     NULL_VALUE,
-                    EventCode.AUTHENTICATION_REJECTED,
+                    code,
                     CLIENT_PROTOCOL_VERSION,
                     f"member {self.member_id}: {reason}",
                 ),

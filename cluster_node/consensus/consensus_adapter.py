@@ -158,7 +158,8 @@ class ConsensusAdapter:
     def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
         """Answer a backup (or a member seeding its empty directory) with what it needs to copy
         the cluster: our log recording, terms, commit-position counter and latest snapshot set.
-        Any member answers; the answer names the leader, whom the asker then prefers."""
+        Any member answers, once the authenticator accepts the asker (``_backup_queries``); the
+        answer names the leader, whom the asker then prefers."""
         source = ""
         for image in self._consensus_sub.images:
             if image.session_id == image_session_id:

@@ -147,7 +147,7 @@ class Recovery:
                     core.on_response(r, time.monotonic_ns())
                 self._consensus_sub.poll(on_query, 16)
                 self._backup_auth_work()
-                for member_id, reason in link.drain_refusals():
+                for member_id, reason, _final in link.drain_refusals():
                     # A member's authenticator refused us: without cluster.secret_file a seeding
                     # member presents no credentials (docs/security.md); the refusal counts as
                     # an answer without a snapshot set.

@@ -22,6 +22,7 @@ from tests.support.cluster import TestCluster, open_kv_client
 
 pytestmark = pytest.mark.slow
 
+
 def backup(cluster: TestCluster, base: Path, credentials_file: str) -> Backup:
     base.mkdir()
     b = Backup(cluster, base, credentials_file=credentials_file)

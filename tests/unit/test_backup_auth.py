@@ -40,9 +40,9 @@ def query(cid=11, credentials=b"backup") -> codecs.BackupQuery:
     )
 
 
-def rejection(effects) -> str:
+def rejection(effects, code=codecs.EventCode.AUTHENTICATION_REJECTED) -> str:
     (e,) = [e for e in effects if type(e) is SendBackupReply and type(e.message) is codecs.SessionEvent]
-    assert e.message.code == codecs.EventCode.AUTHENTICATION_REJECTED
+    assert e.message.code == code
     assert e.response_stream_id == 4242 and e.response_channel.endswith("127.0.0.9:7000")
     return e.message.detail
 
@@ -148,7 +148,7 @@ def test_the_table_is_bounded_and_a_duplicate_is_ignored() -> None:
     c.on_query(query(0), IMAGE, 0)  # the same question again
     assert len(c.pending) == 3 and c.drain_effects() == []
     c.on_query(query(3), IMAGE, 0)
-    assert "too many backup queries" in rejection(c.drain_effects())
+    assert "too many backup queries" in rejection(c.drain_effects(), codecs.EventCode.ERROR)
     assert len(c.pending) == 3
     c.process(6_000 * MS)
     assert len(c.drain_effects()) == 3 and not c.pending and len(auth.forgotten) == 3
