@@ -3,8 +3,8 @@ backup`` (``backup_node.py``) and a member seeding its empty directory (``consen
 
 ``BackupLink`` sends BackupQuery to the members' consensus endpoints and reads their
 BackupResponses on a response endpoint of its own (and a member's Challenge, answered with the
-credentials it was given, or its refusal: ``consensus/backup_auth.py``); ``retrieve_snapshot`` replicates one snapshot
-recording from a member's archive into the local one; ``create_empty_recording`` makes the
+credentials it was given, or its refusal: ``consensus/backup_auth.py``); ``retrieve_snapshot``
+replicates one snapshot recording from a member's archive into the local one; ``create_empty_recording`` makes the
 empty log recording a seeded member starts from. Every channel comes from
 ``backup_channels.py``.
 """
@@ -110,6 +110,7 @@ class BackupLink:
                 (
                     member_id,
                     f"member {member_id} asks for credentials and this backup has none (backup.credentials_file)",
+                    True,
                 )
             )
             return
