@@ -4,6 +4,8 @@ It runs a media driver and an archive of its own and the backup state machine
 (``consensus/backup.py``, which explains the states and the rules) over them::
 
     BackupQuery ──► a member's consensus endpoint; BackupResponse ──► our response endpoint
+                    (first a Challenge, answered with backup.credentials_file, when the
+                    members authenticate; a refusal ends the backup: exit code 12)
     snapshots   ◄── replicated from the member's archive into ours (archive replication)
     live log    ◄── the member's archive replays its log recording to our replay endpoint,
                     bounded by the member's commit-position counter; our archive records it
@@ -36,15 +38,18 @@ from cluster_node.archive.frame_walk import iter_frames
 from cluster_node.archive.segments import FRAME_TYPE_DATA
 from cluster_node.backup_channels import archive_control_channel, archive_local_channel, replay_channel
 from cluster_node.backup_link import BackupLink, retrieve_snapshot
+from cluster_node.client.credentials import SharedSecretCredentials
 from cluster_node.codecs import LOG_CODEC, CodecError, peek_template_id
 from cluster_node.config import BackupConfig, free_fixed_udp_ports
 from cluster_node.consensus import backup as b
 from cluster_node.consensus.backup import BackupCounterTypes
 from cluster_node.consensus.effects import WriteRecordingLog
 from cluster_node.consensus.recording_log_file import RecordingLogFile
+from cluster_node.exit_codes import ExitCode, NodeFailure
 from cluster_node.media.driver import open_media_driver
 from cluster_node.media.private_files import make_private_dir
-from cluster_node.node import member_keys
+from cluster_node.node import NodeStartError, member_keys
+from cluster_node.secret_file import SecretFileError
 
 __all__ = ["run_backup"]
 
@@ -62,7 +67,7 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 
 
 class _Backup:
-    def __init__(self, cfg: BackupConfig, driver, archive, client: ArchiveClient) -> None:
+    def __init__(self, cfg: BackupConfig, driver, archive, client: ArchiveClient, credentials=None) -> None:
         self.cfg = cfg
         self.driver = driver
         self.archive = archive
@@ -78,6 +83,7 @@ class _Backup:
             consensus_term_length=cfg.cluster.consensus_term_length,
             response_endpoint=f"{host}:{response_port}",
             auth=cfg.cluster.member_auth,
+            credentials=credentials,
         )
         self.rl_file = RecordingLogFile(cfg.backup_dir)
         rl = self.rl_file.log
@@ -336,6 +342,12 @@ class _Backup:
                 self._remote_closing = None
             for r in self.link.poll():
                 core.on_response(r, time.monotonic_ns())
+            for member_id, reason, final in self.link.drain_refusals():
+                core.on_refused(member_id, reason, time.monotonic_ns())
+                if final:
+                    # The members share one credentials file: a refusal by one is everyone's.
+                    raise NodeFailure(ExitCode.BACKUP_REFUSED, f"the cluster refused this backup: {reason}")
+                self._failed(f"query not decided: {reason}")  # busy: ask again after the cool-down
             work = self._live_work()
             work += core.do_work(time.monotonic_ns())
             self._publish_counters()
@@ -355,6 +367,12 @@ class _Backup:
 
 async def run_backup(cfg: BackupConfig, announce: bool = True) -> None:
     """Run the backup until SIGTERM/SIGINT."""
+    credentials = None
+    if cfg.backup.credentials_file.strip():
+        try:
+            credentials = SharedSecretCredentials.from_file(cfg.backup.credentials_file)
+        except SecretFileError as e:
+            raise NodeStartError(f"backup.credentials_file: {e}") from None
     directory = cfg.backup_dir
     make_private_dir(directory)
     host = cfg.backup.host
@@ -373,7 +391,7 @@ async def run_backup(cfg: BackupConfig, announce: bool = True) -> None:
         )
         async with open_archive(driver, archive_cfg) as archive:
             client = await ArchiveClient.connect(driver)
-            backup = _Backup(cfg, driver, archive, client)
+            backup = _Backup(cfg, driver, archive, client, credentials)
             if announce:
                 print(f"READY backup pid={os.getpid()}", flush=True)
             log.info("backup started", dir=str(directory), members=len(backup.members))

@@ -460,6 +460,13 @@ class BackupSection(_Section):
     waiting for its replay to go silent for the driver's image liveness timeout. 0: off."""
     service_count: int = 1
     """Clustered services of the cluster (a snapshot set has one snapshot per service)."""
+    credentials_file: str = ""
+    """This backup's id and key for a cluster whose members run the shared-secret authenticator
+    (``auth.authenticator``): a file only this user may read, one line ``client-id hexkey`` (its
+    line of the members' ``auth.credentials_file``). The members answer a query only after the
+    backup answered their challenge with it; a refusal ends the backup (exit code 12). Empty:
+    no credentials are sent (enough with the null authenticator, or with ``cluster.secret_file``,
+    whose key the backup then holds; docs/security.md)."""
 
 
 class BackupConfig(_Section):

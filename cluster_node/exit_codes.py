@@ -49,6 +49,9 @@ class ExitCode(enum.IntEnum):
     SNAPSHOT_NEEDED = 11
     """The member's log ends before the leader's log starts (the leader purged it after a
     snapshot): recording.log was moved aside, and the next start copies the leader's snapshot."""
+    BACKUP_REFUSED = 12
+    """A cluster member's authenticator refused the backup's query (``cluster-node backup``: no
+    or wrong ``backup.credentials_file``); the line gives the member's reason."""
     INTERNAL = 70
     """Any other unexpected error (a bug): the log file has the traceback."""
 

@@ -27,6 +27,7 @@ class Backup:
         secret_file: str = "",
         image_liveness_timeout: str = "2s",
         progress_timeout: str | None = None,
+        credentials_file: str = "",
     ) -> None:
         self.dir = base / "backup"
         self.config = base / "backup.toml"
@@ -38,6 +39,7 @@ class Backup:
             'response_timeout = "1s"\n'
             'cool_down = "1s"\n'
             + (f'progress_timeout = "{progress_timeout}"\n' if progress_timeout is not None else "")
+            + (f'credentials_file = "{credentials_file}"\n' if credentials_file else "")
             + "[cluster]\n"
             f'members = "{cluster.nodes[0].cfg.members_text}"\n'
             + (f'secret_file = "{secret_file}"\n' if secret_file else "")
@@ -60,6 +62,18 @@ class Backup:
                 cwd=ROOT,
                 env=dict(os.environ, PYTHONPATH=str(ROOT)),
             )
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        """The exit code once the process ended by itself within ``timeout_s``; None if it runs on."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
 
     def stop(self) -> int:
         if self.proc is None or self.proc.poll() is not None:

@@ -29,7 +29,8 @@ def backup(config_path: str, log_mode: str | None) -> None:
     can be started from, until SIGTERM/SIGINT. Its state and live log position are counters:
     ``cluster-node stat --dir <backup dir>`` (docs/operations.md, "Backup and restore")."""
     from cluster_node.backup_node import run_backup
-    from cluster_node.cli.run import _internal_error, _operator_error, _start_process
+    from cluster_node.cli.run import _find, _internal_error, _node_failure, _operator_error, _start_process
+    from cluster_node.exit_codes import NodeFailure
     from cluster_node.node import NodeStartError
 
     cfg = _start_process(load_backup_config, config_path, log_mode)
@@ -37,7 +38,12 @@ def backup(config_path: str, log_mode: str | None) -> None:
         trio.run(run_backup, cfg)
     except KeyboardInterrupt:
         sys.exit(130)
+    except NodeFailure as e:
+        _node_failure(e)
     except BaseExceptionGroup as group:
+        failure = _find(group, NodeFailure)
+        if failure is not None:
+            _node_failure(failure)  # (the cluster refused the backup's credentials)
         leaf = _operator_error(group)
         if leaf is None:
             _internal_error(group)

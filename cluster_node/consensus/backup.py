@@ -40,7 +40,7 @@ Inputs: ``do_work(now_ns)``, ``on_response(resp, now_ns)``, ``on_snapshot_retrie
 dst_recording_id, now_ns)``, ``on_log_recording(recording_id, now_ns)``,
 ``on_live_log_replay_started(recording_id, now_ns)``, ``on_live_log_position(position, now_ns)``,
 ``on_live_log_ended(stop_position, now_ns)``, ``on_new_term(term_id, base, timestamp_ms, now_ns)``,
-``on_failure(reason, now_ns)``. Effects (drained with ``drain_effects``) are the dataclasses
+``on_failure(reason, now_ns)``, ``on_refused(member_id, reason, now_ns)``. Effects (drained with ``drain_effects``) are the dataclasses
 below; ``WriteRecordingLog`` carries recording.log patches as the consensus core's do.
 """
 
@@ -306,12 +306,7 @@ class ClusterBackupCore:
         self.highest_term_seen = max(self.highest_term_seen, resp.last_leadership_term_id)
         usable = snapshot_set_is_complete(resp.snapshots, self.service_count)
         if self.settings.seed and not usable:
-            # A majority of the cluster (this member, with nothing, included) without a
-            # snapshot set: no committed snapshot is missing from a member that could lead,
-            # so the member starts with an empty log (a new cluster's first start, say).
-            r.answered_empty.add(resp.member_id)
-            if len(r.answered_empty) + 1 > (len(self.member_ids) + 1) // 2:
-                self._seed_done(now_ns, seeded=False)
+            self._seed_answered_empty(resp.member_id, now_ns)
             return
         if not self.settings.seed and resp.log_recording_id == NULL_VALUE:
             self._ask_next(now_ns)  # a member with no log yet (it is seeding itself)
@@ -325,6 +320,28 @@ class ClusterBackupCore:
             self._ask(leader, now_ns)
             return
         self._use(resp, now_ns)
+
+    def _seed_answered_empty(self, member_id: int, now_ns: int) -> None:
+        # A majority of the cluster (this member, with nothing, included) without a snapshot set
+        # for us: no committed snapshot is missing from a member that could lead, so the member
+        # starts with an empty log (a new cluster's first start, say).
+        r = self._round
+        assert r is not None  # BACKUP_QUERY only
+        r.answered_empty.add(member_id)
+        if len(r.answered_empty) + 1 > (len(self.member_ids) + 1) // 2:
+            self._seed_done(now_ns, seeded=False)
+
+    def on_refused(self, member_id: int, reason: str, now_ns: int) -> None:
+        """``member_id``'s authenticator refused our query (``consensus.backup_auth``). A
+        backup's shell ends on it (its credentials are wrong); seeding counts the member as
+        one without a snapshot set for us, so that a cluster whose members refuse each other
+        (an authenticator without ``cluster.secret_file``) still starts at once."""
+        r = self._round
+        if self.state != BackupState.BACKUP_QUERY or r is None or member_id not in r.asked:
+            return
+        self.failure = reason
+        if self.settings.seed:
+            self._seed_answered_empty(member_id, now_ns)
 
     def _query_work(self, now_ns: int) -> int:
         r = self._round

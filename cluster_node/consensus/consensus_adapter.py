@@ -5,7 +5,8 @@ is checked at the door before the core sees it: decoded, from the configured hos
 it claims to be from (the log image alike, from the leader's host), with no term beyond what the
 core can reach, and from a member with our view of the cluster (the members digest). Termination
 messages go to the termination protocol; a BackupQuery, from a backup or a member seeding an
-empty directory on any host, is answered here with what this member holds.
+empty directory on any host, is answered here with what this member holds, once the node's
+authenticator accepts the asker (``consensus.backup_auth``; its ChallengeResponse comes here too).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import structlog
 import trio
 
 from cluster_node import codecs
-from cluster_node.codecs import CONSENSUS_CODEC, NULL_VALUE, CodecError
+from cluster_node.codecs import CONSENSUS_CODEC, EGRESS_CODEC, NULL_VALUE, CodecError
+from cluster_node.consensus.backup_auth import (
+    BACKUP_SESSION_ID_BASE,
+    AnswerBackup,
+    BackupAuthenticatorFailed,
+    BackupQueryAuth,
+    SendBackupReply,
+)
 from cluster_node.consensus.egress_publisher import ONE_SHOT_LINGER_S
 from cluster_node.consensus.ingress_adapter import FRAGMENT_LIMIT
 from cluster_node.consensus.module import MAX_TERM_JUMP
@@ -63,6 +71,9 @@ class ConsensusAdapter:
             # From a backup or a member seeding its empty directory, on any host: it names no
             # member, and is answered only on a channel of the host it came from.
             self._on_backup_query(msg, header.session_id)
+            return
+        if t is codecs.ChallengeResponse:
+            self._on_backup_challenge_response(msg, header.session_id)
             return
         if not self._from_claimed_host(msg, header.session_id):
             return
@@ -171,7 +182,8 @@ class ConsensusAdapter:
     def _on_backup_query(self, msg: codecs.BackupQuery, image_session_id: int) -> None:
         """Answer a backup (or a member seeding its empty directory) with what it needs to copy
         the cluster: our log recording, terms, commit-position counter and latest snapshot set.
-        Any member answers; the answer names the leader, whom the asker then prefers."""
+        Any member answers, once the authenticator accepts the asker (``_backup_queries``); the
+        answer names the leader, whom the asker then prefers."""
         source = ""
         for image in self._consensus_sub.images:
             if image.session_id == image_session_id:
@@ -183,16 +195,83 @@ class ConsensusAdapter:
                 f"backup query refused: {refusal.split(':')[0]}", "backup query refused (no answer sent): " + refusal
             )
             return
+        auth = self._backup_queries()
+        auth.on_query(msg, image_session_id, time.monotonic_ns())
+        self._backup_auth_effects(auth)
+
+    def _backup_queries(self) -> BackupQueryAuth:
+        """Backup queries being authenticated (consensus.backup_auth), made at first use: a
+        member answers them while it seeds, before its duty cycle runs."""
+        auth = getattr(self, "_backup_auth", None)
+        if auth is None:
+            auth = self._backup_auth = BackupQueryAuth(
+                self.sessions.authenticator,
+                self.cfg.member_id,
+                self.cfg.auth.challenge_timeout_ns,
+                BACKUP_SESSION_ID_BASE + self.rng.randrange(BACKUP_SESSION_ID_BASE),
+                # MAC'd member traffic: only holders of the cluster key reach us (docs/security.md).
+                trusted=self.cfg.cluster.member_auth,
+            )
+        return auth
+
+    def _on_backup_challenge_response(self, msg: codecs.ChallengeResponse, image_session_id: int) -> None:
+        """A backup's answer to our Challenge (clients answer theirs on the ingress)."""
+        auth = self._backup_queries()
+        if not auth.on_challenge_response(msg, image_session_id, time.monotonic_ns()):
+            self.counters["errors"].add(1)
+            self.input_errors.record(
+                "challenge response for no backup query",
+                "a ChallengeResponse on the consensus channel answering no challenge of ours was dropped",
+                session=msg.cluster_session_id,
+            )
+            return
+        self._backup_auth_effects(auth)
+
+    def _backup_auth_work(self) -> int:
+        """Each duty cycle while queries are being decided: the authenticator asked again, the
+        timeout applied."""
+        auth = getattr(self, "_backup_auth", None)
+        if auth is None or not auth.pending:
+            return 0
+        work = auth.process(time.monotonic_ns())
+        self._backup_auth_effects(auth)
+        return work
+
+    def _backup_auth_effects(self, auth: BackupQueryAuth) -> None:
+        for e in auth.drain_effects():
+            t = type(e)
+            if t is AnswerBackup:
+                data = CONSENSUS_CODEC.encode(self.backup_response(e.correlation_id))
+                self._send_backup_reply(e.response_channel, e.response_stream_id, data)
+            elif t is SendBackupReply:
+                if e.reason:
+                    # Refusals are the asker's problem, not this member's: said once per reason,
+                    # counted in the distinct-error table, not in the member's error counter.
+                    self.input_errors.record(
+                        f"backup query refused: {e.reason}",
+                        "a backup query was refused by the authenticator (no answer but the refusal)",
+                        reason=e.reason,
+                    )
+                self._send_backup_reply(e.response_channel, e.response_stream_id, EGRESS_CODEC.encode(e.message))
+            elif t is BackupAuthenticatorFailed:
+                self.counters["errors"].add(1)
+                self.input_errors.record(
+                    f"authenticator failed: {e.error.split(':')[0]}",
+                    "the authenticator raised on a backup query: the backup is refused",
+                    level="error",
+                    error=e.error,
+                )
+
+    def _send_backup_reply(self, channel: str, stream_id: int, data: bytes) -> None:
+        """One message to a backup's response channel, on a publication of its own (rate-bounded)."""
         if not self._one_shot_reply_allowed():
             return
         try:
-            pub = self.driver.add_publication(msg.response_channel, msg.response_stream_id, exclusive=False)
+            pub = self.driver.add_publication(channel, stream_id, exclusive=False)
         except Exception as e:  # noqa: BLE001 - an asker's bad channel
             self.input_errors.record("backup query refused: channel", "backup query refused: " + str(e))
             return
-        self._tasks.start_soon(
-            self._send_one_shot, pub, CONSENSUS_CODEC.encode(self.backup_response(msg.correlation_id))
-        )
+        self._tasks.start_soon(self._send_one_shot, pub, data)
 
     def backup_response(self, correlation_id: int) -> codecs.BackupResponse:
         """What this member holds, as a BackupResponse (see ``_on_backup_query``)."""
@@ -272,7 +351,7 @@ class ConsensusAdapter:
         """Other members' messages, guarded as the ingress is (``IngressAdapter._poll_ingress``) (a member's bytes may be
         forged)."""
         try:
-            return self._consensus_sub.poll(self._on_consensus, FRAGMENT_LIMIT)
+            return self._consensus_sub.poll(self._on_consensus, FRAGMENT_LIMIT) + self._backup_auth_work()
         except Exception as e:  # noqa: BLE001 - see IngressAdapter._poll_ingress
             self._input_failed("consensus", e)
             return 1

@@ -98,6 +98,7 @@ class Recovery:
         )
         by_id = {m.id: m for m in others}
         started = time.monotonic_ns()
+        refusal_said = False
         log.info("empty node directory: asking the other members for a snapshot")
 
         def on_query(buf, offset, length, header) -> None:
@@ -107,6 +108,8 @@ class Recovery:
                 return
             if type(msg) is codecs.BackupQuery:
                 self._on_backup_query(msg, header.session_id)
+            elif type(msg) is codecs.ChallengeResponse:
+                self._on_backup_challenge_response(msg, header.session_id)
 
         try:
             while True:
@@ -143,6 +146,20 @@ class Recovery:
                 for r in link.poll():
                     core.on_response(r, time.monotonic_ns())
                 self._consensus_sub.poll(on_query, 16)
+                self._backup_auth_work()
+                for member_id, reason, _final in link.drain_refusals():
+                    # A member's authenticator refused us: without cluster.secret_file a seeding
+                    # member presents no credentials (docs/security.md); the refusal counts as
+                    # an answer without a snapshot set.
+                    if not refusal_said:
+                        refusal_said = True
+                        log.warning(
+                            "a member refused this member's snapshot query: members copy each other's"
+                            " snapshots under an authenticator only with cluster.secret_file (docs/security.md)",
+                            member=member_id,
+                            reason=reason,
+                        )
+                    core.on_refused(member_id, reason, time.monotonic_ns())
                 core.do_work(time.monotonic_ns())
                 if not core.has_effects:
                     await link.wait(0.01)

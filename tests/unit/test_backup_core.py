@@ -225,6 +225,24 @@ def test_seed_gives_up_when_a_majority_has_no_snapshot_or_on_timeout():
     assert c.state == b.BackupState.CLOSED and not c.seeded
 
 
+def test_seed_counts_a_refusal_as_a_member_without_a_snapshot_set():
+    # Members that refuse each other's queries (an authenticator, no cluster key) must not hold
+    # a new cluster's first start up until the seed query timeout.
+    c = core(seed=True, self_member_id=0)
+    (q, _) = c.drain_effects()
+    c.on_refused(9, "member 9: no", 1)  # asked nobody by that id: ignored
+    assert c.state == b.BackupState.BACKUP_QUERY
+    c.on_refused(q.member_id, f"member {q.member_id}: no credentials", 1)
+    assert c.state == b.BackupState.CLOSED and not c.seeded and "no credentials" in c.failure
+
+
+def test_a_refusal_does_not_end_a_backup_s_query_by_itself():
+    c = core()
+    (q,) = c.drain_effects()
+    c.on_refused(q.member_id, "member: wrong key", 1)
+    assert c.state == b.BackupState.BACKUP_QUERY and c.failure == "member: wrong key"
+
+
 def test_incomplete_snapshot_set_is_not_used():
     assert not b.snapshot_set_is_complete(SNAPS[:1], 1)
     assert b.snapshot_set_is_complete(SNAPS, 1)
