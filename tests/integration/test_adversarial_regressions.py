@@ -265,6 +265,9 @@ async def test_a_forged_termination_position_does_not_stop_a_follower(cluster: T
     leader = cluster.start()
     follower = (leader + 1) % 3
     term = cluster.counters()[leader].term
+    # The follower must know its leader (a follower still in its election checks a leader's
+    # message against every member's host instead, and logs no claimed member).
+    cluster.wait_for(lambda: cluster.followers_settled([follower], term), 20, "the follower settled")
     message = cc.CONSENSUS_CODEC.encode(cc.TerminationPosition(term, 0))
     await _send_then_sentinel(cluster, follower, [message])
     events = cluster.nodes[follower].log_events()
