@@ -499,22 +499,12 @@ class ConsensusAgent(
             if self._snapshot is not None and self._snapshot.ack is None:
                 work += self._snapshot_work(now)
             if self._snapshot is not None and self._snapshot.ack is not None:
-                driver.release_sends()  # it awaits the archive (see _execute)
-                driver.unclaim_receive()
-                try:
-                    await self._complete_snapshot()
-                finally:
-                    driver.claim_receive(duties=True)
+                await self._awaiting_the_archive(self._complete_snapshot)
                 work += 1
             if self._termination is not None:
                 work += self._termination_work(now)
             if self._purge_log_due:
-                driver.release_sends()  # it awaits the archive (see _execute)
-                driver.unclaim_receive()
-                try:
-                    await self._purge_log_now()
-                finally:
-                    driver.claim_receive(duties=True)
+                await self._awaiting_the_archive(self._purge_log_now)
                 work += 1
             local = self.local
             if self.record_now is not None and local is not None and local.pub.position > self.last_recording_position:
@@ -571,6 +561,17 @@ class ConsensusAgent(
                 await trio.sleep(0.001)  # the recorder is slow or not running: poll, gently
             else:
                 await self._park(now)
+
+    async def _awaiting_the_archive(self, work) -> None:
+        """Await ``work()``, which waits on the archive, from the duty cycle: what the pass holds
+        goes out first and the driver's receiver reads the sockets meanwhile (see _execute)."""
+        driver = self.driver
+        driver.release_sends()
+        driver.unclaim_receive()
+        try:
+            await work()
+        finally:
+            driver.claim_receive(duties=True)
 
     def _track_cycle(self, started_ns: int) -> None:
         """The operator's counters of the duty cycle: the longest pass (its work, not its park)
